@@ -1,0 +1,76 @@
+"""Softmax, log-sum-exp and cross-entropy, accumulated in float32.
+
+`softmax` is precise (MLX's `precise=True`): for float16 and bfloat16 the maximum, the
+exponentials and the sum are float32 and the result is the float32 softmax rounded once, bit for
+bit. float64 stays float64.
+"""
+from __future__ import annotations
+
+from tinygrad import Tensor, dtypes
+
+from ..tensor import check, check_floating, check_integer, check_tensor, compute_dtype, normalize_axis
+
+
+def _softmax(x: Tensor, axis: int) -> Tensor:
+    """Softmax of `x` along `axis` in `x`'s dtype (no checks, no casts)."""
+    shifted = x - x.max(axis, keepdim=True).detach()
+    exponentials = shifted.exp()
+    return exponentials / exponentials.sum(axis, keepdim=True)
+
+
+def _logsumexp(x: Tensor, axis: int) -> Tensor:
+    """`log(sum(exp(x)))` along `axis` (kept) in `x`'s dtype; rows whose maximum is infinite give it."""
+    row_max = x.max(axis, keepdim=True).detach()
+    finite = (x - row_max).exp().sum(axis, keepdim=True).log() + row_max
+    return (row_max.abs() == float("inf")).where(row_max, finite)
+
+
+def softmax(x: Tensor, axis: int = -1) -> Tensor:
+    """`exp(x) / sum(exp(x))` along `axis`.
+
+    x: any shape with at least one dimension, float16, bfloat16, float32 or float64.
+    Returns `x`'s shape and dtype; half-precision results are the float32 softmax rounded once.
+    """
+    check_tensor("softmax", "x", x)
+    check(x.ndim >= 1, "softmax", "the input needs at least one dimension, got shape ()")
+    check_floating("softmax", "x", x.dtype)
+    axis = normalize_axis("softmax", axis, x.ndim)
+    return _softmax(x.cast(compute_dtype(x.dtype)), axis).cast(x.dtype)
+
+
+def logsumexp(x: Tensor, axis: int = -1, keepdims: bool = False) -> Tensor:
+    """`log(sum(exp(x)))` along `axis`, accumulated in float32.
+
+    x: at least one dimension, a float dtype. A row of `-inf` gives `-inf`; a row containing
+    `+inf` gives `+inf`. Returns `x`'s dtype, with `axis` removed (or kept as 1 with `keepdims`).
+    """
+    check_tensor("logsumexp", "x", x)
+    check(x.ndim >= 1, "logsumexp", "the input needs at least one dimension, got shape ()")
+    check_floating("logsumexp", "x", x.dtype)
+    axis = normalize_axis("logsumexp", axis, x.ndim)
+    out = _logsumexp(x.cast(compute_dtype(x.dtype)), axis).cast(x.dtype)
+    return out if keepdims else out.squeeze(axis)
+
+
+def cross_entropy(logits: Tensor, targets: Tensor) -> Tensor:
+    """Per-row cross-entropy loss `logsumexp(logits) - logits[target]`, in float32.
+
+    logits: `[..., C]`, a float dtype. targets: integer class indices of shape `[...]`; a
+    negative target counts from the end (`-1` is class `C - 1`). A target outside `-C..C-1` hits
+    no class (its loss is the row's log-sum-exp). Returns `[...]` float32 (float64 for float64
+    logits). The targets get no gradient.
+    """
+    op = "cross_entropy"
+    check_tensor(op, "logits", logits)
+    check_tensor(op, "targets", targets)
+    check(logits.ndim >= 1 and tuple(targets.shape) == tuple(logits.shape[:-1]), op,
+          f"targets of shape {tuple(targets.shape)} do not match logits of shape {tuple(logits.shape)}")
+    check_floating(op, "logits", logits.dtype)
+    check_integer(op, "targets", targets.dtype)
+    classes = logits.shape[-1]
+    logits = logits.cast(compute_dtype(logits.dtype))
+    targets = targets.to(logits.device).cast(dtypes.int64)
+    targets = (targets < 0).where(targets + classes, targets)
+    hit = targets.unsqueeze(-1) == Tensor.arange(classes, dtype=dtypes.int64)
+    target_logit = hit.where(logits, 0.0).sum(-1)
+    return _logsumexp(logits, -1).squeeze(-1) - target_logit

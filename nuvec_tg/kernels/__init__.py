@@ -1,0 +1,1 @@
+"""Hand-written Metal / CUDA programs and the mechanism that injects them into tinygrad's graph: not yet implemented."""

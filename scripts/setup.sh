@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Sets up everything `make demo` and `make test` need, idempotently, on a fresh Debian/Ubuntu
+# machine (as root, or with sudo) or on macOS:
+#   1. a C compiler for tinygrad's CPU device that knows `__bf16` (clang >= 16; on Linux clang 19
+#      from the distribution's packages when none is present), wrapped as .venv/bin/tinygrad-cc;
+#   2. a virtual environment in .venv with Python >= 3.11;
+#   3. the package, editable, with its test extra.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+clang_major() { "$1" --version 2>/dev/null | sed -n 's/.*clang version \([0-9][0-9]*\).*/\1/p' | head -n 1; }
+
+find_clang() {
+  local candidate major
+  for candidate in clang clang-22 clang-21 clang-20 clang-19 clang-18 clang-17 clang-16; do
+    command -v "$candidate" >/dev/null 2>&1 || continue
+    major=$(clang_major "$candidate")
+    if [ -n "$major" ] && [ "$major" -ge 16 ]; then command -v "$candidate"; return 0; fi
+  done
+  return 1
+}
+
+install_clang() {
+  if [ "$(uname -s)" = Darwin ]; then
+    echo "setup: no clang >= 16 found; install Xcode's command line tools (xcode-select --install)" >&2
+    exit 1
+  fi
+  if ! command -v apt-get >/dev/null 2>&1; then
+    echo "setup: no clang >= 16 found and no apt-get to install one; install clang >= 16 and rerun" >&2
+    exit 1
+  fi
+  local sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo=sudo
+  echo "setup: installing clang-19 for tinygrad's CPU device" >&2
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq clang-19 >/dev/null
+}
+
+find_python() {
+  local candidate
+  for candidate in python3.13 python3.12 python3.11 python3; do
+    command -v "$candidate" >/dev/null 2>&1 || continue
+    if "$candidate" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
+      command -v "$candidate"; return 0
+    fi
+  done
+  echo "setup: Python >= 3.11 is required" >&2
+  return 1
+}
+
+clang_path=$(find_clang) || { install_clang; clang_path=$(find_clang); }
+
+if [ ! -x .venv/bin/python ]; then
+  "$(find_python)" -m venv .venv
+fi
+
+# tinygrad runs `$CC` for its CPU device. The wrapper pins the compiler found above and silences
+# a harmless warning some clang versions print for `-march=native` on recent x86 CPUs.
+wrapper=.venv/bin/tinygrad-cc
+wanted="exec $clang_path -Wno-unknown-warning-option -Wno-invalid-feature-combination \"\$@\""
+if [ ! -x "$wrapper" ] || ! grep -qxF "$wanted" "$wrapper"; then
+  printf '#!/bin/sh\n%s\n' "$wanted" > "$wrapper"
+  chmod +x "$wrapper"
+fi
+
+# Reinstall only when the package metadata changed since the last install.
+stamp=.venv/.nuvec-installed
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
+  touch "$stamp"
+fi

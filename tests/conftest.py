@@ -1,0 +1,36 @@
+"""Test set-up: tinygrad's C compiler, and a `device` parameter over the devices present.
+
+Tests that take a `device` argument run once on tinygrad's CPU device (the compositions; needs
+clang) and once on each GPU tinygrad finds (`METAL`, `CUDA`), those marked `gpu` so that
+`pytest -m gpu` runs only them on a machine without a usable CPU compiler.
+"""
+import os
+import pathlib
+
+import pytest
+
+_WRAPPER = pathlib.Path(__file__).resolve().parents[1] / ".venv" / "bin" / "tinygrad-cc"
+if "CC" not in os.environ and _WRAPPER.exists():
+    os.environ["CC"] = str(_WRAPPER)  # before tinygrad compiles anything
+
+
+def _gpu_devices() -> list[str]:
+    from tinygrad import Device
+    found = []
+    for name in ("METAL", "CUDA"):
+        try:
+            Device[name]
+        except Exception:  # noqa: BLE001 - any failure to open means the device is absent
+            continue
+        found.append(name)
+    return found
+
+
+GPU_DEVICES = _gpu_devices()
+
+
+def pytest_generate_tests(metafunc):
+    if "device" in metafunc.fixturenames:
+        params = [pytest.param("CPU", id="CPU")]
+        params += [pytest.param(name, id=name, marks=pytest.mark.gpu) for name in GPU_DEVICES]
+        metafunc.parametrize("device", params)

@@ -1,0 +1,80 @@
+"""What the tests share: inputs rounded to a dtype, comparisons with the seeds' tolerances, and
+central finite differences. References themselves are float64 numpy, written in each test file,
+never the package's code."""
+from __future__ import annotations
+
+import numpy as np
+from tinygrad import Tensor, dtypes
+
+HALF_DTYPES = (dtypes.float16, dtypes.bfloat16)
+DTYPES = (dtypes.float32, dtypes.float16, dtypes.bfloat16)
+
+# The seeds' tolerances: relative to max(|want|, 1).
+TOLERANCE = {dtypes.float64: 1e-9, dtypes.float32: 2e-5, dtypes.float16: 4e-3, dtypes.bfloat16: 5e-2}
+
+
+def round_to(values: np.ndarray, dtype) -> np.ndarray:
+    """`values` rounded (to nearest even) to `dtype`, returned as float64."""
+    values = np.asarray(values, dtype=np.float64)
+    if dtype == dtypes.float64: return values
+    if dtype == dtypes.float32: return values.astype(np.float32).astype(np.float64)
+    if dtype == dtypes.float16: return values.astype(np.float16).astype(np.float64)
+    if dtype == dtypes.bfloat16:
+        bits = values.astype(np.float32).view(np.uint32).astype(np.uint64)
+        bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).astype(np.uint32)
+        return bits.view(np.float32).astype(np.float64)
+    raise ValueError(dtype)
+
+
+def tensor(values: np.ndarray, dtype, device: str) -> Tensor:
+    """A tinygrad tensor of `values` (already representable in `dtype`) on `device`."""
+    values = np.asarray(values)
+    if dtype == dtypes.float64: return Tensor(values.astype(np.float64), device=device)
+    if np.issubdtype(values.dtype, np.integer) or values.dtype == np.bool_: return Tensor(values, device=device).cast(dtype)
+    return Tensor(values.astype(np.float32), device=device).cast(dtype)
+
+
+def random(rng: np.random.Generator, shape, dtype, device: str, spread: float = 1.0) -> tuple[Tensor, np.ndarray]:
+    """A random tensor in `dtype` and its exact values as float64."""
+    values = round_to(rng.uniform(-spread, spread, size=shape), dtype)
+    return tensor(values, dtype, device), values
+
+
+def values(t: Tensor) -> np.ndarray:
+    """A tensor's values as float64 (exactly, for every float dtype)."""
+    if t.dtype in HALF_DTYPES: t = t.cast(dtypes.float32)
+    return t.numpy().astype(np.float64)
+
+
+def assert_close(name: str, got, want, tol: float) -> None:
+    """Every element within `tol * max(|want|, 1)` of `want` (equal infinities and NaNs pass)."""
+    got, want = np.asarray(got, dtype=np.float64), np.asarray(want, dtype=np.float64)
+    assert got.shape == want.shape, f"{name}: shape {got.shape} vs {want.shape}"
+    same = (got == want) | (np.isnan(got) & np.isnan(want))
+    close = np.abs(got - want) <= tol * np.maximum(np.abs(want), 1.0)
+    bad = ~(same | close)
+    if bad.any():
+        i = np.argwhere(bad)[0]
+        raise AssertionError(f"{name}: {bad.sum()} of {bad.size} elements differ, first at {tuple(i)}: "
+                             f"{got[tuple(i)]} vs {want[tuple(i)]} (tol {tol})")
+
+
+def finite_differences(loss, arrays: list[np.ndarray], step: float = 1e-6) -> list[np.ndarray]:
+    """Central differences of the scalar function `loss(*arrays)` with respect to every array."""
+    grads = []
+    for k, a in enumerate(arrays):
+        grad = np.zeros_like(a, dtype=np.float64)
+        for i in np.ndindex(a.shape):
+            args_plus = [x.copy() for x in arrays]
+            args_minus = [x.copy() for x in arrays]
+            args_plus[k][i] += step
+            args_minus[k][i] -= step
+            grad[i] = (loss(*args_plus) - loss(*args_minus)) / (2 * step)
+        grads.append(grad)
+    return grads
+
+
+def gradients(out: Tensor, cotangent: Tensor, inputs: list[Tensor]) -> list[np.ndarray]:
+    """`d sum(out * cotangent) / d input` for each input, as float64 arrays."""
+    loss = (out.cast(dtypes.float64 if out.dtype == dtypes.float64 else dtypes.float32) * cotangent).sum()
+    return [values(g) for g in loss.gradient(*inputs)]
