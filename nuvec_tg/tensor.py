@@ -27,14 +27,20 @@ SUPPORTED_DTYPES: tuple[DType, ...] = (dtypes.bool,) + INTEGER_DTYPES + FLOAT_DT
 _SIGNED_OF_SIZE = {d.itemsize: d for d in SIGNED_DTYPES}
 
 
+def concrete(dtype: DType) -> DType:
+    """`dtype` with tinygrad's weak dtypes (of Python-number tensors such as `Tensor(3)`) made
+    concrete as tinygrad makes them: weakint is int32, weakfloat float32."""
+    return {dtypes.weakint: dtypes.int32, dtypes.weakfloat: dtypes.float32}.get(dtype, dtype)
+
+
 def is_floating(dtype: DType) -> bool:
     """Whether `dtype` is one of the float dtypes the operations take (float16, bfloat16, float32, float64)."""
-    return dtype in FLOAT_DTYPES
+    return concrete(dtype) in FLOAT_DTYPES
 
 
 def is_integer(dtype: DType) -> bool:
     """Whether `dtype` is a signed or unsigned integer dtype (bool is not)."""
-    return dtype in INTEGER_DTYPES
+    return concrete(dtype) in INTEGER_DTYPES
 
 
 def promote_types(a: DType, b: DType) -> DType:
@@ -44,6 +50,7 @@ def promote_types(a: DType, b: DType) -> DType:
     integers of one signedness take the wider; an unsigned with a signed integer takes the signed
     integer wide enough for both (twice the unsigned width), and uint64 with a signed one is float32.
     """
+    a, b = concrete(a), concrete(b)
     for d in (a, b):
         if d not in SUPPORTED_DTYPES:
             raise TypeError(f"promote_types: unsupported dtype {d}")

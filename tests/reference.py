@@ -51,7 +51,8 @@ def assert_close(name: str, got, want, tol: float) -> None:
     got, want = np.asarray(got, dtype=np.float64), np.asarray(want, dtype=np.float64)
     assert got.shape == want.shape, f"{name}: shape {got.shape} vs {want.shape}"
     same = (got == want) | (np.isnan(got) & np.isnan(want))
-    close = np.abs(got - want) <= tol * np.maximum(np.abs(want), 1.0)
+    with np.errstate(invalid="ignore"):  # inf - inf where both are infinite: `same` covers them
+        close = np.abs(got - want) <= tol * np.maximum(np.abs(want), 1.0)
     bad = ~(same | close)
     if bad.any():
         i = np.argwhere(bad)[0]

@@ -1,0 +1,116 @@
+"""softmax, logsumexp and cross_entropy against float64 numpy references."""
+import numpy as np
+import pytest
+from tinygrad import Tensor, dtypes
+
+from nuvec_tg import fast
+from reference import DTYPES, HALF_DTYPES, TOLERANCE, assert_close, finite_differences, gradients, random, tensor, values
+
+SHAPES = [(5, 10), (2, 3, 257), (3, 5000), (1, 1, 9)]
+
+
+def softmax_reference(x, axis=-1):
+    e = np.exp(x - np.max(x, axis=axis, keepdims=True))
+    return e / np.sum(e, axis=axis, keepdims=True)
+
+
+def logsumexp_reference(x, axis=-1):
+    m = np.max(x, axis=axis, keepdims=True)
+    with np.errstate(invalid="ignore"):
+        out = np.log(np.sum(np.exp(x - m), axis=axis, keepdims=True)) + m
+    return np.squeeze(np.where(np.isinf(m), m, out), axis)
+
+
+def cross_entropy_reference(x, targets):
+    classes = x.shape[-1]
+    wrapped = np.where(targets < 0, targets + classes, targets)
+    return logsumexp_reference(x) - np.take_along_axis(x, wrapped[..., None], -1)[..., 0]
+
+
+def bits(t: Tensor) -> np.ndarray:
+    return t.bitcast(dtypes.uint16).numpy()
+
+
+@pytest.mark.parametrize("shape", [(4, 300), (3, 4096), (6, 33)], ids=str)
+@pytest.mark.parametrize("dtype", HALF_DTYPES, ids=str)
+@pytest.mark.parametrize("axis", [-1, 0])
+def test_half_precision_softmax_is_precise(device, shape, dtype, axis):
+    rng = np.random.default_rng(0x5F7)
+    x, xv = random(rng, shape, dtype, device, spread=8.0)
+    got = fast.softmax(x, axis)
+    want = fast.softmax(x.cast(dtypes.float32), axis).cast(dtype)
+    np.testing.assert_array_equal(bits(got), bits(want))
+    assert_close("softmax", values(got), softmax_reference(xv, axis), TOLERANCE[dtype])
+
+
+def targets_for(rows, classes):
+    """The seeds' targets: some negative (counted from the end)."""
+    n = int(np.prod(rows))
+    return np.array([(i * 7 % classes) - (i % 2) for i in range(n)], dtype=np.int32).reshape(rows)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_softmax_logsumexp_and_cross_entropy(device, shape, dtype):
+    rng = np.random.default_rng(0x62)
+    (x, xv), (g, gv) = random(rng, shape, dtype, device), random(rng, shape, dtype, device)
+    rows = shape[:-1]
+    gr, grv = random(rng, rows, dtypes.float32, device)
+    tv = targets_for(rows, shape[-1])
+    targets = Tensor(tv, device=device)
+    tol = TOLERANCE[dtype]
+    x64 = tensor(xv, dtypes.float64, device)
+    ops = {
+        "softmax": (lambda x: fast.softmax(x), softmax_reference(xv), g.cast(dtypes.float32), tensor(gv, dtypes.float64, device)),
+        "logsumexp": (lambda x: fast.logsumexp(x), logsumexp_reference(xv), gr, tensor(grv, dtypes.float64, device)),
+        "cross entropy": (lambda x: fast.cross_entropy(x, targets), cross_entropy_reference(xv, tv), gr,
+                          tensor(grv, dtypes.float64, device)),
+    }
+    for name, (op, want, cotangent, cotangent64) in ops.items():
+        y = op(x)
+        assert y.dtype == (dtypes.float32 if name == "cross entropy" else dtype)
+        assert_close(f"{name} forward", values(y), want, tol)
+        got_grad, = gradients(y, cotangent, [x])
+        want_grad, = gradients(op(x64), cotangent64, [x64])
+        assert_close(f"{name} gradient", got_grad, want_grad, tol)
+
+
+def test_gradients_match_finite_differences(device):
+    rng = np.random.default_rng(0x64)
+    xv, gv = rng.uniform(-1, 1, size=(3, 7)), rng.uniform(-1, 1, size=(3, 7))
+    tv = np.array([2, -1, 6])
+    x, g = tensor(xv, dtypes.float64, device), tensor(gv, dtypes.float64, device)
+    cases = [
+        (fast.softmax(x, 0), g, lambda x: np.sum(softmax_reference(x, 0) * gv)),
+        (fast.logsumexp(x), g[:, 0], lambda x: np.sum(logsumexp_reference(x) * gv[:, 0])),
+        (fast.cross_entropy(x, Tensor(tv, device=device)), g[:, 0], lambda x: np.sum(cross_entropy_reference(x, tv) * gv[:, 0])),
+    ]
+    for out, cotangent, loss in cases:
+        got, = gradients(out, cotangent, [x])
+        assert_close("gradient", got, finite_differences(loss, [xv])[0], 1e-6)
+
+
+def test_infinite_rows_and_other_axes(device):
+    inf = float("inf")
+    x = Tensor([[-inf, -inf], [1.0, inf], [-inf, 1.0], [0.0, 1.0]], device=device)
+    got = values(fast.logsumexp(x, keepdims=True))
+    assert_close("infinite rows", got[:, 0], [-inf, inf, 1.0, np.log(1 + np.e)], 2e-7)
+    assert got.shape == (4, 1)
+    assert_close("axis 0", values(fast.logsumexp(x[2:], axis=0)), [np.log(np.exp(-inf) + 1), np.log(np.e + np.e)], 1e-6)
+    rng = np.random.default_rng(0x65)
+    x, xv = random(rng, (4, 3, 5), dtypes.float32, device)
+    assert_close("softmax axis 1", values(fast.softmax(x, 1)), softmax_reference(xv, 1), 2e-5)
+    assert_close("logsumexp axis -2", values(fast.logsumexp(x, -2)), logsumexp_reference(xv, -2), 2e-5)
+
+
+def test_cross_entropy_of_the_seeds():
+    x = Tensor([[1.0, -2.0, 3.0], [0.5, 0.0, 4.0]], device="CPU")
+    ce = values(fast.cross_entropy(x, Tensor([2, -3], device="CPU")))
+    rows = [[1.0, -2.0, 3.0], [0.5, 0.0, 4.0]]
+    for r, row in enumerate(rows):
+        want = np.log(np.sum(np.exp(row))) - row[[2, 0][r]]
+        assert abs(ce[r] - want) < 1e-5
+    # Unsigned targets and a float64 loss for float64 logits.
+    ce = fast.cross_entropy(x.cast(dtypes.float64), Tensor([2, 0], device="CPU", dtype=dtypes.uint8))
+    assert ce.dtype == dtypes.float64
+    assert_close("uint8 targets", values(ce), cross_entropy_reference(np.array(rows), np.array([2, 0])), 1e-12)
