@@ -8,7 +8,8 @@ features `(2i, 2i + 1)`. Features past `dims` pass through unchanged.
 """
 from __future__ import annotations
 
-import numpy as np
+import math
+
 from tinygrad import Tensor, dtypes
 
 from ..tensor import check, check_floating, check_integer, check_number, check_tensor, compute_dtype
@@ -59,12 +60,14 @@ def _positions(x: Tensor, offset: int | Tensor) -> Tensor:
     return (per_batch + steps).cast(dtypes.float32)
 
 
-def _inverse_frequencies(x: Tensor, dims: int, base: float | None, freqs: Tensor | None) -> Tensor:
-    """`[dims/2]` float32 inverse frequencies."""
+def _inverse_frequencies(dims: int, base: float | None, freqs: Tensor | None, device: str) -> Tensor:
+    """`[dims/2]` float32 inverse frequencies: `1 / freqs`, or `base ** (-2i / dims)` as
+    `exp2(-i * (2 log2(base) / dims))` (MLX's kernel's form), built from constants so that no
+    buffer is made per call (a buffer made from host memory inside TinyJit would be captured)."""
     if freqs is not None:
-        return 1.0 / freqs.to(x.device).cast(dtypes.float32)
-    exponents = np.arange(dims // 2, dtype=np.float64) * (-2.0 / dims)
-    return Tensor(np.power(float(base), exponents).astype(np.float32), device=x.device)
+        return 1.0 / freqs.to(device).cast(dtypes.float32)
+    pair_index = Tensor.arange(dims // 2, dtype=dtypes.float32)
+    return (pair_index * (-2.0 * math.log2(base) / dims)).exp2()
 
 
 def rope(x: Tensor, dims: int, *, traditional: bool = False, base: float | None = 10000.0, scale: float = 1.0,
@@ -81,7 +84,7 @@ def rope(x: Tensor, dims: int, *, traditional: bool = False, base: float | None 
     _check_rope(x, dims, base, scale, offset, freqs)
     half = dims // 2
     acc = compute_dtype(x.dtype)
-    angles = (_positions(x, offset) * float(scale)).unsqueeze(-1) * _inverse_frequencies(x, dims, base, freqs)
+    angles = (_positions(x, offset) * float(scale)).unsqueeze(-1) * _inverse_frequencies(dims, base, freqs, x.device)
     cos, sin = angles.cos().cast(acc), angles.sin().cast(acc)
     rotated = x[..., :dims].cast(acc)
     if traditional:
