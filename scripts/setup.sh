@@ -8,21 +8,26 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-clang_major() { "$1" --version 2>/dev/null | sed -n 's/.*clang version \([0-9][0-9]*\).*/\1/p' | head -n 1; }
+# tinygrad's CPU device needs a clang whose C knows `__bf16` arithmetic (clang >= 16; Apple's
+# clang from Xcode 15 or later): ask each candidate to compile it.
+supports_bf16() {
+  printf '__bf16 f(__bf16 a, __bf16 b) { return a * b + (__bf16)1.0f; }\n' |
+    "$1" -x c -c -O2 -o /dev/null - >/dev/null 2>&1
+}
 
 find_clang() {
-  local candidate major
-  for candidate in clang clang-22 clang-21 clang-20 clang-19 clang-18 clang-17 clang-16; do
+  local candidate
+  for candidate in clang clang-22 clang-21 clang-20 clang-19 clang-18 clang-17 clang-16 \
+                   /opt/homebrew/opt/llvm/bin/clang /usr/local/opt/llvm/bin/clang; do
     command -v "$candidate" >/dev/null 2>&1 || continue
-    major=$(clang_major "$candidate")
-    if [ -n "$major" ] && [ "$major" -ge 16 ]; then command -v "$candidate"; return 0; fi
+    if supports_bf16 "$candidate"; then command -v "$candidate"; return 0; fi
   done
   return 1
 }
 
 install_clang() {
   if [ "$(uname -s)" = Darwin ]; then
-    echo "setup: no clang >= 16 found; install Xcode's command line tools (xcode-select --install)" >&2
+    echo "setup: no clang with __bf16 found; install Xcode 15+ command line tools (xcode-select --install) or Homebrew's llvm" >&2
     exit 1
   fi
   if ! command -v apt-get >/dev/null 2>&1; then

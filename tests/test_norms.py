@@ -166,3 +166,29 @@ def test_norm_dtypes_promote_with_the_weight(device):
     y = fast.rms_norm(xi, Tensor.ones(4, device=device))
     assert y.dtype == dtypes.float32
     assert_close("int input", values(y), rms_reference(np.array([[1.0, 2, 3, 4]])), 2e-5)
+
+
+def test_fused_residual_gradients_match_finite_differences(device):
+    rng = np.random.default_rng(0x6A)
+    shape = (2, 3, 8)
+    xv, rv, wv, w2v, gh, gy = (rng.uniform(-1, 1, size=s) for s in (shape, shape, (8,), (8,), shape, shape))
+    x, r, w, w2 = (tensor(v, dtypes.float64, device) for v in (xv, rv, wv, w2v))
+    g_h, g_y = tensor(gh, dtypes.float64, device), tensor(gy, dtypes.float64, device)
+
+    h, y = fast.add_rms_norm(x, r, w, 1e-5)
+    got = [values(t) for t in ((h * g_h).sum() + (y * g_y).sum()).gradient(x, r, w)]
+    loss = lambda x, r, w: np.sum((x + r) * gh) + np.sum(rms_reference(x + r, w) * gy)  # noqa: E731
+    for what, a, e in zip(["x", "residual", "weight"], got, finite_differences(loss, [xv, rv, wv])):
+        assert_close(f"add_rms_norm d{what}", a, e, 1e-6)
+
+    scale = Tensor([0.7], device=device, dtype=dtypes.float64)
+    s, y = fast.residual_rms_norm(x, r, w, 1e-5, scale=scale, next=(w2, 1e-6))
+    got = [values(t) for t in ((s * g_h).sum() + (y * g_y).sum()).gradient(x, r, w, scale, w2)]
+
+    def loss(h, x, w, scale, w2):
+        s = (h + rms_reference(x, w)) * scale[0]
+        return np.sum(s * gh) + np.sum(rms_reference(s, w2, 1e-6) * gy)
+
+    want = finite_differences(loss, [xv, rv, wv, np.array([0.7]), w2v])
+    for what, a, e in zip(["h", "x", "weight", "scale", "next weight"], got, want):
+        assert_close(f"residual_rms_norm d{what}", a, e, 1e-6)
