@@ -156,6 +156,34 @@ def normalize_axis(op: str, axis: int, ndim: int) -> int:
     return axis % ndim
 
 
+# ---- gathers ---------------------------------------------------------------------------------
+
+def take_rows(x: Tensor, indices: Tensor) -> Tensor:
+    """`x[indices]` along the first axis: `[*indices.shape, *x.shape[1:]]`.
+
+    `indices` must already lie in `0..x.shape[0]-1` (callers clamp or mask them): tinygrad's
+    tensor indexing selects rows by comparison, so an index out of range gives a row of zeros.
+    """
+    return x[indices.reshape(-1)].reshape(*indices.shape, *x.shape[1:])
+
+
+# ---- scheduling ------------------------------------------------------------------------------
+
+def zero_after(before: Tensor) -> Tensor:
+    """A float32 scalar 0.0 that tinygrad can only compute once `before` has been computed.
+
+    tinygrad's scheduler runs independent kernels breadth-first, so work split into blocks to
+    bound its memory (attention under `max_score_bytes`) would otherwise run every block's first
+    kernel before any block finishes. Adding this zero to a scalar of the next block orders the
+    blocks. It is exact for any value of `before` (NaN and infinities included): two shifts of
+    the bits always give 0, and tinygrad 0.14's rewriter does not fold them away (a test measures
+    the memory). No gradient flows through it.
+    """
+    bits = before.flatten()[0].detach().bitcast(dtypes.uint32 if before.dtype.itemsize == 4 else
+                                                 dtypes.uint16 if before.dtype.itemsize == 2 else dtypes.uint64)
+    return ((bits >> (8 * before.dtype.itemsize - 1)) >> 1).cast(dtypes.float32)
+
+
 # ---- devices ---------------------------------------------------------------------------------
 
 def kernel_backend(device: str | Tensor) -> str | None:

@@ -1,7 +1,13 @@
 """Fused operations for LLMs on tinygrad Tensors (see DESIGN.md for the contract of each)."""
+from .attention import scaled_dot_product_attention
 from .norms import add_rms_norm, layer_norm, residual_rms_norm, rms_norm
-from .rope import rope
+from .plan import (AttentionPlan, BlockedD512, Composed, ComposedBlocks, PlanTarget, Tiled, Vector,
+                   plan_attention)
+from .paged import paged_attention, paged_write
+from .rope import Rotation, norm_rope, norm_rope_at, norm_rope_kv, rope
 from .softmax import cross_entropy, logsumexp, softmax
 
 __all__ = ["rms_norm", "layer_norm", "add_rms_norm", "residual_rms_norm", "rope", "softmax", "logsumexp",
-           "cross_entropy"]
+           "cross_entropy", "scaled_dot_product_attention", "plan_attention", "AttentionPlan", "PlanTarget", "Vector",
+           "Tiled", "Composed", "ComposedBlocks", "BlockedD512", "paged_attention", "paged_write", "Rotation", "norm_rope", "norm_rope_at",
+           "norm_rope_kv"]

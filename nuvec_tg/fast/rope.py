@@ -1,4 +1,4 @@
-"""Rotary position embeddings.
+"""Rotary position embeddings, and RoPE fused with RMS norm and a KV-cache write (`norm_rope`).
 
 The angle of feature pair `i` at sequence position `t` is `scale * (offset + t) * inv_freq[i]`,
 computed in float32, with `inv_freq[i] = base ** (-2i / dims)` or `1 / freqs[i]` (`freqs` are
@@ -9,10 +9,13 @@ features `(2i, 2i + 1)`. Features past `dims` pass through unchanged.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from tinygrad import Tensor, dtypes
 
-from ..tensor import check, check_floating, check_integer, check_number, check_tensor, compute_dtype
+from ..tensor import check, check_floating, check_integer, check_number, check_tensor, check_weight, compute_dtype
+from .norms import rms_norm
+from .paged import paged_write
 
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
 
@@ -99,3 +102,127 @@ def rope(x: Tensor, dims: int, *, traditional: bool = False, base: float | None 
         rotated = new_first.cat(new_second, dim=-1)
     rotated = rotated.cast(x.dtype)
     return rotated if dims == x.shape[-1] else rotated.cat(x[..., dims:], dim=-1)
+
+
+@dataclass(frozen=True, eq=False)
+class Rotation:
+    """`rope`'s parameters, for the `norm_rope` family: `dims` rotated features, `traditional`
+    pairs, exactly one of `base` and `freqs` (`[dims/2]` periods), and the position `scale`."""
+    dims: int
+    traditional: bool = False
+    base: float | None = 10000.0
+    scale: float = 1.0
+    freqs: Tensor | None = None
+
+    def apply(self, x: Tensor, offset: int | Tensor) -> Tensor:
+        """`rope(x, ...)` with these parameters at `offset`."""
+        return rope(x, self.dims, traditional=self.traditional, base=self.base, scale=self.scale, offset=offset,
+                    freqs=self.freqs)
+
+
+def _check_rotation(op: str, rotation: Rotation) -> None:
+    if not isinstance(rotation, Rotation):
+        raise TypeError(f"{op}: rotation must be a fast.Rotation, got {type(rotation).__name__}")
+
+
+def _normalized(op: str, x: Tensor, weight: Tensor | None, eps: float) -> Tensor:
+    """`rms_norm(x, weight, eps)`, or `x` itself without a weight (no normalisation)."""
+    if weight is None: return x
+    check_weight(op, "weight", weight, x.shape[-1])
+    check_number(op, "eps", eps)
+    return rms_norm(x, weight, eps)
+
+
+def _check_offset_fits(op: str, x: Tensor, offset: int | Tensor, cache: Tensor | None, what: str) -> None:
+    """A `[B, H, S, D]` cache that can take `x`'s `L` rows at `offset`."""
+    if cache is None: return
+    check_tensor(op, what, cache)
+    shape = tuple(x.shape)
+    fits = cache.ndim == 4 and x.ndim == 4 and tuple(cache.shape[:2]) == shape[:2] and cache.shape[3] == shape[3]
+    if fits and not isinstance(offset, Tensor):
+        fits = 0 <= offset and offset + shape[2] <= cache.shape[2]
+    check(fits, op, f"a {what} of shape {tuple(cache.shape)} cannot take {shape} at position {offset}")
+    check_floating(op, what, cache.dtype)
+
+
+def _write_rows(cache: Tensor, rows: Tensor, offset: int | Tensor) -> Tensor:
+    """`cache` `[B, H, S, D]` with `rows` `[B, H, L, D]` at positions `offset..offset+L-1`.
+
+    A tensor offset (one element) writes by comparison, so a position it puts outside the cache
+    is skipped; an int offset is checked beforehand."""
+    rows = rows.cast(cache.dtype)
+    length, capacity = rows.shape[2], cache.shape[2]
+    if not isinstance(offset, Tensor):
+        return cache[:, :, :offset].cat(rows, cache[:, :, offset + length:], dim=2)
+    index = Tensor.arange(capacity, dtype=dtypes.int32) - offset.reshape(()).cast(dtypes.int32)
+    inside = (index >= 0) & (index < length)
+    picked = rows[:, :, index.clip(0, length - 1)] if length > 1 else rows.expand(*rows.shape[:2], capacity, rows.shape[3])
+    return inside.reshape(1, 1, capacity, 1).where(picked, cache)
+
+
+def norm_rope(x: Tensor, weight: Tensor | None, eps: float, rotation: Rotation, offset: int | Tensor = 0,
+              cache: Tensor | None = None) -> Tensor:
+    """RMS-normalise each head's rows, rotate them, and optionally write them into a cache.
+
+    x: `[B, H, L, D]` (or any rank >= 3 without a cache). weight: `[D]`, or None for no
+    normalisation. rotation: a `Rotation`. offset: the position of row 0 (an int, or an integer
+    tensor of one element). cache: `[B, H, S, D]` with `S >= offset + L`.
+    Returns the rotated rows `[B, H, L, D]`, or with a cache the cache with them at
+    `offset..offset+L-1` (read through the result; see `DESIGN.md`'s in-place contract).
+    """
+    op = "norm_rope"
+    check_tensor(op, "x", x)
+    _check_rotation(op, rotation)
+    _check_offset_fits(op, x, offset, cache, "cache")
+    rotated = rotation.apply(_normalized(op, x, weight, eps), offset)
+    return rotated if cache is None else _write_rows(cache, rotated, offset)
+
+
+def norm_rope_at(x: Tensor, weight: Tensor | None, eps: float, rotation: Rotation, positions: Tensor,
+                 pool: Tensor | None = None, slots: Tensor | None = None) -> Tensor:
+    """`norm_rope` with a start position per sequence, optionally written into a paged pool.
+
+    x: `[B, H, L, D]`; positions: `[B]` integers (row `l` of sequence `b` is at
+    `positions[b] + l`). pool: `[blocks, H, block_size, D]` and slots: `[B, L]` integers, given
+    together: row `l` of sequence `b` goes to slot `slots[b, l]` (out-of-range slots skipped).
+    Returns the rotated rows, or the updated pool.
+    """
+    op = "norm_rope_at"
+    check_tensor(op, "x", x)
+    _check_rotation(op, rotation)
+    check_tensor(op, "positions", positions)
+    check(x.ndim == 4, op, f"x must be [B, H, L, D], got shape {tuple(x.shape)}")
+    check(tuple(positions.shape) == (x.shape[0],), op, f"positions must be [{x.shape[0]}], got shape {tuple(positions.shape)}")
+    check((pool is None) == (slots is None), op, "pool and slots go together")
+    if pool is not None:
+        check_tensor(op, "pool", pool)
+        check_tensor(op, "slots", slots)
+        check(pool.ndim == 4 and pool.shape[1] == x.shape[1] and pool.shape[3] == x.shape[3], op,
+              f"pool must be [blocks, {x.shape[1]}, block_size, {x.shape[3]}], got shape {tuple(pool.shape)}")
+        check(tuple(slots.shape) == (x.shape[0], x.shape[2]), op,
+              f"slots must be [{x.shape[0]}, {x.shape[2]}], got shape {tuple(slots.shape)}")
+    rotated = rotation.apply(_normalized(op, x, weight, eps), positions)
+    if pool is None: return rotated
+    return paged_write(pool, rotated.transpose(1, 2), slots)
+
+
+def norm_rope_kv(x: Tensor, weight: Tensor | None, eps: float, v_eps: float, rotation: Rotation,
+                 offset: int | Tensor = 0, k_cache: Tensor | None = None,
+                 v_cache: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """Keys and values from one projection (K = V attention, Gemma-style).
+
+    `k = norm_rope(x, weight, eps, rotation, offset)` and `v = rms_norm(x, None, v_eps)`; with
+    caches (both `[B, H, S, D]`, given together) each is written at `offset..offset+L-1` and the
+    updated caches are returned. x: `[B, H, L, D]`. Returns `(k, v)`.
+    """
+    op = "norm_rope_kv"
+    check_tensor(op, "x", x)
+    _check_rotation(op, rotation)
+    check((k_cache is None) == (v_cache is None), op, "k_cache and v_cache go together")
+    _check_offset_fits(op, x, offset, k_cache, "k_cache")
+    _check_offset_fits(op, x, offset, v_cache, "v_cache")
+    check_number(op, "v_eps", v_eps)
+    keys = rotation.apply(_normalized(op, x, weight, eps), offset)
+    values = rms_norm(x, None, v_eps)
+    if k_cache is None: return keys, values
+    return _write_rows(k_cache, keys, offset), _write_rows(v_cache, values, offset)

@@ -1,0 +1,104 @@
+"""Scaled dot-product attention: validated, planned (`fast.plan`), then run by the plan's route.
+
+Numerics on every path: scores, softmax and the weighted sum of values in float32 (float64
+stays float64), rounded once to the result dtype. `"causal"` is lower-right aligned (query `i`
+sees keys `j <= i + Lk - Lq`); a window `w` keeps the `w` keys up to that one; sinks are per-head
+logits, not scaled, that join the softmax denominator; a query that sees no key gets zeros.
+"""
+from __future__ import annotations
+
+from tinygrad import Tensor, dtypes
+
+from ..tensor import check_floating, check_number, check_tensor, compute_dtype, promote_types, zero_after
+from .plan import AttentionCall, BlockedD512, ComposedBlocks, block_bounds, plan_call, target_for_device, validate_attention
+
+
+def _block_mask(call: AttentionCall, mask: Tensor, start: int, end: int, lo: int, hi: int) -> Tensor:
+    """An array mask's part for query rows `start..end` and keys `lo..hi`, as `[B, Hkv, rep, rows, keys]`."""
+    mask = mask.reshape((1,) * (4 - mask.ndim) + tuple(mask.shape))
+    if mask.shape[2] != 1: mask = mask[:, :, start:end]
+    if mask.shape[3] != 1: mask = mask[:, :, :, lo:hi]
+    mask = mask.expand(call.batch, call.q_heads, end - start, hi - lo)
+    return mask.reshape(call.batch, call.kv_heads, call.group, end - start, hi - lo)
+
+
+def attend_block(call: AttentionCall, q: Tensor, k: Tensor, v: Tensor, scale: float | Tensor, mask: Tensor | None,
+                 sinks: Tensor | None, start: int, end: int) -> Tensor:
+    """The composition for query rows `start..end` over the keys they can see.
+
+    Returns `[B, Hq, end - start, Dv]` in `call.dtype`. K and V are read per key head: the
+    grouped query heads are a `rep` axis of the queries, never a copy of K and V. `scale` may
+    be a scalar tensor (to order this block after another, see `zero_after`).
+    """
+    b, hkv, rep, rows = call.batch, call.kv_heads, call.group, end - start
+    lo, hi = call.key_range(start, end)
+    if hi <= lo:
+        return Tensor.zeros(b, call.q_heads, rows, call.v_head_dim, dtype=call.dtype, device=q.device)
+    acc = compute_dtype(call.dtype)
+    queries = q[:, :, start:end].cast(acc).reshape(b, hkv, rep, rows, call.head_dim)
+    keys = k[:, :, lo:hi].cast(acc).unsqueeze(2)
+    values = v[:, :, lo:hi].cast(acc).unsqueeze(2)
+    scores = (queries @ keys.transpose(-1, -2)) * scale                         # [B, Hkv, rep, rows, keys]
+    visible = None
+    if call.mask == "causal":
+        # Query row r sits at position start + r + Lk - Lq; key c at lo + c.
+        query_positions = Tensor.arange(rows, dtype=dtypes.int32).reshape(rows, 1) + (start + call.k_len - call.q_len)
+        key_positions = Tensor.arange(hi - lo, dtype=dtypes.int32).reshape(1, hi - lo) + lo
+        visible = key_positions <= query_positions
+        if call.window is not None:
+            visible = visible & (key_positions > query_positions - call.window)
+    elif mask is not None:
+        part = _block_mask(call, mask, start, end, lo, hi)
+        if part.dtype == dtypes.bool:
+            visible = part
+        else:
+            scores = scores + part.cast(acc)
+    if visible is not None:
+        scores = visible.where(scores, float("-inf"))
+    row_max = scores.max(-1, keepdim=True)
+    if sinks is not None:
+        sink = sinks.cast(acc).reshape(1, hkv, rep, 1, 1)
+        row_max = row_max.maximum(sink)
+    row_max = (row_max == float("-inf")).where(0.0, row_max).detach()  # rows that see nothing
+    weights = (scores - row_max).exp()
+    denominator = weights.sum(-1, keepdim=True)
+    if sinks is not None:
+        denominator = denominator + (sink - row_max).exp()
+    out = (weights @ values) / (denominator == 0).where(1.0, denominator)
+    return out.reshape(b, call.q_heads, rows, call.v_head_dim).cast(call.dtype)
+
+
+def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, *, mask: str | Tensor | None = None,
+                                 sinks: Tensor | None = None, window: int | None = None,
+                                 max_score_bytes: int | None = None) -> Tensor:
+    """`softmax(scale * q kᵀ + mask) v` with grouped key heads, sinks, windows and a memory cap.
+
+    q: `[B, Hq, Lq, D]`, k: `[B, Hkv, Lk, D]`, v: `[B, Hkv, Lk, Dv]`, `Hq` a multiple of `Hkv`
+    (query head `h` reads key head `h // (Hq / Hkv)`); float dtypes, promoted together (MLX's
+    rules) to the result dtype. scale: a number.
+    mask: None, `"causal"` (lower-right aligned), a boolean tensor (true attends) or an additive
+    float tensor whose dtype promotes to the result's, broadcastable to `[B, Hq, Lq, Lk]`.
+    sinks: `[Hq]` logits that join the float32 softmax denominator (not scaled).
+    window: with `"causal"`, keep the `window` keys up to each query's last (`>= Lk`: plain causal).
+    max_score_bytes: a cap on the largest score-sized intermediate; the composition then runs in
+    blocks of query rows (see `plan_attention`).
+    Returns `[B, Hq, Lq, Dv]` in the result dtype; no queries give an empty result, no keys zeros.
+    """
+    op = "scaled_dot_product_attention"
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_tensor(op, name, t)
+        check_floating(op, name, t.dtype)
+    scale = check_number(op, "scale", scale)
+    dtype = promote_types(promote_types(q.dtype, k.dtype), v.dtype)
+    call = validate_attention(op, q.shape, k.shape, v.shape, dtype, mask, sinks, window, max_score_bytes)
+    plan = plan_call(call, target_for_device(q.device), op)
+    if call.q_len == 0 or call.k_len == 0:
+        return Tensor.zeros(call.batch, call.q_heads, call.q_len, call.v_head_dim, dtype=dtype, device=q.device)
+    rows = plan.kernel.rows if isinstance(plan.kernel, (ComposedBlocks, BlockedD512)) else call.q_len
+    array_mask = mask if isinstance(mask, Tensor) else None
+    blocks: list[Tensor] = []
+    for start, end in block_bounds(call.q_len, rows):
+        # Each block's scores wait for the previous block's output: one block's scores live at a time.
+        block_scale = scale if not blocks else zero_after(blocks[-1]) + scale
+        blocks.append(attend_block(call, q, k, v, block_scale, array_mask, sinks, start, end))
+    return blocks[0] if len(blocks) == 1 else blocks[0].cat(*blocks[1:], dim=2)

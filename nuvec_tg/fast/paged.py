@@ -1,0 +1,122 @@
+"""Attention over a paged KV cache, and writes into one.
+
+A paged cache is a pool `[blocks, Hkv, block_size, D]`; sequence `b` owns the blocks listed in
+row `b` of a block table `[B, max_blocks]`, in order, and holds `lengths[b]` positions. Slot `s`
+of the pool is block `s // block_size`, position `s % block_size`.
+
+Hostile inputs are safe: table entries outside `0..blocks-1` are clamped, lengths are clamped to
+the table's capacity, positions no query attends (another sequence's data, NaN) never reach the
+result, and out-of-range slots are skipped.
+"""
+from __future__ import annotations
+
+from tinygrad import Tensor, dtypes
+
+from ..tensor import (check, check_floating, check_integer, check_number, check_tensor, promote_types, take_rows)
+from .attention import scaled_dot_product_attention
+
+
+def _check_pool(op: str, what: str, pool: Tensor) -> None:
+    check_tensor(op, what, pool)
+    check(pool.ndim == 4, op, f"{what} must be [blocks, Hkv, block_size, D], got shape {tuple(pool.shape)}")
+    check_floating(op, what, pool.dtype)
+
+
+def _gather_sequences(pool: Tensor, block_ids: Tensor) -> Tensor:
+    """Each sequence's blocks in table order: `[B, Hkv, max_blocks * block_size, D]`."""
+    batch, max_blocks = block_ids.shape
+    _, heads, block_size, head_dim = pool.shape
+    gathered = take_rows(pool, block_ids)                                  # [B, M, Hkv, bs, D]
+    return gathered.permute(0, 2, 1, 3, 4).reshape(batch, heads, max_blocks * block_size, head_dim)
+
+
+def paged_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor, lengths: Tensor, scale: float,
+                    *, sinks: Tensor | None = None, window: int | None = None) -> Tensor:
+    """Causal attention of each sequence's last `Lq` positions over its paged keys and values.
+
+    q: `[B, Hq, Lq, D]`; k_cache, v_cache: `[blocks, Hkv, block_size, D]` (`Hq` a multiple of
+    `Hkv`); block_tables: `[B, max_blocks]` integers; lengths: `[B]` integers. Query `l` of
+    sequence `b` sees positions `< lengths[b] - Lq + l + 1`, and with `window` only the `window`
+    positions up to that one. sinks: `[Hq]`. Returns `[B, Hq, Lq, D]` in the promoted dtype.
+    """
+    op = "paged_attention"
+    check_tensor(op, "q", q)
+    check(q.ndim == 4, op, f"q must be [B, Hq, Lq, D], got shape {tuple(q.shape)}")
+    check_floating(op, "q", q.dtype)
+    _check_pool(op, "k_cache", k_cache)
+    _check_pool(op, "v_cache", v_cache)
+    check(tuple(k_cache.shape) == tuple(v_cache.shape), op,
+          f"the caches must have one shape, got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
+    batch, q_heads, q_len, head_dim = q.shape
+    blocks, kv_heads, block_size, cache_dim = k_cache.shape
+    check(cache_dim == head_dim and kv_heads > 0 and q_heads % kv_heads == 0, op,
+          f"q's heads ({q_heads}) must be a multiple of the caches' ({kv_heads}), with head size {head_dim}, "
+          f"got caches of shape {tuple(k_cache.shape)}")
+    check(blocks > 0, op, "the caches hold no blocks")
+    check_tensor(op, "block_tables", block_tables)
+    check(block_tables.ndim == 2 and block_tables.shape[0] == batch, op,
+          f"block_tables must be [{batch}, max_blocks], got shape {tuple(block_tables.shape)}")
+    check_integer(op, "block_tables", block_tables.dtype)
+    check_tensor(op, "lengths", lengths)
+    check(tuple(lengths.shape) == (batch,), op, f"lengths must be [{batch}], got shape {tuple(lengths.shape)}")
+    check_integer(op, "lengths", lengths.dtype)
+    check_number(op, "scale", scale)
+    if sinks is not None:
+        check_tensor(op, "sinks", sinks)
+        check(sinks.ndim == 1 and sinks.shape[0] == q_heads, op, f"sinks must be [{q_heads}], got shape {tuple(sinks.shape)}")
+        check_floating(op, "sinks", sinks.dtype)
+    if window is not None:
+        if isinstance(window, bool) or not isinstance(window, int):
+            raise TypeError(f"{op}: window must be an int, got {type(window).__name__}")
+        check(window >= 1, op, f"the window must be at least 1, got {window}")
+    dtype = promote_types(promote_types(q.dtype, k_cache.dtype), v_cache.dtype)
+    if sinks is not None and promote_types(sinks.dtype, dtype) != dtype:
+        raise TypeError(f"{op}: sinks must promote to {dtype}, got {sinks.dtype}")
+
+    block_ids = block_tables.cast(dtypes.int64).clip(0, blocks - 1).cast(dtypes.int32)
+    keys, values = _gather_sequences(k_cache, block_ids), _gather_sequences(v_cache, block_ids)
+    capacity = keys.shape[2]
+    lengths = lengths.cast(dtypes.int64).clip(0, capacity).cast(dtypes.int32).reshape(batch, 1, 1, 1)
+    positions = Tensor.arange(capacity, dtype=dtypes.int32).reshape(1, 1, 1, capacity)
+    ends = lengths - (q_len - 1) + Tensor.arange(q_len, dtype=dtypes.int32).reshape(1, 1, q_len, 1)
+    visible = positions < ends                                              # [B, 1, Lq, capacity]
+    live = positions < lengths                                              # seen by some query
+    if window is not None:
+        visible = visible & (positions >= ends - window)
+        live = live & (positions >= lengths - (q_len + window - 1))
+    # Masked scores are replaced, never added to, so NaN keys outside the mask stay out; values
+    # no query attends are zeroed so that a zero weight never meets a NaN.
+    values = live.reshape(batch, 1, capacity, 1).where(values, 0.0)
+    return scaled_dot_product_attention(q.cast(dtype), keys.cast(dtype), values.cast(dtype), scale, mask=visible,
+                                        sinks=sinks)
+
+
+def paged_write(cache: Tensor, new: Tensor, slots: Tensor) -> Tensor:
+    """`cache` with the rows of `new` written at `slots`.
+
+    cache: `[blocks, Hkv, block_size, D]`; new: `[T, Hkv, D]` or `[B, T, Hkv, D]`; slots: integers
+    of `new`'s leading shape. Slot `s` is block `s // block_size`, position `s % block_size`; slots
+    outside `0..blocks*block_size-1` are skipped; when two rows name one slot the later row wins.
+    Returns the updated cache (the caller reads through it; `.clone()` keeps old values).
+    """
+    op = "paged_write"
+    _check_pool(op, "cache", cache)
+    check_tensor(op, "new", new)
+    check_tensor(op, "slots", slots)
+    blocks, heads, block_size, head_dim = cache.shape
+    check(new.ndim in (3, 4) and tuple(new.shape[-2:]) == (heads, head_dim), op,
+          f"new must be [T, {heads}, {head_dim}] or [B, T, {heads}, {head_dim}], got shape {tuple(new.shape)}")
+    check(tuple(slots.shape) == tuple(new.shape[:-2]), op,
+          f"slots must have new's leading shape {tuple(new.shape[:-2])}, got {tuple(slots.shape)}")
+    check_integer(op, "slots", slots.dtype)
+    check_floating(op, "new", new.dtype)
+    count, pool_rows = slots.numel(), blocks * block_size
+    if count == 0: return cache
+    rows = cache.permute(0, 2, 1, 3).reshape(pool_rows, heads, head_dim)
+    new_rows = new.reshape(count, heads, head_dim).cast(cache.dtype)
+    # For every pool row, the last new row whose slot names it (-1: none; out-of-range slots name none).
+    names = slots.reshape(count, 1).cast(dtypes.int64) == Tensor.arange(pool_rows, dtype=dtypes.int64).reshape(1, pool_rows)
+    writer = names.where(Tensor.arange(count, dtype=dtypes.int32).reshape(count, 1), -1).max(0)
+    written = take_rows(new_rows, writer.clip(0, count - 1))
+    rows = (writer >= 0).reshape(pool_rows, 1, 1).where(written, rows)
+    return rows.reshape(blocks, block_size, heads, head_dim).permute(0, 2, 1, 3)
