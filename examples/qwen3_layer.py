@@ -1,10 +1,11 @@
 """A Qwen3-style decoder block with random weights: a 128-token prefill, then 32 decode steps
 with a KV cache, on tinygrad's default device.
 
-The block: RMSNorm, q/k/v/o projections, per-head RMSNorm of q and k, RoPE, grouped-query
-attention (tinygrad's own until nuvec_tg's lands), then add-and-RMSNorm and a SwiGLU MLP. The
-norms and RoPE are nuvec_tg's. Decode steps run under TinyJit with the position as a tensor, so
-the step compiles once; the last step is checked against a full causal recompute.
+The block: RMSNorm, q/k/v/o projections, per-head RMSNorm of q and k with RoPE (`norm_rope`, the
+keys written into the KV cache as they are rotated), grouped-query attention
+(`scaled_dot_product_attention`), then add-and-RMSNorm and a SwiGLU MLP, all nuvec_tg's
+operations. Decode steps run under TinyJit with the position as a tensor, so the step compiles
+once; the last step is checked against a full causal recompute.
 
     python examples/qwen3_layer.py [--hidden 1024] [--prefill 128] [--steps 32] [--dtype float32]
 """
@@ -53,19 +54,16 @@ class DecoderBlock:
         self.w_down = weight(c.hidden, c.intermediate)
         self.k_cache = Tensor.zeros(1, c.kv_heads, max_len, c.head_dim, dtype=dtype).contiguous().realize()
         self.v_cache = Tensor.zeros(1, c.kv_heads, max_len, c.head_dim, dtype=dtype).contiguous().realize()
+        self.rotation = fast.Rotation(c.head_dim, base=c.rope_base)
         self.decode_step = TinyJit(self._decode)
 
-    def _qkv(self, x: Tensor, offset: int | Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Projections, per-head norms and RoPE: `[1, heads, T, head_dim]` queries, keys, values."""
+    def _project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """The normalised input's projections, as `[1, heads, T, head_dim]`."""
         c, length = self.config, x.shape[1]
         h = fast.rms_norm(x, self.input_norm, c.eps)
-        q = (h @ self.wq.T).reshape(1, length, c.heads, c.head_dim)
-        k = (h @ self.wk.T).reshape(1, length, c.kv_heads, c.head_dim)
+        q = (h @ self.wq.T).reshape(1, length, c.heads, c.head_dim).transpose(1, 2)
+        k = (h @ self.wk.T).reshape(1, length, c.kv_heads, c.head_dim).transpose(1, 2)
         v = (h @ self.wv.T).reshape(1, length, c.kv_heads, c.head_dim).transpose(1, 2)
-        q = fast.rms_norm(q, self.q_norm, c.eps).transpose(1, 2)
-        k = fast.rms_norm(k, self.k_norm, c.eps).transpose(1, 2)
-        q = fast.rope(q, c.head_dim, base=c.rope_base, offset=offset)
-        k = fast.rope(k, c.head_dim, base=c.rope_base, offset=offset)
         return q, k, v
 
     def _finish(self, x: Tensor, attention: Tensor) -> Tensor:
@@ -75,28 +73,45 @@ class DecoderBlock:
         h, y = fast.add_rms_norm(x, attention, self.post_norm, c.eps)
         return h + ((y @ self.w_gate.T).silu() * (y @ self.w_up.T)) @ self.w_down.T
 
+    def _rotate_and_cache(self, q: Tensor, k: Tensor, v: Tensor, offset: int | Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Per-head norms and RoPE of q and k at `offset`; returns q and the caches with k and v
+        written at `offset`."""
+        c, length = self.config, q.shape[2]
+        q = fast.norm_rope(q, self.q_norm, c.eps, self.rotation, offset)
+        k_cache = fast.norm_rope(k, self.k_norm, c.eps, self.rotation, offset, cache=self.k_cache)
+        # The contiguous cache is a paged pool of one block: slot = position.
+        slots = Tensor.arange(length, dtype=dtypes.int32) + offset
+        v_cache = fast.paged_write(self.v_cache, v.transpose(1, 2).reshape(length, c.kv_heads, c.head_dim), slots)
+        return q, k_cache, v_cache
+
     def forward(self, x: Tensor) -> Tensor:
         """A causal pass over `x` `[1, T, hidden]` from position 0, without the cache."""
-        q, k, v = self._qkv(x, 0)
-        return self._finish(x, q.scaled_dot_product_attention(k, v, is_causal=True, enable_gqa=True))
+        c = self.config
+        q, k, v = self._project(x)
+        q = fast.norm_rope(q, self.q_norm, c.eps, self.rotation, 0)
+        k = fast.norm_rope(k, self.k_norm, c.eps, self.rotation, 0)
+        return self._finish(x, fast.scaled_dot_product_attention(q, k, v, c.head_dim ** -0.5, mask="causal"))
 
     def prefill(self, x: Tensor) -> Tensor:
         """`forward`, keeping the keys and values in the cache's first `T` rows."""
-        q, k, v = self._qkv(x, 0)
-        length = x.shape[1]
-        self.k_cache.assign(k.cat(self.k_cache[:, :, length:], dim=2))
-        self.v_cache.assign(v.cat(self.v_cache[:, :, length:], dim=2))
-        out = self._finish(x, q.scaled_dot_product_attention(k, v, is_causal=True, enable_gqa=True))
-        return out.realize(self.k_cache, self.v_cache)
+        c, length = self.config, x.shape[1]
+        q, k, v = self._project(x)
+        q, k_cache, v_cache = self._rotate_and_cache(q, k, v, 0)
+        self.k_cache.assign(k_cache)
+        self.v_cache.assign(v_cache)
+        keys, values = self.k_cache[:, :, :length], self.v_cache[:, :, :length]
+        attention = fast.scaled_dot_product_attention(q, keys, values, c.head_dim ** -0.5, mask="causal")
+        return self._finish(x, attention).realize(self.k_cache, self.v_cache)
 
     def _decode(self, x: Tensor, position: Tensor) -> Tensor:
         """One token `[1, 1, hidden]` at `position` (an int32 tensor of one element)."""
-        q, k, v = self._qkv(x, position)
-        slots = Tensor.arange(self.max_len, dtype=dtypes.int32).reshape(1, 1, self.max_len, 1)
-        self.k_cache.assign((slots == position.reshape(())).where(k, self.k_cache))
-        self.v_cache.assign((slots == position.reshape(())).where(v, self.v_cache))
-        visible = (slots <= position.reshape(())).reshape(1, 1, 1, self.max_len)
-        attention = q.scaled_dot_product_attention(self.k_cache, self.v_cache, attn_mask=visible, enable_gqa=True)
+        c = self.config
+        q, k, v = self._project(x)
+        q, k_cache, v_cache = self._rotate_and_cache(q, k, v, position)
+        self.k_cache.assign(k_cache)
+        self.v_cache.assign(v_cache)
+        visible = Tensor.arange(self.max_len, dtype=dtypes.int32).reshape(1, 1, 1, self.max_len) <= position.reshape(())
+        attention = fast.scaled_dot_product_attention(q, self.k_cache, self.v_cache, c.head_dim ** -0.5, mask=visible)
         return self._finish(x, attention).realize(self.k_cache, self.v_cache)
 
 

@@ -169,8 +169,8 @@ def take_rows(x: Tensor, indices: Tensor) -> Tensor:
 
 # ---- scheduling ------------------------------------------------------------------------------
 
-def zero_after(before: Tensor) -> Tensor:
-    """A float32 scalar 0.0 that tinygrad can only compute once `before` has been computed.
+def zero_after(before: Tensor, dtype: DType = dtypes.float32) -> Tensor:
+    """A scalar 0.0 of `dtype` that tinygrad can only compute once `before` has been computed.
 
     tinygrad's scheduler runs independent kernels breadth-first, so work split into blocks to
     bound its memory (attention under `max_score_bytes`) would otherwise run every block's first
@@ -179,9 +179,9 @@ def zero_after(before: Tensor) -> Tensor:
     the bits always give 0, and tinygrad 0.14's rewriter does not fold them away (a test measures
     the memory). No gradient flows through it.
     """
-    bits = before.flatten()[0].detach().bitcast(dtypes.uint32 if before.dtype.itemsize == 4 else
-                                                 dtypes.uint16 if before.dtype.itemsize == 2 else dtypes.uint64)
-    return ((bits >> (8 * before.dtype.itemsize - 1)) >> 1).cast(dtypes.float32)
+    unsigned = {2: dtypes.uint16, 4: dtypes.uint32, 8: dtypes.uint64}[before.dtype.itemsize]
+    bits = before.flatten()[0].bitcast(unsigned)
+    return ((bits >> (8 * before.dtype.itemsize - 1)) >> 1).cast(dtype).detach()
 
 
 # ---- devices ---------------------------------------------------------------------------------

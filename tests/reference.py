@@ -41,8 +41,13 @@ def random(rng: np.random.Generator, shape, dtype, device: str, spread: float = 
 
 
 def values(t: Tensor) -> np.ndarray:
-    """A tensor's values as float64 (exactly, for every float dtype)."""
-    if t.dtype in HALF_DTYPES: t = t.cast(dtypes.float32)
+    """A tensor's values as float64 (exactly, for every float dtype).
+
+    Half tensors are read through their bits: tinygrad folds a lazy `cast(half)` followed by
+    `cast(float)` into nothing, so casting them up would read the values before their rounding."""
+    if t.dtype == dtypes.float16: return t.bitcast(dtypes.uint16).numpy().view(np.float16).astype(np.float64)
+    if t.dtype == dtypes.bfloat16:
+        return (t.bitcast(dtypes.uint16).numpy().astype(np.uint32) << 16).view(np.float32).astype(np.float64)
     return t.numpy().astype(np.float64)
 
 
@@ -78,4 +83,6 @@ def finite_differences(loss, arrays: list[np.ndarray], step: float = 1e-6) -> li
 def gradients(out: Tensor, cotangent: Tensor, inputs: list[Tensor]) -> list[np.ndarray]:
     """`d sum(out * cotangent) / d input` for each input, as float64 arrays."""
     loss = (out.cast(dtypes.float64 if out.dtype == dtypes.float64 else dtypes.float32) * cotangent).sum()
-    return [values(g) for g in loss.gradient(*inputs)]
+    grads = loss.gradient(*inputs)
+    Tensor.realize(*grads)  # one schedule for all of them
+    return [values(g) for g in grads]

@@ -99,6 +99,6 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, 
     blocks: list[Tensor] = []
     for start, end in block_bounds(call.q_len, rows):
         # Each block's scores wait for the previous block's output: one block's scores live at a time.
-        block_scale = scale if not blocks else zero_after(blocks[-1]) + scale
+        block_scale = scale if not blocks else zero_after(blocks[-1], compute_dtype(dtype)) + scale
         blocks.append(attend_block(call, q, k, v, block_scale, array_mask, sinks, start, end))
     return blocks[0] if len(blocks) == 1 else blocks[0].cat(*blocks[1:], dim=2)

@@ -1,0 +1,145 @@
+"""norm_rope, norm_rope_at and norm_rope_kv equal their compositions (rms_norm, rope, cache writes)."""
+import numpy as np
+import pytest
+from tinygrad import Tensor, dtypes
+
+from nuvec_tg import fast
+from reference import DTYPES, TOLERANCE, assert_close, random, values
+
+FREQS = Tensor((1.5 + 0.75 * np.arange(32)).astype(np.float32))
+
+
+def bits(t: Tensor) -> np.ndarray:
+    return t.bitcast({2: dtypes.uint16, 4: dtypes.uint32, 8: dtypes.uint64}[t.dtype.itemsize]).numpy()
+
+
+def composed(x, weight, eps, rotation, offset, cache):
+    """The definition: rms_norm, rope, then the rows written into the cache at their positions."""
+    h = x if weight is None else fast.rms_norm(x, weight, eps)
+    r = fast.rope(h, rotation.dims, traditional=rotation.traditional, base=rotation.base, scale=rotation.scale,
+                  offset=offset, freqs=rotation.freqs)
+    if cache is None: return r
+    c = values(cache)
+    c[:, :, offset:offset + r.shape[2]] = values(r)
+    return c
+
+
+# (batch, heads, length, head size, rotated dims, offset, cache capacity)
+CASES = [(1, 4, 1, 128, 128, 0, 256), (1, 2, 1, 128, 128, 37, 256), (2, 3, 5, 64, 64, 9, 16), (1, 2, 3, 80, 64, 4, 8),
+         (1, 1, 2, 256, 64, 100, 102)]
+
+
+@pytest.mark.parametrize("case", CASES, ids=str)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_norm_rope_equals_rms_norm_rope_and_the_cache_write(device, case, dtype):
+    b, h, l, d, dims, offset, capacity = case
+    rng = np.random.default_rng(0x68)
+    x = random(rng, (b, l, h, d), dtype, device)[0].transpose(1, 2)  # the projection's layout, viewed
+    w = random(rng, (d,), dtype, device)[0]
+    cache = random(rng, (b, h, capacity, d), dtype, device)[0]
+    freqs = FREQS.to(device)
+    for normed, traditional, with_freqs, cached in [(True, False, False, False), (True, False, False, True),
+                                                   (False, False, False, True), (True, True, False, True),
+                                                   (False, True, False, False), (True, False, True, True)]:
+        if with_freqs and dims != 64: continue
+        rotation = fast.Rotation(dims, traditional, None if with_freqs else 10000.0, 1.0, freqs if with_freqs else None)
+        weight = w if normed else None
+        got = fast.norm_rope(x, weight, 1e-6, rotation, offset, cache if cached else None)
+        want = composed(x, weight, 1e-6, rotation, offset, cache if cached else None)
+        assert got.dtype == dtype
+        np.testing.assert_array_equal(values(got), want if cached else values(want))
+    # A tensor offset (one element) writes the same rows (an int's angles may be folded at compile
+    # time, so to the last bit only within a float32 rounding).
+    rotation = fast.Rotation(dims, scale=0.5)
+    at_int = fast.norm_rope(x, w, 1e-6, rotation, offset, cache)
+    at_tensor = fast.norm_rope(x, w, 1e-6, rotation, Tensor([offset], device=device), cache)
+    assert_close("tensor offset", values(at_tensor), values(at_int), TOLERANCE[dtype])
+
+
+def test_norm_rope_gradients_flow_to_x_weight_and_cache(device):
+    rng = np.random.default_rng(0x69)
+    x, w, cache = (Tensor(rng.uniform(-1, 1, s), device=device) for s in ((1, 2, 3, 16), (16,), (1, 2, 8, 16)))
+    g = Tensor(rng.uniform(-1, 1, (1, 2, 8, 16)), device=device)
+    rotation = fast.Rotation(16, scale=0.5)
+    fused = (fast.norm_rope(x, w, 1e-6, rotation, 4, cache) * g).sum().gradient(x, w, cache)
+    rows = fast.rope(fast.rms_norm(x, w, 1e-6), 16, scale=0.5, offset=4)
+    reference = (cache[:, :, :4].cat(rows, cache[:, :, 7:], dim=2) * g).sum().gradient(x, w, cache)
+    for a, e in zip(fused, reference):
+        assert_close("gradient", values(a), values(e), 1e-12)
+    dcache = values(fused[2])
+    np.testing.assert_array_equal(dcache[:, :, 4:7], 0.0)  # overwritten rows get no gradient
+
+
+def test_a_decode_loop_through_the_cache(device):
+    rng = np.random.default_rng(0x6A)
+    w = random(rng, (64,), dtypes.bfloat16, device)[0]
+    start = random(rng, (1, 2, 8, 64), dtypes.bfloat16, device)[0].realize()
+    rotation = fast.Rotation(64)
+    cache, reference = start, values(start)
+    for step in range(6):
+        x = random(rng, (1, 2, 1, 64), dtypes.bfloat16, device)[0]
+        kept = values(cache)
+        cache = fast.norm_rope(x, w, 1e-6, rotation, step, cache).realize()
+        reference[:, :, step:step + 1] = values(fast.rope(fast.rms_norm(x, w, 1e-6), 64, offset=step))
+        np.testing.assert_array_equal(values(cache), reference)
+        assert kept.shape == reference.shape
+    np.testing.assert_array_equal(values(start), values(start))
+
+
+def test_norm_rope_at_positions_and_a_paged_pool(device):
+    rng = np.random.default_rng(0x6B)
+    x = random(rng, (2, 2, 3, 32), dtypes.float32, device)[0]
+    w = random(rng, (32,), dtypes.float32, device)[0]
+    positions = Tensor([5, 11], device=device)
+    rotation = fast.Rotation(32, traditional=True)
+    rotated = fast.norm_rope_at(x, w, 1e-5, rotation, positions)
+    want = fast.rope(fast.rms_norm(x, w, 1e-5), 32, traditional=True, offset=positions)
+    np.testing.assert_array_equal(values(rotated), values(want))
+    pool = random(rng, (4, 2, 4, 32), dtypes.float32, device)[0]
+    slots = Tensor([[0, 1, 2], [13, -1, 99]], device=device)
+    got = fast.norm_rope_at(x, w, 1e-5, rotation, positions, pool, slots)
+    np.testing.assert_array_equal(values(got), values(fast.paged_write(pool, want.transpose(1, 2), slots)))
+
+
+@pytest.mark.parametrize("dtype, d, l", [(dtypes.bfloat16, 512, 3), (dtypes.float16, 256, 1), (dtypes.float32, 64, 5),
+                                         (dtypes.float32, 64, 0)], ids=str)
+def test_norm_rope_kv_equals_the_composition(device, dtype, d, l):
+    rng = np.random.default_rng(0x59)
+    x = (random(rng, (1, l, 2, d), dtype, device)[0] * 4).transpose(1, 2)
+    w = random(rng, (d,), dtype, device)[0] + 1
+    freqs = Tensor.arange(1, d // 4 + 1, dtype=dtypes.float32).to(device)
+    rotation = fast.Rotation(d // 2, base=None, freqs=freqs)
+    k, v = fast.norm_rope_kv(x, w, 1e-6, 1e-6, rotation, 7)
+    want_k = fast.rope(fast.rms_norm(x, w, 1e-6), d // 2, base=None, offset=7, freqs=freqs)
+    want_v = fast.rms_norm(x, None, 1e-6)
+    np.testing.assert_array_equal(bits(k), bits(want_k))
+    np.testing.assert_array_equal(bits(v), bits(want_v))
+    k_cache = (Tensor.zeros(1, 2, 16, d, device=device) + 0.5).cast(dtype).realize()
+    v_cache = Tensor.zeros(1, 2, 16, d, device=device).cast(dtype).realize()
+    k2, v2 = fast.norm_rope_kv(x, w, 1e-6, 1e-6, rotation, 7, k_cache, v_cache)
+    np.testing.assert_array_equal(bits(k2[:, :, 7:7 + l]), bits(want_k))
+    np.testing.assert_array_equal(bits(v2[:, :, 7:7 + l]), bits(want_v))
+    assert (values(k2[:, :, :7]) == 0.5).all() and (values(k_cache) == 0.5).all()
+
+
+NORM_ROPE_INVALID = [
+    (ValueError, lambda x, r: fast.norm_rope(x, None, 1e-6, r, 2, Tensor.zeros(1, 2, 4, 64))),
+    (ValueError, lambda x, r: fast.norm_rope(x, None, 1e-6, r, 2, Tensor.zeros(1, 3, 8, 64))),
+    (ValueError, lambda x, r: fast.norm_rope(x, None, 1e-6, r, 2, Tensor.zeros(1, 2, 8, 32))),
+    (ValueError, lambda x, r: fast.norm_rope(x, None, 1e-6, r, 2, Tensor.zeros(2, 8, 64))),
+    (ValueError, lambda x, r: fast.norm_rope(x, None, 1e-6, r, -1, Tensor.zeros(1, 2, 8, 64))),
+    (ValueError, lambda x, r: fast.norm_rope(x, Tensor.ones(32), 1e-6, r)),
+    (TypeError, lambda x, r: fast.norm_rope(x, None, 1e-6, (64, False))),
+    (ValueError, lambda x, r: fast.norm_rope_at(x, None, 1e-6, r, Tensor([1, 2]))),
+    (ValueError, lambda x, r: fast.norm_rope_at(x, None, 1e-6, r, Tensor([1]), pool=Tensor.zeros(4, 2, 4, 64))),
+    (ValueError, lambda x, r: fast.norm_rope_at(x, None, 1e-6, r, Tensor([1]), Tensor.zeros(4, 2, 4, 64), Tensor([[1, 2]]))),
+    (ValueError, lambda x, r: fast.norm_rope_kv(x, None, 1e-6, 1e-6, r, 0, Tensor.zeros(1, 2, 8, 64))),
+    (ValueError, lambda x, r: fast.norm_rope_kv(x, None, 1e-6, 1e-6, r, 6, Tensor.zeros(1, 2, 8, 64), Tensor.zeros(1, 2, 8, 64))),
+    (ValueError, lambda x, r: fast.norm_rope(x, None, 1e-6, fast.Rotation(65))),
+]
+
+
+@pytest.mark.parametrize("error, call", NORM_ROPE_INVALID)
+def test_norm_rope_invalid_arguments(error, call):
+    with pytest.raises(error, match="^(norm_rope|norm_rope_at|norm_rope_kv|rope): "):
+        call(Tensor.zeros(1, 2, 3, 64), fast.Rotation(64))

@@ -1,0 +1,171 @@
+"""paged_attention and paged_write against contiguous attention and numpy."""
+import numpy as np
+import pytest
+from tinygrad import Tensor, dtypes
+
+from nuvec_tg import fast
+from attention_reference import attention_reference
+from reference import assert_close, random, round_to, values
+
+TOL = {dtypes.float32: 1e-4, dtypes.float16: 1e-2, dtypes.bfloat16: 5e-2}
+
+
+def paged(keys, values_, block_size, rng):
+    """Pools holding `[B, Hkv, N, D]` keys and values in blocks placed in a shuffled order (with
+    three unused blocks), and the block table."""
+    b, hkv, n, d = keys.shape
+    per = -(-n // block_size)
+    blocks = b * per + 3
+    order = rng.permutation(blocks)
+    pools = [np.zeros((blocks, hkv, block_size, d)) for _ in range(2)]
+    for s in range(b):
+        for j in range(per):
+            length = min(block_size, n - j * block_size)
+            for pool, src in zip(pools, (keys, values_)):
+                pool[order[s * per + j], :, :length] = src[s, :, j * block_size:j * block_size + length]
+    return pools[0], pools[1], order[:b * per].reshape(b, per).astype(np.int32)
+
+
+def to(values_, dtype, device):
+    return Tensor(values_.astype(np.float32), device=device).cast(dtype)
+
+
+# (batch, query heads, kv heads, queries, head size, block size, lengths, window)
+CASES = [
+    (1, 4, 4, 1, 32, 16, (37,), None),
+    (3, 8, 2, 1, 16, 8, (1, 20, 45), None),
+    (2, 4, 1, 4, 16, 16, (4, 77), None),
+    (2, 8, 1, 1, 512, 16, (40, 70), None),
+    (2, 8, 2, 1, 16, 16, (40, 100), 32),
+    (2, 4, 2, 4, 16, 8, (9, 77), 5),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=str)
+@pytest.mark.parametrize("dtype", [dtypes.float32, dtypes.bfloat16], ids=str)
+def test_paged_attention_equals_contiguous_attention(device, case, dtype):
+    b, hq, hkv, lq, d, bs, lengths, window = case
+    rng = np.random.default_rng(0x6B)
+    n = max(lengths)
+    keys, vals = (round_to(rng.uniform(-1, 1, (b, hkv, n, d)), dtype) for _ in range(2))
+    qv = round_to(rng.uniform(-1, 1, (b, hq, lq, d)), dtype)
+    sv = round_to(rng.uniform(-1, 1, (hq,)), dtype)
+    k_pool, v_pool, table = paged(keys, vals, bs, rng)
+    if window is not None:  # blocks wholly before each sequence's window hold NaN, never read
+        for s, length in enumerate(lengths):
+            first = max(length - lq - window + 1, 0)
+            for j in range(first // bs):
+                k_pool[table[s, j]] = np.nan
+                v_pool[table[s, j]] = np.nan
+    scale = d ** -0.5
+    q, kc, vc = to(qv, dtype, device), to(k_pool, dtype, device), to(v_pool, dtype, device)
+    sinks = to(sv, dtype, device)
+    lens = Tensor(np.array(lengths, np.int32), device=device)
+    for with_sinks in (False, True):
+        got = fast.paged_attention(q, kc, vc, Tensor(table, device=device), lens, scale, window=window,
+                                   sinks=sinks if with_sinks else None)
+        assert got.dtype == dtype and got.shape == (b, hq, lq, d)
+        got = values(got)
+        for s, length in enumerate(lengths):
+            want = attention_reference(qv[s:s + 1], keys[s:s + 1, :, :length], vals[s:s + 1, :, :length], scale,
+                                       causal=True, window=window, sinks=sv if with_sinks else None)
+            assert_close(f"sequence {s} sinks {with_sinks}", got[s:s + 1], want, TOL[dtype])
+
+
+def test_paged_attention_gradients_equal_contiguous_ones(device):
+    rng = np.random.default_rng(0x6F)
+    b, hq, hkv, lq, d, bs, lengths = 2, 4, 2, 2, 8, 4, (6, 11)
+    keys, vals = (rng.uniform(-1, 1, (b, hkv, 11, d)) for _ in range(2))
+    qv = rng.uniform(-1, 1, (b, hq, lq, d))
+    k_pool, v_pool, table = paged(keys, vals, bs, rng)
+    q, kc, vc = (Tensor(a, device=device) for a in (qv, k_pool, v_pool))
+    got = fast.paged_attention(q, kc, vc, Tensor(table, device=device), Tensor(np.array(lengths), device=device), 0.5)
+    grads = got.sum().gradient(q, kc, vc)
+    for s, length in enumerate(lengths):
+        qs = Tensor(qv[s:s + 1], device=device)
+        ks, vs = Tensor(keys[s:s + 1, :, :length], device=device), Tensor(vals[s:s + 1, :, :length], device=device)
+        want = fast.scaled_dot_product_attention(qs, ks, vs, 0.5, mask="causal").sum().gradient(qs, ks, vs)
+        assert_close("dq", values(grads[0])[s:s + 1], values(want[0]), 1e-9)
+        # The pools' gradients land in the sequence's blocks, in table order.
+        for pool_grad, contiguous in ((grads[1], want[1]), (grads[2], want[2])):
+            pool_grad = values(pool_grad)
+            laid_out = np.concatenate([pool_grad[block] for block in table[s]], axis=1)[None, :, :length]
+            assert_close("dpool", laid_out, values(contiguous), 1e-9)
+
+
+def test_paged_attention_clamps_hostile_tables_and_lengths(device):
+    rng = np.random.default_rng(0x6E)
+    for b, hq, hkv, lq, d, bs, max_blocks in ((2, 4, 2, 1, 16, 8, 4), (2, 4, 2, 3, 32, 16, 3)):
+        blocks = 5
+        k_pool, v_pool = (rng.uniform(-1, 1, (blocks, hkv, bs, d)) for _ in range(2))
+        qv = rng.uniform(-1, 1, (b, hq, lq, d))
+        table = np.array([[(i % blocks), blocks + 1000, -5, 2**31 - 1][i % 4] for i in range(b * max_blocks)],
+                         np.int32).reshape(b, max_blocks)
+        capacity = max_blocks * bs
+        lens = np.array([capacity + 1, 2**31 - 1][:b], np.int32)
+        got = values(fast.paged_attention(*(Tensor(a.astype(np.float32), device=device) for a in (qv, k_pool, v_pool)),
+                                          Tensor(table, device=device), Tensor(lens, device=device), 0.125))
+        assert np.isfinite(got).all()
+        # The clamped meaning: entries clamped to the pool, lengths to the capacity.
+        clamped = np.clip(table, 0, blocks - 1)
+        for s in range(b):
+            keys = np.concatenate([k_pool[i] for i in clamped[s]], axis=1)[None]
+            vals = np.concatenate([v_pool[i] for i in clamped[s]], axis=1)[None]
+            want = attention_reference(qv[s:s + 1], keys, vals, 0.125, causal=True)
+            assert_close(f"hostile {s}", got[s:s + 1], want, 1e-5)
+
+
+def test_paged_write(device):
+    rng = np.random.default_rng(0x6C)
+    cache_values = round_to(rng.uniform(-1, 1, (6, 2, 4, 16)), dtypes.bfloat16)
+    new_values = round_to(rng.uniform(-1, 1, (5, 2, 16)), dtypes.bfloat16)
+    cache, new = to(cache_values, dtypes.bfloat16, device), to(new_values, dtypes.bfloat16, device)
+    out = values(fast.paged_write(cache, new, Tensor([23, 0, 5, 17, 6], device=device)))
+    want = cache_values.copy()
+    for row, slot in enumerate([23, 0, 5, 17, 6]):
+        want[slot // 4, :, slot % 4] = new_values[row]
+    np.testing.assert_array_equal(out, want)
+    np.testing.assert_array_equal(values(cache), cache_values)  # the argument is not the contract: still whole
+    # Batched rows, and the later of two rows naming one slot wins.
+    batched = fast.paged_write(cache, new.reshape(1, 5, 2, 16)[:, :4], Tensor([[3, 3, 9, 1]], device=device))
+    want = cache_values.copy()
+    for row, slot in ((1, 3), (2, 9), (3, 1)):
+        want[slot // 4, :, slot % 4] = new_values[row]
+    np.testing.assert_array_equal(values(batched), want)
+
+
+def test_paged_write_skips_out_of_range_slots(device):
+    rng = np.random.default_rng(0x6D)
+    blocks, hkv, bs, d = 6, 2, 4, 16
+    end = blocks * bs
+    cache_values, new_values = rng.uniform(-1, 1, (blocks, hkv, bs, d)), rng.uniform(-1, 1, (6, hkv, d))
+    cache, new = to(cache_values, dtypes.float32, device), to(new_values, dtypes.float32, device)
+    slots = Tensor(np.array([-1, 3, end, 2**31 - 1, 7, -2**31], np.int32), device=device)
+    got = values(fast.paged_write(cache, new, slots))
+    want = values(fast.paged_write(cache, new[[1, 4]], Tensor([3, 7], device=device)))
+    np.testing.assert_array_equal(got, want)
+    assert (got != cache_values.astype(np.float32)).sum() <= 2 * hkv * d
+
+
+PAGED_INVALID = [
+    (ValueError, lambda q, c, t, l: fast.paged_attention(q, Tensor.zeros(4, 3, 8, 64), Tensor.zeros(4, 3, 8, 64), t, l, 1.0)),
+    (ValueError, lambda q, c, t, l: fast.paged_attention(q, c, c, l, l, 1.0)),
+    (TypeError, lambda q, c, t, l: fast.paged_attention(q, c, c, t, Tensor([9.0]), 1.0)),
+    (ValueError, lambda q, c, t, l: fast.paged_attention(q, c, c, t, l, 1.0, window=0)),
+    (ValueError, lambda q, c, t, l: fast.paged_attention(q, c, c, t, l, 1.0, sinks=Tensor.zeros(3))),
+    (ValueError, lambda q, c, t, l: fast.paged_attention(q, Tensor.zeros(0, 2, 8, 64), Tensor.zeros(0, 2, 8, 64), t, l, 1.0)),
+    (ValueError, lambda q, c, t, l: fast.paged_attention(q, c, Tensor.zeros(4, 2, 8, 32), t, l, 1.0)),
+    (TypeError, lambda q, c, t, l: fast.paged_attention(q, c, c, t.cast(dtypes.float32), l, 1.0)),
+    (ValueError, lambda q, c, t, l: fast.paged_write(c, Tensor.zeros(5, 3, 64), Tensor([1, 2, 3, 4, 5]))),
+    (ValueError, lambda q, c, t, l: fast.paged_write(c, Tensor.zeros(5, 2, 64), Tensor([1, 2]))),
+    (TypeError, lambda q, c, t, l: fast.paged_write(c, Tensor.zeros(2, 2, 64), Tensor([1.0, 2.0]))),
+]
+
+
+@pytest.mark.parametrize("error, call", PAGED_INVALID)
+def test_paged_invalid_arguments(error, call):
+    q, c = Tensor.zeros(1, 4, 1, 64), Tensor.zeros(4, 2, 8, 64)
+    t, l = Tensor([[0, 1]], dtype=dtypes.int32), Tensor([9], dtype=dtypes.int32)
+    assert fast.paged_attention(q, c, c, t, l, 1.0).shape == (1, 4, 1, 64)
+    with pytest.raises(error, match="^paged_(attention|write): "):
+        call(q, c, t, l)
