@@ -169,6 +169,7 @@ def test_capped_equals_uncapped_and_the_window_formula(device, shape, dtype):
         np.testing.assert_array_equal(values(again), values(got), err_msg=f"{name}: run to run")
 
 
+@pytest.mark.float64
 def test_blocked_gradients_match_unblocked_and_finite_differences(device):
     rng = np.random.default_rng(0x75)
     shape = (1, 4, 2, 11, 14, 8)

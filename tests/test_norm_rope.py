@@ -56,6 +56,7 @@ def test_norm_rope_equals_rms_norm_rope_and_the_cache_write(device, case, dtype)
     assert_close("tensor offset", values(at_tensor), values(at_int), TOLERANCE[dtype])
 
 
+@pytest.mark.float64
 def test_norm_rope_gradients_flow_to_x_weight_and_cache(device):
     rng = np.random.default_rng(0x69)
     x, w, cache = (Tensor(rng.uniform(-1, 1, s), device=device) for s in ((1, 2, 3, 16), (16,), (1, 2, 8, 16)))

@@ -34,6 +34,7 @@ def test_fallbacks_match_direct_formulas():
             assert abs(ln[r, j] - ((row[j] - mu) / np.sqrt(var + 1e-5) * wv[j] + bv[j])) < 1e-5
 
 
+@pytest.mark.float64
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_norms_match_the_reference_with_gradients(device, shape, dtype):
@@ -63,6 +64,7 @@ def test_norms_match_the_reference_with_gradients(device, shape, dtype):
             assert_close(f"{name} d{what}", got, want, tol * rows_factor)
 
 
+@pytest.mark.float64
 @pytest.mark.parametrize("shape", [(3, 7), (2, 2, 16)], ids=str)
 def test_norm_gradients_match_finite_differences(device, shape):
     rng = np.random.default_rng(0x62)
@@ -168,6 +170,7 @@ def test_norm_dtypes_promote_with_the_weight(device):
     assert_close("int input", values(y), rms_reference(np.array([[1.0, 2, 3, 4]])), 2e-5)
 
 
+@pytest.mark.float64
 def test_fused_residual_gradients_match_finite_differences(device):
     rng = np.random.default_rng(0x6A)
     shape = (2, 3, 8)

@@ -72,6 +72,7 @@ def test_paged_attention_equals_contiguous_attention(device, case, dtype):
             assert_close(f"sequence {s} sinks {with_sinks}", got[s:s + 1], want, TOL[dtype])
 
 
+@pytest.mark.float64
 def test_paged_attention_gradients_equal_contiguous_ones(device):
     rng = np.random.default_rng(0x6F)
     b, hq, hkv, lq, d, bs, lengths = 2, 4, 2, 2, 8, 4, (6, 11)

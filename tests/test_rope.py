@@ -47,6 +47,7 @@ CASES = [
 ]
 
 
+@pytest.mark.float64
 @pytest.mark.parametrize("case", CASES, ids=str)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_rope_matches_the_reference_with_gradients(device, case, dtype):
@@ -69,6 +70,7 @@ def test_rope_matches_the_reference_with_gradients(device, case, dtype):
     assert_close("gradient", got_grad, want_grad, tol)
 
 
+@pytest.mark.float64
 @pytest.mark.parametrize("traditional", [False, True])
 def test_rope_gradients_match_finite_differences(device, traditional):
     rng = np.random.default_rng(0x66)

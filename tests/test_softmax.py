@@ -49,6 +49,7 @@ def targets_for(rows, classes):
     return np.array([(i * 7 % classes) - (i % 2) for i in range(n)], dtype=np.int32).reshape(rows)
 
 
+@pytest.mark.float64
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_softmax_logsumexp_and_cross_entropy(device, shape, dtype):
@@ -75,6 +76,7 @@ def test_softmax_logsumexp_and_cross_entropy(device, shape, dtype):
         assert_close(f"{name} gradient", got_grad, want_grad, tol)
 
 
+@pytest.mark.float64
 def test_gradients_match_finite_differences(device):
     rng = np.random.default_rng(0x64)
     xv, gv = rng.uniform(-1, 1, size=(3, 7)), rng.uniform(-1, 1, size=(3, 7))

@@ -10,7 +10,9 @@ from __future__ import annotations
 from tinygrad import Tensor, dtypes
 
 from ..tensor import check_floating, check_number, check_tensor, compute_dtype, promote_types, zero_after
-from .plan import AttentionCall, BlockedD512, ComposedBlocks, block_bounds, plan_call, target_for_device, validate_attention
+from ..kernels import debug
+from .plan import (AttentionCall, BlockedD512, ComposedBlocks, Tiled, Vector, block_bounds, plan_call, target_for_device,
+                   validate_attention)
 
 
 def _block_mask(call: AttentionCall, mask: Tensor, start: int, end: int, lo: int, hi: int) -> Tensor:
@@ -91,14 +93,37 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, 
     scale = check_number(op, "scale", scale)
     dtype = promote_types(promote_types(q.dtype, k.dtype), v.dtype)
     call = validate_attention(op, q.shape, k.shape, v.shape, dtype, mask, sinks, window, max_score_bytes)
-    plan = plan_call(call, target_for_device(q.device), op)
+    target = target_for_device(q.device)
+    plan = plan_call(call, target, op)
+    debug(f"{op} {tuple(q.shape)} x {tuple(k.shape)} {dtype.name} on {q.device}: {plan}")
     if call.q_len == 0 or call.k_len == 0:
         return Tensor.zeros(call.batch, call.q_heads, call.q_len, call.v_head_dim, dtype=dtype, device=q.device)
-    rows = plan.kernel.rows if isinstance(plan.kernel, (ComposedBlocks, BlockedD512)) else call.q_len
     array_mask = mask if isinstance(mask, Tensor) else None
+    if isinstance(plan.kernel, Vector):
+        from ..kernels.attention import decode_attention
+        return decode_attention(q, k, v, scale, dtype=dtype, backend=target.backend, passes=plan.kernel.passes,
+                                blocks=plan.kernel.blocks, causal=call.mask == "causal", window=call.window,
+                                mask=array_mask, sinks=sinks,
+                                composition=lambda q, k, v, m, s: compose(call, q, k, v, scale, m, s, call.q_len))
+    if isinstance(plan.kernel, Tiled):
+        debug("the tiled kernel has not landed: the composition runs")
+    rows = plan.kernel.rows if isinstance(plan.kernel, (ComposedBlocks, BlockedD512)) else call.q_len
+    return compose(call, q, k, v, scale, array_mask, sinks, rows)
+
+
+def compose_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, mask: Tensor | None, sinks: Tensor | None) -> Tensor:
+    """The uncapped composition of `q`, `k`, `v` (one dtype) under an array mask: what the paged
+    attention's composition and backward run."""
+    call = validate_attention("scaled_dot_product_attention", q.shape, k.shape, v.shape, q.dtype, mask, sinks, None, None)
+    return compose(call, q, k, v, scale, mask, sinks, call.q_len)
+
+
+def compose(call: AttentionCall, q: Tensor, k: Tensor, v: Tensor, scale: float, mask: Tensor | None,
+            sinks: Tensor | None, rows: int) -> Tensor:
+    """The composition in blocks of `rows` query rows (all of them: one block)."""
     blocks: list[Tensor] = []
     for start, end in block_bounds(call.q_len, rows):
         # Each block's scores wait for the previous block's output: one block's scores live at a time.
-        block_scale = scale if not blocks else zero_after(blocks[-1], compute_dtype(dtype)) + scale
-        blocks.append(attend_block(call, q, k, v, block_scale, array_mask, sinks, start, end))
+        block_scale = scale if not blocks else zero_after(blocks[-1], compute_dtype(call.dtype)) + scale
+        blocks.append(attend_block(call, q, k, v, block_scale, mask, sinks, start, end))
     return blocks[0] if len(blocks) == 1 else blocks[0].cat(*blocks[1:], dim=2)

@@ -13,7 +13,10 @@ from __future__ import annotations
 from tinygrad import Tensor, dtypes
 
 from ..tensor import (check, check_floating, check_integer, check_number, check_tensor, promote_types, take_rows)
-from .attention import scaled_dot_product_attention
+from ..kernels import attention_backend, debug
+from ..kernels.attention import KERNEL_DTYPES, decode_attention
+from .attention import compose_attention
+from .plan import AttentionCall, Vector, plan_call, target_for_device
 
 
 def _check_pool(op: str, what: str, pool: Tensor) -> None:
@@ -74,9 +77,33 @@ def paged_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: T
         raise TypeError(f"{op}: sinks must promote to {dtype}, got {sinks.dtype}")
 
     block_ids = block_tables.cast(dtypes.int64).clip(0, blocks - 1).cast(dtypes.int32)
+    capacity = block_tables.shape[1] * block_size
+    lengths = lengths.cast(dtypes.int64).clip(0, capacity).cast(dtypes.int32)
+    backend = attention_backend(q.device)
+    if backend is not None and dtype in KERNEL_DTYPES and q_len <= 8 and head_dim in (64, 128, 256, 512) \
+            and block_size & (block_size - 1) == 0 and capacity > 0:
+        call = AttentionCall(batch, q_heads, kv_heads, q_len, capacity, head_dim, head_dim, dtype, "causal",
+                             sinks is not None, window, None)
+        plan = plan_call(call, target_for_device(q.device), op)
+        debug(f"{op} {tuple(q.shape)} over {tuple(k_cache.shape)} pages {dtype.name}: {plan}")
+        if isinstance(plan.kernel, Vector):
+            def composition(q, k_pool, v_pool, _mask, sinks):
+                return _paged_composition(q, k_pool, v_pool, block_ids, lengths, scale, sinks, window)
+            return decode_attention(q, k_cache, v_cache, scale, dtype=dtype, backend=backend, passes=plan.kernel.passes,
+                                    blocks=plan.kernel.blocks, causal=True, window=window, mask=None, sinks=sinks,
+                                    paged=(block_ids, lengths, block_size), composition=composition)
+    return _paged_composition(q.cast(dtype), k_cache.cast(dtype), v_cache.cast(dtype), block_ids, lengths, scale, sinks,
+                              window)
+
+
+def _paged_composition(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_ids: Tensor, lengths: Tensor, scale: float,
+                       sinks: Tensor | None, window: int | None) -> Tensor:
+    """Every listed block gathered, then attention under a mask of each sequence's positions.
+    `block_ids` are clamped to the pool, `lengths` to the table's capacity."""
+    batch, q_len = q.shape[0], q.shape[2]
     keys, values = _gather_sequences(k_cache, block_ids), _gather_sequences(v_cache, block_ids)
     capacity = keys.shape[2]
-    lengths = lengths.cast(dtypes.int64).clip(0, capacity).cast(dtypes.int32).reshape(batch, 1, 1, 1)
+    lengths = lengths.reshape(batch, 1, 1, 1)
     positions = Tensor.arange(capacity, dtype=dtypes.int32).reshape(1, 1, 1, capacity)
     ends = lengths - (q_len - 1) + Tensor.arange(q_len, dtype=dtypes.int32).reshape(1, 1, q_len, 1)
     visible = positions < ends                                              # [B, 1, Lq, capacity]
@@ -87,8 +114,7 @@ def paged_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: T
     # Masked scores are replaced, never added to, so NaN keys outside the mask stay out; values
     # no query attends are zeroed so that a zero weight never meets a NaN.
     values = live.reshape(batch, 1, capacity, 1).where(values, 0.0)
-    return scaled_dot_product_attention(q.cast(dtype), keys.cast(dtype), values.cast(dtype), scale, mask=visible,
-                                        sinks=sinks)
+    return compose_attention(q, keys, values, scale, visible, sinks)
 
 
 def paged_write(cache: Tensor, new: Tensor, slots: Tensor) -> Tensor:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from tinygrad import Device, Tensor
+from tinygrad import Device, Tensor, dtypes
 from tinygrad.dtype import DType
 
 from ..tensor import check, check_floating, check_tensor, is_floating, promote_types
@@ -141,7 +141,8 @@ def block_bounds(length: int, rows: int) -> list[tuple[int, int]]:
 def validate_attention(op: str, q_shape, k_shape, v_shape, dtype: DType, mask, sinks, window,
                        max_score_bytes) -> AttentionCall:
     """Check an attention call's shapes, dtype and options; raise naming `op`."""
-    q_shape, k_shape, v_shape = (tuple(int(n) for n in s) for s in (q_shape, k_shape, v_shape))
+    # A symbolic size (a bound variable's expression) plans as its largest value.
+    q_shape, k_shape, v_shape = (tuple(n if isinstance(n, int) else int(n.vmax) for n in s) for s in (q_shape, k_shape, v_shape))
     check(all(len(s) == 4 for s in (q_shape, k_shape, v_shape)), op,
           f"q, k and v must be 4-D [B, H, L, D], got {q_shape}, {k_shape} and {v_shape}")
     check(all(n >= 0 for s in (q_shape, k_shape, v_shape) for n in s), op,
@@ -162,7 +163,7 @@ def validate_attention(op: str, q_shape, k_shape, v_shape, dtype: DType, mask, s
         full = (b, hq, lq, lk)
         fits = all(m in (1, f) for m, f in zip(reversed(mask.shape), reversed(full)))
         check(fits, op, f"the mask of shape {tuple(mask.shape)} does not broadcast to {full}")
-        if mask.dtype.name != "bool":
+        if mask.dtype != dtypes.bool:
             if not is_floating(mask.dtype) or promote_types(mask.dtype, dtype) != dtype:
                 raise TypeError(f"{op}: an additive mask must be a float dtype that promotes to {dtype}, got {mask.dtype}")
         mask_kind = "array"
@@ -196,17 +197,34 @@ def gpu_class_from_name(name: str) -> str:
 
 
 @functools.cache
+def _metal_gpu_class(device: str) -> str:
+    try:
+        from tinygrad.runtime.ops_metal import from_ns_str
+        return gpu_class_from_name(from_ns_str(Device[device].sysdevice.name()))
+    except Exception:  # noqa: BLE001 - an unreadable name plans as the base class
+        return "g"
+
+
+@functools.cache
+def _cuda_multiprocessors(device: str) -> int | None:
+    try:
+        import ctypes
+        from tinygrad.runtime.autogen import cuda
+        count = ctypes.c_int()
+        cuda.cuDeviceGetAttribute(ctypes.byref(count), cuda.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, Device[device].cu_device)
+        return count.value or None
+    except Exception:  # noqa: BLE001 - unknown: plan as for class g
+        return None
+
+
 def target_for_device(device: str) -> PlanTarget:
-    """The plan target of a tinygrad device name (its kernel backend, GPU class, multiprocessors)."""
+    """The plan target of a tinygrad device name: its kernel backend (None while kernels are off),
+    its Metal GPU class or its CUDA multiprocessor count."""
     device = Device.canonicalize(device)
     backend = attention_backend(device)
-    if backend == "metal":
-        try:
-            from tinygrad.runtime.ops_metal import from_ns_str
-            return PlanTarget("metal", gpu_class_from_name(from_ns_str(Device[device].sysdevice.name())))
-        except Exception:  # noqa: BLE001 - an unreadable name plans as the base class
-            return PlanTarget("metal", "g")
-    return PlanTarget(backend)
+    if backend == "metal": return PlanTarget("metal", _metal_gpu_class(device))
+    if backend == "cuda": return PlanTarget("cuda", multiprocessors=_cuda_multiprocessors(device))
+    return PlanTarget(None)
 
 
 # ---- routing ---------------------------------------------------------------------------------
@@ -215,7 +233,6 @@ _TILED_HEADS = {(d, d) for d in (64, 72, 80, 96, 128, 192, 256)} | {(96, 64)}
 _VECTOR_HEADS = {(d, d) for d in (64, 96, 128, 256, 512)} | {(192, 128), (96, 64)}
 _HUGE_SCORES = 8 << 30
 _BLOCKED_D512_ROWS, _BLOCKED_D512_MIN_ROWS = 256, 32
-_HALF_DTYPES = ("half", "__bf16")
 
 
 def _vector_blocks(gpu_class: str, queries: int, keys: int) -> int:
@@ -257,7 +274,7 @@ def _tiled_route(call: AttentionCall) -> bool:
 
 
 def _blocked_d512(call: AttentionCall) -> bool:
-    return (call.head_dim == call.v_head_dim == 512 and call.dtype.name in _HALF_DTYPES and call.mask == "causal"
+    return (call.head_dim == call.v_head_dim == 512 and call.dtype in (dtypes.float16, dtypes.bfloat16) and call.mask == "causal"
             and not call.sinks and 1024 <= call.q_len <= call.k_len)
 
 

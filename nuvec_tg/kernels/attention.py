@@ -1,0 +1,288 @@
+"""Decode attention kernels (`src/sdpa_decode.h`, `src/sdpa_merge.h`): one pass, or key blocks
+then a merge, for at most 8 query rows per sequence, over contiguous K/V (or slices of a longer
+cache, passed whole with runtime offsets) or a paged pool.
+
+The geometry: TPK lanes share a key line, each holding EQ of its D features (16 bytes where D
+allows) and EV of its DV values; a threadgroup of NUM_WARPS SIMD groups serves ROWS query rows
+of one key head (ROW_GROUPS threadgroups cover the head's `GQA * Lq` rows, few enough registers
+each), one batch item and one of BLOCKS key blocks.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import math
+from dataclasses import dataclass
+
+from tinygrad import Tensor, dtypes
+from tinygrad.dtype import DType
+from tinygrad.uop.ops import Ops, UOp
+
+from typing import Sequence
+
+from .program import Param, launch, prelude, specialise
+
+NUM_WARPS = 4
+UNROLL = 4  # key lines each lane loads before using the first
+MERGE_THREADS = 128
+_INT32_MAX = 2**31 - 1
+_CTYPES = {"cuda": {dtypes.float16: "half", dtypes.bfloat16: "bfloat", dtypes.float32: "float"},
+           "metal": {dtypes.float16: "half", dtypes.bfloat16: "bfloat", dtypes.float32: "float"}}
+_MASK_CTYPES = {dtypes.bool: "unsigned char"}
+KERNEL_DTYPES = (dtypes.float16, dtypes.bfloat16, dtypes.float32)
+
+
+@dataclass(frozen=True)
+class Geometry:
+    lanes_per_key: int
+    features_per_lane: int
+    values_per_lane: int
+    rows: int
+    row_groups: int
+
+
+def geometry(head_dim: int, value_dim: int, dtype: DType, query_rows: int) -> Geometry:
+    """How a threadgroup splits key lines among lanes and query rows among threadgroups."""
+    per_16_bytes = 16 // dtype.itemsize
+    lanes = head_dim // per_16_bytes
+    if lanes > 32 or lanes & (lanes - 1) or head_dim % per_16_bytes: lanes = 32
+    features, values = head_dim // lanes, value_dim // lanes
+    # Registers: each row keeps its query features and its value sums; threadgroup memory keeps
+    # NUM_WARPS partial rows of DV floats.
+    rows = query_rows
+    while rows > 1 and (rows * (features + values) > 96 or NUM_WARPS * rows * value_dim * 4 > 32 * 1024):
+        rows = next(r for r in range(rows - 1, 0, -1) if query_rows % r == 0)
+    return Geometry(lanes, features, values, rows, query_rows // rows)
+
+
+def _alignment(*byte_counts: int) -> int:
+    """The largest power of two up to 16 dividing every count."""
+    align = 16
+    while any(n % align for n in byte_counts): align //= 2
+    return align
+
+
+@dataclass(frozen=True)
+class CacheView:
+    """K or V as a buffer `[B, H, S, Dx]` and the first of the call's rows in it."""
+    base: Tensor
+    offset: int
+    capacity: int | UOp
+
+
+def cache_view(t: Tensor) -> CacheView:
+    """`t` itself, or, when `t` is a slice along the sequence axis of a longer 4-D tensor, that
+    tensor and the slice's start: the kernel then reads the cache in place, with no copy."""
+    u = t.uop
+    if u.op is Ops.SHRINK and len(u.src[0].shape) == 4:
+        bounds = u.marg
+        source_shape = u.src[0].shape
+        if all(bounds[i] == (0, source_shape[i]) for i in (0, 1, 3)) and isinstance(bounds[2][0], int):
+            return CacheView(Tensor(u.src[0]), bounds[2][0], source_shape[2])
+    return CacheView(t, 0, t.shape[2])
+
+
+@functools.lru_cache(maxsize=1024)
+def _int_buffer(device: str, values: tuple[int, ...]) -> Tensor:
+    """A realized int32 buffer of `values`, made once: a call reuses it rather than copying host
+    memory to the device each time (and a jitted step finds it already made)."""
+    return Tensor(list(values), dtype=dtypes.int32, device=device).realize()
+
+
+def _length_expression(k_len, scalars: list[UOp], params: list[Param]) -> str:
+    """The C expression of the key count: an int, or a symbolic length whose bound variables
+    become scalar parameters (so a jitted decode step reads the current length)."""
+    if isinstance(k_len, int): return str(k_len)
+    for bound in k_len.toposort():
+        if bound.op is Ops.AFTER and bound.src[0].op is Ops.BUFFER:  # a bound variable
+            scalars.append(bound)
+            params.append(Param(bound.unbind()[0].expr, "scalar"))
+    return f"({k_len.render()})"
+
+
+@dataclass(frozen=True)
+class DecodeSpec:
+    """A specialisation of the decode kernels: everything their source depends on."""
+    dtype: DType
+    head_dim: int
+    value_dim: int
+    q_heads: int
+    kv_heads: int
+    q_len: int
+    passes: int
+    blocks: int
+    causal: bool
+    window: bool
+    mask_kind: int          # 0 none, 1 boolean, 2 additive
+    sinks: bool
+    page: int               # the paged block size; 0: contiguous K/V
+    scale: float
+    length: str = "ints"    # the key count: "ints" (read from the ints buffer), or a C expression of scalars
+
+    def runtime_names(self) -> list[str]:
+        """The integers the first pass reads from its `ints` buffer, in order (known when the graph
+        is built; a symbolic key count is a scalar parameter instead, see `length`)."""
+        names = (["max_blocks", "pool_blocks"] if self.page else
+                 ["k_offset", "v_offset", "k_batch_stride", "k_head_stride", "v_batch_stride", "v_head_stride"])
+        if self.mask_kind: names += ["mask_key_stride", "mask_query_stride", "mask_head_stride", "mask_batch_stride"]
+        if self.window: names.append("window")
+        if not self.page and self.length == "ints": names.append("int_length")
+        return names
+
+    def first_pass_params(self, ctype: str) -> list[Param]:
+        """The first (or only) pass's buffer parameters, in launch order: outputs, then inputs."""
+        outs = ([Param("out", "out", ctype)] if self.passes == 1 else
+                [Param("part_acc", "out", "float"), Param("part_max", "out", "float"), Param("part_sum", "out", "float")])
+        ins = [Param("q", "in", ctype), Param("k", "in", ctype), Param("v", "in", ctype)]
+        if self.mask_kind: ins.append(Param("mask", "in", "unsigned char" if self.mask_kind == 1 else ctype))
+        if self.sinks: ins.append(Param("sinks", "in", ctype))
+        if self.page: ins += [Param("block_tables", "in", "int"), Param("lengths", "in", "int")]
+        return outs + ins + [Param("ints", "in", "int")]
+
+    def sources(self, backend: str, length_params: Sequence[Param] = ()) -> list[tuple[str, str, list[Param]]]:
+        """`(program name, source without the prelude, parameters)` for each pass."""
+        ctype = _CTYPES[backend][self.dtype]
+        shape = geometry(self.head_dim, self.value_dim, self.dtype, self.q_heads // self.kv_heads * self.q_len)
+        size = self.dtype.itemsize
+        defines = dict(T=ctype, D=self.head_dim, DV=self.value_dim, HQ=self.q_heads, HKV=self.kv_heads,
+                       GQA=self.q_heads // self.kv_heads, LQ=self.q_len, ROWS=shape.rows, ROW_GROUPS=shape.row_groups,
+                       TPK=shape.lanes_per_key, EQ=shape.features_per_lane, EV=shape.values_per_lane, NUM_WARPS=NUM_WARPS, UNROLL=UNROLL,
+                       BLOCKS=self.blocks if self.passes == 2 else 1, TWO_PASS=int(self.passes == 2), CAUSAL=int(self.causal),
+                       WINDOW_ON=int(self.window), MASK_KIND=self.mask_kind, SINKS=int(self.sinks),
+                       PAGED=int(self.page > 0), PAGE=max(self.page, 1), SCALE_LOG2E=f"{self.scale * math.log2(math.e)!r}f",
+                       K_LEN="int_length" if self.length == "ints" else self.length,
+                       **{name: f"ints[{i}]" for i, name in enumerate(self.runtime_names())}, ALIGN_Q=_alignment(self.head_dim * size, shape.features_per_lane * size),
+                       ALIGN_K=_alignment(self.head_dim * size, shape.features_per_lane * size),
+                       ALIGN_V=_alignment(self.value_dim * size, shape.values_per_lane * size))
+        params = self.first_pass_params(ctype) + list(length_params)
+        programs = [_named(backend, "nuvec_sdpa_decode", "sdpa_decode.h", defines, params)]
+        if self.passes == 2:
+            merge_params = [Param("out", "out", ctype), Param("part_acc", "in", "float"), Param("part_max", "in", "float"),
+                            Param("part_sum", "in", "float")]
+            if self.sinks: merge_params.append(Param("sinks", "in", ctype))
+            # The first pass's inputs ride along, unread, so that the merge's backward reaches them.
+            merge_params += [Param(f"unused_{p.name}", "in", p.ctype) for p in params if p.kind == "in"]
+            merge_defines = dict(T=ctype, DV=self.value_dim, HQ=self.q_heads, LQ=self.q_len, BLOCKS=self.blocks,
+                                 SINKS=int(self.sinks), THREADS=MERGE_THREADS)
+            programs.append(_named(backend, "nuvec_sdpa_merge", "sdpa_merge.h", merge_defines, merge_params))
+        return programs
+
+
+def _named(backend: str, stem: str, source: str, defines: dict, params: list[Param]) -> tuple[str, str, list[Param]]:
+    """A program name per specialisation (tinygrad keys runtimes by name) and its source."""
+    text = specialise(backend, stem, source, defines, params)
+    name = f"{stem}_{hashlib.sha256(text.encode()).hexdigest()[:12]}"
+    return name, text.replace(f"{stem}(", f"{name}("), params
+
+
+def decode_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, *, dtype: DType, backend: str, passes: int,
+                     blocks: int, causal: bool, window: int | None, mask: Tensor | None, sinks: Tensor | None,
+                     paged: tuple[Tensor, Tensor, int] | None = None, composition=None) -> Tensor:
+    """Launch the decode kernels; returns `[B, Hq, Lq, DV]` in `dtype`.
+
+    q: `[B, Hq, Lq, D]`. Without `paged`, k and v are `[B, Hkv, Lk, D|DV]` (slices of a longer
+    cache are read in place); with `paged = (block_tables int32 [B, M], lengths int32 [B],
+    page)`, k and v are pools `[blocks, Hkv, page, D|DV]` and the queries are each sequence's last
+    positions. mask: bool or additive in `dtype`, broadcastable to `[B, Hq, Lq, Lk]`.
+    composition: `(q, k, v, mask, sinks) -> out`, the same attention from tensor operations on
+    the call's own (logical) inputs: the kernels' backward is its gradient.
+    """
+    batch, q_heads, q_len, head_dim = q.shape
+    kv_heads, value_dim = k.shape[1], v.shape[3]
+    device = q.device
+    mask_kind = 0 if mask is None else 1 if mask.dtype == dtypes.bool else 2
+    ins = [q.cast(dtype).contiguous()]
+    runtime: list[int] = []
+    length_scalars: list[UOp] = []
+    length_params: list[Param] = []
+    length = "ints"
+    if paged is None:
+        key_view, value_view = cache_view(k.cast(dtype)), cache_view(v.cast(dtype))
+        ins += [key_view.base, value_view.base]
+        runtime += [key_view.offset, value_view.offset, kv_heads * key_view.capacity * head_dim,
+                    key_view.capacity * head_dim, kv_heads * value_view.capacity * value_dim,
+                    value_view.capacity * value_dim]
+        if not isinstance(k.shape[2], int): length = _length_expression(k.shape[2], length_scalars, length_params)
+    else:
+        block_tables, lengths, page = paged
+        ins += [k.cast(dtype), v.cast(dtype)]
+        runtime += [block_tables.shape[1], k.shape[0]]
+    if mask is not None:
+        mask = mask.reshape((1,) * (4 - mask.ndim) + tuple(mask.shape))
+        strides, running = [], 1
+        for size in reversed(mask.shape):  # key, query, head, batch
+            strides.append(0 if size == 1 else running)
+            running *= size
+        ins.append(mask.cast(dtypes.uint8) if mask_kind == 1 else mask.cast(dtype))
+        runtime += strides
+    if sinks is not None: ins.append(sinks.cast(dtype))
+    if paged is not None: ins += [block_tables, lengths]
+    if window is not None: runtime.append(window)
+    if length == "ints" and paged is None: runtime.append(k.shape[2])
+    # The integers travel in a small buffer: one program serves every value (a scalar parameter
+    # would need a Variable, which TinyJit could not bind), and a jitted step keeps its values.
+    ins.append(_int_buffer(device, tuple(runtime) or (0,)))
+    spec = DecodeSpec(dtype, head_dim, value_dim, q_heads, kv_heads, q_len, passes, blocks, causal, window is not None,
+                      mask_kind, sinks is not None, paged[2] if paged is not None else 0, scale, length)
+    programs = spec.sources(backend, length_params)
+    first_name, first_source, _ = programs[0]
+    scalars = length_scalars
+    shape = geometry(head_dim, value_dim, dtype, q_heads // kv_heads * q_len)
+    grid = (kv_heads * shape.row_groups, batch, blocks if passes == 2 else 1)
+    label = f"{backend} {dtype.name} D{head_dim}/{value_dim} gqa{q_heads // kv_heads} Lq{q_len} passes{passes} blocks{blocks}"
+    logical = _logical_inputs(k, v, paged)
+    ctype_prelude = prelude(backend)
+    rows = batch * q_heads * q_len
+    if passes == 1:
+        out = Tensor.empty(batch, q_heads, q_len, value_dim, dtype=dtype, device=device)
+        backward = _backward(composition, logical, first_input=1, mask=mask_kind, sinks=sinks is not None)
+        return launch(first_name, ctype_prelude + first_source, device, [out], ins, scalars, grid, (NUM_WARPS * 32, 1, 1),
+                      grad_fxn=backward, label=label)[0]
+    partials = launch(first_name, ctype_prelude + first_source, device,
+                      [Tensor.empty(rows * blocks * value_dim, dtype=dtypes.float32, device=device),
+                       Tensor.empty(rows * blocks, dtype=dtypes.float32, device=device),
+                       Tensor.empty(rows * blocks, dtype=dtypes.float32, device=device)],
+                      ins, scalars, grid, (NUM_WARPS * 32, 1, 1), label=label)
+    merge_name, merge_source, _ = programs[1]
+    merge_ins = list(partials) + ([ins[3 + (mask_kind > 0)]] if sinks is not None else []) + ins
+    out = Tensor.empty(batch, q_heads, q_len, value_dim, dtype=dtype, device=device)
+    backward = _backward(composition, logical, first_input=1 + len(merge_ins) - len(ins), mask=mask_kind,
+                         sinks=sinks is not None)
+    return launch(merge_name, ctype_prelude + merge_source, device, [out], merge_ins, [], (rows, 1, 1),
+                  (MERGE_THREADS, 1, 1), grad_fxn=backward, label=label)[0]
+
+
+def _logical_inputs(k: Tensor, v: Tensor, paged) -> tuple:
+    """How the composition sees K and V from the kernel's arguments: the slice of a cache view, or
+    the pools themselves (paged)."""
+    if paged is not None: return (lambda base: base, lambda base: base)
+    def view(t: Tensor):
+        found = cache_view(t)
+        if found.base is t: return lambda base: base
+        return lambda base: base[:, :, found.offset:found.offset + t.shape[2]]
+    return view(k), view(v)
+
+
+def _backward(composition, logical, first_input: int, mask: int, sinks: bool):
+    """The kernel call's backward: the gradient of `composition` on detached copies of its inputs
+    (q, k, v at `first_input`, then the mask and the sinks), None for everything else."""
+    if composition is None: return None
+    key_of, value_of = logical
+
+    def grad_fxn(gradient, call):
+        def argument(index: int) -> Tensor: return Tensor(call.src[1 + index]).detach()
+        q, k_base, v_base = (argument(first_input + i) for i in range(3))
+        at = first_input + 3
+        mask_tensor = None
+        if mask:
+            mask_tensor = argument(at) != 0 if mask == 1 else argument(at)
+            at += 1
+        sinks_tensor = argument(at) if sinks else None
+        out = composition(q, key_of(k_base), value_of(v_base), mask_tensor, sinks_tensor)
+        targets = [q, k_base, v_base] + ([sinks_tensor] if sinks else [])
+        grads = out.gradient(*targets, gradient=Tensor(gradient))
+        result: list = [None] * (len(call.src) - 1)
+        for index, grad in zip([first_input, first_input + 1, first_input + 2] + ([at] if sinks else []), grads):
+            result[index] = grad.uop
+        return tuple(result)
+    return grad_fxn

@@ -1,0 +1,31 @@
+// The CUDA side of nuvec_tg's kernel dialect: Metal's vocabulary on NVIDIA GPUs.
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+typedef __nv_bfloat16 bfloat;
+#define DEVICE
+#define CONSTANT
+#define THREADGROUP __shared__
+#define INLINE __device__ __forceinline__
+#define threadgroup_barrier() __syncthreads()
+#define ASSUME_ALIGNED(pointer, bytes) ((decltype(pointer))__builtin_assume_aligned((pointer), (bytes)))
+#ifndef INFINITY
+#define INFINITY __int_as_float(0x7f800000)
+#endif
+
+INLINE float simd_shuffle_xor(float x, int mask) { return __shfl_xor_sync(0xffffffffu, x, mask); }
+INLINE float simd_shuffle(float x, int lane) { return __shfl_sync(0xffffffffu, x, lane); }
+INLINE float simd_sum(float x) {
+  for (int offset = 16; offset > 0; offset /= 2) x += __shfl_xor_sync(0xffffffffu, x, offset);
+  return x;
+}
+INLINE float simd_max(float x) {
+  for (int offset = 16; offset > 0; offset /= 2) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, offset));
+  return x;
+}
+INLINE float to_float(float x) { return x; }
+INLINE float to_float(half x) { return __half2float(x); }
+INLINE float to_float(bfloat x) { return __bfloat162float(x); }
+INLINE float to_float(unsigned char x) { return (float)x; }
+INLINE void from_float(float x, float* out) { *out = x; }
+INLINE void from_float(float x, half* out) { *out = __float2half_rn(x); }
+INLINE void from_float(float x, bfloat* out) { *out = __float2bfloat16_rn(x); }

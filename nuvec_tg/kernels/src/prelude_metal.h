@@ -1,0 +1,17 @@
+// The Metal side of nuvec_tg's kernel dialect.
+#include <metal_stdlib>
+using namespace metal;
+#define DEVICE device
+#define CONSTANT constant
+#define THREADGROUP threadgroup
+#define INLINE inline
+#define threadgroup_barrier() threadgroup_barrier(mem_flags::mem_threadgroup)
+#define ASSUME_ALIGNED(pointer, bytes) (pointer)
+
+INLINE float to_float(float x) { return x; }
+INLINE float to_float(half x) { return float(x); }
+INLINE float to_float(bfloat x) { return float(x); }
+INLINE float to_float(uchar x) { return float(x); }
+INLINE void from_float(float x, device float* out) { *out = x; }
+INLINE void from_float(float x, device half* out) { *out = half(x); }
+INLINE void from_float(float x, device bfloat* out) { *out = bfloat(x); }

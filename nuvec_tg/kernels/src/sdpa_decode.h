@@ -1,0 +1,173 @@
+// Decode attention (at most 8 query rows per sequence): one pass, or the first pass of two.
+//
+// A threadgroup serves one key head, a group of ROWS query rows of it (rows are `g * LQ + l`
+// over the GQA query heads `g` and query positions `l`), one batch item and one block of keys.
+// Its NUM_WARPS SIMD groups split the block's keys; in each, TPK lanes share a key (EQ of its
+// D features and EV of its DV values per lane), so one SIMD step reads 32 / TPK whole key and
+// value lines, once, for every query row. Scores are in base 2 (q pre-scaled by scale·log2 e);
+// the online softmax rescales lazily (only when a row's maximum grows by more than 2^8).
+// Partial results merge across lanes (shuffles), then across SIMD groups (threadgroup memory).
+//
+// Defines: T, D, DV, HQ, HKV, GQA, LQ, ROWS, ROW_GROUPS, TPK, EQ, EV, NUM_WARPS, BLOCKS,
+// UNROLL, TWO_PASS, CAUSAL, WINDOW_ON, MASK_KIND (0 none, 1 bool, 2 additive), MASK_T, SINKS, PAGED,
+// PAGE (the paged block size), SCALE_LOG2E, K_LEN (an expression of the scalars), ALIGN_Q, ALIGN_K,
+// ALIGN_V (bytes).
+
+#define LOG2E 1.4426950408889634f
+#define KPW (32 / TPK)
+
+INLINE float merge_factor(float row_max, float merged_max) {
+  return row_max == -INFINITY ? 0.0f : exp2(row_max - merged_max);
+}
+
+/* kernel */
+  const int lane = (int)nv_thread.x % 32, warp = (int)nv_thread.x / 32;
+  const int group = lane / TPK, part = lane % TPK;
+  const int kv_head = (int)nv_group.x / ROW_GROUPS, first_row = ((int)nv_group.x % ROW_GROUPS) * ROWS;
+  const int batch = (int)nv_group.y, block = (int)nv_group.z;
+#if PAGED
+  const int k_len = min(max(lengths[batch], 0), max_blocks * PAGE);
+#else
+  const int k_len = K_LEN;
+#endif
+#if WINDOW_ON
+  const int range_start = max(0, k_len - LQ + 1 - window);
+#else
+  const int range_start = 0;
+#endif
+  const int per_block = (max(k_len - range_start, 0) + BLOCKS - 1) / BLOCKS;
+  const int key_begin = range_start + block * per_block;
+  const int key_end = min(k_len, key_begin + per_block);
+
+  float q_reg[ROWS][EQ], acc[ROWS][EV], row_max[ROWS], row_sum[ROWS];
+  for (int r = 0; r < ROWS; r++) {
+    const int row = first_row + r, q_head = kv_head * GQA + row / LQ, position = row % LQ;
+    const DEVICE T* q_row = ASSUME_ALIGNED(q + ((batch * HQ + q_head) * LQ + position) * D + part * EQ, ALIGN_Q);
+    for (int e = 0; e < EQ; e++) q_reg[r][e] = to_float(q_row[e]) * SCALE_LOG2E;
+    for (int e = 0; e < EV; e++) acc[r][e] = 0.0f;
+    row_max[r] = -INFINITY;
+    row_sum[r] = 0.0f;
+  }
+
+  // The bound is the same for the whole SIMD group (its shuffles need every lane); a slot past
+  // the block's end reads nothing and only joins the shuffles. UNROLL key lines are loaded
+  // (raw, in T) before any is used, so that several loads are in flight per lane.
+  for (int first = key_begin + warp * KPW; first < key_end; first += NUM_WARPS * KPW * UNROLL) {
+    T k_raw[UNROLL][EQ], v_raw[UNROLL][EV];
+#pragma unroll
+    for (int u = 0; u < UNROLL; u++) {
+      const int key = first + u * NUM_WARPS * KPW + group;
+      if (key < key_end) {
+#if PAGED
+        const int page = min(max(block_tables[batch * max_blocks + key / PAGE], 0), pool_blocks - 1);
+        const int line = (page * HKV + kv_head) * PAGE + key % PAGE;
+        const DEVICE T* k_row = ASSUME_ALIGNED(k + line * D + part * EQ, ALIGN_K);
+        const DEVICE T* v_row = ASSUME_ALIGNED(v + line * DV + part * EV, ALIGN_V);
+#else
+        const DEVICE T* k_row = ASSUME_ALIGNED(k + batch * k_batch_stride + kv_head * k_head_stride + (k_offset + key) * D + part * EQ, ALIGN_K);
+        const DEVICE T* v_row = ASSUME_ALIGNED(v + batch * v_batch_stride + kv_head * v_head_stride + (v_offset + key) * DV + part * EV, ALIGN_V);
+#endif
+#pragma unroll
+        for (int e = 0; e < EQ; e++) k_raw[u][e] = k_row[e];
+#pragma unroll
+        for (int e = 0; e < EV; e++) v_raw[u][e] = v_row[e];
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < UNROLL; u++) {
+    const int key = first + u * NUM_WARPS * KPW + group;
+    const bool in_block = key < key_end;
+    float k_reg[EQ], v_reg[EV];
+    for (int e = 0; e < EQ; e++) k_reg[e] = in_block ? to_float(k_raw[u][e]) : 0.0f;
+    for (int e = 0; e < EV; e++) v_reg[e] = in_block ? to_float(v_raw[u][e]) : 0.0f;
+    for (int r = 0; r < ROWS; r++) {
+      float score = 0.0f;
+      for (int e = 0; e < EQ; e++) score += q_reg[r][e] * k_reg[e];
+      for (int offset = TPK / 2; offset > 0; offset /= 2) score += simd_shuffle_xor(score, offset);
+      const int row = first_row + r, position = row % LQ;
+      bool visible = in_block;
+#if CAUSAL || PAGED
+      visible = visible && key <= k_len - LQ + position;
+#endif
+#if WINDOW_ON
+      visible = visible && key > k_len - LQ + position - window;
+#endif
+#if MASK_KIND
+      if (in_block) {
+      const int mask_index = batch * mask_batch_stride + (kv_head * GQA + row / LQ) * mask_head_stride +
+                             position * mask_query_stride + key * mask_key_stride;
+#if MASK_KIND == 1
+      visible = visible && mask[mask_index] != 0;
+#else
+      score += to_float(mask[mask_index]) * LOG2E;
+#endif
+      }
+#endif
+      if (!visible || score == -INFINITY) continue;
+      if (score > row_max[r] + 8.0f) {
+        const float correction = exp2(row_max[r] - score);
+        row_sum[r] *= correction;
+        for (int e = 0; e < EV; e++) acc[r][e] *= correction;
+        row_max[r] = score;
+      }
+      const float weight = exp2(score - row_max[r]);
+      row_sum[r] += weight;
+      for (int e = 0; e < EV; e++) acc[r][e] += weight * v_reg[e];
+    }
+    }
+  }
+
+  // The SIMD group's key slots into slot 0.
+  for (int offset = TPK; offset < 32; offset *= 2) {
+    for (int r = 0; r < ROWS; r++) {
+      const float other_max = simd_shuffle_xor(row_max[r], offset);
+      const float merged = max(row_max[r], other_max);
+      const float mine = merge_factor(row_max[r], merged), theirs = merge_factor(other_max, merged);
+      row_sum[r] = row_sum[r] * mine + simd_shuffle_xor(row_sum[r], offset) * theirs;
+      for (int e = 0; e < EV; e++) acc[r][e] = acc[r][e] * mine + simd_shuffle_xor(acc[r][e], offset) * theirs;
+      row_max[r] = merged;
+    }
+  }
+
+  // The SIMD groups through threadgroup memory.
+  THREADGROUP float shared_acc[NUM_WARPS * ROWS * DV];
+  THREADGROUP float shared_max[NUM_WARPS * ROWS], shared_sum[NUM_WARPS * ROWS];
+  if (group == 0) {
+    for (int r = 0; r < ROWS; r++) {
+      for (int e = 0; e < EV; e++) shared_acc[(warp * ROWS + r) * DV + part * EV + e] = acc[r][e];
+      if (part == 0) {
+        shared_max[warp * ROWS + r] = row_max[r];
+        shared_sum[warp * ROWS + r] = row_sum[r];
+      }
+    }
+  }
+  threadgroup_barrier();
+  for (int index = (int)nv_thread.x; index < ROWS * DV; index += NUM_WARPS * 32) {
+    const int r = index / DV, e = index % DV;
+    const int row = first_row + r, q_head = kv_head * GQA + row / LQ, position = row % LQ;
+    const int out_row = (batch * HQ + q_head) * LQ + position;
+    float merged = -INFINITY;
+    for (int w = 0; w < NUM_WARPS; w++) merged = max(merged, shared_max[w * ROWS + r]);
+    float total = 0.0f, value = 0.0f;
+    for (int w = 0; w < NUM_WARPS; w++) {
+      const float factor = merge_factor(shared_max[w * ROWS + r], merged);
+      total += shared_sum[w * ROWS + r] * factor;
+      value += shared_acc[(w * ROWS + r) * DV + e] * factor;
+    }
+#if TWO_PASS
+    part_acc[(out_row * BLOCKS + block) * DV + e] = value;
+    if (e == 0) {
+      part_max[out_row * BLOCKS + block] = merged;
+      part_sum[out_row * BLOCKS + block] = total;
+    }
+#else
+#if SINKS
+    const float sink = to_float(sinks[q_head]) * LOG2E;
+    const float with_sink = max(merged, sink);
+    const float kept = merge_factor(merged, with_sink);
+    total = total * kept + exp2(sink - with_sink);
+    value *= kept;
+#endif
+    from_float(total > 0.0f ? value / total : 0.0f, &out[out_row * DV + e]);
+#endif
+  }

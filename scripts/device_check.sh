@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# The GPU check, run on a machine with a GPU (the H200 through the device tool): the GPU tests,
+# then the benchmark. Output goes to $OUT (or ./device_out) so that it comes back.
+# Usage: bash scripts/device_check.sh [tests|bench|all] [pytest args...]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-device_out}
+mkdir -p "$out"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --target "$HOME/site" .whl/*.whl && export PYTHONPATH="$HOME/site:$PWD"
+else
+  export PYTHONPATH="$PWD"
+fi
+export DEV=${DEV:-CUDA} PYTHONUNBUFFERED=1
+what=${1:-all}; shift || true
+status=0
+if [ "$what" = tests ] || [ "$what" = all ]; then
+  python3 -m pytest -q -m gpu -p no:cacheprovider "$@" tests 2>&1 | tee "$out/gpu_tests.log" || status=1
+fi
+if [ "$what" = bench ] || [ "$what" = all ]; then
+  python3 -m nuvec_tg.bench attention ${BENCH_ARGS:-} --markdown "$out/attention.md" 2>&1 | tee "$out/bench.log" || status=1
+fi
+exit $status

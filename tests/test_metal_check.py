@@ -1,0 +1,70 @@
+"""The Metal syntax check: every Metal specialisation of the decode kernels that the planner can
+emit, rendered and compiled by a C++ compiler in syntax-only mode against a Metal shim
+(`tests/metal_shim/metal_stdlib`), since no Metal compiler runs on Linux."""
+import itertools
+import pathlib
+import shutil
+import subprocess
+
+import pytest
+from tinygrad import dtypes
+
+from nuvec_tg.fast.plan import PlanTarget, Vector, plan_call, validate_attention
+from nuvec_tg.kernels.attention import KERNEL_DTYPES, DecodeSpec
+from nuvec_tg.kernels.program import Param, prelude
+
+SHIM = pathlib.Path(__file__).parent / "metal_shim"
+COMPILER = next((c for c in ("clang++", "clang++-22", "clang++-21", "clang++-20", "clang++-19", "clang++-18", "g++")
+                 if shutil.which(c)), None)
+pytestmark = pytest.mark.skipif(COMPILER is None, reason="no C++ compiler")
+HEADS = [(64, 64), (96, 96), (128, 128), (256, 256), (512, 512), (192, 128), (96, 64)]
+# (query heads, key heads, query rows): every grouping up to the vector kernels' 32 rows.
+GROUPS = [(hq, 1, lq) for hq in (1, 2, 4, 8, 16, 32) for lq in range(1, 9) if hq * lq <= 32]
+
+
+def planned_specs():
+    """Each decode specialisation the plan emits, over head sizes, dtypes, groupings, key counts
+    (one and two passes, every GPU class's block count) and options."""
+    specs = {}
+    for (d, dv), dtype, (hq, hkv, lq) in itertools.product(HEADS, KERNEL_DTYPES, GROUPS):
+        for lk, gpu_class in itertools.product((600, 5000, 70000), ("g", "s", "d")):
+            for mask, sinks, window, page in (("none", False, None, 0), ("causal", True, 100, 0), ("bool", False, None, 0),
+                                              ("additive", True, None, 0), ("causal", True, 100, 16)):
+                call = validate_attention("check", (1, hq, lq, d), (1, hkv, lk, d), (1, hkv, lk, dv), dtype,
+                                          "causal" if mask == "causal" else None, None, window, None)
+                plan = plan_call(call, PlanTarget("metal", gpu_class))
+                if not isinstance(plan.kernel, Vector) or (page and d != dv): continue
+                mask_kind = {"none": 0, "causal": 0, "bool": 1, "additive": 2}[mask]
+                spec = DecodeSpec(dtype, d, dv, hq, hkv, lq, plan.kernel.passes, plan.kernel.blocks, mask == "causal",
+                                  window is not None, mask_kind, sinks, page, 0.125, "ints" if page else "(length+1)")
+                specs[spec] = None
+    return list(specs)
+
+
+def test_the_shim_rejects_a_planted_error(tmp_path):
+    spec = planned_specs()[0]
+    name, text, _ = spec.sources("metal", [Param("length", "scalar")])[0]
+    for planted in (text.replace("simd_shuffle_xor", "simd_shufle_xor", 1), text.replace("float score", "float3x score", 1)):
+        source = tmp_path / "bad.metal"
+        source.write_text(prelude("metal") + planted)
+        result = subprocess.run([COMPILER, "-std=c++17", "-fsyntax-only", "-Wno-unknown-attributes", f"-I{SHIM}", "-x", "c++",
+                                 str(source)], capture_output=True, text=True)
+        assert result.returncode != 0, planted[:200]
+
+
+def test_every_planned_metal_specialisation_compiles(tmp_path):
+    specs = planned_specs()
+    assert len(specs) > 100
+    units, current = [], []
+    for i, spec in enumerate(specs):
+        for name, text, _ in spec.sources("metal", [Param("length", "scalar")]):
+            defined = [line.split()[1] for line in text.splitlines() if line.startswith("#define ")]
+            current.append(f"namespace spec{i}_{name} {{\n{text}\n}}\n" + "".join(f"#undef {d}\n" for d in defined))
+        if len(current) >= 150: units.append(current); current = []
+    units.append(current)
+    for n, unit in enumerate(units):
+        source = tmp_path / f"unit{n}.metal"
+        source.write_text(prelude("metal") + "\n".join(unit))
+        result = subprocess.run([COMPILER, "-std=c++17", "-fsyntax-only", "-Wno-unknown-attributes", f"-I{SHIM}", "-x", "c++",
+                                 str(source)], capture_output=True, text=True)
+        assert result.returncode == 0, result.stderr[:3000]
