@@ -199,3 +199,8 @@ def test_invalid_options_are_rejected_by_plan_and_op(error, options):
         fast.scaled_dot_product_attention(*tensors, 0.5, **options)
     with pytest.raises(TypeError, match="^scaled_dot_product_attention: "):
         fast.scaled_dot_product_attention(tensors[0].cast(dtypes.int32), *tensors[1:], 0.5)
+
+
+def test_float64_composes_on_every_target():
+    for target in (METAL["s"], CUDA):
+        assert plan(1, 32, 8, 1, 8192, 128, dtype=dtypes.float64, target=target).kernel == fast.Composed()

@@ -305,7 +305,7 @@ def plan_call(call: AttentionCall, target: PlanTarget, op: str = "plan_attention
     """The plan of a validated call on `target`."""
     if call.q_len == 0 or call.k_len == 0:
         return AttentionPlan(Composed(), 0, 0, False)
-    if target.backend is not None:
+    if target.backend is not None and call.dtype in (dtypes.float16, dtypes.bfloat16, dtypes.float32):
         gpu_class = (target.gpu_class or "g") if target.backend == "metal" else "g"
         if call.q_len <= 8:
             vector = _vector_route(call, gpu_class)

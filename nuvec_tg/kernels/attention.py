@@ -26,10 +26,9 @@ NUM_WARPS = 4
 UNROLL = 4  # key lines each lane loads before using the first
 MERGE_THREADS = 128
 _INT32_MAX = 2**31 - 1
-_CTYPES = {"cuda": {dtypes.float16: "half", dtypes.bfloat16: "bfloat", dtypes.float32: "float"},
-           "metal": {dtypes.float16: "half", dtypes.bfloat16: "bfloat", dtypes.float32: "float"}}
-_MASK_CTYPES = {dtypes.bool: "unsigned char"}
-KERNEL_DTYPES = (dtypes.float16, dtypes.bfloat16, dtypes.float32)
+# Element types in the dialect (both preludes name them alike).
+_CTYPES = {dtypes.float16: "half", dtypes.bfloat16: "bfloat", dtypes.float32: "float"}
+KERNEL_DTYPES = tuple(_CTYPES)
 
 
 @dataclass(frozen=True)
@@ -141,7 +140,7 @@ class DecodeSpec:
 
     def sources(self, backend: str, length_params: Sequence[Param] = ()) -> list[tuple[str, str, list[Param]]]:
         """`(program name, source without the prelude, parameters)` for each pass."""
-        ctype = _CTYPES[backend][self.dtype]
+        ctype = _CTYPES[self.dtype]
         shape = geometry(self.head_dim, self.value_dim, self.dtype, self.q_heads // self.kv_heads * self.q_len)
         size = self.dtype.itemsize
         defines = dict(T=ctype, D=self.head_dim, DV=self.value_dim, HQ=self.q_heads, HKV=self.kv_heads,
