@@ -238,3 +238,12 @@ def test_scratch_bytes_hold_against_tinygrad_memory(device, case):
         # One block's scores at a time: far below every block's scores at once.
         assert isinstance(plan.kernel, fast.ComposedBlocks)
         assert memory.used - out.nbytes() < b * hq * lq * lk * 4
+
+
+def test_symbolic_key_counts_need_the_decode_kernels():
+    from tinygrad import UOp
+    cache = Tensor.zeros(1, 2, 16, 8, device="CPU").contiguous().realize()
+    length = UOp.variable("length", 1, 16, dtype=dtypes.int32).bind(5)
+    q = Tensor.zeros(1, 2, 1, 8, device="CPU")
+    with pytest.raises(ValueError, match="^scaled_dot_product_attention: a symbolic size"):
+        fast.scaled_dot_product_attention(q, cache[:, :, :length], cache[:, :, :length], 1.0)

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from tinygrad import Tensor, dtypes
 
-from ..tensor import check_floating, check_number, check_tensor, compute_dtype, promote_types, zero_after
+from ..tensor import check, check_floating, check_number, check_tensor, compute_dtype, promote_types, zero_after
 from ..kernels import debug
+from ..kernels.attention import decode_attention
 from .plan import (AttentionCall, BlockedD512, ComposedBlocks, Tiled, Vector, block_bounds, plan_call, target_for_device,
                    validate_attention)
 
@@ -100,11 +101,13 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, 
         return Tensor.zeros(call.batch, call.q_heads, call.q_len, call.v_head_dim, dtype=dtype, device=q.device)
     array_mask = mask if isinstance(mask, Tensor) else None
     if isinstance(plan.kernel, Vector):
-        from ..kernels.attention import decode_attention
         return decode_attention(q, k, v, scale, dtype=dtype, backend=target.backend, passes=plan.kernel.passes,
                                 blocks=plan.kernel.blocks, causal=call.mask == "causal", window=call.window,
                                 mask=array_mask, sinks=sinks,
                                 composition=lambda q, k, v, m, s: compose(call, q, k, v, scale, m, s, call.q_len))
+    symbolic = [n for n in (*q.shape, *k.shape, *v.shape) if not isinstance(n, int)]
+    check(not symbolic, op, "a symbolic size (a bound variable) runs only on the decode kernels (METAL or CUDA, "
+                            f"at most 8 queries); this call's plan is {plan.kernel}")
     if isinstance(plan.kernel, Tiled):
         debug("the tiled kernel has not landed: the composition runs")
     rows = plan.kernel.rows if isinstance(plan.kernel, (ComposedBlocks, BlockedD512)) else call.q_len
