@@ -167,6 +167,20 @@ def take_rows(x: Tensor, indices: Tensor) -> Tensor:
     return x[indices.reshape(-1)].reshape(*indices.shape, *x.shape[1:])
 
 
+def put_rows(base: Tensor, rows: Tensor, indices: Tensor) -> Tensor:
+    """`base` with `rows[i]` written at row `indices[i]` of its first axis.
+
+    base: `[P, ...]`; rows: `[N, ...]` (the same trailing shape); indices: `[N]` integers. An index
+    outside `0..P-1` writes nothing; when two rows name one index the later one wins.
+    """
+    count, places = indices.shape[0], base.shape[0]
+    if count == 0: return base
+    names = indices.reshape(count, 1).cast(dtypes.int64) == Tensor.arange(places, dtype=dtypes.int64).reshape(1, places)
+    writer = names.where(Tensor.arange(count, dtype=dtypes.int32).reshape(count, 1), -1).max(0)   # [P]: -1 none
+    written = take_rows(rows.cast(base.dtype), writer.clip(0, count - 1))
+    return (writer >= 0).reshape(places, *([1] * (base.ndim - 1))).where(written, base)
+
+
 # ---- scheduling ------------------------------------------------------------------------------
 
 def zero_after(before: Tensor, dtype: DType = dtypes.float32) -> Tensor:

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from tinygrad import Tensor, dtypes
 
-from ..tensor import (check, check_floating, check_integer, check_number, check_tensor, promote_types, take_rows)
+from ..tensor import (check, check_floating, check_integer, check_number, check_tensor, promote_types, put_rows,
+                      take_rows)
 from ..kernels import attention_backend, debug
 from ..kernels.attention import KERNEL_DTYPES, decode_attention
 from .attention import compose_attention
@@ -136,13 +137,6 @@ def paged_write(cache: Tensor, new: Tensor, slots: Tensor) -> Tensor:
           f"slots must have new's leading shape {tuple(new.shape[:-2])}, got {tuple(slots.shape)}")
     check_integer(op, "slots", slots.dtype)
     check_floating(op, "new", new.dtype)
-    count, pool_rows = slots.numel(), blocks * block_size
-    if count == 0: return cache
-    rows = cache.permute(0, 2, 1, 3).reshape(pool_rows, heads, head_dim)
-    new_rows = new.reshape(count, heads, head_dim).cast(cache.dtype)
-    # For every pool row, the last new row whose slot names it (-1: none; out-of-range slots name none).
-    names = slots.reshape(count, 1).cast(dtypes.int64) == Tensor.arange(pool_rows, dtype=dtypes.int64).reshape(1, pool_rows)
-    writer = names.where(Tensor.arange(count, dtype=dtypes.int32).reshape(count, 1), -1).max(0)
-    written = take_rows(new_rows, writer.clip(0, count - 1))
-    rows = (writer >= 0).reshape(pool_rows, 1, 1).where(written, rows)
+    rows = cache.permute(0, 2, 1, 3).reshape(blocks * block_size, heads, head_dim)
+    rows = put_rows(rows, new.reshape(-1, heads, head_dim), slots.reshape(-1))
     return rows.reshape(blocks, block_size, heads, head_dim).permute(0, 2, 1, 3)

@@ -1,0 +1,140 @@
+"""The gated delta rule of Gated DeltaNet (Qwen3-Next / Qwen3.5 linear-attention layers).
+
+Per batch item, value head `h` (key head `h // (Hv / Hk)`) and step `t`, with the state `S`
+(`[Dv, Dk]`):
+
+    S = g[t] * S
+    S = S + k[t] (beta[t] * (v[t] - S k[t]))ᵀ      (row r: S[r] += k * beta * (v[r] - S[r]·k))
+    y[t] = S q[t]
+
+The arithmetic is float32 (float64 stays float64); outputs take q's dtype and states their own
+(or the `storage` dtype of `gated_delta_steps`). These are the compositions: the definition the
+kernels are tested against.
+"""
+from __future__ import annotations
+
+from tinygrad import Tensor, dtypes
+from tinygrad.dtype import DType
+
+from ..tensor import check, check_floating, check_integer, check_tensor, is_floating, take_rows, put_rows
+
+
+def _check(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor) -> tuple[int, ...]:
+    """Check the step inputs; return `(B, T, Hk, Hv, Dk, Dv)`."""
+    for name, t in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
+        check_tensor(op, name, t)
+        check_floating(op, name, t.dtype)
+    check(q.ndim == 4 and tuple(q.shape) == tuple(k.shape) and v.ndim == 4, op,
+          f"q and k must be [B, T, Hk, Dk] and v [B, T, Hv, Dv], got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    b, t, hk, dk = q.shape
+    hv, dv = v.shape[2], v.shape[3]
+    check(tuple(v.shape[:2]) == (b, t) and hk > 0 and hv % hk == 0, op,
+          f"v must be [{b}, {t}, Hv, Dv] with Hv a multiple of {hk}, got {tuple(v.shape)}")
+    check(tuple(g.shape) == (b, t, hv) and tuple(beta.shape) == (b, t, hv), op,
+          f"g and beta must be [{b}, {t}, {hv}], got {tuple(g.shape)} and {tuple(beta.shape)}")
+    return b, t, hk, hv, dk, dv
+
+
+def _arithmetic_dtype(*tensors: Tensor) -> DType:
+    return dtypes.float64 if any(t.dtype == dtypes.float64 for t in tensors) else dtypes.float32
+
+
+def _rounded(x: Tensor, dtype: DType, arithmetic: DType) -> Tensor:
+    """`x` stored in `dtype` and read back. Stored for real (a buffer): tinygrad folds a lazy
+    cast to float16 and back into nothing, and a step fused with the next could round otherwise
+    than a step run alone; each step must continue from the stored state."""
+    return x.cast(dtype).contiguous().cast(arithmetic)
+
+
+def _recurrence(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor,
+                storage: DType | None) -> tuple[Tensor, Tensor]:
+    """Run the rule over every step. Returns `y [B, T, Hv, Dv]` in q's dtype and the final state
+    (`storage` None) or every step's state `[B, T, Hv, Dv, Dk]` rounded to `storage`."""
+    b, t, hk, dk = q.shape
+    hv, dv = v.shape[2], v.shape[3]
+    acc = _arithmetic_dtype(q, k, v, g, beta, state)
+
+    def per_value_head(x: Tensor) -> Tensor:  # [B, T, Hk, Dk] -> [B, T, Hv, Dk], no copy per head
+        x = x.cast(acc)
+        return x if hv == hk else x.reshape(b, t, hk, 1, dk).expand(b, t, hk, hv // hk, dk).reshape(b, t, hv, dk)
+
+    queries, keys = per_value_head(q), per_value_head(k)
+    values, decay, rate = v.cast(acc), g.cast(acc), beta.cast(acc)
+    s = state.cast(acc) if storage is None else _rounded(state.cast(acc), storage, acc)
+    outputs, states = [], []
+    for step in range(t):
+        key = keys[:, step].unsqueeze(2)                                    # [B, Hv, 1, Dk]
+        s = s * decay[:, step].reshape(b, hv, 1, 1)
+        remembered = (s * key).sum(-1)                                      # [B, Hv, Dv]
+        correction = (values[:, step] - remembered) * rate[:, step].unsqueeze(-1)
+        s = s + key * correction.unsqueeze(-1)
+        outputs.append((s * queries[:, step].unsqueeze(2)).sum(-1).cast(q.dtype))
+        if storage is not None:
+            s = _rounded(s, storage, acc)
+            states.append(s.cast(storage))
+    y = outputs[0].stack(*outputs[1:], dim=1) if outputs else Tensor.zeros(b, 0, hv, dv, dtype=q.dtype, device=q.device)
+    if storage is None: return y, s.cast(state.dtype)
+    stacked = states[0].stack(*states[1:], dim=1) if states else Tensor.zeros(b, 0, hv, dv, dk, dtype=storage, device=q.device)
+    return y, stacked
+
+
+def gated_delta(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor) -> tuple[Tensor, Tensor]:
+    """The gated delta rule over `T` steps from `state`.
+
+    q, k: `[B, T, Hk, Dk]`; v: `[B, T, Hv, Dv]` (`Hv` a multiple of `Hk`); g, beta: `[B, T, Hv]`;
+    state: `[B, Hv, Dv, Dk]`; all float dtypes. Returns `(y [B, T, Hv, Dv] in q's dtype,
+    the final state in state's dtype)`.
+    """
+    op = "gated_delta"
+    b, _, _, hv, dk, dv = _check(op, q, k, v, g, beta)
+    check_tensor(op, "state", state)
+    check_floating(op, "state", state.dtype)
+    check(tuple(state.shape) == (b, hv, dv, dk), op, f"state must be [{b}, {hv}, {dv}, {dk}], got {tuple(state.shape)}")
+    return _recurrence(q, k, v, g, beta, state, None)
+
+
+def gated_delta_steps(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor,
+                      storage: DType | None = None) -> tuple[Tensor, Tensor]:
+    """`gated_delta`, keeping every step's state: `(y, states [B, T, Hv, Dv, Dk])`.
+
+    Each state is rounded to `storage` (default: state's dtype, a float dtype) and the next step
+    continues from the rounded state, so `states[:, t]` equals `t + 1` serial `gated_delta` calls
+    on a state kept in `storage`, bit for bit.
+    """
+    op = "gated_delta_steps"
+    b, _, _, hv, dk, dv = _check(op, q, k, v, g, beta)
+    check_tensor(op, "state", state)
+    check_floating(op, "state", state.dtype)
+    check(tuple(state.shape) == (b, hv, dv, dk), op, f"state must be [{b}, {hv}, {dv}, {dk}], got {tuple(state.shape)}")
+    storage = state.dtype if storage is None else storage
+    if not is_floating(storage):
+        raise TypeError(f"{op}: storage must be a float dtype, got {storage}")
+    return _recurrence(q, k, v, g, beta, state, storage)
+
+
+def gated_delta_slots(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, pool: Tensor,
+                      slots: Tensor) -> tuple[Tensor, Tensor]:
+    """`gated_delta` for sequences whose states live in a pool: sequence `b` reads and writes
+    `pool[slots[b]]`.
+
+    pool: `[P, Hv, Dv, Dk]`; slots: `[B]` integers. A negative or out-of-range slot is skipped: its
+    outputs are zeros and no pool row changes (never clamped onto a live slot). Returns
+    `(y, the updated pool)`.
+    """
+    op = "gated_delta_slots"
+    b, _, _, hv, dk, dv = _check(op, q, k, v, g, beta)
+    check_tensor(op, "pool", pool)
+    check_tensor(op, "slots", slots)
+    check(pool.ndim == 4 and tuple(pool.shape[1:]) == (hv, dv, dk), op,
+          f"pool must be [slots, {hv}, {dv}, {dk}], got {tuple(pool.shape)}")
+    check(tuple(slots.shape) == (b,), op, f"slots must be [{b}], got shape {tuple(slots.shape)}")
+    check_floating(op, "pool", pool.dtype)
+    check_integer(op, "slots", slots.dtype)
+    places = pool.shape[0]
+    valid = (slots >= 0) & (slots < places)
+    states = take_rows(pool, slots.cast(dtypes.int64).clip(0, max(places - 1, 0)).cast(dtypes.int32)) if places else \
+        Tensor.zeros(b, hv, dv, dk, dtype=pool.dtype, device=pool.device)
+    states = valid.reshape(b, 1, 1, 1).where(states, 0.0)
+    y, new_states = _recurrence(q, k, v, g, beta, states, None)
+    y = valid.reshape(b, 1, 1, 1).where(y, 0.0)
+    return y, put_rows(pool, new_states, slots)
