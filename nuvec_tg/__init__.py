@@ -4,7 +4,7 @@
 what they share. Every operation is a composition of tinygrad Tensor operations, so it runs and
 differentiates on any tinygrad device.
 """
-from . import fast, tensor
+from . import fast, quant, tensor
 
 __version__ = "0.1.0"
-__all__ = ["fast", "tensor", "__version__"]
+__all__ = ["fast", "quant", "tensor", "__version__"]
