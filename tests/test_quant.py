@@ -17,6 +17,9 @@ def mlx_affine(w, group_size, bits):
     top, bottom = g.max(-1, keepdims=True), g.min(-1, keepdims=True)
     levels = np.float32(2 ** bits - 1)
     scale = np.maximum((top - bottom) / levels, np.float32(1e-7))
+    if bits == 1:  # MLX's one-bit rule
+        codes = np.clip(np.rint((g - bottom) / scale), 0, 1)
+        return codes.reshape(rows, columns).astype(np.uint32), scale[..., 0], bottom[..., 0]
     low = np.abs(bottom) > np.abs(top)
     scale = np.where(low, scale, -scale)
     edge = np.where(low, bottom, top)
@@ -141,3 +144,26 @@ def test_invalid_arguments(error, op, call):
     w = Tensor.ones(2, 64)
     with pytest.raises(error, match=f"^{op}: "):
         call(w, quant.quantize(w, 64, 4))
+
+
+MLX = np.load(__file__.rsplit("/", 1)[0] + "/data/mlx_affine.npz")
+
+
+@pytest.mark.parametrize("bits", BITS)
+def test_bit_for_bit_with_mlx(bits):
+    """MLX 0.32's own outputs (tests/data/mlx_affine.npz, from scripts/make_mlx_vectors.py):
+    our quantize gives its packed words, scales and biases; its weights dequantize to its values
+    within one float32 rounding."""
+    for group_size in (32, 64, 128):
+        key = f"{bits}_{group_size}"
+        qw = quant.quantize(Tensor(MLX[f"w_{key}"], device="CPU"), group_size, bits)
+        np.testing.assert_array_equal(qw.weight.numpy(), MLX[f"q_{key}"], err_msg=f"{key}: words")
+        np.testing.assert_array_equal(qw.scales.numpy(), MLX[f"s_{key}"], err_msg=f"{key}: scales")
+        np.testing.assert_array_equal(qw.biases.numpy(), MLX[f"b_{key}"], err_msg=f"{key}: biases")
+        theirs = quant.QuantizedWeight(*(Tensor(MLX[f"{p}_{key}"], device="CPU") for p in "qsb"), "affine", group_size, bits)
+        want = MLX[f"d_{key}"]
+        got = quant.dequantize(theirs).numpy()
+        # One rounding of the larger of the bias and the result (a fused multiply-add skips the
+        # product's rounding, which matters most where the two nearly cancel).
+        bias = np.repeat(np.abs(MLX[f"b_{key}"]), group_size, axis=1)
+        assert np.all(np.abs(got - want) <= np.spacing(np.maximum(bias, np.abs(want)))), key

@@ -7,7 +7,8 @@ Per group of `group_size` consecutive values of a row, in float32 (MLX's rule):
     q0 = round(edge / scale); scale = edge / q0 and bias = edge when q0 != 0, else bias = 0
     code = clip(round((w - bias) / scale), 0, 2^bits - 1)
 
-so the larger-magnitude end is exact and zero is exact. Codes are packed as one
+so the larger-magnitude end is exact and zero is exact (one bit: scale = max - min, bias = min,
+as MLX does). Codes are packed as one
 least-significant-bit-first stream per row in uint32 words (3, 5 and 6 bits straddle words);
 scales and biases are stored in the weight's dtype. `w ≈ scale * code + bias`.
 """
@@ -83,13 +84,16 @@ def quantize(w: Tensor, group_size: int = 64, bits: int = 4, mode: str = "affine
     top, bottom = groups.max(-1, keepdim=True), groups.min(-1, keepdim=True)
     levels = 2 ** bits - 1
     scale = ((top - bottom) / levels).maximum(1e-7)
-    low_end = bottom.abs() > top.abs()
-    scale = low_end.where(scale, -scale)
-    edge = low_end.where(bottom, top)
-    first = (edge / scale).round()
-    snapped = first == 0
-    scale = snapped.where(scale, edge / first)
-    bias = snapped.where(0.0, edge)
+    if bits == 1:  # MLX's one-bit rule: the group's minimum and its range
+        bias = bottom
+    else:
+        low_end = bottom.abs() > top.abs()
+        scale = low_end.where(scale, -scale)
+        edge = low_end.where(bottom, top)
+        first = (edge / scale).round()
+        snapped = first == 0
+        scale = snapped.where(scale, edge / first)
+        bias = snapped.where(0.0, edge)
     codes = ((groups - bias) / scale).round().clip(0, levels)
     packed = pack_codes(codes.reshape(*lead, columns).cast(dtypes.uint32), bits)
     return QuantizedWeight(packed, scale.squeeze(-1).cast(w.dtype), bias.squeeze(-1).cast(w.dtype), mode, group_size, bits)
