@@ -13,19 +13,17 @@ import functools
 import hashlib
 import math
 from dataclasses import dataclass
+from typing import Sequence
 
 from tinygrad import Tensor, dtypes
 from tinygrad.dtype import DType
 from tinygrad.uop.ops import Ops, UOp
-
-from typing import Sequence
 
 from .program import Param, launch, prelude, specialise
 
 NUM_WARPS = 4
 UNROLL = 4  # key lines each lane loads before using the first
 MERGE_THREADS = 128
-_INT32_MAX = 2**31 - 1
 # Element types in the dialect (both preludes name them alike).
 _CTYPES = {dtypes.float16: "half", dtypes.bfloat16: "bfloat", dtypes.float32: "float"}
 KERNEL_DTYPES = tuple(_CTYPES)
@@ -33,6 +31,7 @@ KERNEL_DTYPES = tuple(_CTYPES)
 
 @dataclass(frozen=True)
 class Geometry:
+    """How a threadgroup's lanes share key lines and which query rows it serves."""
     lanes_per_key: int
     features_per_lane: int
     values_per_lane: int
