@@ -127,6 +127,15 @@ def check_number(op: str, what: str, value: object) -> float:
     return float(value)
 
 
+def check_int(op: str, what: str, value: object, smallest: int | None = None) -> int:
+    """`value` as an int (a `TypeError` for anything else, bool included), at least `smallest`
+    when given (a `ValueError` otherwise)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{op}: {what} must be an int, got {type(value).__name__}")
+    if smallest is not None: check(value >= smallest, op, f"{what} must be at least {smallest}, got {value}")
+    return value
+
+
 def check_weight(op: str, what: str, weight: object, features: int) -> Tensor:
     """A 1-D float parameter of `features` elements (a norm's weight or bias)."""
     weight = check_tensor(op, what, weight)
@@ -150,8 +159,7 @@ def broadcast_shape(op: str, *shapes: tuple[int, ...]) -> tuple[int, ...]:
 
 def normalize_axis(op: str, axis: int, ndim: int) -> int:
     """`axis` counted from the front, in `0..ndim-1`; a `ValueError` when it is out of range."""
-    if isinstance(axis, bool) or not isinstance(axis, int):
-        raise TypeError(f"{op}: axis must be an int, got {type(axis).__name__}")
+    check_int(op, "axis", axis)
     check(-ndim <= axis < ndim, op, f"axis {axis} is out of range for {ndim} dimensions")
     return axis % ndim
 

@@ -4,14 +4,7 @@ from __future__ import annotations
 
 from tinygrad import Tensor, dtypes
 
-from ..tensor import check, check_floating, check_integer, check_tensor, promote_types, put_rows, take_rows
-
-
-def _check_int(op: str, what: str, value: object, smallest: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{op}: {what} must be an int, got {type(value).__name__}")
-    check(value >= smallest, op, f"{what} must be at least {smallest}, got {value}")
-    return value
+from ..tensor import check, check_floating, check_int, check_integer, check_tensor, promote_types, put_rows, take_rows
 
 
 def _convolve(x: Tensor, w: Tensor, stride: int, dilation: int, length: int) -> Tensor:
@@ -38,7 +31,7 @@ def depthwise_conv1d(x: Tensor, w: Tensor, stride: int = 1, padding: int = 0, di
     check_tensor(op, "w", w)
     check_floating(op, "x", x.dtype)
     check_floating(op, "w", w.dtype)
-    stride, padding, dilation = (_check_int(op, n, v, s) for n, v, s in
+    stride, padding, dilation = (check_int(op, n, v, s) for n, v, s in
                                  (("stride", stride, 1), ("padding", padding, 0), ("dilation", dilation, 1)))
     check(x.ndim == 3 and w.ndim == 3 and w.shape[0] == x.shape[2] and w.shape[2] == 1 and w.shape[1] >= 1, op,
           f"x must be [N, L, C] and w [C, K, 1], got {tuple(x.shape)} and {tuple(w.shape)}")

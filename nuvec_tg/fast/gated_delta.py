@@ -19,8 +19,8 @@ from tinygrad.dtype import DType
 from ..tensor import check, check_floating, check_integer, check_tensor, is_floating, take_rows, put_rows
 
 
-def _check(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor) -> tuple[int, ...]:
-    """Check the step inputs; return `(B, T, Hk, Hv, Dk, Dv)`."""
+def _check(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor | None = None) -> tuple[int, ...]:
+    """Check the step inputs (and a `[B, Hv, Dv, Dk]` state when given); return `(B, T, Hk, Hv, Dk, Dv)`."""
     for name, t in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
         check_tensor(op, name, t)
         check_floating(op, name, t.dtype)
@@ -32,6 +32,10 @@ def _check(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor) ->
           f"v must be [{b}, {t}, Hv, Dv] with Hv a multiple of {hk}, got {tuple(v.shape)}")
     check(tuple(g.shape) == (b, t, hv) and tuple(beta.shape) == (b, t, hv), op,
           f"g and beta must be [{b}, {t}, {hv}], got {tuple(g.shape)} and {tuple(beta.shape)}")
+    if state is not None:
+        check_tensor(op, "state", state)
+        check_floating(op, "state", state.dtype)
+        check(tuple(state.shape) == (b, hv, dv, dk), op, f"state must be [{b}, {hv}, {dv}, {dk}], got {tuple(state.shape)}")
     return b, t, hk, hv, dk, dv
 
 
@@ -85,11 +89,7 @@ def gated_delta(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state:
     state: `[B, Hv, Dv, Dk]`; all float dtypes. Returns `(y [B, T, Hv, Dv] in q's dtype,
     the final state in state's dtype)`.
     """
-    op = "gated_delta"
-    b, _, _, hv, dk, dv = _check(op, q, k, v, g, beta)
-    check_tensor(op, "state", state)
-    check_floating(op, "state", state.dtype)
-    check(tuple(state.shape) == (b, hv, dv, dk), op, f"state must be [{b}, {hv}, {dv}, {dk}], got {tuple(state.shape)}")
+    _check("gated_delta", q, k, v, g, beta, state)
     return _recurrence(q, k, v, g, beta, state, None)
 
 
@@ -102,10 +102,7 @@ def gated_delta_steps(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, 
     on a state kept in `storage`, bit for bit.
     """
     op = "gated_delta_steps"
-    b, _, _, hv, dk, dv = _check(op, q, k, v, g, beta)
-    check_tensor(op, "state", state)
-    check_floating(op, "state", state.dtype)
-    check(tuple(state.shape) == (b, hv, dv, dk), op, f"state must be [{b}, {hv}, {dv}, {dk}], got {tuple(state.shape)}")
+    _check(op, q, k, v, g, beta, state)
     storage = state.dtype if storage is None else storage
     if not is_floating(storage):
         raise TypeError(f"{op}: storage must be a float dtype, got {storage}")

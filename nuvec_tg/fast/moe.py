@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from tinygrad import Tensor, dtypes
 
-from ..tensor import check, check_floating, check_tensor, promote_types
+from ..tensor import check, check_floating, check_int, check_tensor, promote_types
 
 
 def moe_route(probs: Tensor, k: int, normalize: bool = False) -> tuple[Tensor, Tensor]:
@@ -19,8 +19,7 @@ def moe_route(probs: Tensor, k: int, normalize: bool = False) -> tuple[Tensor, T
     check(probs.ndim >= 1, op, "probs needs at least one dimension, got shape ()")
     check_floating(op, "probs", probs.dtype)
     experts = probs.shape[-1]
-    if isinstance(k, bool) or not isinstance(k, int):
-        raise TypeError(f"{op}: k must be an int, got {type(k).__name__}")
+    check_int(op, "k", k)
     check(1 <= k <= experts, op, f"k must be in 1..={experts} for probabilities of shape {tuple(probs.shape)}")
     # Each expert's place in the stable ascending order: how many come before it.
     mine, other = probs.unsqueeze(-1), probs.unsqueeze(-2)                      # [..., E, 1], [..., 1, E]

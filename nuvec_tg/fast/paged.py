@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from tinygrad import Tensor, dtypes
 
-from ..tensor import (check, check_floating, check_integer, check_number, check_tensor, promote_types, put_rows,
+from ..tensor import (check, check_floating, check_int, check_integer, check_number, check_tensor, promote_types, put_rows,
                       take_rows)
 from ..kernels import attention_backend, debug
 from ..kernels.attention import KERNEL_DTYPES, decode_attention
@@ -69,10 +69,7 @@ def paged_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: T
         check_tensor(op, "sinks", sinks)
         check(sinks.ndim == 1 and sinks.shape[0] == q_heads, op, f"sinks must be [{q_heads}], got shape {tuple(sinks.shape)}")
         check_floating(op, "sinks", sinks.dtype)
-    if window is not None:
-        if isinstance(window, bool) or not isinstance(window, int):
-            raise TypeError(f"{op}: window must be an int, got {type(window).__name__}")
-        check(window >= 1, op, f"the window must be at least 1, got {window}")
+    if window is not None: check_int(op, "window", window, 1)
     dtype = promote_types(promote_types(q.dtype, k_cache.dtype), v_cache.dtype)
     if sinks is not None and promote_types(sinks.dtype, dtype) != dtype:
         raise TypeError(f"{op}: sinks must promote to {dtype}, got {sinks.dtype}")

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from tinygrad import Device, Tensor, dtypes
 from tinygrad.dtype import DType
 
-from ..tensor import check, check_floating, check_tensor, is_floating, promote_types
+from ..tensor import check, check_floating, check_int, check_tensor, is_floating, promote_types
 from ..kernels import attention_backend
 
 
@@ -173,16 +173,11 @@ def validate_attention(op: str, q_shape, k_shape, v_shape, dtype: DType, mask, s
         if not is_floating(sinks.dtype) or promote_types(sinks.dtype, dtype) != dtype:
             raise TypeError(f"{op}: sinks must be a float dtype that promotes to {dtype}, got {sinks.dtype}")
     if window is not None:
-        if isinstance(window, bool) or not isinstance(window, int):
-            raise TypeError(f"{op}: window must be an int, got {type(window).__name__}")
-        check(window >= 1, op, f"the window must be at least 1, got {window}")
+        check_int(op, "window", window, 1)
         check(mask_kind == "causal", op, "a window needs mask='causal'")
         if window >= lk:
             window = None  # every key a query can see is in its window: plain causal
-    if max_score_bytes is not None:
-        if isinstance(max_score_bytes, bool) or not isinstance(max_score_bytes, int):
-            raise TypeError(f"{op}: max_score_bytes must be an int, got {type(max_score_bytes).__name__}")
-        check(max_score_bytes >= 0, op, f"max_score_bytes must not be negative, got {max_score_bytes}")
+    if max_score_bytes is not None: check_int(op, "max_score_bytes", max_score_bytes, 0)
     return AttentionCall(b, hq, hkv, lq, lk, d, dv, dtype, mask_kind, sinks is not None, window, max_score_bytes)
 
 

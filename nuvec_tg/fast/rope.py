@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from tinygrad import Tensor, dtypes
 
-from ..tensor import check, check_floating, check_integer, check_number, check_tensor, check_weight, compute_dtype
+from ..tensor import check, check_floating, check_int, check_integer, check_number, check_tensor, check_weight, compute_dtype
 from .norms import rms_norm
 from .paged import paged_write
 
@@ -26,8 +26,7 @@ def _check_rope(x: Tensor, dims: int, base: float | None, scale: float, offset: 
     check_tensor(op, "x", x)
     check(x.ndim >= 3, op, f"the input needs at least 3 dimensions [B, ..., T, D], got shape {tuple(x.shape)}")
     check_floating(op, "x", x.dtype)
-    if isinstance(dims, bool) or not isinstance(dims, int):
-        raise TypeError(f"{op}: dims must be an int, got {type(dims).__name__}")
+    check_int(op, "dims", dims)
     check(dims > 0 and dims % 2 == 0 and dims <= x.shape[-1], op,
           f"dims must be even, positive and at most {x.shape[-1]}, got {dims}")
     check_number(op, "scale", scale)
