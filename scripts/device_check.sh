@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU check, run on a machine with a GPU (the H200 through the device tool): the GPU tests,
 # then the benchmark. Output goes to $OUT (or ./device_out) so that it comes back.
-# Usage: bash scripts/device_check.sh [tests|bench|all] [pytest args...]
+# Usage: bash scripts/device_check.sh [tests|bench|tune|all] [pytest args...]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-device_out}
@@ -19,5 +19,8 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
   python3 -m nuvec_tg.bench attention ${BENCH_ARGS:-} --markdown "$out/attention.md" 2>&1 | tee "$out/bench.log" || status=1
+fi
+if [ "$what" = tune ]; then
+  python3 scripts/tune_decode.py ${TUNE_ARGS:-} 2>&1 | tee "$out/tune.log" || status=1
 fi
 exit $status

@@ -16,7 +16,9 @@ Routes:
 
 Kernel routes are planned for targets with a kernel backend (`PlanTarget.backend` "metal" or
 "cuda"). On Metal the rules are MLX's, with the GPU class from the device's name (`p` phone, `g`
-base/Pro, `s` Max, `d` Ultra). On CUDA the same families mirror class `g`.
+base/Pro, `s` Max, `d` Ultra). On CUDA the routes are class `g`'s, but the decode kernels' key
+blocks come from the multiprocessor count (`_cuda_vector_blocks`, read off the H200 sweep of
+`scripts/tune_decode.py`).
 
 Memory: the composition's score-sized intermediate is `B * Hq * rows * keys` float32 values;
 `scratch_bytes` bounds everything a call allocates beyond its inputs and output.
@@ -31,6 +33,7 @@ from tinygrad.dtype import DType
 
 from ..tensor import check, check_floating, check_int, check_tensor, is_floating, promote_types
 from ..kernels import attention_backend
+from ..kernels.attention import CUDA_LAUNCH, geometry
 
 
 @dataclass(frozen=True)
@@ -244,13 +247,37 @@ def _vector_blocks(gpu_class: str, queries: int, keys: int) -> int:
     return 64 if queries >= 4 else 32
 
 
-def _vector_route(call: AttentionCall, gpu_class: str) -> Vector | None:
+# The decode kernels' first pass on CUDA keeps about this many SIMD groups resident per
+# multiprocessor (their registers allow 16 on the H200: 127 per thread at a group of 4 heads).
+_CUDA_RESIDENT_WARPS = 16
+_CUDA_MIN_BLOCK_KEYS = 64  # fewer keys per block and the merge costs more than the split saves
+_CUDA_DEFAULT_MULTIPROCESSORS = 132
+
+
+def _cuda_vector_blocks(call: AttentionCall, keys: int, multiprocessors: int | None) -> int:
+    """Key blocks on CUDA: enough threadgroups for one wave of resident SIMD groups, no block
+    under `_CUDA_MIN_BLOCK_KEYS` keys, rounded down to a power of two (so that a growing cache
+    compiles a few specialisations, not one per length). 1 is a single pass.
+
+    On the H200 (132 multiprocessors) the sweep's best launches were 16 blocks at B=1, 32/8,
+    Lk=1024; 32-64 at 16384 and 65536; one pass at B=32 (`benchmarks/decode_tuning_h200.md`)."""
+    shape = geometry(call.head_dim, call.v_head_dim, call.dtype, call.group * call.q_len, CUDA_LAUNCH.warps)
+    threadgroups = call.batch * call.kv_heads * shape.row_groups
+    resident = (multiprocessors or _CUDA_DEFAULT_MULTIPROCESSORS) * _CUDA_RESIDENT_WARPS
+    wanted = min(resident // (threadgroups * CUDA_LAUNCH.warps), keys // _CUDA_MIN_BLOCK_KEYS)
+    return 1 << (wanted.bit_length() - 1) if wanted > 1 else 1
+
+
+def _vector_route(call: AttentionCall, gpu_class: str, target: PlanTarget) -> Vector | None:
     heads = (call.head_dim, call.v_head_dim)
     if heads not in _VECTOR_HEADS or call.q_len > call.k_len or call.q_len * call.group > 32:
         return None
     if call.head_dim == 512 and not (call.q_len == 1 and call.group == 8 and call.mask != "array" and call.k_len >= 1024):
         return None
     keys = call.k_len if call.window is None else min(call.k_len, call.window + call.q_len - 1)
+    if target.backend == "cuda":
+        blocks = _cuda_vector_blocks(call, keys, target.multiprocessors)
+        return Vector(passes=1, blocks=1, dispatches=1) if blocks == 1 else Vector(passes=2, blocks=blocks, dispatches=2)
     two_pass = (gpu_class in ("d", "s") and keys >= 1024) or (call.group > 1 and keys >= 4096)
     if not two_pass:
         return Vector(passes=1, blocks=1, dispatches=1)
@@ -303,7 +330,7 @@ def plan_call(call: AttentionCall, target: PlanTarget, op: str = "plan_attention
     if target.backend is not None and call.dtype in (dtypes.float16, dtypes.bfloat16, dtypes.float32):
         gpu_class = (target.gpu_class or "g") if target.backend == "metal" else "g"
         if call.q_len <= 8:
-            vector = _vector_route(call, gpu_class)
+            vector = _vector_route(call, gpu_class, target)
             if vector is not None:
                 partials = call.batch * call.q_heads * call.q_len * vector.blocks * (call.v_head_dim + 2) * 4
                 return AttentionPlan(vector, partials if vector.passes == 2 else 0, 0, False)

@@ -21,9 +21,20 @@ from tinygrad.uop.ops import Ops, UOp
 
 from .program import Param, launch, prelude, specialise
 
-NUM_WARPS = 4
-UNROLL = 4  # key lines each lane loads before using the first
-MERGE_THREADS = 128
+@dataclass(frozen=True)
+class Launch:
+    """The first pass's threadgroup: `warps` SIMD groups, each lane with `unroll` key lines in flight."""
+    warps: int
+    unroll: int
+
+
+# Per backend. CUDA's from the H200 sweep (scripts/tune_decode.py): 8 warps with 2 lines in flight
+# beat 4 lines (registers: fewer resident SIMD groups); Metal keeps MLX's 4 SIMD groups.
+CUDA_LAUNCH = Launch(warps=8, unroll=2)
+METAL_LAUNCH = Launch(warps=4, unroll=2)
+LAUNCHES = {"cuda": CUDA_LAUNCH, "metal": METAL_LAUNCH}
+NUM_WARPS, UNROLL = METAL_LAUNCH.warps, METAL_LAUNCH.unroll  # the defaults of a DecodeSpec
+MERGE_THREADS = 256  # at most, per query row
 # Element types in the dialect (both preludes name them alike).
 _CTYPES = {dtypes.float16: "half", dtypes.bfloat16: "bfloat", dtypes.float32: "float"}
 KERNEL_DTYPES = tuple(_CTYPES)
@@ -39,25 +50,30 @@ class Geometry:
     row_groups: int
 
 
-def geometry(head_dim: int, value_dim: int, dtype: DType, query_rows: int) -> Geometry:
+def geometry(head_dim: int, value_dim: int, dtype: DType, query_rows: int, warps: int = NUM_WARPS) -> Geometry:
     """How a threadgroup splits key lines among lanes and query rows among threadgroups."""
     per_16_bytes = 16 // dtype.itemsize
     lanes = head_dim // per_16_bytes
     if lanes > 32 or lanes & (lanes - 1) or head_dim % per_16_bytes: lanes = 32
     features, values = head_dim // lanes, value_dim // lanes
     # Registers: each row keeps its query features and its value sums; threadgroup memory keeps
-    # NUM_WARPS partial rows of DV floats.
+    # `warps` partial rows of DV floats.
     rows = query_rows
-    while rows > 1 and (rows * (features + values) > 96 or NUM_WARPS * rows * value_dim * 4 > 32 * 1024):
+    while rows > 1 and (rows * (features + values) > 96 or warps * rows * value_dim * 4 > 32 * 1024):
         rows = next(r for r in range(rows - 1, 0, -1) if query_rows % r == 0)
     return Geometry(lanes, features, values, rows, query_rows // rows)
 
 
-def _alignment(*byte_counts: int) -> int:
-    """The largest power of two up to 16 dividing every count."""
-    align = 16
-    while any(n % align for n in byte_counts): align //= 2
-    return align
+# Unsigned types of 16, 8, 4 and 2 bytes, alike in both dialects.
+_CHUNK_TYPES = {16: "uint4", 8: "uint2", 4: "uint", 2: "ushort"}
+
+
+def _chunks(which: str, line_bytes: int, lane_bytes: int) -> dict[str, object]:
+    """How a lane reads its `lane_bytes` of each `line_bytes` line: the widest piece (up to 16
+    bytes) that divides both, so every piece is aligned, and how many pieces."""
+    width = 16
+    while line_bytes % width or lane_bytes % width: width //= 2
+    return {f"CHUNK_{which}": _CHUNK_TYPES[width], f"{which}_CHUNKS": lane_bytes // width}
 
 
 @dataclass(frozen=True)
@@ -116,6 +132,8 @@ class DecodeSpec:
     page: int               # the paged block size; 0: contiguous K/V
     scale: float
     length: str = "ints"    # the key count: "ints" (read from the ints buffer), or a C expression of scalars
+    warps: int = NUM_WARPS  # SIMD groups per threadgroup of the first pass
+    unroll: int = UNROLL    # key lines each lane loads before using the first
 
     def runtime_names(self) -> list[str]:
         """The integers the first pass reads from its `ints` buffer, in order (known when the graph
@@ -126,6 +144,15 @@ class DecodeSpec:
         if self.window: names.append("window")
         if not self.page and self.length == "ints": names.append("int_length")
         return names
+
+    def merge_splits(self) -> int:
+        """Groups of `DV / 4` merge threads (float4 pieces of a value row), each over every
+        `splits`-th block."""
+        return max(1, min(self.blocks, MERGE_THREADS // (self.value_dim // 4)))
+
+    def merge_threads(self) -> int:
+        """The merge's threads per query row: its splits, in whole SIMD groups."""
+        return -(-self.merge_splits() * (self.value_dim // 4) // 32) * 32
 
     def first_pass_params(self, ctype: str) -> list[Param]:
         """The first (or only) pass's buffer parameters, in launch order: outputs, then inputs."""
@@ -140,18 +167,18 @@ class DecodeSpec:
     def sources(self, backend: str, length_params: Sequence[Param] = ()) -> list[tuple[str, str, list[Param]]]:
         """`(program name, source without the prelude, parameters)` for each pass."""
         ctype = _CTYPES[self.dtype]
-        shape = geometry(self.head_dim, self.value_dim, self.dtype, self.q_heads // self.kv_heads * self.q_len)
+        shape = geometry(self.head_dim, self.value_dim, self.dtype, self.q_heads // self.kv_heads * self.q_len, self.warps)
         size = self.dtype.itemsize
         defines = dict(T=ctype, D=self.head_dim, DV=self.value_dim, HQ=self.q_heads, HKV=self.kv_heads,
                        GQA=self.q_heads // self.kv_heads, LQ=self.q_len, ROWS=shape.rows, ROW_GROUPS=shape.row_groups,
-                       TPK=shape.lanes_per_key, EQ=shape.features_per_lane, EV=shape.values_per_lane, NUM_WARPS=NUM_WARPS, UNROLL=UNROLL,
+                       TPK=shape.lanes_per_key, EQ=shape.features_per_lane, EV=shape.values_per_lane, NUM_WARPS=self.warps, UNROLL=self.unroll,
                        BLOCKS=self.blocks if self.passes == 2 else 1, TWO_PASS=int(self.passes == 2), CAUSAL=int(self.causal),
                        WINDOW_ON=int(self.window), MASK_KIND=self.mask_kind, SINKS=int(self.sinks),
                        PAGED=int(self.page > 0), PAGE=max(self.page, 1), SCALE_LOG2E=f"{self.scale * math.log2(math.e)!r}f",
                        K_LEN="int_length" if self.length == "ints" else self.length,
-                       **{name: f"ints[{i}]" for i, name in enumerate(self.runtime_names())}, ALIGN_Q=_alignment(self.head_dim * size, shape.features_per_lane * size),
-                       ALIGN_K=_alignment(self.head_dim * size, shape.features_per_lane * size),
-                       ALIGN_V=_alignment(self.value_dim * size, shape.values_per_lane * size))
+                       **{name: f"ints[{i}]" for i, name in enumerate(self.runtime_names())},
+                       **_chunks("K", self.head_dim * size, shape.features_per_lane * size),
+                       **_chunks("V", self.value_dim * size, shape.values_per_lane * size))
         params = self.first_pass_params(ctype) + list(length_params)
         programs = [_named(backend, "nuvec_sdpa_decode", "sdpa_decode.h", defines, params)]
         if self.passes == 2:
@@ -161,7 +188,7 @@ class DecodeSpec:
             # The first pass's inputs ride along, unread, so that the merge's backward reaches them.
             merge_params += [Param(f"unused_{p.name}", "in", p.ctype) for p in params if p.kind == "in"]
             merge_defines = dict(T=ctype, DV=self.value_dim, HQ=self.q_heads, LQ=self.q_len, BLOCKS=self.blocks,
-                                 SINKS=int(self.sinks), THREADS=MERGE_THREADS)
+                                 SINKS=int(self.sinks), THREADS=self.merge_threads(), SPLITS=self.merge_splits())
             programs.append(_named(backend, "nuvec_sdpa_merge", "sdpa_merge.h", merge_defines, merge_params))
         return programs
 
@@ -175,7 +202,8 @@ def _named(backend: str, stem: str, source: str, defines: dict, params: list[Par
 
 def decode_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, *, dtype: DType, backend: str, passes: int,
                      blocks: int, causal: bool, window: int | None, mask: Tensor | None, sinks: Tensor | None,
-                     paged: tuple[Tensor, Tensor, int] | None = None, composition=None) -> Tensor:
+                     paged: tuple[Tensor, Tensor, int] | None = None, composition=None, warps: int | None = None,
+                     unroll: int | None = None) -> Tensor:
     """Launch the decode kernels; returns `[B, Hq, Lq, DV]` in `dtype`.
 
     q: `[B, Hq, Lq, D]`. Without `paged`, k and v are `[B, Hkv, Lk, D|DV]` (slices of a longer
@@ -183,8 +211,12 @@ def decode_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, *, dtype: DT
     page)`, k and v are pools `[blocks, Hkv, page, D|DV]` and the queries are each sequence's last
     positions. mask: bool or additive in `dtype`, broadcastable to `[B, Hq, Lq, Lk]`.
     composition: `(q, k, v, mask, sinks) -> out`, the same attention from tensor operations on
-    the call's own (logical) inputs: the kernels' backward is its gradient.
+    the call's own (logical) inputs: the kernels' backward is its gradient. warps, unroll: the
+    first pass's SIMD groups per threadgroup and key lines in flight per lane (default: the
+    backend's `LAUNCHES` entry).
     """
+    warps = LAUNCHES[backend].warps if warps is None else warps
+    unroll = LAUNCHES[backend].unroll if unroll is None else unroll
     batch, q_heads, q_len, head_dim = q.shape
     kv_heads, value_dim = k.shape[1], v.shape[3]
     device = q.device
@@ -221,11 +253,11 @@ def decode_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, *, dtype: DT
     # would need a Variable, which TinyJit could not bind), and a jitted step keeps its values.
     ins.append(_int_buffer(device, tuple(runtime) or (0,)))
     spec = DecodeSpec(dtype, head_dim, value_dim, q_heads, kv_heads, q_len, passes, blocks, causal, window is not None,
-                      mask_kind, sinks is not None, paged[2] if paged is not None else 0, scale, length)
+                      mask_kind, sinks is not None, paged[2] if paged is not None else 0, scale, length, warps, unroll)
     programs = spec.sources(backend, length_params)
     first_name, first_source, _ = programs[0]
     scalars = length_scalars
-    shape = geometry(head_dim, value_dim, dtype, q_heads // kv_heads * q_len)
+    shape = geometry(head_dim, value_dim, dtype, q_heads // kv_heads * q_len, warps)
     grid = (kv_heads * shape.row_groups, batch, blocks if passes == 2 else 1)
     label = f"{backend} {dtype.name} D{head_dim}/{value_dim} gqa{q_heads // kv_heads} Lq{q_len} passes{passes} blocks{blocks}"
     logical = _logical_inputs(k, v, paged)
@@ -234,20 +266,20 @@ def decode_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, *, dtype: DT
     if passes == 1:
         out = Tensor.empty(batch, q_heads, q_len, value_dim, dtype=dtype, device=device)
         backward = _backward(composition, logical, first_input=1, mask=mask_kind, sinks=sinks is not None)
-        return launch(first_name, ctype_prelude + first_source, device, [out], ins, scalars, grid, (NUM_WARPS * 32, 1, 1),
+        return launch(first_name, ctype_prelude + first_source, device, [out], ins, scalars, grid, (warps * 32, 1, 1),
                       grad_fxn=backward, label=label)[0]
     partials = launch(first_name, ctype_prelude + first_source, device,
                       [Tensor.empty(rows * blocks * value_dim, dtype=dtypes.float32, device=device),
                        Tensor.empty(rows * blocks, dtype=dtypes.float32, device=device),
                        Tensor.empty(rows * blocks, dtype=dtypes.float32, device=device)],
-                      ins, scalars, grid, (NUM_WARPS * 32, 1, 1), label=label)
+                      ins, scalars, grid, (warps * 32, 1, 1), label=label)
     merge_name, merge_source, _ = programs[1]
     merge_ins = list(partials) + ([ins[3 + (mask_kind > 0)]] if sinks is not None else []) + ins
     out = Tensor.empty(batch, q_heads, q_len, value_dim, dtype=dtype, device=device)
     backward = _backward(composition, logical, first_input=1 + len(merge_ins) - len(ins), mask=mask_kind,
                          sinks=sinks is not None)
     return launch(merge_name, ctype_prelude + merge_source, device, [out], merge_ins, [], (rows, 1, 1),
-                  (MERGE_THREADS, 1, 1), grad_fxn=backward, label=label)[0]
+                  (spec.merge_threads(), 1, 1), grad_fxn=backward, label=label)[0]
 
 
 def _logical_inputs(k: Tensor, v: Tensor, paged) -> tuple:

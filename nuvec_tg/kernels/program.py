@@ -40,9 +40,10 @@ def _source(filename: str) -> str:
 
 
 def prelude(backend: str) -> str:
-    """The backend's half of the dialect (`src/prelude_{backend}.h`)."""
+    """The backend's half of the dialect (`src/prelude_{backend}.h`), then the helpers common to
+    every backend (`src/common.h`)."""
     if backend not in ("cuda", "metal"): raise ValueError(f"render: unknown backend {backend!r}")
-    return _source(f"prelude_{backend}.h")
+    return _source(f"prelude_{backend}.h") + _source("common.h")
 
 
 def specialise(backend: str, name: str, source: str, defines: dict[str, object], params: Sequence[Param]) -> str:

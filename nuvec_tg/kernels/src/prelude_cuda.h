@@ -2,12 +2,14 @@
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 typedef __nv_bfloat16 bfloat;
+typedef unsigned int uint;
+typedef unsigned short ushort;
 #define DEVICE
+#define THREAD
 #define CONSTANT
 #define THREADGROUP __shared__
 #define INLINE __device__ __forceinline__
 #define threadgroup_barrier() __syncthreads()
-#define ASSUME_ALIGNED(pointer, bytes) ((decltype(pointer))__builtin_assume_aligned((pointer), (bytes)))
 #ifndef INFINITY
 #define INFINITY __int_as_float(0x7f800000)
 #endif

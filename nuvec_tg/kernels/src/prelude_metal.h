@@ -2,11 +2,11 @@
 #include <metal_stdlib>
 using namespace metal;
 #define DEVICE device
+#define THREAD thread
 #define CONSTANT constant
 #define THREADGROUP threadgroup
 #define INLINE inline
 #define threadgroup_barrier() threadgroup_barrier(mem_flags::mem_threadgroup)
-#define ASSUME_ALIGNED(pointer, bytes) (pointer)
 
 INLINE float to_float(float x) { return x; }
 INLINE float to_float(half x) { return float(x); }

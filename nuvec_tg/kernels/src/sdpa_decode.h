@@ -8,17 +8,39 @@
 // the online softmax rescales lazily (only when a row's maximum grows by more than 2^8).
 // Partial results merge across lanes (shuffles), then across SIMD groups (threadgroup memory).
 //
+// Key and value lines are read in the widest aligned pieces (CHUNK_K, CHUNK_V: 16-byte `uint4`
+// where the line allows), K_CHUNKS and V_CHUNKS of them per lane.
+//
 // Defines: T, D, DV, HQ, HKV, GQA, LQ, ROWS, ROW_GROUPS, TPK, EQ, EV, NUM_WARPS, BLOCKS,
-// UNROLL, TWO_PASS, CAUSAL, WINDOW_ON, MASK_KIND (0 none, 1 bool, 2 additive), MASK_T, SINKS, PAGED,
-// PAGE (the paged block size), SCALE_LOG2E, K_LEN (an expression of the scalars), ALIGN_Q, ALIGN_K,
-// ALIGN_V (bytes).
+// UNROLL, TWO_PASS, CAUSAL, WINDOW_ON, MASK_KIND (0 none, 1 bool, 2 additive), SINKS, PAGED,
+// PAGE (the paged block size), SCALE_LOG2E, K_LEN (an expression of the scalars), CHUNK_K,
+// K_CHUNKS, CHUNK_V, V_CHUNKS.
 
-#define LOG2E 1.4426950408889634f
 #define KPW (32 / TPK)
 
-INLINE float merge_factor(float row_max, float merged_max) {
-  return row_max == -INFINITY ? 0.0f : exp2(row_max - merged_max);
-}
+// Loads lane's pieces of the UNROLL key and value lines of the step starting at key FIRST into
+// k_next / v_next (lines past the block's end are not read).
+#if PAGED
+#define LINE_OFFSETS(key)                                                                      \
+  const int page = min(max(block_tables[batch * max_blocks + (key) / PAGE], 0), pool_blocks - 1); \
+  const int k_at = ((page * HKV + kv_head) * PAGE + (key) % PAGE) * D;                          \
+  const int v_at = ((page * HKV + kv_head) * PAGE + (key) % PAGE) * DV;
+#else
+#define LINE_OFFSETS(key)                                                                      \
+  const int k_at = batch * k_batch_stride + kv_head * k_head_stride + (k_offset + (key)) * D;   \
+  const int v_at = batch * v_batch_stride + kv_head * v_head_stride + (v_offset + (key)) * DV;
+#endif
+#define LOAD_LINES(FIRST)                                                                      \
+  _Pragma("unroll") for (int u = 0; u < UNROLL; u++) {                                         \
+    const int key = (FIRST) + u * NUM_WARPS * KPW + group;                                     \
+    if (key < key_end) {                                                                       \
+      LINE_OFFSETS(key)                                                                        \
+      const DEVICE CHUNK_K* k_row = (const DEVICE CHUNK_K*)(k + k_at + part * EQ);             \
+      const DEVICE CHUNK_V* v_row = (const DEVICE CHUNK_V*)(v + v_at + part * EV);             \
+      _Pragma("unroll") for (int c = 0; c < K_CHUNKS; c++) k_next[u][c] = k_row[c];            \
+      _Pragma("unroll") for (int c = 0; c < V_CHUNKS; c++) v_next[u][c] = v_row[c];            \
+    }                                                                                          \
+  }
 
 /* kernel */
   const int lane = (int)nv_thread.x % 32, warp = (int)nv_thread.x / 32;
@@ -42,7 +64,7 @@ INLINE float merge_factor(float row_max, float merged_max) {
   float q_reg[ROWS][EQ], acc[ROWS][EV], row_max[ROWS], row_sum[ROWS];
   for (int r = 0; r < ROWS; r++) {
     const int row = first_row + r, q_head = kv_head * GQA + row / LQ, position = row % LQ;
-    const DEVICE T* q_row = ASSUME_ALIGNED(q + ((batch * HQ + q_head) * LQ + position) * D + part * EQ, ALIGN_Q);
+    const DEVICE T* q_row = q + ((batch * HQ + q_head) * LQ + position) * D + part * EQ;
     for (int e = 0; e < EQ; e++) q_reg[r][e] = to_float(q_row[e]) * SCALE_LOG2E;
     for (int e = 0; e < EV; e++) acc[r][e] = 0.0f;
     row_max[r] = -INFINITY;
@@ -50,36 +72,35 @@ INLINE float merge_factor(float row_max, float merged_max) {
   }
 
   // The bound is the same for the whole SIMD group (its shuffles need every lane); a slot past
-  // the block's end reads nothing and only joins the shuffles. UNROLL key lines are loaded
-  // (raw, in T) before any is used, so that several loads are in flight per lane.
-  for (int first = key_begin + warp * KPW; first < key_end; first += NUM_WARPS * KPW * UNROLL) {
-    T k_raw[UNROLL][EQ], v_raw[UNROLL][EV];
+  // the block's end reads nothing and only joins the shuffles. Each step uses UNROLL key lines
+  // per lane, loaded (raw) during the step before: a lane always has a step's loads in flight.
+  const int step_keys = NUM_WARPS * KPW * UNROLL;
+  CHUNK_K k_next[UNROLL][K_CHUNKS];
+  CHUNK_V v_next[UNROLL][V_CHUNKS];
+  LOAD_LINES(key_begin + warp * KPW);
+  for (int first = key_begin + warp * KPW; first < key_end; first += step_keys) {
+    CHUNK_K k_raw[UNROLL][K_CHUNKS];
+    CHUNK_V v_raw[UNROLL][V_CHUNKS];
 #pragma unroll
     for (int u = 0; u < UNROLL; u++) {
-      const int key = first + u * NUM_WARPS * KPW + group;
-      if (key < key_end) {
-#if PAGED
-        const int page = min(max(block_tables[batch * max_blocks + key / PAGE], 0), pool_blocks - 1);
-        const int line = (page * HKV + kv_head) * PAGE + key % PAGE;
-        const DEVICE T* k_row = ASSUME_ALIGNED(k + line * D + part * EQ, ALIGN_K);
-        const DEVICE T* v_row = ASSUME_ALIGNED(v + line * DV + part * EV, ALIGN_V);
-#else
-        const DEVICE T* k_row = ASSUME_ALIGNED(k + batch * k_batch_stride + kv_head * k_head_stride + (k_offset + key) * D + part * EQ, ALIGN_K);
-        const DEVICE T* v_row = ASSUME_ALIGNED(v + batch * v_batch_stride + kv_head * v_head_stride + (v_offset + key) * DV + part * EV, ALIGN_V);
-#endif
 #pragma unroll
-        for (int e = 0; e < EQ; e++) k_raw[u][e] = k_row[e];
+      for (int c = 0; c < K_CHUNKS; c++) k_raw[u][c] = k_next[u][c];
 #pragma unroll
-        for (int e = 0; e < EV; e++) v_raw[u][e] = v_row[e];
-      }
+      for (int c = 0; c < V_CHUNKS; c++) v_raw[u][c] = v_next[u][c];
     }
+    if (first + step_keys < key_end) LOAD_LINES(first + step_keys);
 #pragma unroll
     for (int u = 0; u < UNROLL; u++) {
     const int key = first + u * NUM_WARPS * KPW + group;
     const bool in_block = key < key_end;
+    const THREAD T* k_elements = (const THREAD T*)k_raw[u];
+    const THREAD T* v_elements = (const THREAD T*)v_raw[u];
     float k_reg[EQ], v_reg[EV];
-    for (int e = 0; e < EQ; e++) k_reg[e] = in_block ? to_float(k_raw[u][e]) : 0.0f;
-    for (int e = 0; e < EV; e++) v_reg[e] = in_block ? to_float(v_raw[u][e]) : 0.0f;
+#pragma unroll
+    for (int e = 0; e < EQ; e++) k_reg[e] = in_block ? to_float(k_elements[e]) : 0.0f;
+#pragma unroll
+    for (int e = 0; e < EV; e++) v_reg[e] = in_block ? to_float(v_elements[e]) : 0.0f;
+#pragma unroll
     for (int r = 0; r < ROWS; r++) {
       float score = 0.0f;
       for (int e = 0; e < EQ; e++) score += q_reg[r][e] * k_reg[e];

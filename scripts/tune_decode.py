@@ -1,0 +1,61 @@
+"""Sweep the decode kernels' launch shapes on the device (`DEV=CUDA python3 scripts/tune_decode.py`):
+for each shape, one pass and two passes over a range of key blocks (and SIMD groups per
+threadgroup), each timed as the benchmark times (TinyJit replays of calls over rotated K/V sets,
+`nuvec_tg.bench.time_tinygrad`), with the K/V bytes per second. The CUDA plan's rules in
+`fast/plan.py` are read off this sweep's output (kept in `benchmarks/`)."""
+import contextlib
+import io
+import sys
+
+import numpy as np
+from tinygrad import Device, dtypes
+from tinygrad.helpers import Context
+
+from nuvec_tg.bench.__main__ import kv_sets, time_tinygrad, torch_times, warm_up
+from nuvec_tg import fast
+from nuvec_tg.kernels import compositions_only
+from nuvec_tg.kernels.attention import decode_attention
+
+SHAPES = [(1, 32, 8, 4096), (1, 32, 8, 16384), (1, 32, 8, 65536), (1, 32, 4, 16384), (1, 16, 2, 65536), (1, 64, 8, 16384),
+          (8, 32, 8, 4096), (8, 32, 8, 16384), (32, 32, 8, 16384), (32, 16, 2, 65536), (1, 32, 8, 1024)]
+BLOCKS = [1, 16, 32, 64, 128, 256]
+LAUNCH = [(4, 2), (4, 4), (8, 2)]  # (SIMD groups per threadgroup, key lines in flight per lane)
+
+QUICK = [(1, 32, 8, 1024), (1, 32, 8, 16384), (1, 32, 8, 65536), (32, 32, 8, 16384)]
+quick = "--quick" in sys.argv
+print(f"device {Device.DEFAULT}; cells: blocks (1 = one pass) x warps x unroll: device µs per call / K/V TB/s", flush=True)
+shapes = QUICK if quick else SHAPES
+torch_seconds = torch_times([(b, hq, hkv, 128, lk, "bfloat16") for b, hq, hkv, lk in shapes], 5)
+warm_up()
+for b, hq, hkv, lk in shapes:
+    d, dtype = 128, dtypes.bfloat16
+    sets = kv_sets(np.random.default_rng(0), b, hq, hkv, lk, d, dtype)
+    kv_bytes = 2 * b * hkv * lk * d * dtype.itemsize
+    cells = []
+    with compositions_only():
+        reference = fast.scaled_dot_product_attention(*sets[0], d ** -0.5).float().numpy()
+    worst = 0.0
+    for warps, unroll in LAUNCH:
+        for blocks in BLOCKS:
+            if (blocks > 1 and lk // blocks < 64) or (blocks == 1 and b * hkv < 64 and lk > 1024): continue
+            passes = 1 if blocks == 1 else 2
+            def attend(q, k, v, passes=passes, blocks=blocks, warps=warps, unroll=unroll):
+                return decode_attention(q, k, v, d ** -0.5, dtype=dtype, backend="cuda", passes=passes, blocks=blocks,
+                                        causal=False, window=None, mask=None, sinks=None, warps=warps, unroll=unroll)
+            got = attend(*sets[0]).float().numpy()
+            worst = max(worst, float(np.abs(got - reference).max() / np.abs(reference).max()))
+            seconds = time_tinygrad(attend, sets, 5)
+            cells.append((seconds, f"{blocks}x{warps}x{unroll}: {seconds * 1e6:.1f}/{kv_bytes / seconds / 1e12:.2f}", (blocks, warps, unroll)))
+    best = min(cells)[1]
+    torch_s = torch_seconds[(b, hq, hkv, 128, lk, "bfloat16")]
+    torch_text = f"{torch_s * 1e6:.1f}/{kv_bytes / torch_s / 1e12:.2f}" if torch_s else "-"
+    print(f"B {b} {hq}/{hkv} Lk {lk}: " + "  ".join(c for _, c, _ in cells) + f"  | best {best} | torch {torch_text} | max rel. error {worst:.1e}", flush=True)
+    # The best launch's kernels one by one (eager launches, events around each).
+    blocks, warps, unroll = best_launch = min(cells)[2]
+    with Context(DEBUG=2), contextlib.redirect_stdout(io.StringIO()) as log:
+        for _ in range(3):
+            decode_attention(*sets[0], d ** -0.5, dtype=dtype, backend="cuda", passes=1 if blocks == 1 else 2, blocks=blocks,
+                             causal=False, window=None, mask=None, sinks=None, warps=warps, unroll=unroll).realize()
+    print("   kernels:", " ".join(f"{line.split()[3][:16]} {line.split(' tm ')[1].split('/')[0].strip()}"
+                                 for line in log.getvalue().splitlines() if "nuvec_sdpa" in line), flush=True)
+    del sets
