@@ -255,14 +255,16 @@ _CUDA_DEFAULT_MULTIPROCESSORS = 132
 
 
 def _cuda_vector_blocks(call: AttentionCall, keys: int, multiprocessors: int | None) -> int:
-    """Key blocks on CUDA: enough threadgroups for one wave of resident SIMD groups, no block
-    under `_CUDA_MIN_BLOCK_KEYS` keys, rounded down to a power of two (so that a growing cache
-    compiles a few specialisations, not one per length). 1 is a single pass.
+    """Key blocks on CUDA: enough threadgroups for one wave of resident SIMD groups for one batch
+    item, no block under `_CUDA_MIN_BLOCK_KEYS` keys, rounded down to a power of two (so that a
+    growing cache compiles a few specialisations, not one per length). 1 is a single pass.
 
-    On the H200 (132 multiprocessors) the sweep's best launches were 16 blocks at B=1, 32/8,
-    Lk=1024; 32-64 at 16384 and 65536; one pass at B=32 (`benchmarks/decode_tuning_h200.md`)."""
+    The batch size is left out on purpose: a batch item's bits must not depend on the batch it
+    runs in. On the H200 (132 multiprocessors) the sweep's best launches were 16 blocks at B=1,
+    32/8, Lk=1024, and 32-64 at 16384 and 65536; at B=32 (32/8, 16384) the 32 blocks this gives
+    ran 10% slower than one pass (`scripts/tune_decode.py`, `benchmarks/attention_h200.md`)."""
     shape = geometry(call.head_dim, call.v_head_dim, call.dtype, call.group * call.q_len, CUDA_LAUNCH.warps)
-    threadgroups = call.batch * call.kv_heads * shape.row_groups
+    threadgroups = call.kv_heads * shape.row_groups
     resident = (multiprocessors or _CUDA_DEFAULT_MULTIPROCESSORS) * _CUDA_RESIDENT_WARPS
     wanted = min(resident // (threadgroups * CUDA_LAUNCH.warps), keys // _CUDA_MIN_BLOCK_KEYS)
     return 1 << (wanted.bit_length() - 1) if wanted > 1 else 1
