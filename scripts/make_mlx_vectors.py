@@ -22,3 +22,31 @@ for bits in (1, 2, 3, 4, 5, 6, 8):
 out = pathlib.Path(__file__).resolve().parents[1] / "tests" / "data" / "mlx_affine.npz"
 np.savez_compressed(out, **arrays)
 print(f"wrote {out} ({out.stat().st_size} bytes, MLX {mx.__version__})")
+
+# The floating-point modes: codes, scale codes, dequantized values (float32 and MLX's default
+# bfloat16, as raw bits) for float32, float16 and bfloat16 weights, nvfp4 also with a global scale,
+# and a quantized product; written to tests/data/mlx_fp.npz.
+fp = {}
+rng = np.random.default_rng(0x4650)
+for dtype_name in ("float32", "float16", "bfloat16"):
+    dtype = getattr(mx, dtype_name)
+    w = (rng.standard_normal((6, 256)) * np.exp(rng.uniform(-6, 4, (6, 1)))).astype(np.float32)
+    w[0, :32] = 0.0                                                    # a zero group
+    w[1, :32] = np.tile([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0], 4) * 2.0  # e2m1 ties
+    w[2, :32] = -np.abs(w[2, :32])                                       # a one-signed group
+    w_mx = mx.array(w).astype(dtype)
+    fp[f"w_{dtype_name}"] = np.array(w_mx.astype(mx.float32))
+    x = mx.array(rng.standard_normal((3, 256)).astype(np.float32)).astype(dtype)
+    fp[f"x_{dtype_name}"] = np.array(x.astype(mx.float32))
+    for mode in ("mxfp4", "mxfp8", "nvfp4", "nvfp4_global"):
+        name = mode.split("_")[0]
+        extra = {"global_scale": mx.array(np.float32(0.37))} if mode.endswith("global") else {}
+        q, s = mx.quantize(w_mx, mode=name, **extra)
+        key = f"{mode}_{dtype_name}"
+        fp[f"q_{key}"], fp[f"s_{key}"] = np.array(q), np.array(s)
+        fp[f"d32_{key}"] = np.array(mx.dequantize(q, s, mode=name, dtype=mx.float32, **extra))
+        fp[f"d16_{key}"] = np.array(mx.dequantize(q, s, mode=name, **extra).view(mx.uint16))
+        if not extra: fp[f"y_{key}"] = np.array(mx.quantized_matmul(x, q, s, mode=name).astype(mx.float32))
+out = pathlib.Path(__file__).resolve().parents[1] / "tests" / "data" / "mlx_fp.npz"
+np.savez_compressed(out, **fp)
+print(f"wrote {out} ({out.stat().st_size} bytes, MLX {mx.__version__})")

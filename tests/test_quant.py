@@ -131,7 +131,7 @@ INVALID = [
     (ValueError, "quantize", lambda w, qw: quant.quantize(Tensor.ones(64), 64, 4)),
     (ValueError, "quantize", lambda w, qw: quant.quantize(Tensor.ones(2, 96), 64, 4)),
     (TypeError, "quantize", lambda w, qw: quant.quantize(w.cast(dtypes.int32), 64, 4)),
-    (ValueError, "quantize", lambda w, qw: quant.quantize(w, 32, 4, mode="mxfp4")),
+    (ValueError, "quantize", lambda w, qw: quant.quantize(w, 32, 4, mode="fp4")),
     (ValueError, "dequantize", lambda w, qw: quant.dequantize(quant.QuantizedWeight(qw.weight, qw.scales, qw.biases, "affine", 32, 4))),
     (TypeError, "dequantize", lambda w, qw: quant.dequantize(quant.QuantizedWeight(qw.scales, qw.scales, qw.biases, "affine", 64, 4))),
     (ValueError, "quantized_matmul", lambda w, qw: quant.quantized_matmul(Tensor.ones(3, 63), qw)),

@@ -1,4 +1,6 @@
-"""MLX's affine quantization: formats, quantize, dequantize and the quantized matrix product.
+"""MLX's quantized weights: the formats, quantize, dequantize and the quantized matrix product.
+
+The floating-point modes (mxfp4, mxfp8, nvfp4) encode as `floating.py` says; the affine mode:
 
 Per group of `group_size` consecutive values of a row, in float32 (MLX's rule):
 
@@ -20,22 +22,28 @@ from tinygrad import Tensor, dtypes
 from tinygrad.dtype import DType
 
 from ..tensor import check, check_floating, check_tensor, promote_types
+from . import floating
 
 GROUP_SIZES = (32, 64, 128)
 BITS = (1, 2, 3, 4, 5, 6, 8)
-MODES = ("affine",)
+MODES = ("affine", "mxfp4", "mxfp8", "nvfp4")
+# A mode's (group size, bits) when the caller gives none (MLX's).
+DEFAULTS = {"affine": (64, 4), "mxfp4": (32, 4), "mxfp8": (32, 8), "nvfp4": (16, 4)}
 
 
 @dataclass(frozen=True, eq=False)
 class QuantizedWeight:
-    """Quantized weights: `weight` uint32 `[..., N, K * bits / 32]` packed codes, `scales` and
-    `biases` `[..., N, K / group_size]` in the original dtype, and the format."""
+    """Quantized weights: `weight` uint32 `[..., N, K * bits / 32]` packed codes, `scales`
+    `[..., N, K / group_size]` (affine: in the original dtype, with `biases` alike; floating-point
+    modes: uint8 codes, no biases), the format, and nvfp4's optional float32 `global_scale` (one
+    value)."""
     weight: Tensor
     scales: Tensor
     biases: Tensor | None
     mode: str = "affine"
     group_size: int = 64
     bits: int = 4
+    global_scale: Tensor | None = None
 
     @property
     def columns(self) -> int:
@@ -44,9 +52,23 @@ class QuantizedWeight:
 
 
 def _check_format(op: str, mode: str, group_size: int, bits: int) -> None:
-    check(mode in MODES, op, f"mode must be one of {', '.join(MODES)} (mxfp4, mxfp8 and nvfp4 have not landed), got {mode!r}")
-    check(group_size in GROUP_SIZES, op, f"group_size must be 32, 64 or 128, got {group_size}")
-    check(bits in BITS, op, f"bits must be one of {', '.join(map(str, BITS))}, got {bits}")
+    check(mode in MODES, op, f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+    if mode == "affine":
+        check(group_size in GROUP_SIZES, op, f"group_size must be 32, 64 or 128, got {group_size}")
+        check(bits in BITS, op, f"bits must be one of {', '.join(map(str, BITS))}, got {bits}")
+        return
+    expected_group, expected_bits = DEFAULTS[mode]
+    check(group_size == expected_group, op, f"{mode} quantization requires group size {expected_group} but got {group_size}")
+    check(bits == expected_bits, op, f"{mode} quantization requires bits to be {expected_bits} but got {bits}")
+
+
+def _check_global_scale(op: str, mode: str, global_scale: Tensor | None) -> None:
+    if global_scale is None: return
+    check(mode == "nvfp4", op, f"Global scale is only supported for 'nvfp4' quantization, not {mode!r}")
+    check_tensor(op, "global_scale", global_scale)
+    check(global_scale.numel() == 1, op, f"the global scale must have one element, got shape {tuple(global_scale.shape)}")
+    if global_scale.dtype != dtypes.float32:
+        raise TypeError(f"{op}: the global scale must be float32, got {global_scale.dtype}")
 
 
 def pack_codes(codes: Tensor, bits: int) -> Tensor:
@@ -66,20 +88,34 @@ def unpack_codes(words: Tensor, bits: int) -> Tensor:
     return (stream << Tensor.arange(bits, dtype=dtypes.uint32)).sum(-1, dtype=dtypes.uint32)
 
 
-def quantize(w: Tensor, group_size: int = 64, bits: int = 4, mode: str = "affine") -> QuantizedWeight:
-    """Quantize `w` `[..., N, K]` (a float dtype, K a multiple of `group_size`) row-group-wise.
+def quantize(w: Tensor, group_size: int | None = None, bits: int | None = None, mode: str = "affine", *,
+             global_scale: Tensor | None = None) -> QuantizedWeight:
+    """Quantize `w` `[..., N, K]` (a float dtype, K a multiple of the group size) row-group-wise.
 
-    Returns a `QuantizedWeight` whose codes are packed uint32 and whose scales and biases are in
-    w's dtype.
+    group_size, bits: default to the mode's (affine 64 and 4; mxfp4 32 and 4; mxfp8 32 and 8;
+    nvfp4 16 and 4), which the floating-point modes also require. global_scale: nvfp4 only, a
+    float32 tensor of one element. Returns a `QuantizedWeight`: packed uint32 codes; affine scales
+    and biases in w's dtype, floating-point modes uint8 scale codes and no biases.
     """
     op = "quantize"
+    check(isinstance(mode, str) and mode in MODES, op, f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+    group_size = DEFAULTS[mode][0] if group_size is None else group_size
+    bits = DEFAULTS[mode][1] if bits is None else bits
     check_tensor(op, "w", w)
     check_floating(op, "w", w.dtype)
     _check_format(op, mode, group_size, bits)
+    check(mode == "affine" or w.dtype != dtypes.float64, op, f"{mode} takes float32, float16 or bfloat16 weights, not float64")
+    _check_global_scale(op, mode, global_scale)
     check(w.ndim >= 2, op, f"w must have at least 2 dimensions, got shape {tuple(w.shape)}")
     check(w.shape[-1] % group_size == 0, op,
           f"the last dimension ({w.shape[-1]}) must be a multiple of the group size {group_size}")
     *lead, columns = w.shape
+    if mode != "affine":
+        groups = w.reshape(*lead, columns // group_size, group_size)
+        scale = None if global_scale is None else global_scale.reshape(())
+        codes, scale_codes = floating.quantize_groups(groups, mode, scale)
+        packed = pack_codes(codes.reshape(*lead, columns), bits)
+        return QuantizedWeight(packed, scale_codes.cast(dtypes.uint8), None, mode, group_size, bits, global_scale)
     groups = w.cast(dtypes.float32).reshape(*lead, columns // group_size, group_size)
     top, bottom = groups.max(-1, keepdim=True), groups.min(-1, keepdim=True)
     levels = 2 ** bits - 1
@@ -103,55 +139,70 @@ def _check_weight(op: str, qw: QuantizedWeight) -> None:
     if not isinstance(qw, QuantizedWeight):
         raise TypeError(f"{op}: expected a QuantizedWeight, got {type(qw).__name__}")
     _check_format(op, qw.mode, qw.group_size, qw.bits)
+    _check_global_scale(op, qw.mode, qw.global_scale)
     check_tensor(op, "weight", qw.weight)
     check_tensor(op, "scales", qw.scales)
     if qw.weight.dtype != dtypes.uint32:
         raise TypeError(f"{op}: the packed weight must be uint32, got {qw.weight.dtype}")
-    check_floating(op, "scales", qw.scales.dtype)
-    check(qw.biases is not None, op, "affine weights need biases")
-    check_tensor(op, "biases", qw.biases)
-    check_floating(op, "biases", qw.biases.dtype)
+    if qw.mode == "affine":
+        check_floating(op, "scales", qw.scales.dtype)
+        check(qw.biases is not None, op, "biases must be provided for affine quantization")
+        check_tensor(op, "biases", qw.biases)
+        check_floating(op, "biases", qw.biases.dtype)
+    else:
+        check(qw.biases is None, op, f"biases must be null for {qw.mode} quantization")
+        if qw.scales.dtype != dtypes.uint8:
+            raise TypeError(f"{op}: the scale type must be uint8 for {qw.mode} quantization, got {qw.scales.dtype}")
     check(qw.weight.ndim >= 2, op, f"the packed weight must have at least 2 dimensions, got {tuple(qw.weight.shape)}")
     expected = (*qw.weight.shape[:-1], qw.weight.shape[-1] * 32 // qw.bits // qw.group_size)
-    check(qw.weight.shape[-1] * 32 % (qw.bits * qw.group_size) == 0 and tuple(qw.scales.shape) == expected
-          and tuple(qw.biases.shape) == expected, op,
-          f"scales and biases must be {expected} for a packed weight {tuple(qw.weight.shape)} with group size "
-          f"{qw.group_size} and {qw.bits} bits, got {tuple(qw.scales.shape)} and {tuple(qw.biases.shape)}")
+    given = [tuple(qw.scales.shape)] + ([tuple(qw.biases.shape)] if qw.biases is not None else [])
+    check(qw.weight.shape[-1] * 32 % (qw.bits * qw.group_size) == 0 and all(g == expected for g in given), op,
+          f"scales{' and biases' if qw.biases is not None else ''} must be {expected} for a packed weight "
+          f"{tuple(qw.weight.shape)} with group size {qw.group_size} and {qw.bits} bits, got {', '.join(map(str, given))}")
 
 
 def _dense(qw: QuantizedWeight, dtype: DType) -> Tensor:
-    """`scale * code + bias` per group, `[..., N, K]` in `dtype` (computed in float32)."""
+    """The weights `[..., N, K]` in `dtype` (computed in float32, rounded once to `dtype`)."""
     codes = unpack_codes(qw.weight, qw.bits)
     *lead, columns = codes.shape
-    grouped = codes.reshape(*lead, columns // qw.group_size, qw.group_size).cast(dtypes.float32)
+    grouped = codes.reshape(*lead, columns // qw.group_size, qw.group_size)
+    if qw.mode != "affine":
+        scale = None if qw.global_scale is None else qw.global_scale.reshape(())
+        return floating.dequantize_groups(grouped, qw.scales, qw.mode, scale, dtype).reshape(*lead, columns).cast(dtype)
     scales = qw.scales.cast(dtype).cast(dtypes.float32).unsqueeze(-1)
     biases = qw.biases.cast(dtype).cast(dtypes.float32).unsqueeze(-1)
-    return (grouped * scales + biases).reshape(*lead, columns).cast(dtype)
+    return (grouped.cast(dtypes.float32) * scales + biases).reshape(*lead, columns).cast(dtype)
 
 
 def dequantize(qw: QuantizedWeight, dtype: DType | None = None) -> Tensor:
-    """The dense weights `[..., N, K]` of `qw`, in `dtype` (default: the scales' dtype)."""
+    """The dense weights `[..., N, K]` of `qw`, in `dtype` (default: the scales' dtype; bfloat16
+    for the floating-point modes, as MLX)."""
     op = "dequantize"
     _check_weight(op, qw)
     if dtype is not None: check_floating(op, "dtype", dtype)
-    return _dense(qw, dtype or qw.scales.dtype)
+    return _dense(qw, dtype or (qw.scales.dtype if qw.mode == "affine" else dtypes.bfloat16))
 
 
 def quantized_matmul(x: Tensor, qw: QuantizedWeight, transpose: bool = True) -> Tensor:
     """`x · wᵀ` (`transpose`, w `[..., N, K]`) or `x · w` (w `[..., K, N]`) for quantized `w`.
 
-    x: `[..., M, K]` or `[K]`; batch axes broadcast. Returns `promote(x, scales)`. Gradients reach
-    x, the scales and the biases (the packed codes are integers).
+    x: `[..., M, K]` or `[K]`; batch axes broadcast. Returns `promote(x, scales)` (affine) or x's
+    dtype (floating-point modes). Gradients reach x and, for affine weights, the scales and the
+    biases (codes, uint8 scales and the global scale are not differentiable). As in MLX, weights
+    with a global scale are for `dequantize` only.
     """
     op = "quantized_matmul"
     check_tensor(op, "x", x)
     check_floating(op, "x", x.dtype)
     _check_weight(op, qw)
+    check(qw.mode == "affine" or x.dtype != dtypes.float64, op,
+          f"{qw.mode} weights take float32, float16 or bfloat16 activations, not float64")
+    check(qw.global_scale is None, op, "a global scale is not supported (dequantize the weights instead)")
     rows, columns = qw.weight.shape[-2], qw.columns
     inner = columns if transpose else rows
     check(x.ndim >= 1 and x.shape[-1] == inner, op,
           f"x's last dimension must be {inner} for weights of {rows} x {columns} "
           f"({'transposed' if transpose else 'not transposed'}), got shape {tuple(x.shape)}")
-    dtype = promote_types(x.dtype, qw.scales.dtype)
+    dtype = promote_types(x.dtype, qw.scales.dtype) if qw.mode == "affine" else x.dtype
     dense = _dense(qw, dtype)
     return x.cast(dtype) @ (dense.transpose(-1, -2) if transpose else dense)
