@@ -1,6 +1,7 @@
 """Quantized weights and the products over them: MLX's affine, mxfp4, mxfp8 and nvfp4 formats
-(quantize, dequantize, quantized_matmul). gather_qmm, gather_mm and the qmv/qmm kernels have not
-landed."""
+(quantize, dequantize, quantized_matmul) and the gathered products of mixture-of-experts layers
+(gather_qmm, gather_mm), as compositions; the qmv/qmm kernels have not landed."""
 from .affine import DEFAULTS, MODES, QuantizedWeight, dequantize, quantize, quantized_matmul
+from .gather import gather_mm, gather_qmm
 
-__all__ = ["QuantizedWeight", "quantize", "dequantize", "quantized_matmul", "MODES", "DEFAULTS"]
+__all__ = ["QuantizedWeight", "quantize", "dequantize", "quantized_matmul", "gather_mm", "gather_qmm", "MODES", "DEFAULTS"]

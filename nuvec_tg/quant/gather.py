@@ -1,0 +1,118 @@
+"""Gathered matrix products (MLX's `gather_mm` and `gather_qmm`): each output batch multiplies one
+batch of the left operand by one batch of the right, chosen by index arrays — a mixture-of-experts
+layer's tokens times their experts.
+
+Indices are flat over the operands' batch axes and broadcast together; the output is
+`broadcast(lhs_indices, rhs_indices).shape + [M, N]`. Without indices an operand's batches are
+taken in order (`arange` over its batch shape). An index outside an operand's batches selects a
+batch of zeros (nothing is read out of bounds). `sorted_indices` is a hint for kernels (rows sorted
+by expert) and changes no value.
+"""
+from __future__ import annotations
+
+import math
+
+from tinygrad import Tensor, dtypes
+
+from ..tensor import broadcast_shape, check, check_floating, check_integer, check_tensor, promote_types, take_rows
+from . import floating
+from .affine import QuantizedWeight, _check_weight, _dense, unpack_codes
+
+
+def _indices(op: str, name: str, given: Tensor | None, batch: tuple[int, ...], device: str) -> Tensor:
+    """The index array `name`: the caller's (an integer tensor), or every batch in order."""
+    if given is None:
+        return Tensor.arange(math.prod(batch), dtype=dtypes.int32).to(device).reshape(batch) if batch else \
+            Tensor.zeros((), dtype=dtypes.int32, device=device)
+    check_tensor(op, name, given)
+    check_integer(op, name, given.dtype)
+    return given
+
+
+def _gather(op: str, a: Tensor, b_batches: Tensor, b_batch: tuple[int, ...], lhs_indices, rhs_indices,
+            product) -> Tensor:
+    """`product(a rows [P, M, K], b batch indices [P])` over the broadcast indices, `[..., M, N]`."""
+    a_batch = tuple(a.shape[:-2])
+    lhs = _indices(op, "lhs_indices", lhs_indices, a_batch, a.device)
+    rhs = _indices(op, "rhs_indices", rhs_indices, b_batch, a.device)
+    shape = broadcast_shape(op, tuple(lhs.shape), tuple(rhs.shape))
+    count = math.prod(shape)
+    lhs_flat = lhs.cast(dtypes.int32).expand(shape).reshape(count) if shape else lhs.cast(dtypes.int32).reshape(1)
+    rhs_flat = rhs.cast(dtypes.int32).expand(shape).reshape(count) if shape else rhs.cast(dtypes.int32).reshape(1)
+    rows = take_rows(a.reshape(-1, *a.shape[-2:]), lhs_flat)
+    out = product(rows, rhs_flat)
+    return out.reshape(*shape, *out.shape[-2:])
+
+
+def gather_mm(a: Tensor, b: Tensor, lhs_indices: Tensor | None = None, rhs_indices: Tensor | None = None, *,
+              sorted_indices: bool = False) -> Tensor:
+    """`a[lhs_indices] @ b[rhs_indices]` over flat batch indices.
+
+    a: `[..., M, K]`, b: `[..., K, N]` (float dtypes, promoted as MLX); indices: integer tensors
+    whose shapes broadcast. Returns `broadcast(indices).shape + [M, N]`. Gradients reach a and b.
+    """
+    op = "gather_mm"
+    check_tensor(op, "a", a)
+    check_tensor(op, "b", b)
+    check_floating(op, "a", a.dtype)
+    check_floating(op, "b", b.dtype)
+    check(a.ndim >= 2 and b.ndim >= 2, op, f"a and b must have at least 2 dimensions, got {tuple(a.shape)} and {tuple(b.shape)}")
+    check(a.shape[-1] == b.shape[-2], op, f"a's last dimension ({a.shape[-1]}) must equal b's second to last ({b.shape[-2]})")
+    dtype = promote_types(a.dtype, b.dtype)
+    b_flat = b.cast(dtype).reshape(-1, *b.shape[-2:])
+    return _gather(op, a.cast(dtype), b_flat, tuple(b.shape[:-2]), lhs_indices, rhs_indices,
+                   lambda rows, picks: rows @ take_rows(b_flat, picks))
+
+
+def gather_qmm(x: Tensor, qw: QuantizedWeight, lhs_indices: Tensor | None = None, rhs_indices: Tensor | None = None, *,
+               transpose: bool = True, sorted_indices: bool = False, global_scale: Tensor | None = None) -> Tensor:
+    """`x[lhs_indices] · w[rhs_indices]ᵀ` (or `· w[...]` when not `transpose`) for quantized weights.
+
+    x: `[..., M, K]`; qw: a batch of quantized weights `[..., N, K]` (`[..., K, N]` when not
+    transposed). global_scale: nvfp4 only, float32 `[E]` (one per weight batch), with indices.
+    Returns `broadcast(indices).shape + [M, N]` in quantized_matmul's dtype; only the selected
+    weight batches are dequantized. Gradients reach x and, for affine weights, scales and biases.
+    """
+    op = "gather_qmm"
+    check_tensor(op, "x", x)
+    check_floating(op, "x", x.dtype)
+    _check_weight(op, qw)
+    check(qw.global_scale is None, op, "pass nvfp4's per-batch global scale as global_scale=, not inside the weight")
+    batches = tuple(qw.weight.shape[:-2])
+    if global_scale is not None:
+        check(qw.mode == "nvfp4", op, f"Global scale is only supported for 'nvfp4' quantization, not {qw.mode!r}")
+        check_tensor(op, "global_scale", global_scale)
+        if global_scale.dtype != dtypes.float32:
+            raise TypeError(f"{op}: the global scale must have dtype float32, got {global_scale.dtype}")
+        check(global_scale.numel() == math.prod(batches), op,
+              f"the global scale needs one entry per expert ({math.prod(batches)}), got shape {tuple(global_scale.shape)}")
+        check(lhs_indices is not None or rhs_indices is not None, op, "a global scale cannot be used without indices")
+    rows, columns = qw.weight.shape[-2], qw.columns
+    inner = columns if transpose else rows
+    check(x.ndim >= 2 and x.shape[-1] == inner, op,
+          f"x's last dimension must be {inner} for weights of {rows} x {columns} "
+          f"({'transposed' if transpose else 'not transposed'}), got shape {tuple(x.shape)}")
+    check(x.dtype != dtypes.float64 or qw.mode == "affine", op, f"{qw.mode} weights take float32, float16 or bfloat16 activations")
+    dtype = promote_types(x.dtype, qw.scales.dtype) if qw.mode == "affine" else x.dtype
+    flat = lambda t: None if t is None else t.reshape(-1, *t.shape[-2:])  # noqa: E731
+    weight, scales, biases = flat(qw.weight), flat(qw.scales), flat(qw.biases)
+    scale_per_batch = None if global_scale is None else global_scale.reshape(-1, 1)
+
+    def product(x_rows: Tensor, picks: Tensor) -> Tensor:
+        chosen = QuantizedWeight(take_rows(weight, picks), take_rows(scales, picks),
+                                 None if biases is None else take_rows(biases, picks), qw.mode, qw.group_size, qw.bits)
+        if scale_per_batch is None:
+            dense = _dense(chosen, dtype)
+        else:  # each batch's own global scale: dequantize with it folded into the scales' product
+            dense = _dense_with_global(chosen, take_rows(scale_per_batch, picks), dtype)
+        return x_rows.cast(dtype) @ (dense.transpose(-1, -2) if transpose else dense)
+    return _gather(op, x, weight, batches, lhs_indices, rhs_indices, product)
+
+
+def _dense_with_global(qw: QuantizedWeight, global_scales: Tensor, dtype) -> Tensor:
+    """nvfp4 weights `[P, N, K]` whose batch p has global scale `global_scales[p]` (`[P, 1]`)."""
+    codes = unpack_codes(qw.weight, qw.bits)
+    count, rows, columns = codes.shape
+    grouped = codes.reshape(count, rows, columns // qw.group_size, qw.group_size)
+    values = floating.dequantize_groups(grouped, qw.scales, qw.mode, global_scales.reshape(count, 1, 1), dtype)
+    return values.reshape(count, rows, columns).cast(dtype)

@@ -1,0 +1,118 @@
+"""gather_mm and gather_qmm (the seeds' gather_*_selects_batches) against numpy float64 products of
+the selected batches, with default indices, broadcasting, gradients and errors."""
+import numpy as np
+import pytest
+from tinygrad import Tensor, dtypes
+
+from nuvec_tg import quant
+
+RNG = np.random.default_rng(0x71)
+
+
+def array(*shape) -> np.ndarray:
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+def t(values, dtype=None) -> Tensor:
+    return Tensor(values, device="CPU") if dtype is None else Tensor(values, device="CPU", dtype=dtype)
+
+
+def test_gather_mm_selects_batches_and_broadcasts():
+    x, w = array(4, 2, 7), array(3, 7, 5)
+    lhs, rhs = [3, 0, 2], [1, 2, 0]
+    got = quant.gather_mm(t(x), t(w), t(lhs, dtypes.uint32), t(rhs, dtypes.uint32)).numpy()
+    assert got.shape == (3, 2, 5)
+    for j, (l, r) in enumerate(zip(lhs, rhs)):
+        np.testing.assert_allclose(got[j], x[l].astype(np.float64) @ w[r], rtol=1e-5, atol=1e-5)
+    x3 = array(3, 2, 7)   # default indices: a batched matmul
+    np.testing.assert_allclose(quant.gather_mm(t(x3), t(w)).numpy(), x3.astype(np.float64) @ w, rtol=1e-5, atol=1e-5)
+    # Broadcast indices: [2, 1] against [3] gives [2, 3] products.
+    got = quant.gather_mm(t(x), t(w), t([[0], [3]], dtypes.int32), t([0, 1, 2], dtypes.int32)).numpy()
+    assert got.shape == (2, 3, 2, 5)
+    np.testing.assert_allclose(got[1, 2], x[3].astype(np.float64) @ w[2], rtol=1e-5, atol=1e-5)
+
+
+def test_gather_mm_gradients_reach_both_operands():
+    x2, w = array(2, 1, 7), array(3, 7, 5)
+    xt, wt = t(x2), t(w)
+    out = quant.gather_mm(xt, wt, t([1, 1], dtypes.uint32), t([0, 2], dtypes.uint32))
+    dx, dw = out.sum().gradient(xt, wt)
+    np.testing.assert_allclose(dx.numpy()[0, 0], 0.0)
+    np.testing.assert_allclose(dx.numpy()[1, 0], w[0].sum(1) + w[2].sum(1), rtol=1e-5)
+    np.testing.assert_allclose(dw.numpy()[0], np.broadcast_to(x2[1, 0][:, None], (7, 5)), rtol=1e-6)
+    np.testing.assert_allclose(dw.numpy()[1], 0.0)
+
+
+@pytest.mark.parametrize("mode", ["affine", "mxfp4", "nvfp4"])
+def test_gather_qmm_selects_batches(mode):
+    w, x = array(3, 8, 64), array(4, 2, 64)
+    qw = quant.quantize(t(w), 32 if mode == "affine" else None, 4 if mode == "affine" else None, mode=mode)
+    dense = quant.dequantize(qw, dtypes.float32).numpy().astype(np.float64)
+    lhs, rhs = [3, 0, 2], [1, 2, 0]
+    got = quant.gather_qmm(t(x), qw, t(lhs, dtypes.uint32), t(rhs, dtypes.uint32)).numpy()
+    assert got.shape == (3, 2, 8)
+    for j, (l, r) in enumerate(zip(lhs, rhs)):
+        np.testing.assert_allclose(got[j], x[l] @ dense[r].T, rtol=1e-5, atol=1e-5)
+    all_batches = quant.gather_qmm(t(array(1, 1, 64)), qw).numpy()
+    assert all_batches.shape == (3, 1, 8)
+    # Not transposed: weights [E, K, N].
+    qt = quant.quantize(t(array(3, 64, 64)), mode="mxfp8")
+    dense_t = quant.dequantize(qt, dtypes.float32).numpy().astype(np.float64)
+    got = quant.gather_qmm(t(x), qt, t(lhs, dtypes.uint32), t(rhs, dtypes.uint32), transpose=False).numpy()
+    np.testing.assert_allclose(got[0], x[3] @ dense_t[1], rtol=1e-5, atol=1e-4)
+
+
+def test_gather_qmm_gradient_sums_a_row_used_twice():
+    w = array(3, 8, 64)
+    qw = quant.quantize(t(w), 32, 4)
+    dense = quant.dequantize(qw, dtypes.float32).numpy().astype(np.float64)
+    x = t(array(2, 1, 64))
+    (dx,) = quant.gather_qmm(x, qw, t([1, 1], dtypes.uint32), t([0, 1], dtypes.uint32)).sum().gradient(x)
+    np.testing.assert_allclose(dx.numpy()[0, 0], 0.0)
+    np.testing.assert_allclose(dx.numpy()[1, 0], dense[0].sum(0) + dense[1].sum(0), rtol=1e-5, atol=1e-5)
+
+
+def test_gather_qmm_with_nvfp4_global_scales_per_expert():
+    w, x = array(4, 16, 64), array(2, 1, 64)
+    scales = np.array([0.5, 1.0, 2.0, 4.0], np.float32)
+    parts = [quant.quantize(t(w[e]), mode="nvfp4", global_scale=t(scales[e:e + 1])) for e in range(4)]
+    stacked = quant.QuantizedWeight(Tensor.stack(*[p.weight for p in parts]), Tensor.stack(*[p.scales for p in parts]), None,
+                                     "nvfp4", 16, 4)
+    ids = [0, 3]
+    got = quant.gather_qmm(t(x), stacked, None, t(ids, dtypes.uint32), global_scale=t(scales)).numpy()
+    for j, e in enumerate(ids):
+        dense = quant.dequantize(parts[e], dtypes.float32).numpy().astype(np.float64)
+        np.testing.assert_allclose(got[j], x[j] @ dense.T, rtol=1e-5, atol=1e-5)
+
+
+def test_empty_indices():
+    qw = quant.quantize(Tensor.full((2, 8, 64), 0.5, device="CPU"), mode="mxfp4")
+    out = quant.gather_qmm(Tensor.zeros(0, 1, 64, device="CPU"), qw, None, Tensor.zeros(0, dtype=dtypes.uint32, device="CPU"))
+    assert out.numpy().shape == (0, 1, 8)
+
+
+def _nv(w):
+    return quant.quantize(w, mode="nvfp4")
+
+
+ERRORS = [
+    (TypeError, "gather_mm", "integer", lambda x, w: quant.gather_mm(x, w.transpose(-1, -2), t([0.0]))),
+    (ValueError, "gather_mm", "second to last", lambda x, w: quant.gather_mm(x, x)),
+    (TypeError, "gather_mm", "float", lambda x, w: quant.gather_mm(x.cast(dtypes.int32), x.cast(dtypes.int32))),
+    (ValueError, "gather_qmm", "broadcast", lambda x, w: quant.gather_qmm(x, _nv(w), t([0, 1, 2], dtypes.uint32),
+                                                                           t([0, 1], dtypes.uint32))),
+    (ValueError, "gather_qmm", "only supported for 'nvfp4'", lambda x, w: quant.gather_qmm(
+        x, quant.quantize(w, mode="mxfp4"), None, t([0, 3], dtypes.uint32), global_scale=Tensor.ones(4, device="CPU"))),
+    (ValueError, "gather_qmm", "one entry per expert", lambda x, w: quant.gather_qmm(
+        x, _nv(w), None, t([0, 3], dtypes.uint32), global_scale=Tensor.ones(3, device="CPU"))),
+    (TypeError, "gather_qmm", "dtype float32", lambda x, w: quant.gather_qmm(
+        x, _nv(w), None, t([0, 3], dtypes.uint32), global_scale=Tensor.ones(4, device="CPU").cast(dtypes.float16))),
+    (ValueError, "gather_qmm", "without indices", lambda x, w: quant.gather_qmm(
+        x, _nv(w), global_scale=Tensor.ones(4, device="CPU"))),
+]
+
+
+@pytest.mark.parametrize("error, op, text, call", ERRORS, ids=[row[2] for row in ERRORS])
+def test_errors(error, op, text, call):
+    with pytest.raises(error, match=f"^{op}: .*{text}"):
+        call(Tensor.ones(2, 1, 64, device="CPU"), Tensor.ones(4, 16, 64, device="CPU"))
