@@ -2,6 +2,7 @@
 # The GPU check, run on a machine with a GPU (the H200 through the device tool): the GPU tests,
 # then the benchmark. Output goes to $OUT (or ./device_out) so that it comes back.
 # Usage: bash scripts/device_check.sh [tests|bench|tune|all] [pytest args...]
+# BENCHMARKS picks the benchmarks (default: attention gated_delta quant), BENCH_ARGS adds options.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-device_out}
@@ -18,7 +19,9 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
   python3 -m pytest -q -m gpu -p no:cacheprovider "$@" tests 2>&1 | tee "$out/gpu_tests.log" || status=1
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
-  python3 -m nuvec_tg.bench attention ${BENCH_ARGS:-} --markdown "$out/attention.md" 2>&1 | tee "$out/bench.log" || status=1
+  for benchmark in ${BENCHMARKS:-attention gated_delta quant}; do
+    python3 -m nuvec_tg.bench "$benchmark" ${BENCH_ARGS:-} --markdown "$out/$benchmark.md" 2>&1 | tee "$out/bench_$benchmark.log" || status=1
+  done
 fi
 if [ "$what" = tune ]; then
   python3 scripts/tune_decode.py ${TUNE_ARGS:-} 2>&1 | tee "$out/tune.log" || status=1

@@ -3,7 +3,7 @@
 import numpy as np
 from tinygrad import dtypes
 
-from nuvec_tg.bench.__main__ import kv_sets
+from nuvec_tg.bench.attention import kv_sets
 from nuvec_tg.kernels.attention import decode_attention
 
 for b, hq, hkv, lk, blocks, warps, unroll in ((1, 32, 8, 65536, 64, 4, 2), (32, 32, 8, 16384, 1, 8, 2)):

@@ -1,7 +1,7 @@
 """Sweep the decode kernels' launch shapes on the device (`DEV=CUDA python3 scripts/tune_decode.py`):
 for each shape, one pass and two passes over a range of key blocks (and SIMD groups per
 threadgroup), each timed as the benchmark times (TinyJit replays of calls over rotated K/V sets,
-`nuvec_tg.bench.time_tinygrad`), with the K/V bytes per second. The CUDA plan's rules in
+`nuvec_tg.bench.common.time_jit`), with the K/V bytes per second. The CUDA plan's rules in
 `fast/plan.py` are read off this sweep's output (kept in `benchmarks/`)."""
 import contextlib
 import io
@@ -11,7 +11,8 @@ import numpy as np
 from tinygrad import Device, dtypes
 from tinygrad.helpers import Context
 
-from nuvec_tg.bench.__main__ import kv_sets, time_tinygrad, torch_times, warm_up
+from nuvec_tg.bench.attention import kv_sets, torch_times
+from nuvec_tg.bench.common import time_jit, warm_up
 from nuvec_tg import fast
 from nuvec_tg.kernels import compositions_only
 from nuvec_tg.kernels.attention import decode_attention
@@ -44,7 +45,7 @@ for b, hq, hkv, lk in shapes:
                                         causal=False, window=None, mask=None, sinks=None, warps=warps, unroll=unroll)
             got = attend(*sets[0]).float().numpy()
             worst = max(worst, float(np.abs(got - reference).max() / np.abs(reference).max()))
-            seconds = time_tinygrad(attend, sets, 5)
+            seconds = time_jit(attend, sets, 5)
             cells.append((seconds, f"{blocks}x{warps}x{unroll}: {seconds * 1e6:.1f}/{kv_bytes / seconds / 1e12:.2f}", (blocks, warps, unroll)))
     best = min(cells)[1]
     torch_s = torch_seconds[(b, hq, hkv, 128, lk, "bfloat16")]

@@ -1,0 +1,137 @@
+"""What the benchmarks share: the device's name and peak bandwidth, warming its clocks, device
+timing of TinyJit replays and of PyTorch CUDA graphs, and the table's header line."""
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import subprocess
+import time
+from typing import Callable, Sequence
+
+from tinygrad import Device, GlobalCounters, Tensor, TinyJit, dtypes
+from tinygrad.helpers import Context
+
+PEAK_BANDWIDTH = {"NVIDIA H200": 4.8e12, "NVIDIA H100 80GB HBM3": 3.35e12}
+COPIES = 16                  # independent calls per timed replay, so that launches, not Python, set the pace
+ROTATION_BYTES = 256 << 20   # the calls of a replay read at least this much: 4x the largest L2 caches
+
+
+def device_name() -> str:
+    """The GPU's marketing name when PyTorch can read it, else tinygrad's device name."""
+    try:
+        import torch
+        if torch.cuda.is_available(): return torch.cuda.get_device_name()
+    except ImportError:
+        pass
+    return Device.DEFAULT
+
+
+def commit() -> str:
+    """The measured commit: $NUVEC_COMMIT, else git's short HEAD, else 'unknown'."""
+    found = os.environ.get("NUVEC_COMMIT") or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                                                               text=True).stdout.strip()
+    return found or "unknown"
+
+
+def rotations(call_bytes: int) -> int:
+    """How many distinct input sets keep `COPIES` calls of `call_bytes` each reading memory, not cache."""
+    return max(1, min(COPIES, -(-ROTATION_BYTES // max(call_bytes, 1))))
+
+
+def warm_up(seconds: float = 0.5) -> None:
+    """Keep the device busy for a moment so that its clocks are up before anything is timed (an
+    idle GPU runs its first microseconds of work at a fraction of its clock). Not on the CPU."""
+    if Device.DEFAULT in ("CPU", "PYTHON"): return
+    a = Tensor.rand(4096, 4096, dtype=dtypes.float16).realize()
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end: (a @ a.T).realize()
+    Device[Device.DEFAULT].synchronize()
+
+
+def device_seconds(run: Callable[[], object]) -> float:
+    """The device time of `run()`'s launches, as tinygrad measures it at DEBUG=2 (events around
+    each launch; a TinyJit replay is one graph launch), without its printing: the host's own
+    replay overhead is left out, as it is from the CUDA-event times of PyTorch's graph replays."""
+    before = GlobalCounters.time_sum_s
+    with Context(DEBUG=2), contextlib.redirect_stdout(io.StringIO()): run()
+    return GlobalCounters.time_sum_s - before
+
+
+def time_jit(fn: Callable[..., Tensor], calls: Sequence[tuple[Tensor, ...]], repeats: int) -> float:
+    """Device seconds per call of `fn(*call)` (a Tensor or a tuple of them) for the `calls`, all in
+    one TinyJit replay; the best of `repeats` replays."""
+    unique = list({id(t): t for call in calls for t in call}.values())  # TinyJit takes each buffer once
+    position = {id(t): i for i, t in enumerate(unique)}
+    layout = [tuple(position[id(t)] for t in call) for call in calls]
+
+    @TinyJit
+    def step(*tensors):
+        outs = []
+        for call in layout:
+            result = fn(*(tensors[i] for i in call))
+            outs += list(result) if isinstance(result, tuple) else [result]
+        Tensor.realize(*outs)
+        return outs[0]
+    for _ in range(3): step(*unique)
+    Device[Device.DEFAULT].synchronize()
+    return min(device_seconds(lambda: step(*unique)) for _ in range(repeats)) / len(calls)
+
+
+def torch_graph_seconds(run: Callable[[], None], calls: int, repeats: int) -> float:
+    """Seconds per call of PyTorch's `run()` (which makes `calls` calls), replayed as a CUDA graph
+    (as our calls are by TinyJit: kernel time, not Python's launches); the best of `repeats`."""
+    import torch
+    side = torch.cuda.Stream()  # warm up off the default stream before capturing, as PyTorch asks
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3): run()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph): run()
+    best = float("inf")
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record(); graph.replay(); end.record(); torch.cuda.synchronize()
+        best = min(best, start.elapsed_time(end) / 1e3)
+    return best / calls
+
+
+def cuda_torch():
+    """PyTorch when it is importable and sees a CUDA GPU, else None."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch if torch.cuda.is_available() else None
+
+
+def release_torch() -> None:
+    """Give PyTorch's cached GPU memory back before tinygrad allocates its own."""
+    torch = cuda_torch()
+    if torch is not None: torch.cuda.empty_cache()
+
+
+def start_table(what: str, method: str, columns: Sequence[str]) -> tuple[list[str], float | None]:
+    """Print a table's caption and header (what, the device, the commit, how it was timed, the
+    peak bandwidth), warm the device up; returns the lines and the peak bandwidth (None unknown)."""
+    name = device_name()
+    peak = PEAK_BANDWIDTH.get(name)
+    lines = [f"{what} on {name} ({Device.DEFAULT}), commit {commit()}; {method}; peak bandwidth "
+             f"{'%.1f TB/s' % (peak / 1e12) if peak else 'unknown'}.", "",
+             "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    print("\n".join(lines), flush=True)
+    warm_up()
+    return lines, peak
+
+
+def rate_cells(seconds: float, moved_bytes: int, peak: float | None) -> str:
+    """`µs | TB/s | % peak |` cells."""
+    rate = moved_bytes / seconds
+    share = f"{100 * rate / peak:.0f}%" if peak else "-"
+    return f"{seconds * 1e6:.1f} | {rate / 1e12:.2f} | {share} |"
+
+
+def optional_us(seconds: float | None) -> str:
+    return f"{seconds * 1e6:.1f} |" if seconds else "- |"
