@@ -116,3 +116,41 @@ ERRORS = [
 def test_errors(error, op, text, call):
     with pytest.raises(error, match=f"^{op}: .*{text}"):
         call(Tensor.ones(2, 1, 64, device="CPU"), Tensor.ones(4, 16, 64, device="CPU"))
+
+
+@pytest.mark.parametrize("mode", ["mxfp4", "mxfp8", "nvfp4"])
+def test_derivatives_in_x_for_every_mode_and_transpose_and_gather(mode):
+    """The seeds' fp_derivatives_match_finite_differences: the loss sum(c * product) is linear in
+    x, so its exact derivative (c times the dequantized weights, numpy float64) is the reference."""
+    group = quant.DEFAULTS[mode][0]
+    for transpose in (True, False):
+        rows, cols = (12, 4 * group) if transpose else (4 * group, 2 * group)
+        qw = quant.quantize(t(array(rows, cols)), mode=mode)
+        dense = quant.dequantize(qw, dtypes.float32).numpy().astype(np.float64)
+        k, n = (cols, rows) if transpose else (rows, cols)
+        x, c = t(array(3, k)), array(3, n)
+        (grad,) = (quant.quantized_matmul(x, qw, transpose) * t(c)).sum().gradient(x)
+        want = c @ (dense if transpose else dense.T)
+        np.testing.assert_allclose(grad.numpy(), want, rtol=2e-5, atol=2e-5 * np.abs(want).max(), err_msg=f"{mode} {transpose}")
+    # Gathers over 4 experts, unsorted and sorted; nvfp4 also with global scales.
+    e, n, k = 4, 16, 2 * group
+    weights = array(e, n, k)
+    scales = np.array([0.5, 1.0, 1.5, 2.0], np.float32)
+    for sorted_ids in (False, True):
+        for global_scale in (False, True) if mode == "nvfp4" else (False,):
+            ids = sorted([2, 0, 3, 1, 2]) if sorted_ids else [2, 0, 3, 1, 2]
+            if global_scale:
+                parts = [quant.quantize(t(weights[i]), mode=mode, global_scale=t(scales[i:i + 1])) for i in range(e)]
+                qw = quant.QuantizedWeight(Tensor.stack(*[p.weight for p in parts]), Tensor.stack(*[p.scales for p in parts]),
+                                           None, mode, *quant.DEFAULTS[mode])
+                dense = np.stack([quant.dequantize(p, dtypes.float32).numpy() for p in parts]).astype(np.float64)
+            else:
+                qw = quant.quantize(t(weights), mode=mode)
+                dense = quant.dequantize(qw, dtypes.float32).numpy().astype(np.float64)
+            x, c = t(array(5, 1, k)), array(5, 1, n)
+            out = quant.gather_qmm(x, qw, None, t(ids, dtypes.uint32), sorted_indices=sorted_ids,
+                                   global_scale=t(scales) if global_scale else None)
+            (grad,) = (out * t(c)).sum().gradient(x)
+            want = np.stack([c[j] @ dense[i] for j, i in enumerate(ids)])
+            np.testing.assert_allclose(grad.numpy(), want, rtol=2e-5, atol=2e-5 * np.abs(want).max(),
+                                       err_msg=f"{mode} gather sorted={sorted_ids} global={global_scale}")
