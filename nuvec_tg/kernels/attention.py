@@ -56,11 +56,13 @@ def geometry(head_dim: int, value_dim: int, dtype: DType, query_rows: int, warps
     lanes = head_dim // per_16_bytes
     if lanes > 32 or lanes & (lanes - 1) or head_dim % per_16_bytes: lanes = 32
     features, values = head_dim // lanes, value_dim // lanes
-    # Registers: each row keeps its query features and its value sums; threadgroup memory keeps
-    # `warps` partial rows of DV floats.
-    rows = query_rows
-    while rows > 1 and (rows * (features + values) > 96 or warps * rows * value_dim * 4 > 32 * 1024):
-        rows = next(r for r in range(rows - 1, 0, -1) if query_rows % r == 0)
+    # Rows: a power of two (the scores' reduce-scatter halves them), at most the lanes of a key,
+    # dividing the head's rows; registers: each row keeps its query features and its value sums;
+    # threadgroup memory keeps `warps` partial rows of DV floats.
+    rows = 1
+    while (query_rows % (rows * 2) == 0 and rows * 2 <= lanes and rows * 2 * (features + values) <= 96
+           and warps * rows * 2 * value_dim * 4 <= 32 * 1024):
+        rows *= 2
     return Geometry(lanes, features, values, rows, query_rows // rows)
 
 

@@ -8,6 +8,7 @@ using namespace metal;
 #define INLINE inline
 #define threadgroup_barrier() threadgroup_barrier(mem_flags::mem_threadgroup)
 
+INLINE float fast_exp2(float x) { return fast::exp2(x); }
 INLINE float to_float(float x) { return x; }
 INLINE float to_float(half x) { return float(x); }
 INLINE float to_float(bfloat x) { return float(x); }

@@ -4,9 +4,13 @@
 // over the GQA query heads `g` and query positions `l`), one batch item and one block of keys.
 // Its NUM_WARPS SIMD groups split the block's keys; in each, TPK lanes share a key (EQ of its
 // D features and EV of its DV values per lane), so one SIMD step reads 32 / TPK whole key and
-// value lines, once, for every query row. Scores are in base 2 (q pre-scaled by scale·log2 e);
-// the online softmax rescales lazily (only when a row's maximum grows by more than 2^8).
-// Partial results merge across lanes (shuffles), then across SIMD groups (threadgroup memory).
+// value lines, once, for every query row. Scores are in base 2 (q pre-scaled by scale·log2 e).
+// A key's TPK lanes sum their partial dot products by a reduce-scatter that leaves each lane one
+// row's score (ROWS is a power of two, at most TPK), so the online softmax's bookkeeping runs once
+// per (row, key) rather than once per lane and row; the rows' weights are then shuffled to every
+// lane of the key for the value sums. The softmax rescales lazily (only when a row's maximum grows
+// by more than 2^8). Partial results merge across lanes (shuffles), then across SIMD groups
+// (threadgroup memory).
 //
 // Key and value lines are read in the widest aligned pieces (CHUNK_K, CHUNK_V: 16-byte `uint4`
 // where the line allows), K_CHUNKS and V_CHUNKS of them per lane.
@@ -61,14 +65,26 @@
   const int key_begin = range_start + block * per_block;
   const int key_end = min(k_len, key_begin + per_block);
 
-  float q_reg[ROWS][EQ], acc[ROWS][EV], row_max[ROWS], row_sum[ROWS];
+  // This lane's row after the reduce-scatter of the scores, and the lane of its key group that
+  // holds each row's score.
+  int my_row = 0, row_lane[ROWS];
+  for (int count = ROWS, offset = TPK / 2; count > 1; count /= 2, offset /= 2) my_row = my_row * 2 + ((part & offset) != 0);
+#pragma unroll
+  for (int r = 0; r < ROWS; r++) {
+    int source = 0;
+    for (int count = ROWS, offset = TPK / 2, bit = ROWS / 2; count > 1; count /= 2, offset /= 2, bit /= 2)
+      if (r & bit) source += offset;
+    row_lane[r] = group * TPK + source;
+  }
+  const int my_q_head = kv_head * GQA + (first_row + my_row) / LQ, my_position = (first_row + my_row) % LQ;
+  float my_max = -INFINITY, my_sum = 0.0f;
+
+  float q_reg[ROWS][EQ], acc[ROWS][EV];
   for (int r = 0; r < ROWS; r++) {
     const int row = first_row + r, q_head = kv_head * GQA + row / LQ, position = row % LQ;
     const DEVICE T* q_row = q + ((batch * HQ + q_head) * LQ + position) * D + part * EQ;
     for (int e = 0; e < EQ; e++) q_reg[r][e] = to_float(q_row[e]) * SCALE_LOG2E;
     for (int e = 0; e < EV; e++) acc[r][e] = 0.0f;
-    row_max[r] = -INFINITY;
-    row_sum[r] = 0.0f;
   }
 
   // The bound is the same for the whole SIMD group (its shuffles need every lane); a slot past
@@ -100,42 +116,81 @@
     for (int e = 0; e < EQ; e++) k_reg[e] = in_block ? to_float(k_elements[e]) : 0.0f;
 #pragma unroll
     for (int e = 0; e < EV; e++) v_reg[e] = in_block ? to_float(v_elements[e]) : 0.0f;
+    // Each row's partial dot products, then summed across the key's TPK lanes by a reduce-scatter:
+    // at each of the first log2(ROWS) steps a lane keeps half of its rows and adds the partner's
+    // half, so that afterwards it holds the score of one row, `my_row` (the lanes of a row agree).
+    float parts[ROWS];
 #pragma unroll
     for (int r = 0; r < ROWS; r++) {
-      float score = 0.0f;
-      for (int e = 0; e < EQ; e++) score += q_reg[r][e] * k_reg[e];
-      for (int offset = TPK / 2; offset > 0; offset /= 2) score += simd_shuffle_xor(score, offset);
-      const int row = first_row + r, position = row % LQ;
-      bool visible = in_block;
+      float dot = 0.0f;
+#pragma unroll
+      for (int e = 0; e < EQ; e++) dot += q_reg[r][e] * k_reg[e];
+      parts[r] = dot;
+    }
+#pragma unroll
+    for (int count = ROWS, offset = TPK / 2; count > 1; count /= 2, offset /= 2) {
+      const bool upper = (part & offset) != 0;
+#pragma unroll
+      for (int i = 0; i < count / 2; i++) {
+        const float sent = upper ? parts[i] : parts[i + count / 2];
+        const float kept = upper ? parts[i + count / 2] : parts[i];
+        parts[i] = kept + simd_shuffle_xor(sent, offset);
+      }
+    }
+    float score = parts[0];
+#pragma unroll
+    for (int offset = TPK / (2 * ROWS); offset > 0; offset /= 2) score += simd_shuffle_xor(score, offset);
+
+    // The online softmax of this lane's row (lazily rescaled: only when its maximum grows by
+    // more than 2^8), then every row's weight and rescale factor shared within the key's lanes.
+    bool visible = in_block;
 #if CAUSAL || PAGED
-      visible = visible && key <= k_len - LQ + position;
+    visible = visible && key <= k_len - LQ + my_position;
 #endif
 #if WINDOW_ON
-      visible = visible && key > k_len - LQ + position - window;
+    visible = visible && key > k_len - LQ + my_position - window;
 #endif
 #if MASK_KIND
-      if (in_block) {
-      const int mask_index = batch * mask_batch_stride + (kv_head * GQA + row / LQ) * mask_head_stride +
-                             position * mask_query_stride + key * mask_key_stride;
+    if (in_block) {
+      const int mask_index = batch * mask_batch_stride + my_q_head * mask_head_stride + my_position * mask_query_stride +
+                             key * mask_key_stride;
 #if MASK_KIND == 1
       visible = visible && mask[mask_index] != 0;
 #else
       score += to_float(mask[mask_index]) * LOG2E;
 #endif
-      }
+    }
 #endif
-      if (!visible || score == -INFINITY) continue;
-      if (score > row_max[r] + 8.0f) {
-        const float correction = exp2(row_max[r] - score);
-        row_sum[r] *= correction;
-        for (int e = 0; e < EV; e++) acc[r][e] *= correction;
-        row_max[r] = score;
+    float weight = 0.0f, correction = 1.0f;
+    if (visible && score != -INFINITY) {
+      if (score > my_max + 8.0f) {
+        correction = fast_exp2(my_max - score);
+        my_sum *= correction;
+        my_max = score;
       }
-      const float weight = exp2(score - row_max[r]);
-      row_sum[r] += weight;
-      for (int e = 0; e < EV; e++) acc[r][e] += weight * v_reg[e];
+      weight = fast_exp2(score - my_max);
+      my_sum += weight;
+    }
+#pragma unroll
+    for (int r = 0; r < ROWS; r++) {
+      const float row_weight = simd_shuffle(weight, row_lane[r]);
+      const float row_correction = simd_shuffle(correction, row_lane[r]);
+      if (row_correction != 1.0f) {
+#pragma unroll
+        for (int e = 0; e < EV; e++) acc[r][e] *= row_correction;
+      }
+#pragma unroll
+      for (int e = 0; e < EV; e++) acc[r][e] += row_weight * v_reg[e];
     }
     }
+  }
+
+  // Every row's maximum and weight sum into every lane of the key's group.
+  float row_max[ROWS], row_sum[ROWS];
+#pragma unroll
+  for (int r = 0; r < ROWS; r++) {
+    row_max[r] = simd_shuffle(my_max, row_lane[r]);
+    row_sum[r] = simd_shuffle(my_sum, row_lane[r]);
   }
 
   // The SIMD group's key slots into slot 0.
