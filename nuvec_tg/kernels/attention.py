@@ -178,7 +178,7 @@ class DecodeSpec:
                        WINDOW_ON=int(self.window), MASK_KIND=self.mask_kind, SINKS=int(self.sinks),
                        PAGED=int(self.page > 0), PAGE=max(self.page, 1), SCALE_LOG2E=f"{self.scale * math.log2(math.e)!r}f",
                        K_LEN="int_length" if self.length == "ints" else self.length,
-                       **{name: f"ints[{i}]" for i, name in enumerate(self.runtime_names())},
+                       RUNTIME_INTS="".join(f"const int {name} = ints[{i}]; " for i, name in enumerate(self.runtime_names())),
                        **_chunks("K", self.head_dim * size, shape.features_per_lane * size),
                        **_chunks("V", self.value_dim * size, shape.values_per_lane * size))
         params = self.first_pass_params(ctype) + list(length_params)

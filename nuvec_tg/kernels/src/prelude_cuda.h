@@ -16,6 +16,7 @@ typedef unsigned short ushort;
 
 INLINE float simd_shuffle_xor(float x, int mask) { return __shfl_xor_sync(0xffffffffu, x, mask); }
 INLINE float simd_shuffle(float x, int lane) { return __shfl_sync(0xffffffffu, x, lane); }
+INLINE bool simd_any(bool x) { return __any_sync(0xffffffffu, x); }
 INLINE float simd_sum(float x) {
   for (int offset = 16; offset > 0; offset /= 2) x += __shfl_xor_sync(0xffffffffu, x, offset);
   return x;

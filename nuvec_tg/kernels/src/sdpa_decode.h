@@ -18,7 +18,8 @@
 // Defines: T, D, DV, HQ, HKV, GQA, LQ, ROWS, ROW_GROUPS, TPK, EQ, EV, NUM_WARPS, BLOCKS,
 // UNROLL, TWO_PASS, CAUSAL, WINDOW_ON, MASK_KIND (0 none, 1 bool, 2 additive), SINKS, PAGED,
 // PAGE (the paged block size), SCALE_LOG2E, K_LEN (an expression of the scalars), CHUNK_K,
-// K_CHUNKS, CHUNK_V, V_CHUNKS.
+// K_CHUNKS, CHUNK_V, V_CHUNKS, RUNTIME_INTS (declarations of the runtime integers, read once from
+// the `ints` buffer into registers).
 
 #define KPW (32 / TPK)
 
@@ -43,10 +44,14 @@
       const DEVICE CHUNK_V* v_row = (const DEVICE CHUNK_V*)(v + v_at + part * EV);             \
       _Pragma("unroll") for (int c = 0; c < K_CHUNKS; c++) k_next[u][c] = k_row[c];            \
       _Pragma("unroll") for (int c = 0; c < V_CHUNKS; c++) v_next[u][c] = v_row[c];            \
+    } else {  /* zeros: a line past the end must not bring NaN or infinity into the sums */    \
+      _Pragma("unroll") for (int c = 0; c < K_CHUNKS; c++) k_next[u][c] = CHUNK_K{};            \
+      _Pragma("unroll") for (int c = 0; c < V_CHUNKS; c++) v_next[u][c] = CHUNK_V{};            \
     }                                                                                          \
   }
 
 /* kernel */
+  RUNTIME_INTS
   const int lane = (int)nv_thread.x % 32, warp = (int)nv_thread.x / 32;
   const int group = lane / TPK, part = lane % TPK;
   const int kv_head = (int)nv_group.x / ROW_GROUPS, first_row = ((int)nv_group.x % ROW_GROUPS) * ROWS;
@@ -113,9 +118,9 @@
     const THREAD T* v_elements = (const THREAD T*)v_raw[u];
     float k_reg[EQ], v_reg[EV];
 #pragma unroll
-    for (int e = 0; e < EQ; e++) k_reg[e] = in_block ? to_float(k_elements[e]) : 0.0f;
+    for (int e = 0; e < EQ; e++) k_reg[e] = to_float(k_elements[e]);
 #pragma unroll
-    for (int e = 0; e < EV; e++) v_reg[e] = in_block ? to_float(v_elements[e]) : 0.0f;
+    for (int e = 0; e < EV; e++) v_reg[e] = to_float(v_elements[e]);
     // Each row's partial dot products, then summed across the key's TPK lanes by a reduce-scatter:
     // at each of the first log2(ROWS) steps a lane keeps half of its rows and adds the partner's
     // half, so that afterwards it holds the score of one row, `my_row` (the lanes of a row agree).
@@ -171,14 +176,17 @@
       weight = fast_exp2(score - my_max);
       my_sum += weight;
     }
+    if (simd_any(correction != 1.0f)) {  // rare: a row's maximum grew; the whole SIMD group branches
 #pragma unroll
-    for (int r = 0; r < ROWS; r++) {
-      const float row_weight = simd_shuffle(weight, row_lane[r]);
-      const float row_correction = simd_shuffle(correction, row_lane[r]);
-      if (row_correction != 1.0f) {
+      for (int r = 0; r < ROWS; r++) {
+        const float row_correction = simd_shuffle(correction, row_lane[r]);
 #pragma unroll
         for (int e = 0; e < EV; e++) acc[r][e] *= row_correction;
       }
+    }
+#pragma unroll
+    for (int r = 0; r < ROWS; r++) {
+      const float row_weight = simd_shuffle(weight, row_lane[r]);
 #pragma unroll
       for (int e = 0; e < EV; e++) acc[r][e] += row_weight * v_reg[e];
     }
