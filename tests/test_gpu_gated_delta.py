@@ -76,3 +76,24 @@ def test_the_slot_pool_is_updated_in_place_at_live_slots_only():
     assert not y.numpy()[[1, 3]].any()                                    # skipped sequences: zero outputs
     close("slots pool", updated, cpool, TOL[dtypes.float32])
     np.testing.assert_array_equal(updated.numpy()[[0, 2, 3, 5]], before[[0, 2, 3, 5]])  # untouched rows
+
+
+def test_gradients_through_the_kernel_equal_the_compositions():
+    q, k, v, g, beta, state = inputs(np.random.default_rng(0x6A), (1, 3, 2, 4, 64, 32), dtypes.float32, dtypes.float32)
+    targets = [q, k, v, g, beta, state]
+
+    def loss():
+        y, s = fast.gated_delta(q, k, v, g, beta, state)
+        return (y * y).sum() + (s * 0.5).sum()
+    with record_launches() as launches:
+        grads = [x.realize() for x in loss().gradient(*targets)]
+    assert any(name.startswith("nuvec_gated_delta") for name, _ in launches)
+    with compositions_only():
+        composed = [x.realize() for x in loss().gradient(*targets)]
+    for name, got, want in zip("q k v g beta state".split(), grads, composed):
+        close(f"d{name}", got, want, 1e-4)
+    # Only y's gradient (the state's output gets none).
+    (dq,) = fast.gated_delta(q, k, v, g, beta, state)[0].sum().gradient(q)
+    with compositions_only():
+        (cq,) = fast.gated_delta(q, k, v, g, beta, state)[0].sum().gradient(q)
+    close("dq (y only)", dq, cq, 1e-4)

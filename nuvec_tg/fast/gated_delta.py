@@ -101,7 +101,9 @@ def gated_delta(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state:
     """
     _check("gated_delta", q, k, v, g, beta, state)
     backend = _kernel_backend("gated_delta", q, (q, k, v, g, beta, state))
-    if backend is not None: return kernel.gated_delta_kernel(q, k, v, g, beta, state, backend=backend)
+    if backend is not None:
+        return kernel.gated_delta_kernel(q, k, v, g, beta, state, backend=backend,
+                                         composition=lambda *x: _recurrence(*x, None))
     return _recurrence(q, k, v, g, beta, state, None)
 
 
@@ -119,7 +121,9 @@ def gated_delta_steps(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, 
     if not is_floating(storage):
         raise TypeError(f"{op}: storage must be a float dtype, got {storage}")
     backend = _kernel_backend(op, q, (q, k, v, g, beta, state), storage)
-    if backend is not None: return kernel.gated_delta_kernel(q, k, v, g, beta, state, backend=backend, storage=storage)
+    if backend is not None:
+        return kernel.gated_delta_kernel(q, k, v, g, beta, state, backend=backend, storage=storage,
+                                         composition=lambda *x: _recurrence(*x, storage))
     return _recurrence(q, k, v, g, beta, state, storage)
 
 

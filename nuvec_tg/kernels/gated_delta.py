@@ -28,11 +28,40 @@ def _int_buffer(device: str, values: tuple[int, ...]) -> Tensor:
     return Tensor(list(values), dtype=dtypes.int32, device=device).realize()
 
 
+def _backward(composition, output_shapes: tuple[tuple[int, ...], tuple[int, ...]]):
+    """The kernel call's backward: the gradient of `composition(q, k, v, g, beta, state) -> (y,
+    second output)` on detached copies of the call's inputs (arguments 2..7).
+
+    tinygrad passes only the outputs' gradients that exist, so each is matched to its output by
+    shape; when the two outputs have one shape and only one gradient exists, that is ambiguous
+    and raises."""
+    def grad_fxn(*args, call=None):
+        *grads, call = args if call is None else (*args, call)
+        q, k, v, g, beta, state = (Tensor(call.src[1 + i]).detach() for i in range(2, 8))
+        outputs = composition(q, k, v, g, beta, state)
+        if len(grads) == 1 and output_shapes[0] == output_shapes[1]:
+            raise ValueError("gated_delta: a gradient of one output of the kernel whose outputs share a shape is ambiguous; "
+                             "run with nuvec_tg.kernels.compositions_only()")
+        loss = None
+        for grad in grads:
+            index = 0 if tuple(grad.shape) == output_shapes[0] else 1
+            term = (outputs[index].cast(dtypes.float32) * Tensor(grad).cast(dtypes.float32)).sum()
+            loss = term if loss is None else loss + term
+        targets = [q, k, v, g, beta, state]
+        result: list = [None] * (len(call.src) - 1)
+        for index, grad in zip(range(2, 8), loss.gradient(*targets)):
+            result[index] = grad.cast(targets[index - 2].dtype).uop
+        return tuple(result)
+    return grad_fxn
+
+
 def gated_delta_kernel(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor, *, backend: str,
-                       storage: DType | None = None, slots: Tensor | None = None) -> tuple[Tensor, Tensor]:
+                       storage: DType | None = None, slots: Tensor | None = None, composition=None) -> tuple[Tensor, Tensor]:
     """Launch the rule. Shapes as `fast.gated_delta` (validated there); `state` is the `[B, Hv,
     Dv, Dk]` state, or with `slots` the `[P, Hv, Dv, Dk]` pool (updated in place). Returns `(y,
-    final state)`, `(y, states [B, T, Hv, Dv, Dk] in storage)` with `storage`, or `(y, pool)`."""
+    final state)`, `(y, states [B, T, Hv, Dv, Dk] in storage)` with `storage`, or `(y, pool)`.
+    composition: the same rule from tensor operations, `(q, k, v, g, beta, state) -> (y, second
+    output)`, whose gradient is the kernel's backward (the slot pool, updated in place, has none)."""
     b, steps, hk, dk = q.shape
     hv, dv = v.shape[2], v.shape[3]
     device = q.device
@@ -66,5 +95,8 @@ def gated_delta_kernel(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
     name = f"nuvec_gated_delta_{hashlib.sha256(text.encode()).hexdigest()[:12]}"
     source = prelude(backend) + text.replace("nuvec_gated_delta(", f"{name}(")
     grid = (math.ceil(dv / WARPS), hv, b)
-    return tuple(launch(name, source, device, outs, ins, [], grid, (32 * WARPS, 1, 1),
+    backward = None
+    if composition is not None and mode != "slots":
+        backward = _backward(composition, (tuple(outs[0].shape), tuple(outs[1].shape)))
+    return tuple(launch(name, source, device, outs, ins, [], grid, (32 * WARPS, 1, 1), grad_fxn=backward,
                         label=f"{backend} gated_delta {mode} Dk{dk} Dv{dv} Hk{hk} Hv{hv}"))
