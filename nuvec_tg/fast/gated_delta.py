@@ -16,7 +16,9 @@ from __future__ import annotations
 from tinygrad import Tensor, dtypes
 from tinygrad.dtype import DType
 
-from ..tensor import check, check_floating, check_integer, check_tensor, is_floating, take_rows, put_rows
+from ..kernels import debug, kernels_enabled
+from ..kernels import gated_delta as kernel
+from ..tensor import check, check_floating, check_integer, check_tensor, is_floating, kernel_backend, take_rows, put_rows
 
 
 def _check(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor | None = None) -> tuple[int, ...]:
@@ -37,6 +39,14 @@ def _check(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, st
         check_floating(op, "state", state.dtype)
         check(tuple(state.shape) == (b, hv, dv, dk), op, f"state must be [{b}, {hv}, {dv}, {dk}], got {tuple(state.shape)}")
     return b, t, hk, hv, dk, dv
+
+
+def _kernel_backend(op: str, q: Tensor, tensors: tuple[Tensor, ...], storage: DType | None = None) -> str | None:
+    """The backend whose kernel runs this call (METAL or CUDA, kernels on, dtypes and Dk it takes), or None."""
+    backend = kernel_backend(q.device) if kernels_enabled() else None
+    if backend is not None and not kernel.supported(*tensors, key_dim=q.shape[3], storage=storage): backend = None
+    debug(f"{op} {tuple(q.shape)} on {q.device}: {'the ' + backend + ' kernel' if backend else 'the composition'}")
+    return backend
 
 
 def _arithmetic_dtype(*tensors: Tensor) -> DType:
@@ -90,6 +100,10 @@ def gated_delta(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state:
     the final state in state's dtype)`.
     """
     _check("gated_delta", q, k, v, g, beta, state)
+    backend = _kernel_backend("gated_delta", q, (q, k, v, g, beta, state))
+    if backend is not None:
+        return kernel.gated_delta_kernel(q, k, v, g, beta, state, backend=backend,
+                                         composition=lambda *x: _recurrence(*x, None))
     return _recurrence(q, k, v, g, beta, state, None)
 
 
@@ -106,6 +120,10 @@ def gated_delta_steps(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, 
     storage = state.dtype if storage is None else storage
     if not is_floating(storage):
         raise TypeError(f"{op}: storage must be a float dtype, got {storage}")
+    backend = _kernel_backend(op, q, (q, k, v, g, beta, state), storage)
+    if backend is not None:
+        return kernel.gated_delta_kernel(q, k, v, g, beta, state, backend=backend, storage=storage,
+                                         composition=lambda *x: _recurrence(*x, storage))
     return _recurrence(q, k, v, g, beta, state, storage)
 
 
@@ -116,7 +134,9 @@ def gated_delta_slots(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, 
 
     pool: `[P, Hv, Dv, Dk]`; slots: `[B]` integers. A negative or out-of-range slot is skipped: its
     outputs are zeros and no pool row changes (never clamped onto a live slot). Returns
-    `(y, the updated pool)`.
+    `(y, the updated pool)`. On METAL and CUDA the kernel updates `pool`'s buffer in place and
+    returns it; two sequences naming one live slot then race (the composition keeps the later
+    sequence's state).
     """
     op = "gated_delta_slots"
     b, _, _, hv, dk, dv = _check(op, q, k, v, g, beta)
@@ -127,6 +147,8 @@ def gated_delta_slots(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, 
     check(tuple(slots.shape) == (b,), op, f"slots must be [{b}], got shape {tuple(slots.shape)}")
     check_floating(op, "pool", pool.dtype)
     check_integer(op, "slots", slots.dtype)
+    backend = _kernel_backend(op, q, (q, k, v, g, beta, pool))
+    if backend is not None: return kernel.gated_delta_kernel(q, k, v, g, beta, pool, backend=backend, slots=slots)
     places = pool.shape[0]
     valid = (slots >= 0) & (slots < places)
     states = take_rows(pool, slots.cast(dtypes.int64).clip(0, max(places - 1, 0)).cast(dtypes.int32)) if places else \

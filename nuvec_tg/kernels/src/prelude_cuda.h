@@ -38,3 +38,5 @@ INLINE float to_float(unsigned char x) { return (float)x; }
 INLINE void from_float(float x, float* out) { *out = x; }
 INLINE void from_float(float x, half* out) { *out = __float2half_rn(x); }
 INLINE void from_float(float x, bfloat* out) { *out = __float2bfloat16_rn(x); }
+INLINE float round_half(float x) { return __half2float(__float2half_rn(x)); }
+INLINE float round_bfloat(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }

@@ -16,3 +16,5 @@ INLINE float to_float(uchar x) { return float(x); }
 INLINE void from_float(float x, device float* out) { *out = x; }
 INLINE void from_float(float x, device half* out) { *out = half(x); }
 INLINE void from_float(float x, device bfloat* out) { *out = bfloat(x); }
+INLINE float round_half(float x) { return float(half(x)); }
+INLINE float round_bfloat(float x) { return float(bfloat(x)); }

@@ -1,0 +1,102 @@
+"""The gated delta rule's kernel (`src/gated_delta.h`): one SIMD group per value row of a head's
+state, the row in registers for the whole time loop. Three variants: the final state, every step's
+state (rounded to a storage dtype), and a slot pool read and written in place."""
+from __future__ import annotations
+
+import functools
+import hashlib
+import math
+
+from tinygrad import Tensor, dtypes
+from tinygrad.dtype import DType
+
+from .program import Param, launch, prelude, specialise
+
+WARPS = 4  # value rows (SIMD groups) per threadgroup
+_CTYPES = {dtypes.float16: "half", dtypes.bfloat16: "bfloat", dtypes.float32: "float"}
+KERNEL_DTYPES = tuple(_CTYPES)
+_ROUND = {dtypes.float16: "round_half(x)", dtypes.bfloat16: "round_bfloat(x)", dtypes.float32: "(x)"}
+
+
+def supported(*tensors: Tensor, key_dim: int, storage: DType | None = None) -> bool:
+    """Whether the kernel takes these inputs: float16/bfloat16/float32 everywhere, Dk a multiple of 32."""
+    return key_dim % 32 == 0 and all(t.dtype in _CTYPES for t in tensors) and (storage is None or storage in _CTYPES)
+
+
+@functools.lru_cache(maxsize=256)
+def _int_buffer(device: str, values: tuple[int, ...]) -> Tensor:
+    return Tensor(list(values), dtype=dtypes.int32, device=device).realize()
+
+
+def _backward(composition, output_shapes: tuple[tuple[int, ...], tuple[int, ...]]):
+    """The kernel call's backward: the gradient of `composition(q, k, v, g, beta, state) -> (y,
+    second output)` on detached copies of the call's inputs (arguments 2..7).
+
+    tinygrad passes only the outputs' gradients that exist, so each is matched to its output by
+    shape; when the two outputs have one shape and only one gradient exists, that is ambiguous
+    and raises."""
+    def grad_fxn(*args, call=None):
+        *grads, call = args if call is None else (*args, call)
+        q, k, v, g, beta, state = (Tensor(call.src[1 + i]).detach() for i in range(2, 8))
+        outputs = composition(q, k, v, g, beta, state)
+        if len(grads) == 1 and output_shapes[0] == output_shapes[1]:
+            raise ValueError("gated_delta: a gradient of one output of the kernel whose outputs share a shape is ambiguous; "
+                             "run with nuvec_tg.kernels.compositions_only()")
+        loss = None
+        for grad in grads:
+            index = 0 if tuple(grad.shape) == output_shapes[0] else 1
+            term = (outputs[index].cast(dtypes.float32) * Tensor(grad).cast(dtypes.float32)).sum()
+            loss = term if loss is None else loss + term
+        targets = [q, k, v, g, beta, state]
+        result: list = [None] * (len(call.src) - 1)
+        for index, grad in zip(range(2, 8), loss.gradient(*targets)):
+            result[index] = grad.cast(targets[index - 2].dtype).uop
+        return tuple(result)
+    return grad_fxn
+
+
+def gated_delta_kernel(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor, *, backend: str,
+                       storage: DType | None = None, slots: Tensor | None = None, composition=None) -> tuple[Tensor, Tensor]:
+    """Launch the rule. Shapes as `fast.gated_delta` (validated there); `state` is the `[B, Hv,
+    Dv, Dk]` state, or with `slots` the `[P, Hv, Dv, Dk]` pool (updated in place). Returns `(y,
+    final state)`, `(y, states [B, T, Hv, Dv, Dk] in storage)` with `storage`, or `(y, pool)`.
+    composition: the same rule from tensor operations, `(q, k, v, g, beta, state) -> (y, second
+    output)`, whose gradient is the kernel's backward (the slot pool, updated in place, has none)."""
+    b, steps, hk, dk = q.shape
+    hv, dv = v.shape[2], v.shape[3]
+    device = q.device
+    mode = "slots" if slots is not None else "steps" if storage is not None else "final"
+    out_storage = storage if storage is not None else state.dtype
+    defines = dict(TQ=_CTYPES[q.dtype], TK=_CTYPES[k.dtype], TV=_CTYPES[v.dtype], TG=_CTYPES[g.dtype], TB=_CTYPES[beta.dtype], TS=_CTYPES[state.dtype],
+                   TO=_CTYPES[out_storage], DK=dk, DV=dv, HK=hk, HV=hv, EK=dk // 32, WARPS=WARPS,
+                   STATE_OUT=int(mode == "final"), STEPS_OUT=int(mode == "steps"), SLOTS=int(mode == "slots"))
+    defines["ROUND_STORAGE(x)"] = _ROUND[out_storage]
+    y = Tensor.empty(b, steps, hv, dv, dtype=q.dtype, device=device)
+    inputs = [Param("q", "in", defines["TQ"]), Param("k", "in", defines["TK"]), Param("v", "in", defines["TV"]),
+              Param("g", "in", defines["TG"]), Param("beta", "in", defines["TB"])]
+    ins = [q.contiguous(), k.contiguous(), v.contiguous(), g.contiguous(), beta.contiguous()]
+    if mode == "slots":
+        outs, params = [y, state], [Param("y", "out", defines["TQ"]), Param("pool", "out", defines["TS"])]
+        ins += [slots.cast(dtypes.int32).contiguous()]
+        inputs += [Param("slots", "in", "int")]
+        runtime = (steps, state.shape[0])
+    else:
+        extra = (Tensor.empty(b, hv, dv, dk, dtype=state.dtype, device=device) if mode == "final" else
+                 Tensor.empty(b, steps, hv, dv, dk, dtype=out_storage, device=device))
+        outs = [y, extra]
+        params = [Param("y", "out", defines["TQ"]),
+                  Param("state_out" if mode == "final" else "states", "out", defines["TS" if mode == "final" else "TO"])]
+        ins += [state.contiguous()]
+        inputs += [Param("state_in", "in", defines["TS"])]
+        runtime = (steps,)
+    ins.append(_int_buffer(device, runtime))
+    inputs.append(Param("ints", "in", "int"))
+    text = specialise(backend, "nuvec_gated_delta", "gated_delta.h", defines, params + inputs)
+    name = f"nuvec_gated_delta_{hashlib.sha256(text.encode()).hexdigest()[:12]}"
+    source = prelude(backend) + text.replace("nuvec_gated_delta(", f"{name}(")
+    grid = (math.ceil(dv / WARPS), hv, b)
+    backward = None
+    if composition is not None and mode != "slots":
+        backward = _backward(composition, (tuple(outs[0].shape), tuple(outs[1].shape)))
+    return tuple(launch(name, source, device, outs, ins, [], grid, (32 * WARPS, 1, 1), grad_fxn=backward,
+                        label=f"{backend} gated_delta {mode} Dk{dk} Dv{dv} Hk{hk} Hv{hv}"))
