@@ -4,6 +4,7 @@
 typedef __nv_bfloat16 bfloat;
 typedef unsigned int uint;
 typedef unsigned short ushort;
+typedef unsigned char uchar;
 #define DEVICE
 #define THREAD
 #define CONSTANT

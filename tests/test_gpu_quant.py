@@ -1,0 +1,56 @@
+"""The qmv kernel on a GPU (METAL or CUDA) against the composition on the same device: every
+affine width and floating-point mode, 1-8 rows, unaligned N and K, the kernel actually running,
+each row's bits equal to a one-row product's, gradients."""
+import numpy as np
+import pytest
+from tinygrad import Tensor, dtypes
+
+from conftest import GPU_DEVICES
+from nuvec_tg import quant
+from nuvec_tg.kernels import compositions_only, record_launches
+from reference import random
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not GPU_DEVICES, reason="no GPU")]
+gpu = GPU_DEVICES[0] if GPU_DEVICES else None
+FORMATS = [("affine", 32, b) for b in (1, 2, 3, 4, 5, 6, 8)] + [("affine", 64, 4), ("affine", 128, 8), ("mxfp4", 32, 4),
+                                                                 ("mxfp8", 32, 8), ("nvfp4", 16, 4)]
+TOL = {dtypes.float32: 1e-5, dtypes.float16: 2e-3, dtypes.bfloat16: 1.6e-2}
+
+
+def bits_of(t: Tensor) -> np.ndarray:
+    return t.bitcast({2: dtypes.uint16, 4: dtypes.uint32}[t.dtype.itemsize]).numpy()
+
+
+@pytest.mark.parametrize("mode, group, width", FORMATS, ids=lambda f: str(f))
+@pytest.mark.parametrize("dtype", [dtypes.float32, dtypes.float16, dtypes.bfloat16], ids=lambda d: d.name)
+def test_qmv_matches_the_composition_and_keeps_one_row_bits(mode, group, width, dtype):
+    rng = np.random.default_rng(0x9A7)
+    n, k = 13, 3 * 128 + group            # N not a multiple of a threadgroup's columns; K not of a SIMD step
+    w = random(rng, (n, k), dtype, gpu)[0]
+    qw = quant.quantize(w, group, width, mode=mode)
+    for rows in (1, 3, 8):
+        x = random(rng, (rows, k), dtype, gpu)[0].realize()
+        with record_launches() as launches:
+            y = quant.quantized_matmul(x, qw).realize()
+        assert any(name.startswith("nuvec_qmv") for name, _ in launches), launches
+        with compositions_only():
+            want = quant.quantized_matmul(x, qw).realize()
+        got, ref = y.float().numpy().astype(np.float64), want.float().numpy().astype(np.float64)
+        assert np.abs(got - ref).max() <= TOL[dtype] * max(np.abs(ref).max(), 1.0), (mode, width, rows)
+        for row in range(rows):
+            alone = quant.quantized_matmul(x[row:row + 1].contiguous(), qw)
+            np.testing.assert_array_equal(bits_of(alone), bits_of(y)[row:row + 1], err_msg=f"{mode} {width} row {row}")
+
+
+def test_qmv_gradients_equal_the_compositions():
+    rng = np.random.default_rng(0x9A8)
+    w = random(rng, (16, 128), dtypes.float32, gpu)[0]
+    qw = quant.quantize(w, 32, 4)
+    x = random(rng, (2, 128), dtypes.float32, gpu)[0].realize()
+    upstream = random(rng, (2, 16), dtypes.float32, gpu)[0].realize()
+    targets = [x, qw.scales, qw.biases]
+    grads = [g.realize() for g in (quant.quantized_matmul(x, qw) * upstream).sum().gradient(*targets)]
+    with compositions_only():
+        composed = [g.realize() for g in (quant.quantized_matmul(x, qw) * upstream).sum().gradient(*targets)]
+    for name, got, want in zip(("x", "scales", "biases"), grads, composed):
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-4, atol=1e-4, err_msg=name)
