@@ -134,9 +134,10 @@ def gated_delta_slots(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, 
 
     pool: `[P, Hv, Dv, Dk]`; slots: `[B]` integers. A negative or out-of-range slot is skipped: its
     outputs are zeros and no pool row changes (never clamped onto a live slot). Returns
-    `(y, the updated pool)`. On METAL and CUDA the kernel updates `pool`'s buffer in place and
-    returns it; two sequences naming one live slot then race (the composition keeps the later
-    sequence's state).
+    `(y, the updated pool)`. On METAL and CUDA the kernel updates `pool`'s buffer in place (when
+    `pool` is a realized buffer; otherwise a copy of it) and runs at once, both outputs realized
+    together so that the update is applied once; two sequences naming one live slot then race (the
+    composition keeps the later sequence's state).
     """
     op = "gated_delta_slots"
     b, _, _, hv, dk, dv = _check(op, q, k, v, g, beta)

@@ -19,7 +19,7 @@ from tinygrad import Tensor, dtypes
 from tinygrad.dtype import DType
 from tinygrad.uop.ops import Ops, UOp
 
-from .program import Param, launch, prelude, specialise
+from .program import Param, chunks, launch, prelude, specialise
 
 
 @dataclass(frozen=True)
@@ -68,17 +68,6 @@ def geometry(head_dim: int, value_dim: int, dtype: DType, query_rows: int, warps
 
 
 # Unsigned types of 16, 8, 4 and 2 bytes, alike in both dialects.
-_CHUNK_TYPES = {16: "uint4", 8: "uint2", 4: "uint", 2: "ushort"}
-
-
-def _chunks(which: str, line_bytes: int, lane_bytes: int) -> dict[str, object]:
-    """How a lane reads its `lane_bytes` of each `line_bytes` line: the widest piece (up to 16
-    bytes) that divides both, so every piece is aligned, and how many pieces."""
-    width = 16
-    while line_bytes % width or lane_bytes % width: width //= 2
-    return {f"CHUNK_{which}": _CHUNK_TYPES[width], f"{which}_CHUNKS": lane_bytes // width}
-
-
 @dataclass(frozen=True)
 class CacheView:
     """K or V as a buffer `[B, H, S, Dx]` and the first of the call's rows in it."""
@@ -184,8 +173,8 @@ class DecodeSpec:
                        PAGED=int(self.page > 0), PAGE=max(self.page, 1), SCALE_LOG2E=f"{self.scale * math.log2(math.e)!r}f",
                        K_LEN="int_length" if self.length == "ints" else self.length,
                        RUNTIME_INTS="".join(f"const int {name} = ints[{i}]; " for i, name in enumerate(self.runtime_names())),
-                       **_chunks("K", self.head_dim * size, shape.features_per_lane * size),
-                       **_chunks("V", self.value_dim * size, shape.values_per_lane * size))
+                       **chunks("K", self.head_dim * size, shape.features_per_lane * size),
+                       **chunks("V", self.value_dim * size, shape.values_per_lane * size))
         params = self.first_pass_params(ctype) + list(length_params)
         programs = [_named(backend, "nuvec_sdpa_decode", "sdpa_decode.h", defines, params)]
         if self.passes == 2:

@@ -10,7 +10,7 @@ import math
 from tinygrad import Tensor, dtypes
 from tinygrad.dtype import DType
 
-from .program import Param, launch, prelude, specialise
+from .program import Param, chunks, launch, prelude, specialise
 
 WARPS = 4  # value rows (SIMD groups) per threadgroup
 _CTYPES = {dtypes.float16: "half", dtypes.bfloat16: "bfloat", dtypes.float32: "float"}
@@ -71,6 +71,8 @@ def gated_delta_kernel(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
                    TO=_CTYPES[out_storage], DK=dk, DV=dv, HK=hk, HV=hv, EK=dk // 32, WARPS=WARPS,
                    STATE_OUT=int(mode == "final"), STEPS_OUT=int(mode == "steps"), SLOTS=int(mode == "slots"))
     defines["ROUND_STORAGE(x)"] = _ROUND[out_storage]
+    for which, dtype in (("S", state.dtype), ("O", out_storage), ("K", k.dtype), ("Q", q.dtype)):
+        defines.update(chunks(which, dk * dtype.itemsize, dk // 32 * dtype.itemsize))
     y = Tensor.empty(b, steps, hv, dv, dtype=q.dtype, device=device)
     inputs = [Param("q", "in", defines["TQ"]), Param("k", "in", defines["TK"]), Param("v", "in", defines["TV"]),
               Param("g", "in", defines["TG"]), Param("beta", "in", defines["TB"])]
@@ -98,5 +100,9 @@ def gated_delta_kernel(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
     backward = None
     if composition is not None and mode != "slots":
         backward = _backward(composition, (tuple(outs[0].shape), tuple(outs[1].shape)))
-    return tuple(launch(name, source, device, outs, ins, [], grid, (32 * WARPS, 1, 1), grad_fxn=backward,
-                        label=f"{backend} gated_delta {mode} Dk{dk} Dv{dv} Hk{hk} Hv{hv}"))
+    results = launch(name, source, device, outs, ins, [], grid, (32 * WARPS, 1, 1), grad_fxn=backward,
+                     label=f"{backend} gated_delta {mode} Dk{dk} Dv{dv} Hk{hk} Hv{hv}")
+    # tinygrad runs a call once per realize of one of its outputs: realizing y and then the pool
+    # would apply the in-place update twice. So the slot variant realizes both now, together.
+    if mode == "slots": Tensor.realize(*results)
+    return tuple(results)

@@ -46,6 +46,18 @@ def prelude(backend: str) -> str:
     return _source(f"prelude_{backend}.h") + _source("common.h")
 
 
+_CHUNK_TYPES = {16: "uint4", 8: "uint2", 4: "uint", 2: "ushort"}
+
+
+def chunks(which: str, line_bytes: int, lane_bytes: int) -> dict[str, object]:
+    """How a lane reads its `lane_bytes` of each `line_bytes` line: the widest piece (up to 16
+    bytes) that divides both, so every piece is aligned; the defines `CHUNK_<which>` (its type)
+    and `<which>_CHUNKS` (how many a lane reads)."""
+    width = 16
+    while line_bytes % width or lane_bytes % width: width //= 2
+    return {f"CHUNK_{which}": _CHUNK_TYPES[width], f"{which}_CHUNKS": lane_bytes // width}
+
+
 def specialise(backend: str, name: str, source: str, defines: dict[str, object], params: Sequence[Param]) -> str:
     """Kernel `name` from `source` (a file in `src/`) for `backend`, without the prelude: the
     `#define`s, the helpers, the signature written from `params`, and the body."""
@@ -87,7 +99,9 @@ def launch(name: str, source: str, device: str, outs: Sequence[Tensor], ins: Seq
 
     outs: buffers the program writes (whole buffers: a view would be written as a copy); ins:
     tensors it reads (anything not a plain buffer, a reshape or a prefix slice is copied first);
-    scalars: bound int32 Variables, in the order of the scalar parameters.
+    scalars: bound int32 Variables, in the order of the scalar parameters. tinygrad runs the call
+    once per realize that needs one of its outputs: realize several outputs together
+    (`Tensor.realize(a, b)`), and an in-place update must be realized at once.
     """
     lib = _compiled(device, source)
     tensors = list(outs) + list(ins)

@@ -1,9 +1,10 @@
 // The gated delta rule, one SIMD group per value row of a head's state.
 //
 // A SIMD group serves row `row` of the `[DV, DK]` state of value head `head` (key head
-// `head / (HV / HK)`) of batch item `batch`: lane `l` keeps the row's entries `l, l + 32, ...`
-// (EK = DK / 32 of them) in float32 registers for the whole time loop, so the state is read once
-// and written once per call. Per step:
+// `head / (HV / HK)`) of batch item `batch`: lane `l` keeps the row's EK = DK / 32 consecutive
+// entries `l * EK ...` in float32 registers for the whole time loop, so the state is read once and
+// written once per call, each lane's share (and its share of k and q) in the widest aligned
+// pieces (CHUNK_x, x_CHUNKS of them: 16-byte `uint4` for a float32 row of 128). Per step:
 //
 //     s *= g;  remembered = sum(s * k);  s += k * beta * (v[row] - remembered);  y[row] = sum(s * q)
 //
@@ -13,8 +14,27 @@
 // nothing and gives zero outputs).
 //
 // Defines: TQ, TK, TV, TG, TB (the types of q, k, v, g and beta), TS (state or pool), TO (steps' storage), DK, DV,
-// HK, HV, EK, WARPS, STATE_OUT, STEPS_OUT, SLOTS, ROUND_STORAGE(x) (x rounded to TO, as float).
+// HK, HV, EK, WARPS, STATE_OUT, STEPS_OUT, SLOTS, ROUND_STORAGE(x) (x rounded to TO, as float),
+// CHUNK_S/S_CHUNKS (a lane's share of a TS row), CHUNK_O/O_CHUNKS (of a TO row), CHUNK_K/K_CHUNKS,
+// CHUNK_Q/Q_CHUNKS (of a key and a query).
 // Runtime integers (`ints`): the steps, and the pool's slots (SLOTS).
+
+// A lane's EK consecutive values of a row starting at `from`, read in CHUNK pieces, as float32.
+#define LOAD_SHARE(CHUNK, COUNT, T, from, into)                                                 \
+  {                                                                                            \
+    CHUNK raw_[COUNT];                                                                         \
+    _Pragma("unroll") for (int c = 0; c < COUNT; c++) raw_[c] = ((const DEVICE CHUNK*)(from))[c]; \
+    const THREAD T* values_ = (const THREAD T*)raw_;                                           \
+    _Pragma("unroll") for (int e = 0; e < EK; e++) into[e] = to_float(values_[e]);             \
+  }
+// The same, written: `from` (float32) converted to T and stored at `to` in CHUNK pieces.
+#define STORE_SHARE(CHUNK, COUNT, T, from, to)                                                  \
+  {                                                                                            \
+    CHUNK raw_[COUNT];                                                                         \
+    THREAD T* values_ = (THREAD T*)raw_;                                                       \
+    _Pragma("unroll") for (int e = 0; e < EK; e++) values_[e] = T(from[e]);  /* to nearest */ \
+    _Pragma("unroll") for (int c = 0; c < COUNT; c++) ((DEVICE CHUNK*)(to))[c] = raw_[c];      \
+  }
 
 /* kernel */
   const int lane = (int)nv_thread.x % 32, warp = (int)nv_thread.x / 32;
@@ -31,26 +51,25 @@
     const bool live = true;
     const int state_at = (batch * HV + head) * DV + row;
 #endif
+    const int share = lane * EK;  // this lane's first entry of the row
     float s[EK];
 #pragma unroll
     for (int e = 0; e < EK; e++) s[e] = 0.0f;
-    if (live) {  // a branch, not a select: a dead slot's row may lie outside the pool
-#pragma unroll
-      for (int e = 0; e < EK; e++) s[e] = to_float(state_in[state_at * DK + lane + 32 * e]);
-    }
+    if (live) LOAD_SHARE(CHUNK_S, S_CHUNKS, TS, state_in + state_at * DK + share, s)  // a branch: a dead slot's row may lie outside the pool
 #if STEPS_OUT
 #pragma unroll
     for (int e = 0; e < EK; e++) s[e] = ROUND_STORAGE(s[e]);  // the composition starts from the stored state
 #endif
     for (int t = 0; t < steps; t++) {
       const int step_at = (batch * steps + t) * HV + head;    // into g, beta, and v's rows
-      const int key_at = ((batch * steps + t) * HK + key_head) * DK;
+      const int key_at = ((batch * steps + t) * HK + key_head) * DK + share;
       const float decay = to_float(g[step_at]), rate = to_float(beta[step_at]);
       const float value = to_float(v[step_at * DV + row]);
-      float key[EK], dot = 0.0f;
+      float key[EK], query[EK], dot = 0.0f;
+      LOAD_SHARE(CHUNK_K, K_CHUNKS, TK, k + key_at, key)
+      LOAD_SHARE(CHUNK_Q, Q_CHUNKS, TQ, q + key_at, query)
 #pragma unroll
       for (int e = 0; e < EK; e++) {
-        key[e] = to_float(k[key_at + lane + 32 * e]);
         s[e] *= decay;
         dot += s[e] * key[e];
       }
@@ -59,26 +78,20 @@
 #pragma unroll
       for (int e = 0; e < EK; e++) {
         s[e] += key[e] * correction;
-        out += s[e] * to_float(q[key_at + lane + 32 * e]);
+        out += s[e] * query[e];
       }
       out = simd_sum(out);
       if (lane == 0) from_float(live ? out : 0.0f, &y[step_at * DV + row]);
 #if STEPS_OUT
 #pragma unroll
-      for (int e = 0; e < EK; e++) {
-        s[e] = ROUND_STORAGE(s[e]);
-        from_float(s[e], &states[(step_at * DV + row) * DK + lane + 32 * e]);
-      }
+      for (int e = 0; e < EK; e++) s[e] = ROUND_STORAGE(s[e]);
+      STORE_SHARE(CHUNK_O, O_CHUNKS, TO, s, states + (step_at * DV + row) * DK + share)
 #endif
     }
 #if STATE_OUT
-#pragma unroll
-    for (int e = 0; e < EK; e++) from_float(s[e], &state_out[state_at * DK + lane + 32 * e]);
+    STORE_SHARE(CHUNK_S, S_CHUNKS, TS, s, state_out + state_at * DK + share)
 #endif
 #if SLOTS
-    if (live) {
-#pragma unroll
-      for (int e = 0; e < EK; e++) from_float(s[e], &pool[state_at * DK + lane + 32 * e]);
-    }
+    if (live) STORE_SHARE(CHUNK_S, S_CHUNKS, TS, s, pool + state_at * DK + share)
 #endif
   }

@@ -1,0 +1,33 @@
+"""Sweep the gated delta kernel's SIMD groups per threadgroup on the device
+(`DEV=CUDA python3 scripts/tune_gated_delta.py`): a decode step at Qwen3.5-9B's sizes for B in
+{1, 8, 64, 256} and the 512-token prefill at B = 1, each setting timed as the benchmark times it
+(`nuvec_tg.bench.common.time_jit` over rotated inputs), with the bytes moved per second and the
+largest difference from the composition."""
+import numpy as np
+
+from nuvec_tg import fast
+from nuvec_tg.bench.common import rotations, time_jit, warm_up
+from nuvec_tg.bench.gated_delta import inputs, moved_bytes
+from nuvec_tg.kernels import compositions_only
+from nuvec_tg.kernels import gated_delta as kernel
+
+HK, HV, DK, DV = 16, 32, 128, 128
+WARPS = [1, 2, 4, 8, 16]
+warm_up()
+rng = np.random.default_rng(0)
+print("cells: SIMD groups per threadgroup: µs / TB/s", flush=True)
+for b, t in [(1, 1), (8, 1), (64, 1), (256, 1), (1, 512)]:
+    moved = moved_bytes(b, t, HK, HV, DK, DV)
+    calls = inputs(rng, b, t, HK, HV, DK, DV, rotations(moved))
+    if t == 1:
+        with compositions_only():
+            want = fast.gated_delta(*calls[0])[1].numpy()
+    cells = []
+    for warps in WARPS:
+        kernel.WARPS = warps
+        got = fast.gated_delta(*calls[0])[1].numpy()
+        error = float(np.abs(got - want).max()) if t == 1 else 0.0
+        seconds = time_jit(lambda *x: fast.gated_delta(*x), calls, 5)
+        cells.append(f"{warps}: {seconds * 1e6:.1f}/{moved / seconds / 1e12:.2f} (err {error:.1e})")
+    print(f"B {b} T {t}: " + "  ".join(cells), flush=True)
+    del calls
