@@ -68,3 +68,29 @@ def test_every_planned_metal_specialisation_compiles(tmp_path):
         result = subprocess.run([COMPILER, "-std=c++17", "-fsyntax-only", "-Wno-unknown-attributes", f"-I{SHIM}", "-x", "c++",
                                  str(source)], capture_output=True, text=True)
         assert result.returncode == 0, result.stderr[:3000]
+
+
+def _check_metal(tmp_path, texts: list[str]):
+    """Compile Metal kernel texts (no prelude) in syntax-only mode against the shim, in units."""
+    for n in range(0, len(texts), 150):
+        unit = []
+        for i, text in enumerate(texts[n:n + 150]):
+            defined = [line.split()[1].split("(")[0] for line in text.splitlines() if line.startswith("#define ")]
+            unit.append(f"namespace unit{n + i} {{\n{text}\n}}\n" + "".join(f"#undef {d}\n" for d in defined))
+        source = tmp_path / f"unit{n}.metal"
+        source.write_text(prelude("metal") + "\n".join(unit))
+        result = subprocess.run([COMPILER, "-std=c++17", "-fsyntax-only", "-Wno-unknown-attributes", f"-I{SHIM}", "-x", "c++",
+                                 str(source)], capture_output=True, text=True)
+        assert result.returncode == 0, result.stderr[:3000]
+
+
+def test_every_gated_delta_metal_specialisation_compiles(tmp_path):
+    from nuvec_tg.kernels import gated_delta
+    texts = []
+    for (dk, dv), activation, state, mode in itertools.product(
+            [(128, 128), (64, 48), (32, 17), (96, 64)], gated_delta.KERNEL_DTYPES, (dtypes.float32, dtypes.bfloat16),
+            ("final", "steps", "slots")):
+        types = dict(q=activation, k=activation, v=activation, g=dtypes.float32, beta=activation, state=state,
+                     storage=dtypes.float16 if mode == "steps" else state)
+        texts.append(gated_delta.program("metal", types, mode, dk, dv, 2, 4)[1])
+    _check_metal(tmp_path, texts)

@@ -135,3 +135,10 @@ def rate_cells(seconds: float, moved_bytes: int, peak: float | None) -> str:
 
 def optional_us(seconds: float | None) -> str:
     return f"{seconds * 1e6:.1f} |" if seconds else "- |"
+
+
+def part_of(grid: list, part: str = "1/1") -> list:
+    """The `I`-th of `N` interleaved slices of a benchmark's grid (`part` "I/N", 1-based)."""
+    index, count = (int(x) for x in part.split("/"))
+    if not 1 <= index <= count: raise ValueError(f"bench: --part must be I/N with 1 <= I <= N, got {part}")
+    return grid[index - 1::count]

@@ -55,6 +55,31 @@ def _backward(composition, output_shapes: tuple[tuple[int, ...], tuple[int, ...]
     return grad_fxn
 
 
+def program(backend: str, types: dict[str, DType], mode: str, dk: int, dv: int, hk: int, hv: int) -> tuple[str, str, list[Param]]:
+    """The kernel's name, text (without the prelude) and parameters for one specialisation.
+
+    types: the dtypes of `q`, `k`, `v`, `g`, `beta`, `state` (or the pool) and `storage` (the
+    steps' storage; the state's dtype otherwise); mode: "final", "steps" or "slots"."""
+    ctypes = {key: _CTYPES[dtype] for key, dtype in types.items()}
+    defines = dict(TQ=ctypes["q"], TK=ctypes["k"], TV=ctypes["v"], TG=ctypes["g"], TB=ctypes["beta"], TS=ctypes["state"],
+                   TO=ctypes["storage"], DK=dk, DV=dv, HK=hk, HV=hv, EK=dk // 32, WARPS=WARPS,
+                   STATE_OUT=int(mode == "final"), STEPS_OUT=int(mode == "steps"), SLOTS=int(mode == "slots"))
+    defines["ROUND_STORAGE(x)"] = _ROUND[types["storage"]]
+    for which, key in (("S", "state"), ("O", "storage"), ("K", "k"), ("Q", "q")):
+        defines.update(chunks(which, dk * types[key].itemsize, dk // 32 * types[key].itemsize))
+    if mode == "slots":
+        params = [Param("y", "out", ctypes["q"]), Param("pool", "out", ctypes["state"])]
+    else:
+        params = [Param("y", "out", ctypes["q"]), Param("state_out", "out", ctypes["state"]) if mode == "final" else
+                  Param("states", "out", ctypes["storage"])]
+    params += [Param(name, "in", ctypes[name]) for name in ("q", "k", "v", "g", "beta")]
+    params += [Param("slots", "in", "int")] if mode == "slots" else [Param("state_in", "in", ctypes["state"])]
+    params.append(Param("ints", "in", "int"))
+    text = specialise(backend, "nuvec_gated_delta", "gated_delta.h", defines, params)
+    name = f"nuvec_gated_delta_{hashlib.sha256(text.encode()).hexdigest()[:12]}"
+    return name, text.replace("nuvec_gated_delta(", f"{name}("), params
+
+
 def gated_delta_kernel(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor, *, backend: str,
                        storage: DType | None = None, slots: Tensor | None = None, composition=None) -> tuple[Tensor, Tensor]:
     """Launch the rule. Shapes as `fast.gated_delta` (validated there); `state` is the `[B, Hv,
@@ -67,40 +92,25 @@ def gated_delta_kernel(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
     device = q.device
     mode = "slots" if slots is not None else "steps" if storage is not None else "final"
     out_storage = storage if storage is not None else state.dtype
-    defines = dict(TQ=_CTYPES[q.dtype], TK=_CTYPES[k.dtype], TV=_CTYPES[v.dtype], TG=_CTYPES[g.dtype], TB=_CTYPES[beta.dtype], TS=_CTYPES[state.dtype],
-                   TO=_CTYPES[out_storage], DK=dk, DV=dv, HK=hk, HV=hv, EK=dk // 32, WARPS=WARPS,
-                   STATE_OUT=int(mode == "final"), STEPS_OUT=int(mode == "steps"), SLOTS=int(mode == "slots"))
-    defines["ROUND_STORAGE(x)"] = _ROUND[out_storage]
-    for which, dtype in (("S", state.dtype), ("O", out_storage), ("K", k.dtype), ("Q", q.dtype)):
-        defines.update(chunks(which, dk * dtype.itemsize, dk // 32 * dtype.itemsize))
+    types = dict(q=q.dtype, k=k.dtype, v=v.dtype, g=g.dtype, beta=beta.dtype, state=state.dtype, storage=out_storage)
+    name, text, _ = program(backend, types, mode, dk, dv, hk, hv)
     y = Tensor.empty(b, steps, hv, dv, dtype=q.dtype, device=device)
-    inputs = [Param("q", "in", defines["TQ"]), Param("k", "in", defines["TK"]), Param("v", "in", defines["TV"]),
-              Param("g", "in", defines["TG"]), Param("beta", "in", defines["TB"])]
     ins = [q.contiguous(), k.contiguous(), v.contiguous(), g.contiguous(), beta.contiguous()]
     if mode == "slots":
-        outs, params = [y, state], [Param("y", "out", defines["TQ"]), Param("pool", "out", defines["TS"])]
-        ins += [slots.cast(dtypes.int32).contiguous()]
-        inputs += [Param("slots", "in", "int")]
+        outs = [y, state]
+        ins.append(slots.cast(dtypes.int32).contiguous())
         runtime = (steps, state.shape[0])
     else:
-        extra = (Tensor.empty(b, hv, dv, dk, dtype=state.dtype, device=device) if mode == "final" else
-                 Tensor.empty(b, steps, hv, dv, dk, dtype=out_storage, device=device))
-        outs = [y, extra]
-        params = [Param("y", "out", defines["TQ"]),
-                  Param("state_out" if mode == "final" else "states", "out", defines["TS" if mode == "final" else "TO"])]
-        ins += [state.contiguous()]
-        inputs += [Param("state_in", "in", defines["TS"])]
+        outs = [y, Tensor.empty(b, hv, dv, dk, dtype=state.dtype, device=device) if mode == "final" else
+                Tensor.empty(b, steps, hv, dv, dk, dtype=out_storage, device=device)]
+        ins.append(state.contiguous())
         runtime = (steps,)
     ins.append(_int_buffer(device, runtime))
-    inputs.append(Param("ints", "in", "int"))
-    text = specialise(backend, "nuvec_gated_delta", "gated_delta.h", defines, params + inputs)
-    name = f"nuvec_gated_delta_{hashlib.sha256(text.encode()).hexdigest()[:12]}"
-    source = prelude(backend) + text.replace("nuvec_gated_delta(", f"{name}(")
     grid = (math.ceil(dv / WARPS), hv, b)
     backward = None
     if composition is not None and mode != "slots":
         backward = _backward(composition, (tuple(outs[0].shape), tuple(outs[1].shape)))
-    results = launch(name, source, device, outs, ins, [], grid, (32 * WARPS, 1, 1), grad_fxn=backward,
+    results = launch(name, prelude(backend) + text, device, outs, ins, [], grid, (32 * WARPS, 1, 1), grad_fxn=backward,
                      label=f"{backend} gated_delta {mode} Dk{dk} Dv{dv} Hk{hk} Hv{hv}")
     # tinygrad runs a call once per realize of one of its outputs: realizing y and then the pool
     # would apply the in-place update twice. So the slot variant realizes both now, together.
