@@ -94,11 +94,12 @@ INLINE float group_scale(const DEVICE TS* scales, int index) {
       for (int m = 0; m < XM; m++) {
         float dot = 0.0f;
         #pragma unroll
-        for (int j = 0; j < VALUES; j++) dot += xs[m][j] * codes[j];
+        for (int j = 0; j < VALUES; j++) dot = fma(xs[m][j], codes[j], dot);
+        // Explicit fmas: the compiler may not contract a row's arithmetic differently per XM.
 #if MODE == 0
-        sums[m][r] += scale * dot + bias * x_sum[m];
+        sums[m][r] = fma(scale, dot, fma(bias, x_sum[m], sums[m][r]));
 #else
-        sums[m][r] += scale * dot;
+        sums[m][r] = fma(scale, dot, sums[m][r]);
 #endif
       }
     }
