@@ -1,4 +1,4 @@
-"""Sweep the gated delta kernel's SIMD groups per threadgroup on the device
+"""Sweep the gated delta kernel's launch (SIMD groups per threadgroup x rows per SIMD group) on the device
 (`DEV=CUDA python3 scripts/tune_gated_delta.py`): a decode step at Qwen3.5-9B's sizes for B in
 {1, 8, 64, 256} and the 512-token prefill at B = 1, each setting timed as the benchmark times it
 (`nuvec_tg.bench.common.time_jit` over rotated inputs), with the bytes moved per second and the
@@ -12,10 +12,10 @@ from nuvec_tg.kernels import compositions_only
 from nuvec_tg.kernels import gated_delta as kernel
 
 HK, HV, DK, DV = 16, 32, 128, 128
-WARPS = [1, 2, 4, 8, 16]
+LAUNCH = [(w, r) for r in (1, 2, 4) for w in (2, 4, 8, 16)]
 warm_up()
 rng = np.random.default_rng(0)
-print("cells: SIMD groups per threadgroup: µs / TB/s", flush=True)
+print("cells: SIMD groups per threadgroup x rows per SIMD group: µs / TB/s", flush=True)
 for b, t in [(1, 1), (8, 1), (64, 1), (256, 1), (1, 512)]:
     moved = moved_bytes(b, t, HK, HV, DK, DV)
     calls = inputs(rng, b, t, HK, HV, DK, DV, rotations(moved))
@@ -23,11 +23,11 @@ for b, t in [(1, 1), (8, 1), (64, 1), (256, 1), (1, 512)]:
         with compositions_only():
             want = fast.gated_delta(*calls[0])[1].numpy()
     cells = []
-    for warps in WARPS:
-        kernel.WARPS = warps
+    for warps, rows in LAUNCH:
+        kernel.WARPS, kernel.ROWS = warps, rows
         got = fast.gated_delta(*calls[0])[1].numpy()
         error = float(np.abs(got - want).max()) if t == 1 else 0.0
         seconds = time_jit(lambda *x: fast.gated_delta(*x), calls, 5)
-        cells.append(f"{warps}: {seconds * 1e6:.1f}/{moved / seconds / 1e12:.2f} (err {error:.1e})")
+        cells.append(f"{warps}x{rows}: {seconds * 1e6:.1f}/{moved / seconds / 1e12:.2f} (err {error:.1e})")
     print(f"B {b} T {t}: " + "  ".join(cells), flush=True)
     del calls

@@ -12,7 +12,8 @@ from tinygrad.dtype import DType
 
 from .program import Param, chunks, launch, prelude, specialise
 
-WARPS = 4  # value rows (SIMD groups) per threadgroup
+WARPS = 4  # SIMD groups per threadgroup
+ROWS = 1   # value rows per SIMD group
 _CTYPES = {dtypes.float16: "half", dtypes.bfloat16: "bfloat", dtypes.float32: "float"}
 KERNEL_DTYPES = tuple(_CTYPES)
 _ROUND = {dtypes.float16: "round_half(x)", dtypes.bfloat16: "round_bfloat(x)", dtypes.float32: "(x)"}
@@ -62,7 +63,7 @@ def program(backend: str, types: dict[str, DType], mode: str, dk: int, dv: int, 
     steps' storage; the state's dtype otherwise); mode: "final", "steps" or "slots"."""
     ctypes = {key: _CTYPES[dtype] for key, dtype in types.items()}
     defines = dict(TQ=ctypes["q"], TK=ctypes["k"], TV=ctypes["v"], TG=ctypes["g"], TB=ctypes["beta"], TS=ctypes["state"],
-                   TO=ctypes["storage"], DK=dk, DV=dv, HK=hk, HV=hv, EK=dk // 32, WARPS=WARPS,
+                   TO=ctypes["storage"], DK=dk, DV=dv, HK=hk, HV=hv, EK=dk // 32, WARPS=WARPS, ROWS=ROWS,
                    STATE_OUT=int(mode == "final"), STEPS_OUT=int(mode == "steps"), SLOTS=int(mode == "slots"))
     defines["ROUND_STORAGE(x)"] = _ROUND[types["storage"]]
     for which, key in (("S", "state"), ("O", "storage"), ("K", "k"), ("Q", "q")):
@@ -106,7 +107,7 @@ def gated_delta_kernel(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
         ins.append(state.contiguous())
         runtime = (steps,)
     ins.append(_int_buffer(device, runtime))
-    grid = (math.ceil(dv / WARPS), hv, b)
+    grid = (math.ceil(dv / (WARPS * ROWS)), hv, b)
     backward = None
     if composition is not None and mode != "slots":
         backward = _backward(composition, (tuple(outs[0].shape), tuple(outs[1].shape)))
