@@ -24,7 +24,7 @@ for b, t in [(1, 1), (8, 1), (64, 1), (256, 1), (1, 512)]:
             want = fast.gated_delta(*calls[0])[1].numpy()
     cells = []
     for warps, rows in LAUNCH:
-        kernel.WARPS, kernel.ROWS = warps, rows
+        kernel.LAUNCH = (warps, rows)
         got = fast.gated_delta(*calls[0])[1].numpy()
         error = float(np.abs(got - want).max()) if t == 1 else 0.0
         seconds = time_jit(lambda *x: fast.gated_delta(*x), calls, 5)

@@ -87,10 +87,10 @@ def _check_metal(tmp_path, texts: list[str]):
 def test_every_gated_delta_metal_specialisation_compiles(tmp_path):
     from nuvec_tg.kernels import gated_delta
     texts = []
-    for (dk, dv), activation, state, mode in itertools.product(
+    for (dk, dv), activation, state, mode, steps in itertools.product(
             [(128, 128), (64, 48), (32, 17), (96, 64)], gated_delta.KERNEL_DTYPES, (dtypes.float32, dtypes.bfloat16),
-            ("final", "steps", "slots")):
+            ("final", "steps", "slots"), (1, 512)):
         types = dict(q=activation, k=activation, v=activation, g=dtypes.float32, beta=activation, state=state,
                      storage=dtypes.float16 if mode == "steps" else state)
-        texts.append(gated_delta.program("metal", types, mode, dk, dv, 2, 4)[1])
+        texts.append(gated_delta.program("metal", types, mode, dk, dv, 2, 4, *gated_delta.launch_shape(steps))[1])
     _check_metal(tmp_path, texts)

@@ -12,8 +12,19 @@ from tinygrad.dtype import DType
 
 from .program import Param, chunks, launch, prelude, specialise
 
-WARPS = 4  # SIMD groups per threadgroup
-ROWS = 1   # value rows per SIMD group
+LAUNCH: tuple[int, int] | None = None  # (SIMD groups, rows per SIMD group) for every call: a sweep sets it
+
+
+def launch_shape(steps: int) -> tuple[int, int]:
+    """(SIMD groups per threadgroup, value rows per SIMD group) for a call of `steps` steps.
+
+    From the H200 sweep (`scripts/tune_gated_delta.py`, Qwen3.5-9B sizes, float32 state): a decode
+    step runs best with 2 x 4, the key and query read once for four rows and more of the state in
+    flight per SIMD group (B = 8: 9.1 µs against 10.1 for 4 x 1; B = 256: 260 against 301); the
+    512-token prefill with 4 x 1, more SIMD groups each with a shorter chain per step (B = 1:
+    344 µs against 387). A row's arithmetic is the same in every shape, so the bits are too."""
+    if LAUNCH is not None: return LAUNCH
+    return (2, 4) if steps <= 16 else (4, 1)
 _CTYPES = {dtypes.float16: "half", dtypes.bfloat16: "bfloat", dtypes.float32: "float"}
 KERNEL_DTYPES = tuple(_CTYPES)
 _ROUND = {dtypes.float16: "round_half(x)", dtypes.bfloat16: "round_bfloat(x)", dtypes.float32: "(x)"}
@@ -56,14 +67,16 @@ def _backward(composition, output_shapes: tuple[tuple[int, ...], tuple[int, ...]
     return grad_fxn
 
 
-def program(backend: str, types: dict[str, DType], mode: str, dk: int, dv: int, hk: int, hv: int) -> tuple[str, str, list[Param]]:
+def program(backend: str, types: dict[str, DType], mode: str, dk: int, dv: int, hk: int, hv: int,
+            warps: int, rows: int) -> tuple[str, str, list[Param]]:
     """The kernel's name, text (without the prelude) and parameters for one specialisation.
 
     types: the dtypes of `q`, `k`, `v`, `g`, `beta`, `state` (or the pool) and `storage` (the
-    steps' storage; the state's dtype otherwise); mode: "final", "steps" or "slots"."""
+    steps' storage; the state's dtype otherwise); mode: "final", "steps" or "slots"; warps, rows:
+    the launch shape (`launch_shape`)."""
     ctypes = {key: _CTYPES[dtype] for key, dtype in types.items()}
     defines = dict(TQ=ctypes["q"], TK=ctypes["k"], TV=ctypes["v"], TG=ctypes["g"], TB=ctypes["beta"], TS=ctypes["state"],
-                   TO=ctypes["storage"], DK=dk, DV=dv, HK=hk, HV=hv, EK=dk // 32, WARPS=WARPS, ROWS=ROWS,
+                   TO=ctypes["storage"], DK=dk, DV=dv, HK=hk, HV=hv, EK=dk // 32, WARPS=warps, ROWS=rows,
                    STATE_OUT=int(mode == "final"), STEPS_OUT=int(mode == "steps"), SLOTS=int(mode == "slots"))
     defines["ROUND_STORAGE(x)"] = _ROUND[types["storage"]]
     for which, key in (("S", "state"), ("O", "storage"), ("K", "k"), ("Q", "q")):
@@ -94,7 +107,8 @@ def gated_delta_kernel(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
     mode = "slots" if slots is not None else "steps" if storage is not None else "final"
     out_storage = storage if storage is not None else state.dtype
     types = dict(q=q.dtype, k=k.dtype, v=v.dtype, g=g.dtype, beta=beta.dtype, state=state.dtype, storage=out_storage)
-    name, text, _ = program(backend, types, mode, dk, dv, hk, hv)
+    warps, rows = launch_shape(steps)
+    name, text, _ = program(backend, types, mode, dk, dv, hk, hv, warps, rows)
     y = Tensor.empty(b, steps, hv, dv, dtype=q.dtype, device=device)
     ins = [q.contiguous(), k.contiguous(), v.contiguous(), g.contiguous(), beta.contiguous()]
     if mode == "slots":
@@ -107,11 +121,11 @@ def gated_delta_kernel(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
         ins.append(state.contiguous())
         runtime = (steps,)
     ins.append(_int_buffer(device, runtime))
-    grid = (math.ceil(dv / (WARPS * ROWS)), hv, b)
+    grid = (math.ceil(dv / (warps * rows)), hv, b)
     backward = None
     if composition is not None and mode != "slots":
         backward = _backward(composition, (tuple(outs[0].shape), tuple(outs[1].shape)))
-    results = launch(name, prelude(backend) + text, device, outs, ins, [], grid, (32 * WARPS, 1, 1), grad_fxn=backward,
+    results = launch(name, prelude(backend) + text, device, outs, ins, [], grid, (32 * warps, 1, 1), grad_fxn=backward,
                      label=f"{backend} gated_delta {mode} Dk{dk} Dv{dv} Hk{hk} Hv{hv}")
     # tinygrad runs a call once per realize of one of its outputs: realizing y and then the pool
     # would apply the in-place update twice. So the slot variant realizes both now, together.
