@@ -19,7 +19,7 @@ from tinygrad import Tensor, dtypes
 from tinygrad.dtype import DType
 from tinygrad.uop.ops import Ops, UOp
 
-from .program import Param, chunks, launch, prelude, specialise
+from .program import Param, chunks, int_buffer, launch, prelude, specialise
 
 
 @dataclass(frozen=True)
@@ -86,13 +86,6 @@ def cache_view(t: Tensor) -> CacheView:
         if all(bounds[i] == (0, source_shape[i]) for i in (0, 1, 3)) and isinstance(bounds[2][0], int):
             return CacheView(Tensor(u.src[0]), bounds[2][0], source_shape[2])
     return CacheView(t, 0, t.shape[2])
-
-
-@functools.lru_cache(maxsize=1024)
-def _int_buffer(device: str, values: tuple[int, ...]) -> Tensor:
-    """A realized int32 buffer of `values`, made once: a call reuses it rather than copying host
-    memory to the device each time (and a jitted step finds it already made)."""
-    return Tensor(list(values), dtype=dtypes.int32, device=device).realize()
 
 
 def _length_expression(k_len, scalars: list[UOp], params: list[Param]) -> str:
@@ -247,7 +240,7 @@ def decode_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, *, dtype: DT
     if length == "ints" and paged is None: runtime.append(k.shape[2])
     # The integers travel in a small buffer: one program serves every value (a scalar parameter
     # would need a Variable, which TinyJit could not bind), and a jitted step keeps its values.
-    ins.append(_int_buffer(device, tuple(runtime) or (0,)))
+    ins.append(int_buffer(device, tuple(runtime) or (0,)))
     spec = DecodeSpec(dtype, head_dim, value_dim, q_heads, kv_heads, q_len, passes, blocks, causal, window is not None,
                       mask_kind, sinks is not None, paged[2] if paged is not None else 0, scale, length, warps, unroll)
     programs = spec.sources(backend, length_params)

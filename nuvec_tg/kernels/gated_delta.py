@@ -1,16 +1,19 @@
-"""The gated delta rule's kernel (`src/gated_delta.h`): one SIMD group per value row of a head's
-state, the row in registers for the whole time loop. Three variants: the final state, every step's
-state (rounded to a storage dtype), and a slot pool read and written in place."""
+"""The gated delta rule's kernel (`src/gated_delta.h`): a SIMD group per few value rows of a
+head's state, the rows in registers for the whole time loop. Three variants: the final state,
+every step's state (rounded to a storage dtype), and a slot pool read and written in place."""
 from __future__ import annotations
 
-import functools
 import hashlib
 import math
 
 from tinygrad import Tensor, dtypes
 from tinygrad.dtype import DType
 
-from .program import Param, chunks, launch, prelude, specialise
+from .program import Param, chunks, int_buffer, launch, prelude, specialise
+
+_CTYPES = {dtypes.float16: "half", dtypes.bfloat16: "bfloat", dtypes.float32: "float"}
+KERNEL_DTYPES = tuple(_CTYPES)
+_ROUND = {dtypes.float16: "round_half(x)", dtypes.bfloat16: "round_bfloat(x)", dtypes.float32: "(x)"}
 
 LAUNCH: tuple[int, int] | None = None  # (SIMD groups, rows per SIMD group) for every call: a sweep sets it
 
@@ -25,19 +28,11 @@ def launch_shape(steps: int) -> tuple[int, int]:
     344 µs against 387). A row's arithmetic is the same in every shape, so the bits are too."""
     if LAUNCH is not None: return LAUNCH
     return (2, 4) if steps <= 16 else (4, 1)
-_CTYPES = {dtypes.float16: "half", dtypes.bfloat16: "bfloat", dtypes.float32: "float"}
-KERNEL_DTYPES = tuple(_CTYPES)
-_ROUND = {dtypes.float16: "round_half(x)", dtypes.bfloat16: "round_bfloat(x)", dtypes.float32: "(x)"}
 
 
 def supported(*tensors: Tensor, key_dim: int, storage: DType | None = None) -> bool:
     """Whether the kernel takes these inputs: float16/bfloat16/float32 everywhere, Dk a multiple of 32."""
     return key_dim % 32 == 0 and all(t.dtype in _CTYPES for t in tensors) and (storage is None or storage in _CTYPES)
-
-
-@functools.lru_cache(maxsize=256)
-def _int_buffer(device: str, values: tuple[int, ...]) -> Tensor:
-    return Tensor(list(values), dtype=dtypes.int32, device=device).realize()
 
 
 def _backward(composition, output_shapes: tuple[tuple[int, ...], tuple[int, ...]]):
@@ -120,7 +115,7 @@ def gated_delta_kernel(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
                 Tensor.empty(b, steps, hv, dv, dk, dtype=out_storage, device=device)]
         ins.append(state.contiguous())
         runtime = (steps,)
-    ins.append(_int_buffer(device, runtime))
+    ins.append(int_buffer(device, runtime))
     grid = (math.ceil(dv / (warps * rows)), hv, b)
     backward = None
     if composition is not None and mode != "slots":

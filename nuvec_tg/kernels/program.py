@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-from tinygrad import Device, Tensor
+from tinygrad import Device, Tensor, dtypes
 from tinygrad.dtype import AddrSpace
 from tinygrad.uop.ops import KernelInfo, Ops, ProgramInfo, UOp
 
@@ -44,6 +44,13 @@ def prelude(backend: str) -> str:
     every backend (`src/common.h`)."""
     if backend not in ("cuda", "metal"): raise ValueError(f"render: unknown backend {backend!r}")
     return _source(f"prelude_{backend}.h") + _source("common.h")
+
+
+@functools.lru_cache(maxsize=1024)
+def int_buffer(device: str, values: tuple[int, ...]) -> Tensor:
+    """A realized int32 buffer of `values` (a kernel's runtime integers), made once: a call reuses
+    it rather than copying host memory to the device each time (and a jitted step finds it made)."""
+    return Tensor(list(values), dtype=dtypes.int32, device=device).realize()
 
 
 _CHUNK_TYPES = {16: "uint4", 8: "uint2", 4: "uint", 2: "ushort"}
