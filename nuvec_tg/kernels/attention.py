@@ -9,7 +9,6 @@ each), one batch item and one of BLOCKS key blocks.
 """
 from __future__ import annotations
 
-import functools
 import hashlib
 import math
 from dataclasses import dataclass
