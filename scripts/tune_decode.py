@@ -47,12 +47,11 @@ for b, hq, hkv, lk in shapes:
             worst = max(worst, float(np.abs(got - reference).max() / np.abs(reference).max()))
             seconds = time_jit(attend, sets, 5)
             cells.append((seconds, f"{blocks}x{warps}x{unroll}: {seconds * 1e6:.1f}/{kv_bytes / seconds / 1e12:.2f}", (blocks, warps, unroll)))
-    best = min(cells)[1]
+    _, best, (blocks, warps, unroll) = min(cells)
     torch_s = torch_seconds[(b, hq, hkv, 128, lk, "bfloat16")]
     torch_text = f"{torch_s * 1e6:.1f}/{kv_bytes / torch_s / 1e12:.2f}" if torch_s else "-"
     print(f"B {b} {hq}/{hkv} Lk {lk}: " + "  ".join(c for _, c, _ in cells) + f"  | best {best} | torch {torch_text} | max rel. error {worst:.1e}", flush=True)
     # The best launch's kernels one by one (eager launches, events around each).
-    blocks, warps, unroll = best_launch = min(cells)[2]
     with Context(DEBUG=2), contextlib.redirect_stdout(io.StringIO()) as log:
         for _ in range(3):
             decode_attention(*sets[0], d ** -0.5, dtype=dtype, backend="cuda", passes=1 if blocks == 1 else 2, blocks=blocks,

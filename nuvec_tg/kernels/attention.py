@@ -21,6 +21,7 @@ from tinygrad.uop.ops import Ops, UOp
 
 from .program import Param, launch, prelude, specialise
 
+
 @dataclass(frozen=True)
 class Launch:
     """The first pass's threadgroup: `warps` SIMD groups, each lane with `unroll` key lines in flight."""
@@ -145,6 +146,10 @@ class DecodeSpec:
         if not self.page and self.length == "ints": names.append("int_length")
         return names
 
+    def geometry(self) -> Geometry:
+        """How the first pass's threadgroups split the keys' lines and the query rows."""
+        return geometry(self.head_dim, self.value_dim, self.dtype, self.q_heads // self.kv_heads * self.q_len, self.warps)
+
     def merge_splits(self) -> int:
         """Groups of `DV / 4` merge threads (float4 pieces of a value row), each over every
         `splits`-th block."""
@@ -167,7 +172,7 @@ class DecodeSpec:
     def sources(self, backend: str, length_params: Sequence[Param] = ()) -> list[tuple[str, str, list[Param]]]:
         """`(program name, source without the prelude, parameters)` for each pass."""
         ctype = _CTYPES[self.dtype]
-        shape = geometry(self.head_dim, self.value_dim, self.dtype, self.q_heads // self.kv_heads * self.q_len, self.warps)
+        shape = self.geometry()
         size = self.dtype.itemsize
         defines = dict(T=ctype, D=self.head_dim, DV=self.value_dim, HQ=self.q_heads, HKV=self.kv_heads,
                        GQA=self.q_heads // self.kv_heads, LQ=self.q_len, ROWS=shape.rows, ROW_GROUPS=shape.row_groups,
@@ -256,9 +261,7 @@ def decode_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, *, dtype: DT
                       mask_kind, sinks is not None, paged[2] if paged is not None else 0, scale, length, warps, unroll)
     programs = spec.sources(backend, length_params)
     first_name, first_source, _ = programs[0]
-    scalars = length_scalars
-    shape = geometry(head_dim, value_dim, dtype, q_heads // kv_heads * q_len, warps)
-    grid = (kv_heads * shape.row_groups, batch, blocks if passes == 2 else 1)
+    grid = (kv_heads * spec.geometry().row_groups, batch, blocks if passes == 2 else 1)
     label = f"{backend} {dtype.name} D{head_dim}/{value_dim} gqa{q_heads // kv_heads} Lq{q_len} passes{passes} blocks{blocks}"
     logical = _logical_inputs(k, v, paged)
     ctype_prelude = prelude(backend)
@@ -266,13 +269,13 @@ def decode_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, *, dtype: DT
     if passes == 1:
         out = Tensor.empty(batch, q_heads, q_len, value_dim, dtype=dtype, device=device)
         backward = _backward(composition, logical, first_input=1, mask=mask_kind, sinks=sinks is not None)
-        return launch(first_name, ctype_prelude + first_source, device, [out], ins, scalars, grid, (warps * 32, 1, 1),
+        return launch(first_name, ctype_prelude + first_source, device, [out], ins, length_scalars, grid, (warps * 32, 1, 1),
                       grad_fxn=backward, label=label)[0]
     partials = launch(first_name, ctype_prelude + first_source, device,
                       [Tensor.empty(rows * blocks * value_dim, dtype=dtypes.float32, device=device),
                        Tensor.empty(rows * blocks, dtype=dtypes.float32, device=device),
                        Tensor.empty(rows * blocks, dtype=dtypes.float32, device=device)],
-                      ins, scalars, grid, (warps * 32, 1, 1), label=label)
+                      ins, length_scalars, grid, (warps * 32, 1, 1), label=label)
     merge_name, merge_source, _ = programs[1]
     merge_ins = list(partials) + ([ins[3 + (mask_kind > 0)]] if sinks is not None else []) + ins
     out = Tensor.empty(batch, q_heads, q_len, value_dim, dtype=dtype, device=device)

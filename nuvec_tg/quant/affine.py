@@ -54,24 +54,30 @@ class QuantizedWeight:
         return self.weight.shape[-1] * 32 // self.bits
 
 
-def _check_format(op: str, mode: str, group_size: int, bits: int) -> None:
-    check(mode in MODES, op, f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+def _format(op: str, mode: str, group_size: int | None, bits: int | None) -> tuple[int, int]:
+    """The format's group size and bits (the mode's defaults where None), checked."""
+    check(isinstance(mode, str) and mode in MODES, op, f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+    expected_group, expected_bits = DEFAULTS[mode]
+    group_size = expected_group if group_size is None else group_size
+    bits = expected_bits if bits is None else bits
     if mode == "affine":
         check(group_size in GROUP_SIZES, op, f"group_size must be 32, 64 or 128, got {group_size}")
         check(bits in BITS, op, f"bits must be one of {', '.join(map(str, BITS))}, got {bits}")
-        return
-    expected_group, expected_bits = DEFAULTS[mode]
-    check(group_size == expected_group, op, f"{mode} quantization requires group size {expected_group} but got {group_size}")
-    check(bits == expected_bits, op, f"{mode} quantization requires bits to be {expected_bits} but got {bits}")
+    else:
+        check(group_size == expected_group, op, f"{mode} quantization requires group size {expected_group} but got {group_size}")
+        check(bits == expected_bits, op, f"{mode} quantization requires bits to be {expected_bits} but got {bits}")
+    return group_size, bits
 
 
-def _check_global_scale(op: str, mode: str, global_scale: Tensor | None) -> None:
+def _check_global_scale(op: str, mode: str, global_scale: Tensor | None, entries: int = 1) -> None:
+    """nvfp4's global scale: float32, `entries` values (one, or one per expert of a gather)."""
     if global_scale is None: return
     check(mode == "nvfp4", op, f"Global scale is only supported for 'nvfp4' quantization, not {mode!r}")
     check_tensor(op, "global_scale", global_scale)
-    check(global_scale.numel() == 1, op, f"the global scale must have one element, got shape {tuple(global_scale.shape)}")
     if global_scale.dtype != dtypes.float32:
-        raise TypeError(f"{op}: the global scale must be float32, got {global_scale.dtype}")
+        raise TypeError(f"{op}: the global scale must be float32 (dtype float32), got {global_scale.dtype}")
+    what = "must have one element" if entries == 1 else f"needs one entry per expert ({entries})"
+    check(global_scale.numel() == entries, op, f"the global scale {what}, got shape {tuple(global_scale.shape)}")
 
 
 def pack_codes(codes: Tensor, bits: int) -> Tensor:
@@ -101,12 +107,9 @@ def quantize(w: Tensor, group_size: int | None = None, bits: int | None = None, 
     and biases in w's dtype, floating-point modes uint8 scale codes and no biases.
     """
     op = "quantize"
-    check(isinstance(mode, str) and mode in MODES, op, f"mode must be one of {', '.join(MODES)}, got {mode!r}")
-    group_size = DEFAULTS[mode][0] if group_size is None else group_size
-    bits = DEFAULTS[mode][1] if bits is None else bits
+    group_size, bits = _format(op, mode, group_size, bits)
     check_tensor(op, "w", w)
     check_floating(op, "w", w.dtype)
-    _check_format(op, mode, group_size, bits)
     check(mode == "affine" or w.dtype != dtypes.float64, op, f"{mode} takes float32, float16 or bfloat16 weights, not float64")
     _check_global_scale(op, mode, global_scale)
     check(w.ndim >= 2, op, f"w must have at least 2 dimensions, got shape {tuple(w.shape)}")
@@ -141,7 +144,7 @@ def quantize(w: Tensor, group_size: int | None = None, bits: int | None = None, 
 def _check_weight(op: str, qw: QuantizedWeight) -> None:
     if not isinstance(qw, QuantizedWeight):
         raise TypeError(f"{op}: expected a QuantizedWeight, got {type(qw).__name__}")
-    _check_format(op, qw.mode, qw.group_size, qw.bits)
+    _format(op, qw.mode, qw.group_size, qw.bits)
     _check_global_scale(op, qw.mode, qw.global_scale)
     check_tensor(op, "weight", qw.weight)
     check_tensor(op, "scales", qw.scales)
@@ -164,14 +167,15 @@ def _check_weight(op: str, qw: QuantizedWeight) -> None:
           f"{tuple(qw.weight.shape)} with group size {qw.group_size} and {qw.bits} bits, got {', '.join(map(str, given))}")
 
 
-def _dense(qw: QuantizedWeight, dtype: DType) -> Tensor:
-    """The weights `[..., N, K]` in `dtype` (computed in float32, rounded once to `dtype`)."""
+def _dense(qw: QuantizedWeight, dtype: DType, global_scale: Tensor | None = None) -> Tensor:
+    """The weights `[..., N, K]` in `dtype` (computed in float32, rounded once to `dtype`).
+    global_scale: nvfp4's, broadcastable to the scales `[..., N, K / group]` (default: qw's own)."""
     codes = unpack_codes(qw.weight, qw.bits)
     *lead, columns = codes.shape
     grouped = codes.reshape(*lead, columns // qw.group_size, qw.group_size)
     if qw.mode != "affine":
-        scale = None if qw.global_scale is None else qw.global_scale.reshape(())
-        return floating.dequantize_groups(grouped, qw.scales, qw.mode, scale, dtype).reshape(*lead, columns).cast(dtype)
+        if global_scale is None and qw.global_scale is not None: global_scale = qw.global_scale.reshape(())
+        return floating.dequantize_groups(grouped, qw.scales, qw.mode, global_scale, dtype).reshape(*lead, columns).cast(dtype)
     scales = qw.scales.cast(dtype).cast(dtypes.float32).unsqueeze(-1)
     biases = qw.biases.cast(dtype).cast(dtypes.float32).unsqueeze(-1)
     return (grouped.cast(dtypes.float32) * scales + biases).reshape(*lead, columns).cast(dtype)

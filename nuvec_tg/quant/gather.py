@@ -15,8 +15,7 @@ import math
 from tinygrad import Tensor, dtypes
 
 from ..tensor import broadcast_shape, check, check_floating, check_integer, check_tensor, promote_types, take_rows
-from . import floating
-from .affine import QuantizedWeight, _check_weight, _dense, unpack_codes
+from .affine import QuantizedWeight, _check_global_scale, _check_weight, _dense
 
 
 def _indices(op: str, name: str, given: Tensor | None, batch: tuple[int, ...], device: str) -> Tensor:
@@ -29,18 +28,14 @@ def _indices(op: str, name: str, given: Tensor | None, batch: tuple[int, ...], d
     return given
 
 
-def _gather(op: str, a: Tensor, b_batches: Tensor, b_batch: tuple[int, ...], lhs_indices, rhs_indices,
-            product) -> Tensor:
+def _gather(op: str, a: Tensor, b_batch: tuple[int, ...], lhs_indices, rhs_indices, product) -> Tensor:
     """`product(a rows [P, M, K], b batch indices [P])` over the broadcast indices, `[..., M, N]`."""
     a_batch = tuple(a.shape[:-2])
     lhs = _indices(op, "lhs_indices", lhs_indices, a_batch, a.device)
     rhs = _indices(op, "rhs_indices", rhs_indices, b_batch, a.device)
     shape = broadcast_shape(op, tuple(lhs.shape), tuple(rhs.shape))
-    count = math.prod(shape)
-    lhs_flat = lhs.cast(dtypes.int32).expand(shape).reshape(count) if shape else lhs.cast(dtypes.int32).reshape(1)
-    rhs_flat = rhs.cast(dtypes.int32).expand(shape).reshape(count) if shape else rhs.cast(dtypes.int32).reshape(1)
-    rows = take_rows(a.reshape(-1, *a.shape[-2:]), lhs_flat)
-    out = product(rows, rhs_flat)
+    def flat(indices: Tensor) -> Tensor: return indices.cast(dtypes.int32).expand(shape).reshape(math.prod(shape))
+    out = product(take_rows(a.reshape(-1, *a.shape[-2:]), flat(lhs)), flat(rhs))
     return out.reshape(*shape, *out.shape[-2:])
 
 
@@ -60,7 +55,7 @@ def gather_mm(a: Tensor, b: Tensor, lhs_indices: Tensor | None = None, rhs_indic
     check(a.shape[-1] == b.shape[-2], op, f"a's last dimension ({a.shape[-1]}) must equal b's second to last ({b.shape[-2]})")
     dtype = promote_types(a.dtype, b.dtype)
     b_flat = b.cast(dtype).reshape(-1, *b.shape[-2:])
-    return _gather(op, a.cast(dtype), b_flat, tuple(b.shape[:-2]), lhs_indices, rhs_indices,
+    return _gather(op, a.cast(dtype), tuple(b.shape[:-2]), lhs_indices, rhs_indices,
                    lambda rows, picks: rows @ take_rows(b_flat, picks))
 
 
@@ -79,14 +74,9 @@ def gather_qmm(x: Tensor, qw: QuantizedWeight, lhs_indices: Tensor | None = None
     _check_weight(op, qw)
     check(qw.global_scale is None, op, "pass nvfp4's per-batch global scale as global_scale=, not inside the weight")
     batches = tuple(qw.weight.shape[:-2])
-    if global_scale is not None:
-        check(qw.mode == "nvfp4", op, f"Global scale is only supported for 'nvfp4' quantization, not {qw.mode!r}")
-        check_tensor(op, "global_scale", global_scale)
-        if global_scale.dtype != dtypes.float32:
-            raise TypeError(f"{op}: the global scale must have dtype float32, got {global_scale.dtype}")
-        check(global_scale.numel() == math.prod(batches), op,
-              f"the global scale needs one entry per expert ({math.prod(batches)}), got shape {tuple(global_scale.shape)}")
-        check(lhs_indices is not None or rhs_indices is not None, op, "a global scale cannot be used without indices")
+    _check_global_scale(op, qw.mode, global_scale, entries=math.prod(batches))
+    check(global_scale is None or lhs_indices is not None or rhs_indices is not None, op,
+          "a global scale cannot be used without indices")
     rows, columns = qw.weight.shape[-2], qw.columns
     inner = columns if transpose else rows
     check(x.ndim >= 2 and x.shape[-1] == inner, op,
@@ -101,18 +91,9 @@ def gather_qmm(x: Tensor, qw: QuantizedWeight, lhs_indices: Tensor | None = None
     def product(x_rows: Tensor, picks: Tensor) -> Tensor:
         chosen = QuantizedWeight(take_rows(weight, picks), take_rows(scales, picks),
                                  None if biases is None else take_rows(biases, picks), qw.mode, qw.group_size, qw.bits)
-        if scale_per_batch is None:
-            dense = _dense(chosen, dtype)
-        else:  # each batch's own global scale: dequantize with it folded into the scales' product
-            dense = _dense_with_global(chosen, take_rows(scale_per_batch, picks), dtype)
+        # each chosen batch's own global scale, broadcast over its scales [P, N, groups]
+        scale = None if scale_per_batch is None else take_rows(scale_per_batch, picks).reshape(-1, 1, 1)
+        dense = _dense(chosen, dtype, scale)
         return x_rows.cast(dtype) @ (dense.transpose(-1, -2) if transpose else dense)
-    return _gather(op, x, weight, batches, lhs_indices, rhs_indices, product)
+    return _gather(op, x, batches, lhs_indices, rhs_indices, product)
 
-
-def _dense_with_global(qw: QuantizedWeight, global_scales: Tensor, dtype) -> Tensor:
-    """nvfp4 weights `[P, N, K]` whose batch p has global scale `global_scales[p]` (`[P, 1]`)."""
-    codes = unpack_codes(qw.weight, qw.bits)
-    count, rows, columns = codes.shape
-    grouped = codes.reshape(count, rows, columns // qw.group_size, qw.group_size)
-    values = floating.dequantize_groups(grouped, qw.scales, qw.mode, global_scales.reshape(count, 1, 1), dtype)
-    return values.reshape(count, rows, columns).cast(dtype)
