@@ -10,6 +10,7 @@ import pytest
 from tinygrad import dtypes
 
 from nuvec_tg.fast.plan import PlanTarget, Vector, plan_call, validate_attention
+from nuvec_tg.kernels import quant as qmv
 from nuvec_tg.kernels.attention import KERNEL_DTYPES, DecodeSpec
 from nuvec_tg.kernels.program import Param, prelude
 
@@ -65,6 +66,39 @@ def test_every_planned_metal_specialisation_compiles(tmp_path):
     for n, unit in enumerate(units):
         source = tmp_path / f"unit{n}.metal"
         source.write_text(prelude("metal") + "\n".join(unit))
+        result = subprocess.run([COMPILER, "-std=c++17", "-fsyntax-only", "-Wno-unknown-attributes", f"-I{SHIM}", "-x", "c++",
+                                 str(source)], capture_output=True, text=True)
+        assert result.returncode == 0, result.stderr[:3000]
+
+
+def qmv_programs():
+    """Each qmv specialisation the routing emits, up to sizes: every mode, width and group, x (and
+    y) dtype, affine scales dtype, 1-8 rows; K and N at the kernel's boundaries (half chunks, fewer
+    columns than a SIMD group serves, narrower loads), the default plan and a few others."""
+    formats = [("affine", g, b) for b in (1, 2, 3, 4, 5, 6, 8) for g in (32, 64, 128)] + [
+        ("mxfp4", 32, 4), ("mxfp8", 32, 8), ("nvfp4", 16, 4)]
+    float_types = ("float", "half", "bfloat")
+    for (mode, group, bits), x, rows in itertools.product(formats, float_types, range(1, 9)):
+        for scales in (float_types if mode == "affine" else ("uchar",)):
+            for k, n in ((4096, 4096), (group * 3, 3)) + (((4096 + 16, 14336),) if mode == "nvfp4" else ()):
+                plans = {qmv.plan(rows, k, n)} | ({qmv.QmvPlan(3, 2, 2, 2)} if rows == 1 and n > 3 else set())
+                for p in plans:
+                    yield qmv.program("metal", x_ctype=x, scales_ctype=scales, out_ctype=x, mode=mode, group_size=group, bits=bits,
+                                      rows=rows, k=k, n=n, qmv_plan=p)[0]
+
+
+def test_every_qmv_metal_specialisation_compiles(tmp_path):
+    texts = list(qmv_programs())
+    assert len(texts) > 1000
+    units = [texts[i:i + 400] for i in range(0, len(texts), 400)]
+    for n, unit in enumerate(units):
+        parts = []
+        for i, text in enumerate(unit):
+            defined = [line.split()[1] for line in text.splitlines() if line.startswith("#define ")]
+            parts.append(f"namespace spec{i} {{\n{text.replace('nuvec_qmv(', f'nuvec_qmv_{i}(')}\n}}\n" +
+                         "".join(f"#undef {d}\n" for d in defined))
+        source = tmp_path / f"qmv{n}.metal"
+        source.write_text(prelude("metal") + "\n".join(parts))
         result = subprocess.run([COMPILER, "-std=c++17", "-fsyntax-only", "-Wno-unknown-attributes", f"-I{SHIM}", "-x", "c++",
                                  str(source)], capture_output=True, text=True)
         assert result.returncode == 0, result.stderr[:3000]
