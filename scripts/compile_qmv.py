@@ -1,6 +1,8 @@
 """Render every qmv specialisation and compile it (no GPU needed): `python scripts/compile_qmv.py cuda`
 compiles each for sm_90 with nvcc (`-Xptxas -v`) and reports registers and spills; `... metal`
-writes one translation unit for the Metal shim check (tests/test_metal_check.py does the same).
+writes one translation unit for the Metal shim check (tests/test_metal_check.py does the same);
+`CUOBJDUMP=... python scripts/compile_qmv.py sass` counts the main loop's SASS instructions of the
+one-row default plans.
 Specialisations: modes x widths x groups x dtypes (x and y alike; affine scales float16, bfloat16,
 float32) x 1, 3 and 8 rows, default plans at K = N = 4096 (nvfp4 also at K = 4096 + 16, which
 ends in a half chunk); with --grid, instead, every kernel scripts/tune_qmv.py sweeps."""
@@ -80,9 +82,40 @@ def compile_cuda(specs, jobs: int = os.cpu_count() or 2) -> int:
     return 0
 
 
+def loop_histogram(spec, cuobjdump: str) -> tuple[int, dict[str, int]]:
+    """(instructions, count per opcode) of the main loop (the longest backward branch's body) of one
+    specialisation's sm_90 SASS."""
+    tmp = tempfile.mkdtemp()
+    open(f"{tmp}/one.cu", "w").write(unit("cuda", [spec]))
+    subprocess.run(["nvcc", "-arch=sm_90", "-cubin", "-o", f"{tmp}/one.cubin", f"{tmp}/one.cu"], check=True)
+    sass = subprocess.run([cuobjdump, "-sass", f"{tmp}/one.cubin"], capture_output=True, text=True, check=True).stdout
+    lines = re.findall(r"/\*([0-9a-f]{4,})\*/\s+(.*?);", sass)
+    at = {int(address, 16): i for i, (address, _) in enumerate(lines)}
+    loops = [(at[int(m.group(1), 16)], i) for i, (_, text) in enumerate(lines)
+             if (m := re.search(r"BRA (?:`\(\.L_x_\d+\) )?0x([0-9a-f]+)", text)) and int(m.group(1), 16) in at
+             and at[int(m.group(1), 16)] < i]
+    first, last = max(loops, key=lambda span: span[1] - span[0])
+    counts: dict[str, int] = {}
+    for _, text in lines[first:last + 1]:
+        opcode = text.split()[1 if text.startswith("@") else 0].split(".")[0]
+        counts[opcode] = counts.get(opcode, 0) + 1
+    return last + 1 - first, dict(sorted(counts.items(), key=lambda kv: -kv[1]))
+
+
 if __name__ == "__main__":
     backend = sys.argv[1] if len(sys.argv) > 1 else "cuda"
     sys.path.insert(0, os.path.dirname(__file__))
+    if backend == "sass":  # main-loop instruction counts of the one-row default plans, K = N = 4096
+        cuobjdump = os.environ.get("CUOBJDUMP", "cuobjdump")
+        for mode, group, bits in (("affine", 64, 4), ("affine", 64, 8), ("mxfp4", 32, 4)):
+            p = qmv.plan(1, 4096, N)
+            spec = (mode, dict(x_ctype="bfloat", scales_ctype="bfloat" if mode == "affine" else "uchar", out_ctype="bfloat",
+                               mode=mode, group_size=group, bits=bits, rows=1, k=4096, n=N, qmv_plan=p))
+            count, counts = loop_histogram(spec, cuobjdump)
+            codes = 32 * p.columns_per_warp * p.unroll
+            print(f"{mode} {bits}-bit g{group} M1 {p}: {count} instructions per lane step of {codes} codes "
+                  f"({count * 32 / codes:.1f} per 32 codes of a column): {counts}")
+        sys.exit(0)
     specs = list(specialisations(grid="--grid" in sys.argv))
     print(f"{len(specs)} specialisations", flush=True)
     if backend == "metal":
