@@ -1,6 +1,8 @@
 """The qmv kernel on a GPU (METAL or CUDA) against the composition on the same device: every
-affine width and floating-point mode, 1-8 rows, unaligned N and K, the kernel actually running,
-each row's bits equal to a one-row product's, gradients."""
+affine width and floating-point mode, 1-8 rows, N and K at the kernel's boundaries (N not a
+multiple of a SIMD group's columns or below them, K not a multiple of a SIMD step, nvfp4's half
+chunks, K split across 1-8 SIMD groups), the kernel actually running, each row's bits equal to a
+one-row product's, gradients."""
 import numpy as np
 import pytest
 from tinygrad import Tensor, dtypes
@@ -8,6 +10,7 @@ from tinygrad import Tensor, dtypes
 from conftest import GPU_DEVICES
 from nuvec_tg import quant
 from nuvec_tg.kernels import compositions_only, record_launches
+from nuvec_tg.kernels import quant as qmv
 from reference import random
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not GPU_DEVICES, reason="no GPU")]
@@ -25,10 +28,24 @@ def bits_of(t: Tensor) -> np.ndarray:
 @pytest.mark.parametrize("dtype", [dtypes.float32, dtypes.float16, dtypes.bfloat16], ids=lambda d: d.name)
 def test_qmv_matches_the_composition_and_keeps_one_row_bits(mode, group, width, dtype):
     rng = np.random.default_rng(0x9A7)
-    n, k = 13, 3 * 128 + group            # N not a multiple of a threadgroup's columns; K not of a SIMD step
+    # N not a multiple of a SIMD group's columns; K two SIMD steps (split in two) and a part
+    # (nvfp4: ending in a half chunk).
+    n, k = 13, 2 * 1024 + (48 if mode == "nvfp4" else 3 * group)
+    assert qmv.plan(1, k, n).k_split == 2
+    check_rows(rng, n, k, mode, group, width, dtype, (1, 3, 8))
+
+
+@pytest.mark.parametrize("n, k", [(3, 64), (4, 1024), (300, 4 * 1024 + 64), (37, 9 * 1024 + 192)], ids=str)
+@pytest.mark.parametrize("dtype", [dtypes.float32, dtypes.bfloat16], ids=lambda d: d.name)
+def test_qmv_at_the_plans_boundaries(n, k, dtype):
+    """Fewer columns than a SIMD group serves, one step exactly, K split in 4 and 8."""
+    check_rows(np.random.default_rng(0x9A9), n, k, "affine", 64, 4, dtype, (1, 2, 5))
+
+
+def check_rows(rng, n, k, mode, group, width, dtype, row_counts):
     w = random(rng, (n, k), dtype, gpu)[0]
     qw = quant.quantize(w, group, width, mode=mode)
-    for rows in (1, 3, 8):
+    for rows in row_counts:
         x = random(rng, (rows, k), dtype, gpu)[0].realize()
         with record_launches() as launches:
             y = quant.quantized_matmul(x, qw).realize()

@@ -10,6 +10,7 @@ import pytest
 from tinygrad import dtypes
 
 from nuvec_tg.fast.plan import PlanTarget, Vector, plan_call, validate_attention
+from nuvec_tg.kernels import quant as qmv
 from nuvec_tg.kernels.attention import KERNEL_DTYPES, DecodeSpec
 from nuvec_tg.kernels.program import Param, prelude
 
@@ -70,11 +71,11 @@ def test_every_planned_metal_specialisation_compiles(tmp_path):
         assert result.returncode == 0, result.stderr[:3000]
 
 
-def _check_metal(tmp_path, texts: list[str]):
+def _check_metal(tmp_path, texts: list[str], per_unit: int = 150):
     """Compile Metal kernel texts (no prelude) in syntax-only mode against the shim, in units."""
-    for n in range(0, len(texts), 150):
+    for n in range(0, len(texts), per_unit):
         unit = []
-        for i, text in enumerate(texts[n:n + 150]):
+        for i, text in enumerate(texts[n:n + per_unit]):
             defined = [line.split()[1].split("(")[0] for line in text.splitlines() if line.startswith("#define ")]
             unit.append(f"namespace unit{n + i} {{\n{text}\n}}\n" + "".join(f"#undef {d}\n" for d in defined))
         source = tmp_path / f"unit{n}.metal"
@@ -94,3 +95,25 @@ def test_every_gated_delta_metal_specialisation_compiles(tmp_path):
                      storage=dtypes.float16 if mode == "steps" else state)
         texts.append(gated_delta.program("metal", types, mode, dk, dv, 2, 4, *gated_delta.launch_shape(steps))[1])
     _check_metal(tmp_path, texts)
+
+
+def qmv_programs():
+    """Each qmv specialisation the routing emits, up to sizes: every mode, width and group, x (and
+    y) dtype, affine scales dtype, 1-8 rows; K and N at the kernel's boundaries (half chunks, fewer
+    columns than a SIMD group serves, narrower loads), the default plan and a few others."""
+    formats = [("affine", g, b) for b in (1, 2, 3, 4, 5, 6, 8) for g in (32, 64, 128)] + [
+        ("mxfp4", 32, 4), ("mxfp8", 32, 8), ("nvfp4", 16, 4)]
+    float_types = ("float", "half", "bfloat")
+    for (mode, group, bits), x, rows in itertools.product(formats, float_types, range(1, 9)):
+        for scales in (float_types if mode == "affine" else ("uchar",)):
+            for k, n in ((4096, 4096), (group * 3, 3)) + (((4096 + 16, 14336),) if mode == "nvfp4" else ()):
+                plans = {qmv.plan(rows, k, n)} | ({qmv.QmvPlan(3, 2, 2, 2)} if rows == 1 and n > 3 else set())
+                for p in plans:
+                    yield qmv.program("metal", x_ctype=x, scales_ctype=scales, out_ctype=x, mode=mode, group_size=group, bits=bits,
+                                      rows=rows, k=k, n=n, qmv_plan=p)[0]
+
+
+def test_every_qmv_metal_specialisation_compiles(tmp_path):
+    texts = [text.replace("nuvec_qmv(", f"nuvec_qmv_{i}(") for i, text in enumerate(qmv_programs())]
+    assert len(texts) > 1000
+    _check_metal(tmp_path, texts, per_unit=400)

@@ -2,7 +2,8 @@
 
 A kernel source (`src/*.h`) holds helper functions, then a line `/* kernel */`, then the body.
 `render` puts the backend's prelude (the shared dialect: `simd_sum`, `simd_shuffle_xor`,
-`THREADGROUP`, `threadgroup_barrier()`, `DEVICE`, `to_float`, `from_float`), the specialising
+`THREADGROUP`, `threadgroup_barrier()`, `DEVICE`, `to_float`, `from_float`, and the bit-level
+helpers `bits_to_float`, `half2_bits_to_float2`, `mask_or`), the specialising
 `#define`s and the helpers before a signature it writes for the backend from the parameter list;
 the body sees its buffers and scalars by name, and `nv_group` / `nv_thread` (the threadgroup's
 and the thread's index). `launch` compiles a rendering once per device (tinygrad's compiler

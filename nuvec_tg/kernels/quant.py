@@ -1,23 +1,70 @@
 """The quantized matrix-vector kernel (`src/qmv.h`): `y = x · wᵀ` for up to 8 rows of x over
-packed weights of any affine width or floating-point mode, float32 accumulation."""
+packed weights of any affine width or floating-point mode, float32 accumulation.
+
+`plan` picks the launch shape (`QmvPlan`); its defaults are the module constants below, meant to be
+read off `scripts/tune_qmv.py` on the device. Only `k_split` changes a row's arithmetic order, so
+it depends on K and N alone: a row's bits never depend on how many rows share the call.
+"""
 from __future__ import annotations
 
-import functools
 import hashlib
 import math
+from dataclasses import dataclass
 
 from tinygrad import Tensor, dtypes
 from tinygrad.dtype import DType
 
 from .program import Param, launch, prelude, specialise
 
-WARPS, ROWS_PER_WARP = 2, 4   # SIMD groups per threadgroup, output columns per SIMD group
 MAX_ROWS = 8                  # rows of x the kernel takes (more: the composition, until qmm lands)
-# Consecutive k per lane, the same for any number of rows: a row's sum then runs in one order
-# whatever rows it shares the call with, so each row gets the bits of a one-row product.
-VALUES = 8
+CODES_PER_STEP = 32 * 32      # a SIMD group's step: 32 lanes x a chunk of 32 consecutive codes
+# Launch-shape defaults (see `plan`).
+COLUMNS_PER_WARP = 4          # output columns a SIMD group serves for one row of x (each x value serves them all)
+COLUMNS_PER_WARP_ROWS = 2     # ... for several rows (each decoded code serves every row; registers)
+COLUMN_WARPS = 1              # SIMD groups of a threadgroup that serve different columns
+TARGET_WARPS = 4096           # K is split until about this many SIMD groups run (H200: 132 SMs x 32)
+MAX_K_SPLIT = 8               # SIMD groups that share a set of columns, each a slice of K's steps
+UNROLL = 1                    # steps whose weight loads a lane issues together (at most its step count)
 _CTYPES = {dtypes.float16: "half", dtypes.bfloat16: "bfloat", dtypes.float32: "float"}
 _MODES = {"affine": 0, "mxfp4": 1, "mxfp8": 2, "nvfp4": 3}
+
+
+@dataclass(frozen=True)
+class QmvPlan:
+    """A launch shape: a threadgroup of `column_warps * k_split` SIMD groups serves
+    `column_warps * columns_per_warp` output columns; the `k_split` SIMD groups of one set of
+    columns take K's steps in turn; each lane issues the loads of `unroll` steps together."""
+    columns_per_warp: int
+    column_warps: int
+    k_split: int
+    unroll: int
+
+    @property
+    def threads(self) -> int: return 32 * self.column_warps * self.k_split
+
+    def groups(self, n: int) -> int:
+        """Threadgroups for N output columns."""
+        return math.ceil(math.ceil(n / self.columns_per_warp) / self.column_warps)
+
+
+def k_split_for(k: int, n: int) -> int:
+    """SIMD groups per set of columns: a power of two, at most MAX_K_SPLIT and K's step count,
+    enough for about TARGET_WARPS SIMD groups. A function of K and N only (a row's order)."""
+    steps = math.ceil(k / CODES_PER_STEP)
+    column_sets = math.ceil(n / COLUMNS_PER_WARP)
+    split = 1
+    while split * 2 <= min(MAX_K_SPLIT, steps) and column_sets * split < TARGET_WARPS: split *= 2
+    return split
+
+
+def plan(rows: int, k: int, n: int) -> QmvPlan:
+    """The default launch shape. Columns per SIMD group depend on the rows (registers: with 4
+    columns, one row takes 64-72 registers on sm_90, 2-3 rows 100-133) and are at most N; unrolling
+    is at most a SIMD group's steps. Neither changes any row's arithmetic."""
+    split = k_split_for(k, n)
+    columns = min(COLUMNS_PER_WARP if rows == 1 else COLUMNS_PER_WARP_ROWS, n)
+    unroll = max(1, min(UNROLL, math.ceil(math.ceil(k / CODES_PER_STEP) / split)))
+    return QmvPlan(columns, COLUMN_WARPS, split, unroll)
 
 
 def supported(x_dtype: DType, scales_dtype: DType, out_dtype: DType, rows: int) -> bool:
@@ -26,31 +73,49 @@ def supported(x_dtype: DType, scales_dtype: DType, out_dtype: DType, rows: int) 
         scales_dtype in _CTYPES or scales_dtype == dtypes.uint8)
 
 
-@functools.lru_cache(maxsize=256)
-def _int_buffer(device: str, values: tuple[int, ...]) -> Tensor:
-    return Tensor(list(values), dtype=dtypes.int32, device=device).realize()
+def load_words(bits: int, words_per_row: int) -> int:
+    """Words per vector load of a chunk (`bits` words at a multiple of `bits` in its row): 4 (16
+    bytes) for 4 and 8 bits, 2 for 2 and 6, 1 otherwise, less where rows are not that aligned."""
+    width = 4 if bits in (4, 8) else 2 if bits in (2, 6) else 1
+    while words_per_row % width: width //= 2
+    return width
+
+
+def program(backend: str, *, x_ctype: str, scales_ctype: str, out_ctype: str, mode: str, group_size: int, bits: int,
+            rows: int, k: int, n: int, qmv_plan: QmvPlan) -> tuple[str, list[Param]]:
+    """The kernel's text for `backend` without the prelude (see `program.specialise`) and its
+    parameters: y, x, w, scales (, biases)."""
+    if qmv_plan.columns_per_warp > n: raise ValueError(f"qmv: {qmv_plan.columns_per_warp} columns per SIMD group > N = {n}")
+    defines = dict(TX=x_ctype, TS=scales_ctype, TY=out_ctype, BITS=bits, GROUP=group_size, MODE=_MODES[mode], N_TOTAL=n,
+                   K_TOTAL=k, XM=rows, COLUMNS=qmv_plan.columns_per_warp, COLUMN_WARPS=qmv_plan.column_warps,
+                   K_SPLIT=qmv_plan.k_split, UNROLL=qmv_plan.unroll, LOAD_WORDS=load_words(bits, k * bits // 32))
+    params = [Param("y", "out", out_ctype), Param("x", "in", x_ctype), Param("w", "in", "uint"),
+              Param("scales", "in", scales_ctype)]
+    if mode == "affine": params.append(Param("biases", "in", scales_ctype))
+    return specialise(backend, "nuvec_qmv", "qmv.h", defines, params), params
+
+
+def source(backend: str, x_dtype: DType, scales_dtype: DType, out_dtype: DType, *, mode: str, group_size: int, bits: int,
+           rows: int, k: int, n: int, qmv_plan: QmvPlan) -> tuple[str, str]:
+    """(kernel name, full program text) of the launch `qmv` builds for these arguments."""
+    text, _ = program(backend, x_ctype=_CTYPES[x_dtype], scales_ctype=_CTYPES.get(scales_dtype, "uchar"),
+                      out_ctype=_CTYPES[out_dtype], mode=mode, group_size=group_size, bits=bits, rows=rows, k=k, n=n,
+                      qmv_plan=qmv_plan)
+    name = f"nuvec_qmv_{hashlib.sha256(text.encode()).hexdigest()[:12]}"
+    return name, prelude(backend) + text.replace("nuvec_qmv(", f"{name}(")
 
 
 def qmv(x: Tensor, weight: Tensor, scales: Tensor, biases: Tensor | None, *, mode: str, group_size: int, bits: int,
-        out_dtype: DType, backend: str, grad_fxn=None) -> Tensor:
+        out_dtype: DType, backend: str, grad_fxn=None, qmv_plan: QmvPlan | None = None) -> Tensor:
     """`x [M, K] · wᵀ` for packed `weight [N, K * bits / 32]`, `scales` (and affine `biases`)
-    `[N, K / group_size]`; returns `[M, N]` in `out_dtype`."""
+    `[N, K / group_size]`; returns `[M, N]` in `out_dtype`. `qmv_plan` overrides `plan`."""
     rows, k = x.shape
     n = weight.shape[0]
-    defines = dict(TX=_CTYPES[x.dtype], TS=_CTYPES.get(scales.dtype, "uchar"), TY=_CTYPES[out_dtype], BITS=bits,
-                   GROUP=group_size, VALUES=VALUES, XM=rows, WARPS=WARPS, ROWS_PER_WARP=ROWS_PER_WARP,
-                   MODE=_MODES[mode])
-    params = [Param("y", "out", defines["TY"]), Param("x", "in", defines["TX"]), Param("w", "in", "uint"),
-              Param("scales", "in", defines["TS"])]
+    qmv_plan = qmv_plan or plan(rows, k, n)
+    name, text = source(backend, x.dtype, scales.dtype, out_dtype, mode=mode, group_size=group_size, bits=bits, rows=rows,
+                        k=k, n=n, qmv_plan=qmv_plan)
     ins = [x.contiguous(), weight.contiguous(), scales.contiguous()]
-    if biases is not None:
-        params.append(Param("biases", "in", defines["TS"]))
-        ins.append(biases.contiguous())
-    params.append(Param("ints", "in", "int"))
-    ins.append(_int_buffer(x.device, (n, k, weight.shape[1])))
-    text = specialise(backend, "nuvec_qmv", "qmv.h", defines, params)
-    name = f"nuvec_qmv_{hashlib.sha256(text.encode()).hexdigest()[:12]}"
+    if biases is not None: ins.append(biases.contiguous())
     y = Tensor.empty(rows, n, dtype=out_dtype, device=x.device)
-    return launch(name, prelude(backend) + text.replace("nuvec_qmv(", f"{name}("), x.device, [y], ins, [],
-                  (math.ceil(n / (WARPS * ROWS_PER_WARP)), 1, 1), (32 * WARPS, 1, 1), grad_fxn=grad_fxn,
-                  label=f"{backend} qmv {mode} {bits}-bit g{group_size} M{rows}")[0]
+    return launch(name, text, x.device, [y], ins, [], (qmv_plan.groups(n), 1, 1), (qmv_plan.threads, 1, 1),
+                  grad_fxn=grad_fxn, label=f"{backend} qmv {mode} {bits}-bit g{group_size} M{rows} {qmv_plan}")[0]

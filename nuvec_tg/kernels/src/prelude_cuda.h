@@ -36,6 +36,15 @@ INLINE float to_float(float x) { return x; }
 INLINE float to_float(half x) { return __half2float(x); }
 INLINE float to_float(bfloat x) { return __bfloat162float(x); }
 INLINE float to_float(unsigned char x) { return (float)x; }
+INLINE float bits_to_float(uint bits) { return __uint_as_float(bits); }
+INLINE uint mask_or(uint a, uint mask, uint bits) {  // (a & mask) | bits in one LOP3 (nvcc splits it in two)
+  uint out;
+  asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(out) : "r"(a), "r"(mask), "r"(bits));
+  return out;
+}
+INLINE float2 half2_bits_to_float2(uint bits) {  // the two halves of a word (low first), widened
+  return make_float2(__half2float(__ushort_as_half((ushort)(bits & 0xFFFFu))), __half2float(__ushort_as_half((ushort)(bits >> 16))));
+}
 INLINE void from_float(float x, float* out) { *out = x; }
 INLINE void from_float(float x, half* out) { *out = __float2half_rn(x); }
 INLINE void from_float(float x, bfloat* out) { *out = __float2bfloat16_rn(x); }

@@ -13,6 +13,9 @@ INLINE float to_float(float x) { return x; }
 INLINE float to_float(half x) { return float(x); }
 INLINE float to_float(bfloat x) { return float(x); }
 INLINE float to_float(uchar x) { return float(x); }
+INLINE float bits_to_float(uint bits) { return as_type<float>(bits); }
+INLINE uint mask_or(uint a, uint mask, uint bits) { return (a & mask) | bits; }
+INLINE float2 half2_bits_to_float2(uint bits) { return float2(as_type<half2>(bits)); }  // low half first
 INLINE void from_float(float x, device float* out) { *out = x; }
 INLINE void from_float(float x, device half* out) { *out = half(x); }
 INLINE void from_float(float x, device bfloat* out) { *out = bfloat(x); }

@@ -1,115 +1,276 @@
-// Quantized matrix-vector products y = x · wᵀ for a few rows of x (decode): w `[N, K]` as packed
-// codes (one least-significant-bit-first stream per row in uint32 words) with per-group scales
-// (and biases for the affine mode).
+// Quantized matrix-vector products y = x · wᵀ for 1-8 rows of x (decode), float32 accumulation.
+// w `[N, K]` is packed codes, one least-significant-bit-first stream per row in uint32 words
+// (K * BITS / 32 words a row), with per-group scales (and biases for the affine mode).
 //
-// A threadgroup of WARPS SIMD groups serves WARPS * ROWS_PER_WARP output columns n; in a SIMD
-// group each lane takes VALUES consecutive k at a time (inside one group of GROUP), holds those of
-// every row m of x in registers (XM of them) and reuses them for each of its ROWS_PER_WARP
-// columns; a SIMD step covers 32 * VALUES of K. Per (m, n) the lane sums scale * Σ x·q (+ bias *
-// Σ x); the lanes' sums meet by simd_sum. Every row of x is computed alone and alike, so a product
-// of several rows gives each row the bits of that row alone. Tails of K and N are guarded.
+// Layout. A lane's unit of work is a *chunk*: 32 consecutive codes of one row starting at a
+// multiple of 32, exactly BITS words (4 * BITS bytes), read in aligned pieces of LOAD_WORDS words
+// (a 16-byte uint4 for 4 and 8 bits, uint2 for 2 and 6); no code crosses into another chunk, and
+// a chunk lies inside one group (two for nvfp4's groups of 16). A SIMD *step* is 32 lanes x 32
+// codes = 1024 consecutive k of a row. A threadgroup serves COLUMN_WARPS * COLUMNS output columns
+// with COLUMN_WARPS * K_SPLIT SIMD groups: each SIMD group serves COLUMNS columns, and the K_SPLIT
+// SIMD groups of one set of columns take the steps in turn (group s: steps s, s + K_SPLIT, ...).
+// A lane issues the loads of its chunks of its COLUMNS rows for UNROLL steps, with their scales
+// (and biases), before it uses any of them. x (small, cache-resident) is read 8 values at a time
+// in vector loads; each value serves every column, and each decoded code every row of x.
+//
+// Decoding is exact in float32. An affine code in bits [s, s + BITS) of a word with s + BITS <= 23
+// lies inside a float's mantissa: (word & mask << s) | 0x4B000000 is the float 2^23 + q·2^s, and
+// one fma with 2^-s and -2^(23-s) gives q (no shift, no int-to-float conversion); codes higher up
+// are read the same way from word >> 16, and codes that straddle two words (3, 5, 6 bits) are
+// joined first. e2m1 and e4m3 codes are placed two at a time into the bits of a half2 (value·2^-14,
+// value·2^-8, exact halves, subnormals included) and widened to float; the group's dot is
+// multiplied back by FP_FACTOR (a power of two) before its scale.
+//
+// Per group: scale * Σ x·q + bias * Σ x (affine) or scale * Σ x·q, folded into the lane's sum.
+//
+// One row's bits. For a row m and column n, the arithmetic is one fixed sequence whatever XM,
+// COLUMNS, COLUMN_WARPS and UNROLL are: the lane owning a chunk accumulates its 32 codes in order
+// k = 0..31 with fma(x, q, dot), folds the group with fma(scale, dot, sum) then fma(bias, Σ x, sum)
+// (Σ x summed in the same order), takes its chunks in increasing order; the lanes' sums meet by
+// simd_sum, the K_SPLIT SIMD groups' sums by adding them in order 0, 1, ... through threadgroup
+// memory. Every multiply-add is written as fma and every other operation is a lone add or an exact
+// power-of-two multiply, so the compiler has no contraction to choose. Rows never mix. Only
+// K_SPLIT changes the order, and it is chosen from K and N alone (`quant.plan`), never from XM.
+//
+// Bounds: chunks past K are not read (a lane with none skips the step); a K that is not a
+// multiple of 32 (nvfp4, K = 16 mod 32) ends in a half chunk (HALF_TAIL) whose second half is not
+// read. The last set of columns is moved back to end at N (COLUMNS <= N), so nothing past N is
+// read or written. Buffers start 16-byte aligned (tinygrad's allocations and JIT arena offsets are
+// 256-byte aligned; offset views are copied before a custom kernel runs).
 //
 // Defines: TX (x), TS (scales: the dtype, or uchar for the floating-point modes), TY (y), BITS,
-// GROUP, VALUES, XM, WARPS, ROWS_PER_WARP, MODE (0 affine, 1 mxfp4, 2 mxfp8, 3 nvfp4).
-// Runtime integers (`ints`): N, K, and the words per row of w.
+// GROUP, MODE (0 affine, 1 mxfp4, 2 mxfp8, 3 nvfp4), N_TOTAL and K_TOTAL (w's shape: weights do
+// not change from step to step, and baked sizes make every offset a constant), XM, COLUMNS,
+// COLUMN_WARPS, K_SPLIT, UNROLL, LOAD_WORDS (1, 2 or 4: the row's alignment allows it).
 
-INLINE uint code_at(const DEVICE uint* row, int index) {
-  // Code `index` of a row's bit stream (it may straddle two words for 3, 5 and 6 bits).
-  const int bit = index * BITS, word = bit >> 5, shift = bit & 31;
-  uint value = row[word] >> shift;
-  if (shift + BITS > 32) value |= row[word + 1] << (32 - shift);
-  return value & ((1u << BITS) - 1u);
+#define WORDS_PER_ROW (K_TOTAL * BITS / 32)
+#define GROUPS_PER_ROW (K_TOTAL / GROUP)
+#define CHUNKS ((K_TOTAL + 31) / 32)               // chunks of a row; the last is a half chunk if HALF_TAIL
+#define HALF_TAIL (K_TOTAL % 32 != 0)
+#define STEPS ((CHUNKS + 31) / 32)                 // SIMD steps along a row
+#define CODE_MASK ((1u << BITS) - 1u)
+#define CHUNK_GROUP (GROUP < 32 ? GROUP : 32)   // codes of a chunk under one scale
+#define SCALES_PER_CHUNK (32 / CHUNK_GROUP)
+#if MODE == 2
+#define FP_FACTOR 256.0f                       // e4m3 as a half is its value * 2^-8
+#elif MODE != 0
+#define FP_FACTOR 16384.0f                     // e2m1 as a half is its value * 2^-14
+#endif
+
+INLINE float power_of_two(int exponent) { return bits_to_float((uint)(127 + exponent) << 23); }
+
+INLINE float small_uint_to_float(uint value) {
+  // value < 2^23: the float 2^23 + value, minus 2^23 (exact).
+  return bits_to_float(value | 0x4B000000u) - 8388608.0f;
 }
 
-INLINE float decode_e4m3(uint code) {
-  // e4m3 (fn): sign, 4 exponent bits (bias 7), 3 mantissa bits; exponent 0 is subnormal (2^-9 steps).
-  const int field = (int)((code >> 3) & 15u);
-  const float mantissa = (float)(code & 7u);
-  const float magnitude = field > 0 ? (1.0f + mantissa / 8.0f) * exp2((float)(field - 7)) : mantissa * 0.001953125f;
-  return (code & 128u) ? -magnitude : magnitude;
+// Affine code `index` (0..31, a constant after unrolling) of a chunk's BITS words, as a float.
+INLINE float affine_code(const THREAD uint* words, int index) {
+  const int bit = index * BITS, word = bit / 32, shift = bit % 32;
+  if (shift + BITS > 32)
+    return small_uint_to_float(((words[word] >> shift) | (words[word + 1] << (32 - shift))) & CODE_MASK);
+  const uint source = shift + BITS <= 23 ? words[word] : words[word] >> 16;
+  const int at = shift + BITS <= 23 ? shift : shift - 16;
+  return fma(bits_to_float(mask_or(source, CODE_MASK << at, 0x4B000000u)), power_of_two(-at), -power_of_two(23 - at));
 }
 
-INLINE float decode_e2m1(uint code) {
-  // e2m1: sign bit 8, then 0, 0.5, 1, 1.5, 2, 3, 4, 6.
-  const uint m = code & 7u;
-  const float magnitude = m < 4u ? 0.5f * (float)m : (m == 4u ? 2.0f : m == 5u ? 3.0f : m == 6u ? 4.0f : 6.0f);
-  return (code & 8u) ? -magnitude : magnitude;
-}
-
-INLINE float decode_code(uint code) {
+// Codes 8 * part .. 8 * part + 7 of a chunk (`words`: its BITS words) into q, as floats (the
+// floating-point modes: their values / FP_FACTOR).
+INLINE void decode_part(const THREAD uint* words, int part, THREAD float* q) {
 #if MODE == 0
-  return (float)code;
+  #pragma unroll
+  for (int j = 0; j < 8; j++) q[j] = affine_code(words, 8 * part + j);
 #elif MODE == 2
-  return decode_e4m3(code);
+  // e4m3, bytes j and j + 2 of a word: magnitude bits to half bits 7-13, sign to bit 15.
+  #pragma unroll
+  for (int i = 0; i < 2; i++) {
+    #pragma unroll
+    for (int j = 0; j < 2; j++) {
+      const uint v = words[2 * part + i] >> (8 * j);
+      const float2 pair = half2_bits_to_float2(((v << 7) & 0x3F803F80u) | ((v << 8) & 0x80008000u));
+      q[4 * i + j] = pair.x;
+      q[4 * i + j + 2] = pair.y;
+    }
+  }
 #else
-  return decode_e2m1(code);
+  // e2m1, nibbles j and j + 4 of a word: magnitude bits to half bits 9-11, sign to bit 15.
+  #pragma unroll
+  for (int j = 0; j < 4; j++) {
+    const uint v = words[part] >> (4 * j);
+    const float2 pair = half2_bits_to_float2(((v << 9) & 0x0E000E00u) | ((v << 12) & 0x80008000u));
+    q[j] = pair.x;
+    q[j + 4] = pair.y;
+  }
 #endif
 }
 
-INLINE float group_scale(const DEVICE TS* scales, int index) {
+INLINE float group_scale(TS raw) {
 #if MODE == 0
-  return to_float(scales[index]);
+  return to_float(raw);
 #elif MODE == 3
-  return decode_e4m3((uint)scales[index]);
+  // e4m3 as a half (value * 2^-8), widened, times 2^8.
+  const uint code = (uint)raw;
+  return half2_bits_to_float2(((code & 0x7Fu) << 7) | ((code & 0x80u) << 8)).x * 256.0f;
 #else
-  return exp2((float)scales[index] - 127.0f);  // e8m0: 2^(code - 127), code 0 is 2^-127
+  // e8m0: 2^(code - 127); code 0 is 2^-127.
+  const uint code = (uint)raw;
+  return code == 0u ? bits_to_float(0x00400000u) : bits_to_float(code << 23);
 #endif
+}
+
+// A chunk's BITS words from `at` (LOAD_WORDS-aligned); a half chunk reads only its first half.
+INLINE void load_chunk_words(const DEVICE uint* at, bool half_chunk, THREAD uint* words) {
+  #pragma unroll
+  for (int i = 0; i < BITS; i += LOAD_WORDS) {
+    if (HALF_TAIL && half_chunk && i >= BITS / 2) break;
+#if LOAD_WORDS == 4
+    const uint4 piece = *(const DEVICE uint4*)(at + i);
+    words[i] = piece.x; words[i + 1] = piece.y; words[i + 2] = piece.z; words[i + 3] = piece.w;
+#elif LOAD_WORDS == 2
+    const uint2 piece = *(const DEVICE uint2*)(at + i);
+    words[i] = piece.x; words[i + 1] = piece.y;
+#else
+    words[i] = at[i];
+#endif
+  }
+}
+
+// 8 consecutive x values (16-byte aligned) as floats.
+INLINE void load_x8(const DEVICE float* at, THREAD float* xs) {
+  const float4 low = *(const DEVICE float4*)at, high = *(const DEVICE float4*)(at + 4);
+  xs[0] = low.x; xs[1] = low.y; xs[2] = low.z; xs[3] = low.w;
+  xs[4] = high.x; xs[5] = high.y; xs[6] = high.z; xs[7] = high.w;
+}
+INLINE void load_x8(const DEVICE half* at, THREAD float* xs) {
+  const uint4 raw = *(const DEVICE uint4*)at;
+  const uint words[4] = {raw.x, raw.y, raw.z, raw.w};
+  #pragma unroll
+  for (int i = 0; i < 4; i++) {
+    const float2 pair = half2_bits_to_float2(words[i]);
+    xs[2 * i] = pair.x;
+    xs[2 * i + 1] = pair.y;
+  }
+}
+INLINE void load_x8(const DEVICE bfloat* at, THREAD float* xs) {
+  const uint4 raw = *(const DEVICE uint4*)at;
+  const uint words[4] = {raw.x, raw.y, raw.z, raw.w};
+  #pragma unroll
+  for (int i = 0; i < 4; i++) {
+    xs[2 * i] = bits_to_float(words[i] << 16);
+    xs[2 * i + 1] = bits_to_float(words[i] & 0xFFFF0000u);
+  }
+}
+
+// One chunk of every column and row of x into `sums` [XM][COLUMNS]: `x_chunk` (x's first row at
+// the chunk's first k), `words`
+// [COLUMNS][BITS], `scales_raw` [COLUMNS][SCALES_PER_CHUNK], `biases_raw` [COLUMNS].
+INLINE void accumulate_chunk(const DEVICE TX* x_chunk, bool half_chunk, const THREAD uint* words,
+                             const THREAD TS* scales_raw, const THREAD TS* biases_raw, THREAD float* sums) {
+  float dots[XM * COLUMNS];
+#if MODE == 0
+  float x_sums[XM];
+  #pragma unroll
+  for (int m = 0; m < XM; m++) x_sums[m] = 0.0f;
+#endif
+  #pragma unroll
+  for (int i = 0; i < XM * COLUMNS; i++) dots[i] = 0.0f;
+  #pragma unroll
+  for (int part = 0; part < 4; part++) {
+    if (HALF_TAIL && half_chunk && part == 2) break;
+    float q[COLUMNS * 8];
+    #pragma unroll
+    for (int c = 0; c < COLUMNS; c++) decode_part(words + c * BITS, part, q + c * 8);
+    #pragma unroll
+    for (int m = 0; m < XM; m++) {
+      float xs[8];
+      load_x8(x_chunk + m * K_TOTAL + 8 * part, xs);
+#if MODE == 0
+      #pragma unroll
+      for (int j = 0; j < 8; j++) x_sums[m] += xs[j];
+#endif
+      #pragma unroll
+      for (int c = 0; c < COLUMNS; c++)
+        #pragma unroll
+        for (int j = 0; j < 8; j++) dots[m * COLUMNS + c] = fma(xs[j], q[c * 8 + j], dots[m * COLUMNS + c]);
+    }
+    if ((8 * part + 8) % CHUNK_GROUP == 0) {  // a group ends here: fold it with its scale (and bias)
+      const int group = (8 * part) / CHUNK_GROUP;
+      #pragma unroll
+      for (int c = 0; c < COLUMNS; c++) {
+        const float scale = group_scale(scales_raw[c * SCALES_PER_CHUNK + group]);
+#if MODE == 0
+        const float bias = to_float(biases_raw[c]);
+#endif
+        #pragma unroll
+        for (int m = 0; m < XM; m++) {
+#if MODE == 0
+          sums[m * COLUMNS + c] = fma(bias, x_sums[m], fma(scale, dots[m * COLUMNS + c], sums[m * COLUMNS + c]));
+#else
+          sums[m * COLUMNS + c] = fma(scale, dots[m * COLUMNS + c] * FP_FACTOR, sums[m * COLUMNS + c]);
+#endif
+          dots[m * COLUMNS + c] = 0.0f;
+        }
+      }
+#if MODE == 0
+      #pragma unroll
+      for (int m = 0; m < XM; m++) x_sums[m] = 0.0f;
+#endif
+    }
+  }
 }
 
 /* kernel */
   const int lane = (int)nv_thread.x % 32, warp = (int)nv_thread.x / 32;
-  const int n_count = ints[0], k_count = ints[1], words_per_row = ints[2];
-  const int first_n = ((int)nv_group.x * WARPS + warp) * ROWS_PER_WARP;
-  float sums[XM][ROWS_PER_WARP];
+  const int column_warp = warp % COLUMN_WARPS, k_warp = warp / COLUMN_WARPS;
+  // This SIMD group's columns first_n .. first_n + COLUMNS - 1. The last set is moved back to end
+  // at N: its columns that another set also has are computed alike there, and written alike.
+  const int first_n = min(((int)nv_group.x * COLUMN_WARPS + column_warp) * COLUMNS, N_TOTAL - COLUMNS);
+
+  float sums[XM * COLUMNS];
   #pragma unroll
-  for (int m = 0; m < XM; m++)
+  for (int i = 0; i < XM * COLUMNS; i++) sums[i] = 0.0f;
+  for (int step = k_warp; step < STEPS; step += K_SPLIT * UNROLL) {
+    // The loads of UNROLL steps (step + u * K_SPLIT), all issued before any is used.
+    uint words[UNROLL * COLUMNS * BITS];
+    TS scales_raw[UNROLL * COLUMNS * SCALES_PER_CHUNK], biases_raw[UNROLL * COLUMNS];
     #pragma unroll
-    for (int r = 0; r < ROWS_PER_WARP; r++) sums[m][r] = 0.0f;
-  for (int k0 = lane * VALUES; k0 < k_count; k0 += 32 * VALUES) {
-    float xs[XM][VALUES], x_sum[XM];
-    #pragma unroll
-    for (int m = 0; m < XM; m++) {
-      x_sum[m] = 0.0f;
+    for (int u = 0; u < UNROLL; u++) {
+      const int chunk = (step + u * K_SPLIT) * 32 + lane;
+      if (chunk >= CHUNKS) continue;
+      const bool half_chunk = HALF_TAIL && chunk == CHUNKS - 1;
       #pragma unroll
-      for (int j = 0; j < VALUES; j++) {
-        xs[m][j] = to_float(x[m * k_count + k0 + j]);
-        x_sum[m] += xs[m][j];
+      for (int c = 0; c < COLUMNS; c++) {
+        load_chunk_words(w + (first_n + c) * WORDS_PER_ROW + chunk * BITS, half_chunk, words + (u * COLUMNS + c) * BITS);
+        const int group = (first_n + c) * GROUPS_PER_ROW + chunk * 32 / GROUP;
+        #pragma unroll
+        for (int g = 0; g < SCALES_PER_CHUNK; g++)
+          if (g == 0 || !half_chunk) scales_raw[(u * COLUMNS + c) * SCALES_PER_CHUNK + g] = scales[group + g];
+#if MODE == 0
+        biases_raw[u * COLUMNS + c] = biases[group];
+#endif
       }
     }
-    const int group = k0 / GROUP;
     #pragma unroll
-    for (int r = 0; r < ROWS_PER_WARP; r++) {
-      const int n = first_n + r;
-      if (n >= n_count) break;
-      const DEVICE uint* row = w + n * words_per_row;
-      const int groups_per_row = k_count / GROUP;
-      const float scale = group_scale(scales, n * groups_per_row + group);
-#if MODE == 0
-      const float bias = to_float(biases[n * groups_per_row + group]);
-#endif
-      float codes[VALUES];
-      #pragma unroll
-      for (int j = 0; j < VALUES; j++) codes[j] = decode_code(code_at(row, k0 + j));
-      #pragma unroll
-      for (int m = 0; m < XM; m++) {
-        float dot = 0.0f;
-        #pragma unroll
-        for (int j = 0; j < VALUES; j++) dot = fma(xs[m][j], codes[j], dot);
-        // Explicit fmas: the compiler may not contract a row's arithmetic differently per XM.
-#if MODE == 0
-        sums[m][r] = fma(scale, dot, fma(bias, x_sum[m], sums[m][r]));
-#else
-        sums[m][r] = fma(scale, dot, sums[m][r]);
-#endif
-      }
+    for (int u = 0; u < UNROLL; u++) {
+      const int chunk = (step + u * K_SPLIT) * 32 + lane;
+      if (chunk < CHUNKS)
+        accumulate_chunk(x + chunk * 32, HALF_TAIL && chunk == CHUNKS - 1, words + u * COLUMNS * BITS,
+                         scales_raw + u * COLUMNS * SCALES_PER_CHUNK, biases_raw + u * COLUMNS, sums);
     }
   }
+
+  // Lanes by simd_sum, then the K_SPLIT SIMD groups of a column set in order, through threadgroup memory.
+  THREADGROUP float partials[K_SPLIT * COLUMN_WARPS * XM * COLUMNS];
   #pragma unroll
-  for (int r = 0; r < ROWS_PER_WARP; r++) {
-    const int n = first_n + r;
-    #pragma unroll
-    for (int m = 0; m < XM; m++) {
-      const float total = simd_sum(sums[m][r]);
-      if (lane == 0 && n < n_count) from_float(total, &y[m * n_count + n]);
+  for (int i = 0; i < XM * COLUMNS; i++) {
+    const float total = simd_sum(sums[i]);
+    if (lane == 0) partials[(k_warp * COLUMN_WARPS + column_warp) * XM * COLUMNS + i] = total;
+  }
+  threadgroup_barrier();
+  if (k_warp == 0) {
+    for (int i = lane; i < XM * COLUMNS; i += 32) {
+      float total = partials[column_warp * XM * COLUMNS + i];
+      for (int s = 1; s < K_SPLIT; s++) total += partials[(s * COLUMN_WARPS + column_warp) * XM * COLUMNS + i];
+      from_float(total, &y[(i / COLUMNS) * N_TOTAL + first_n + i % COLUMNS]);
     }
   }

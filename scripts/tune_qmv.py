@@ -1,0 +1,126 @@
+"""Sweep the qmv kernel's launch shapes on the device (`DEV=CUDA python3 scripts/tune_qmv.py [--quick]`):
+for M in {1, 4} at (K, N) in {(4096, 4096), (4096, 14336), (14336, 4096)}, affine 4-bit and 8-bit
+(groups of 64) and mxfp4 weights (x bfloat16), every plan in `plans` (columns per SIMD group x
+SIMD groups per column set x K split x unroll), each timed as the benchmark times (TinyJit replays
+of COPIES calls over rotated weights, `nuvec_tg.bench.common.time_jit`): device µs per call and
+weight bytes per second, best first, with the default plan marked `*` and the largest error
+against the composition. `--quick`: affine 4-bit, M = 1. The defaults in `nuvec_tg/kernels/quant.py`
+are read off this sweep's output (kept in `benchmarks/`). Every kernel is compiled first, in
+parallel worker processes, into tinygrad's compile cache."""
+import math
+import multiprocessing
+import os
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import numpy as np  # noqa: E402
+from tinygrad import Device, Tensor, dtypes  # noqa: E402
+from tinygrad.helpers import diskcache_put  # noqa: E402
+
+from nuvec_tg import quant  # noqa: E402
+from nuvec_tg.bench.common import COPIES, rotations, time_jit, warm_up  # noqa: E402
+from nuvec_tg.bench.quant import FORMATS, time_torch, weight_bytes  # noqa: E402
+from nuvec_tg.kernels import compositions_only, kernel_backend  # noqa: E402
+from nuvec_tg.kernels import quant as qmv  # noqa: E402
+
+SHAPES = [(4096, 4096), (4096, 14336), (14336, 4096)]
+REPEATS = 5
+# Every plan scripts/compile_qmv.py --grid checks for registers (no spills): one row, four rows.
+PLANS = sorted({qmv.QmvPlan(c, 1, s, u) for c in (2, 4, 8) for s in (1, 2, 4, 8) for u in (1, 2)} |
+               {qmv.QmvPlan(c, 1, s, 1) for c in (1, 2, 4) for s in (1, 2, 4, 8)} |
+               {qmv.QmvPlan(4, 2, 2, 1), qmv.QmvPlan(4, 4, 1, 1), qmv.QmvPlan(2, 4, 2, 1)}, key=str)
+
+
+def plans(rows: int, k: int) -> list[qmv.QmvPlan]:
+    """The plans swept for `rows` rows of x and depth K: K splits up to K's step count; unrolling
+    only where a SIMD group has two steps or more; 2-8 columns for one row, 1-4 for four."""
+    steps = math.ceil(k / qmv.CODES_PER_STEP)
+    chosen = []
+    for p in PLANS:
+        if p.k_split > steps or (p.unroll > 1 and (rows > 1 or math.ceil(steps / p.k_split) < 2)): continue
+        if rows == 1 and p.columns_per_warp < 2 or rows > 1 and (p.columns_per_warp > 4 or p.column_warps > 1): continue
+        chosen.append(p)
+    return chosen
+
+
+def _compile(compiler, text: str) -> bytes:
+    return compiler.compile(text)
+
+
+def precompile(texts: list[str]) -> None:
+    """Compile every program in worker processes and put it in tinygrad's compile cache (the
+    launches then find it there); on any failure, leave it to the launches."""
+    compiler = Device[Device.DEFAULT].renderer.compiler
+    start = time.perf_counter()
+    try:
+        with ProcessPoolExecutor(min(16, multiprocessing.cpu_count()), mp_context=multiprocessing.get_context("spawn")) as pool:
+            for text, lib in zip(texts, pool.map(_compile, [compiler] * len(texts), texts)):
+                diskcache_put(compiler.cachekey, text, lib)
+    except Exception as error:  # noqa: BLE001 - an optimisation only
+        print(f"(precompiling failed: {error!r}; compiling as the launches come)", flush=True)
+        return
+    print(f"compiled {len(texts)} kernels in {time.perf_counter() - start:.0f} s", flush=True)
+
+
+def main() -> int:
+    quick = "--quick" in sys.argv
+    backend = kernel_backend(Device.DEFAULT)
+    if backend is None:
+        print(f"tune_qmv: needs a GPU with nuvec_tg's kernels (DEV=CUDA or DEV=METAL), not {Device.DEFAULT}")
+        return 2
+    formats = ["affine4"] if quick else list(FORMATS)
+    row_counts = (1,) if quick else (1, 4)
+    cases = [(fmt, rows, k, n) for fmt in formats for k, n in SHAPES for rows in row_counts]
+
+    def kernel_source(fmt, rows, k, n, p):
+        mode, group, bits = FORMATS[fmt]
+        scales_dtype = dtypes.bfloat16 if mode == "affine" else dtypes.uint8
+        return qmv.source(backend, dtypes.bfloat16, scales_dtype, dtypes.bfloat16, mode=mode, group_size=group, bits=bits,
+                          rows=rows, k=k, n=n, qmv_plan=p)[1]
+    precompile(sorted({kernel_source(*case, p) for case in cases for p in plans(case[1], case[2])}))
+    torch_seconds = {(rows, k, n): time_torch(rows, k, n, REPEATS) for _, rows, k, n in cases}
+    print(f"device {Device.DEFAULT}; cells: columns x column SIMD groups x K split x unroll: device µs per call / weight "
+          "TB/s (* the default plan)", flush=True)
+    warm_up()
+    rng = np.random.default_rng(0)
+    for fmt in formats:
+        mode, group, bits = FORMATS[fmt]
+        for k, n in SHAPES:
+            moved = weight_bytes(fmt, k, n)
+            weights = []
+            for _ in range(rotations(moved)):
+                w = Tensor(rng.standard_normal((n, k), dtype=np.float32) * 0.02).cast(dtypes.bfloat16)
+                qw = quant.quantize(w, group, bits, mode=mode)
+                weights.append(tuple(p.contiguous().realize() for p in (qw.weight, qw.scales, qw.biases) if p is not None))
+            for rows in row_counts:
+                xs = [Tensor(rng.standard_normal((rows, k), dtype=np.float32)).cast(dtypes.bfloat16).contiguous().realize()
+                      for _ in range(COPIES)]
+                calls = [(xs[i], *weights[i % len(weights)]) for i in range(COPIES)]
+                first = quant.QuantizedWeight(*weights[0], *([None] if mode != "affine" else []), mode, group, bits)
+                with compositions_only():
+                    want = quant.quantized_matmul(xs[0], first).float().numpy()
+                default = qmv.plan(rows, k, n)
+                cells = []
+                for p in plans(rows, k):
+                    def product(x, weight, scales, biases=None, p=p):
+                        return qmv.qmv(x, weight, scales, biases, mode=mode, group_size=group, bits=bits,
+                                       out_dtype=dtypes.bfloat16, backend=backend, qmv_plan=p)
+                    error = float(np.abs(product(*calls[0]).float().numpy() - want).max() / max(np.abs(want).max(), 1e-30))
+                    seconds = time_jit(product, calls, REPEATS)
+                    mark = "*" if p == default else ""
+                    label = f"{mark}{p.columns_per_warp}x{p.column_warps}x{p.k_split}x{p.unroll}"
+                    cells.append((seconds, f"{label}: {seconds * 1e6:.1f}/{moved / seconds / 1e12:.2f}", error))
+                cells.sort()
+                torch_s = torch_seconds[(rows, k, n)]
+                torch_text = f"{torch_s * 1e6:.1f} µs" if torch_s else "-"
+                print(f"{fmt} M{rows} K{k} N{n} ({moved / 1e6:.1f} MB): " + "  ".join(c for _, c, _ in cells) +
+                      f"  | torch bf16 {torch_text} | max rel. error {max(e for _, _, e in cells):.1e}", flush=True)
+            del weights
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

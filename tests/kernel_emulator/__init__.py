@@ -1,0 +1,70 @@
+"""Run a kernel's CUDA rendering on the CPU (`prelude_emulated.h`): compiled with a C++20 compiler
+into a shared library whose `run` launches a grid, one threadgroup at a time, each thread an OS
+thread. For checking a kernel's indexing, decoding and arithmetic order where no GPU is present;
+its arithmetic is the rendering's, written out (no contraction), so where a kernel writes every
+multiply-add as fma the results have the CUDA build's bits."""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import pathlib
+import shutil
+import subprocess
+import tempfile
+from typing import Sequence
+
+import numpy as np
+
+from nuvec_tg.kernels.program import Param
+
+HERE = pathlib.Path(__file__).parent
+COMPILER = next((c for c in ("clang++-19", "clang++", "clang++-20", "clang++-18", "g++") if shutil.which(c)), None)
+_CACHE = pathlib.Path(tempfile.gettempdir()) / "nuvec_kernel_emulator"
+
+_LAUNCHER = """
+#include <thread>
+#include <vector>
+extern "C" void run(void** buffers, int groups, int threads) {
+  for (int g = 0; g < groups; g++) {
+    std::barrier<> all(threads);
+    std::vector<std::barrier<>*> warps;
+    Block sync{&all, {}, {}};
+    for (int w = 0; w < (threads + 31) / 32; w++) sync.warps[w] = new std::barrier<>(32);
+    std::vector<std::thread> pool;
+    for (int t = 0; t < threads; t++)
+      pool.emplace_back([&, t] {
+        block_sync = &sync;
+        blockIdx = uint3{(uint)g, 0, 0};
+        threadIdx = uint3{(uint)t, 0, 0};
+        KERNEL(ARGUMENTS);
+      });
+    for (auto& thread : pool) thread.join();
+    for (int w = 0; w < (threads + 31) / 32; w++) delete sync.warps[w];
+  }
+}
+"""
+
+
+def build(kernel_text: str, name: str, params: Sequence[Param]):
+    """A shared library running `kernel_text` (a CUDA rendering without the prelude, kernel
+    `name`, buffer parameters `params`); returns its `run(buffers, groups, threads)`."""
+    arguments = ", ".join(f"({'const ' if p.kind == 'in' else ''}{p.ctype}*)buffers[{i}]" for i, p in enumerate(params))
+    source = ((HERE / "prelude_emulated.h").read_text() + kernel_text.replace('extern "C" ', "") +
+              _LAUNCHER.replace("KERNEL", name).replace("ARGUMENTS", arguments))
+    _CACHE.mkdir(exist_ok=True)
+    library = _CACHE / f"{hashlib.sha256(source.encode()).hexdigest()[:16]}.so"
+    if not library.exists():
+        src = library.with_suffix(".cpp")
+        src.write_text(source)
+        result = subprocess.run([COMPILER, "-std=c++20", "-O1", "-ffp-contract=off", "-shared", "-fPIC", "-pthread",
+                                 "-Wno-unknown-pragmas", "-o", str(library), str(src)], capture_output=True, text=True)
+        if result.returncode: raise RuntimeError(result.stderr[:4000])
+    run = ctypes.CDLL(str(library)).run
+    run.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, ctypes.c_int]
+
+    def launch(buffers: Sequence[np.ndarray], groups: int, threads: int) -> None:
+        arrays = [np.ascontiguousarray(b) for b in buffers]
+        for given, array in zip(buffers, arrays): assert given is array, "buffers must be contiguous numpy arrays"
+        pointers = (ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays])
+        run(pointers, groups, threads)
+    return launch

@@ -1,0 +1,101 @@
+"""The qmv kernel's CUDA rendering run on the CPU (`kernel_emulator`): against the composition for
+every affine width and floating-point mode, x dtypes and scale dtypes, 1-8 rows, N and K at the
+kernel's boundaries (N not a multiple of a SIMD group's columns, K not a multiple of a SIMD step,
+nvfp4's K = 16 mod 32, K split across SIMD groups); each row's bits equal to a one-row launch's."""
+import numpy as np
+import pytest
+from tinygrad import Tensor, dtypes
+
+from kernel_emulator import COMPILER, build
+from nuvec_tg import quant
+from nuvec_tg.kernels import quant as qmv
+from reference import random
+
+pytestmark = pytest.mark.skipif(COMPILER is None, reason="no C++ compiler")
+CTYPES = {dtypes.float32: "float", dtypes.float16: "half", dtypes.bfloat16: "bfloat"}
+TOL = {dtypes.float32: 1e-5, dtypes.float16: 2e-3, dtypes.bfloat16: 1.6e-2}
+
+
+def raw(t: Tensor) -> np.ndarray:
+    """A tensor's bytes as numpy (16-bit floats as uint16)."""
+    if t.dtype in (dtypes.float16, dtypes.bfloat16): return t.bitcast(dtypes.uint16).numpy()
+    return t.numpy()
+
+
+def as_float(bits: np.ndarray, dtype) -> np.ndarray:
+    if dtype == dtypes.float16: return bits.view(np.float16).astype(np.float64)
+    if dtype == dtypes.bfloat16: return (bits.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    return bits.astype(np.float64)
+
+
+def emulated_qmv(x: np.ndarray, qw, dtype, plan: qmv.QmvPlan) -> np.ndarray:
+    """y's raw values from the emulated kernel for raw x `[M, K]` in `dtype`."""
+    rows, k = x.shape
+    n = qw.weight.shape[0]
+    scales_ctype = CTYPES.get(qw.scales.dtype, "uchar")
+    text, params = qmv.program("cuda", x_ctype=CTYPES[dtype], scales_ctype=scales_ctype, out_ctype=CTYPES[dtype], mode=qw.mode,
+                               group_size=qw.group_size, bits=qw.bits, rows=rows, k=k, n=n, qmv_plan=plan)
+    y = np.zeros((rows, n), dtype=x.dtype)
+    buffers = [y, x, raw(qw.weight), raw(qw.scales)] + ([raw(qw.biases)] if qw.biases is not None else [])
+    build(text, "nuvec_qmv", params)(buffers, plan.groups(n), plan.threads)
+    return y
+
+
+CASES = [("affine", 32, b, dtypes.float32) for b in (1, 2, 3, 4, 5, 6, 8)] + [
+    ("affine", 64, 4, dtypes.bfloat16), ("affine", 128, 8, dtypes.float16), ("affine", 64, 3, dtypes.float16),
+    ("mxfp4", 32, 4, dtypes.bfloat16), ("mxfp4", 32, 4, dtypes.float32), ("mxfp8", 32, 8, dtypes.float16),
+    ("nvfp4", 16, 4, dtypes.float32), ("nvfp4", 16, 4, dtypes.bfloat16)]
+
+
+@pytest.mark.parametrize("mode, group, bits, dtype", CASES, ids=str)
+def test_emulated_qmv_matches_the_composition_and_keeps_one_row_bits(mode, group, bits, dtype):
+    rng = np.random.default_rng(0x9A9)
+    # N: not a multiple of 4 columns; K: 2 SIMD steps and a bit (nvfp4: and a half chunk).
+    n, k = 13, 2 * 1024 + (48 if mode == "nvfp4" else 3 * group if group < 128 else 128)
+    w = random(rng, (n, k), dtype, "CPU")[0]
+    qw = quant.quantize(w, group, bits, mode=mode)
+    qw = quant.QuantizedWeight(*(None if p is None else p.contiguous().realize() for p in (qw.weight, qw.scales, qw.biases)),
+                               mode, group, bits)
+    x_tensor = random(rng, (8, k), dtype, "CPU")[0].realize()
+    x = raw(x_tensor)
+    want = quant.quantized_matmul(x_tensor, qw).cast(dtypes.float32).numpy().astype(np.float64)
+    for plan in (qmv.QmvPlan(4, 1, 2, 1), qmv.QmvPlan(3, 2, 1, 2)):
+        alone = [emulated_qmv(x[r:r + 1], qw, dtype, plan) for r in range(8)]
+        for rows in (1, 3, 8):
+            got = emulated_qmv(x[:rows], qw, dtype, plan)
+            values = as_float(got, dtype)
+            assert np.abs(values - want[:rows]).max() <= TOL[dtype] * max(np.abs(want).max(), 1.0), (plan, rows)
+            for r in range(rows):
+                np.testing.assert_array_equal(got[r], alone[r][0], err_msg=f"{plan} rows {rows} row {r}")
+
+
+def test_emulated_qmv_with_scales_of_another_dtype_and_a_column_set_moved_back():
+    rng = np.random.default_rng(0x9AA)
+    n, k = 6, 1024
+    w = random(rng, (n, k), dtypes.float32, "CPU")[0]
+    for scales_dtype in (dtypes.float16, dtypes.bfloat16):
+        qw = quant.quantize(w.cast(scales_dtype), 64, 4)
+        qw = quant.QuantizedWeight(qw.weight.contiguous().realize(), qw.scales.contiguous().realize(),
+                                   qw.biases.contiguous().realize(), "affine", 64, 4)
+        x_tensor = random(rng, (2, k), dtypes.float32, "CPU")[0].realize()
+        want = quant.quantized_matmul(x_tensor, qw).numpy().astype(np.float64)
+        got = emulated_qmv(raw(x_tensor), qw, dtypes.float32, qmv.QmvPlan(4, 1, 1, 1))
+        assert np.abs(got - want).max() <= 1e-5 * max(np.abs(want).max(), 1.0)
+
+
+@pytest.mark.parametrize("n, k", [(3, 64), (37, 9 * 1024 + 192)], ids=str)
+def test_emulated_qmv_with_the_default_plans_at_their_boundaries(n, k):
+    """Fewer columns than a SIMD group serves; K split in 8 with a part step, a column set moved back."""
+    rng = np.random.default_rng(0x9AB)
+    w = random(rng, (n, k), dtypes.float32, "CPU")[0]
+    qw = quant.quantize(w, 64, 4)
+    qw = quant.QuantizedWeight(qw.weight.contiguous().realize(), qw.scales.contiguous().realize(),
+                               qw.biases.contiguous().realize(), "affine", 64, 4)
+    x_tensor = random(rng, (5, k), dtypes.float32, "CPU")[0].realize()
+    x = raw(x_tensor)
+    want = quant.quantized_matmul(x_tensor, qw).numpy().astype(np.float64)
+    for rows in (1, 2, 5):
+        got = emulated_qmv(x[:rows], qw, dtypes.float32, qmv.plan(rows, k, n))
+        assert np.abs(got - want[:rows]).max() <= 1e-5 * max(np.abs(want).max(), 1.0), rows
+        for r in range(rows):
+            np.testing.assert_array_equal(got[r], emulated_qmv(x[r:r + 1], qw, dtypes.float32, qmv.plan(1, k, n))[0])
