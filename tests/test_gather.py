@@ -32,6 +32,17 @@ def test_gather_mm_selects_batches_and_broadcasts():
     np.testing.assert_allclose(got[1, 2], x[3].astype(np.float64) @ w[2], rtol=1e-5, atol=1e-5)
 
 
+def test_indices_outside_the_batches_select_zeros_negative_ones_too():
+    """An index past either operand's batches, or negative (tinygrad's indexing would wrap it),
+    gives a zero product, as the kernels do; nothing is read out of bounds."""
+    x, w = array(2, 2, 64), array(3, 5, 64)
+    qw = quant.quantize(t(w), 32, 4)
+    lhs, rhs = [0, 1, -1, 0, 5], [2, -2, 0, 3, 1]
+    for got in (quant.gather_mm(t(x), t(w.transpose(0, 2, 1).copy()), t(lhs, dtypes.int32), t(rhs, dtypes.int32)).numpy(),
+                quant.gather_qmm(t(x), qw, t(lhs, dtypes.int32), t(rhs, dtypes.int32)).numpy()):
+        assert got[0].any() and not got[1:].any()
+
+
 def test_gather_mm_gradients_reach_both_operands():
     x2, w = array(2, 1, 7), array(3, 7, 5)
     xt, wt = t(x2), t(w)

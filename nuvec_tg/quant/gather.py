@@ -4,9 +4,9 @@ layer's tokens times their experts.
 
 Indices are flat over the operands' batch axes and broadcast together; the output is
 `broadcast(lhs_indices, rhs_indices).shape + [M, N]`. Without indices an operand's batches are
-taken in order (`arange` over its batch shape). An index outside an operand's batches selects a
-batch of zeros (nothing is read out of bounds). `sorted_indices` is a hint for kernels (rows sorted
-by expert) and changes no value.
+taken in order (`arange` over its batch shape). An index outside an operand's batches (a negative
+one too) selects a batch of zeros (nothing is read out of bounds). `sorted_indices` is a hint for
+kernels (rows sorted by expert) and changes no value.
 """
 from __future__ import annotations
 
@@ -34,8 +34,11 @@ def _gather(op: str, a: Tensor, b_batch: tuple[int, ...], lhs_indices, rhs_indic
     lhs = _indices(op, "lhs_indices", lhs_indices, a_batch, a.device)
     rhs = _indices(op, "rhs_indices", rhs_indices, b_batch, a.device)
     shape = broadcast_shape(op, tuple(lhs.shape), tuple(rhs.shape))
-    def flat(indices: Tensor) -> Tensor: return indices.cast(dtypes.int32).expand(shape).reshape(math.prod(shape))
-    out = product(take_rows(a.reshape(-1, *a.shape[-2:]), flat(lhs)), flat(rhs))
+    def flat(indices: Tensor, batches: int) -> Tensor:
+        # take_rows gives zeros past the end but wraps negative indices: send those past the end too
+        indices = indices.cast(dtypes.int32)
+        return (indices >= 0).where(indices, batches).expand(shape).reshape(math.prod(shape))
+    out = product(take_rows(a.reshape(-1, *a.shape[-2:]), flat(lhs, math.prod(a_batch))), flat(rhs, math.prod(b_batch)))
     return out.reshape(*shape, *out.shape[-2:])
 
 
