@@ -71,3 +71,11 @@ def test_qmv_gradients_equal_the_compositions():
         composed = [g.realize() for g in (quant.quantized_matmul(x, qw) * upstream).sum().gradient(*targets)]
     for name, got, want in zip(("x", "scales", "biases"), grads, composed):
         np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-4, atol=1e-4, err_msg=name)
+
+
+def test_empty_products_take_the_composition():
+    """No rows of x, or no columns of w: nothing to launch (an empty grid), the composition's empty result."""
+    qw = quant.quantize(Tensor.zeros(8, 64, device=gpu), 32, 4)
+    assert quant.quantized_matmul(Tensor.zeros(0, 64, device=gpu), qw).numpy().shape == (0, 8)
+    none = quant.quantize(Tensor.zeros(0, 64, device=gpu), 32, 4)
+    assert quant.quantized_matmul(Tensor.ones(2, 64, device=gpu), none).numpy().shape == (2, 0)

@@ -67,9 +67,10 @@ def plan(rows: int, k: int, n: int) -> QmvPlan:
     return QmvPlan(columns, COLUMN_WARPS, split, unroll)
 
 
-def supported(x_dtype: DType, scales_dtype: DType, out_dtype: DType, rows: int) -> bool:
-    """Whether the kernel takes the call: half/bfloat/float activations and output, at most 8 rows."""
-    return 0 < rows <= MAX_ROWS and x_dtype in _CTYPES and out_dtype in _CTYPES and (
+def supported(x_dtype: DType, scales_dtype: DType, out_dtype: DType, rows: int, k: int, n: int) -> bool:
+    """Whether the kernel takes the call: half/bfloat/float activations and output, 1 to 8 rows of
+    x, a non-empty weight `[N, K]` (an empty product is the composition's)."""
+    return 0 < rows <= MAX_ROWS and k > 0 and n > 0 and x_dtype in _CTYPES and out_dtype in _CTYPES and (
         scales_dtype in _CTYPES or scales_dtype == dtypes.uint8)
 
 

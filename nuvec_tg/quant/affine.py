@@ -214,7 +214,7 @@ def quantized_matmul(x: Tensor, qw: QuantizedWeight, transpose: bool = True) -> 
     rows_of_x = math.prod(x.shape[:-1])
     backend = kernel_backend(x.device) if kernels_enabled() else None
     if (backend is not None and transpose and qw.weight.ndim == 2 and x.dtype != dtypes.float64
-            and qmv_kernel.supported(x.dtype, qw.scales.dtype, dtype, rows_of_x)):
+            and qmv_kernel.supported(x.dtype, qw.scales.dtype, dtype, rows_of_x, columns, rows)):
         debug(f"{op} {tuple(x.shape)} x {qw.mode} {qw.bits}-bit {tuple(qw.weight.shape)} on {x.device}: the qmv kernel")
         out = qmv_kernel.qmv(x.cast(dtype).reshape(rows_of_x, inner), qw.weight, qw.scales, qw.biases, mode=qw.mode,
                              group_size=qw.group_size, bits=qw.bits, out_dtype=dtype, backend=backend,
