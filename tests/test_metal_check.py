@@ -11,8 +11,8 @@ from tinygrad import dtypes
 
 from nuvec_tg.fast.plan import PlanTarget, Vector, plan_call, validate_attention
 from nuvec_tg.kernels import quant as qmv
-from nuvec_tg.kernels.attention import KERNEL_DTYPES, DecodeSpec
-from nuvec_tg.kernels.program import Param, prelude
+from nuvec_tg.kernels.attention import DecodeSpec
+from nuvec_tg.kernels.program import KERNEL_DTYPES, Param, prelude
 
 SHIM = pathlib.Path(__file__).parent / "metal_shim"
 COMPILER = next((c for c in ("clang++", "clang++-22", "clang++-21", "clang++-20", "clang++-19", "clang++-18", "g++")
@@ -88,10 +88,10 @@ def _check_metal(tmp_path, texts: list[str], per_unit: int = 150):
 def test_every_gated_delta_metal_specialisation_compiles(tmp_path):
     from nuvec_tg.kernels import gated_delta
     texts = []
-    for (dk, dv), activation, state, mode, steps in itertools.product(
-            [(128, 128), (64, 48), (32, 17), (96, 64)], gated_delta.KERNEL_DTYPES, (dtypes.float32, dtypes.bfloat16),
+    for (dk, dv), activation, state, gate, mode, steps in itertools.product(
+            [(128, 128), (64, 48), (32, 17), (96, 64)], KERNEL_DTYPES, KERNEL_DTYPES, (dtypes.float32, dtypes.bfloat16),
             ("final", "steps", "slots"), (1, 512)):
-        types = dict(q=activation, k=activation, v=activation, g=dtypes.float32, beta=activation, state=state,
+        types = dict(q=activation, k=activation, v=activation, g=gate, beta=activation, state=state,
                      storage=dtypes.float16 if mode == "steps" else state)
         texts.append(gated_delta.program("metal", types, mode, dk, dv, 2, 4, *gated_delta.launch_shape(steps))[1])
     _check_metal(tmp_path, texts)

@@ -13,7 +13,7 @@ from tinygrad import Device, Tensor, dtypes
 from .. import fast
 from ..kernels import compositions_only, kernels_enabled
 from ..tensor import kernel_backend
-from .common import COPIES, cuda_torch, optional_us, rate_cells, release_torch, rotations, start_table, time_jit, \
+from .common import COPIES, cuda_torch, optional_us, part_of, rate_cells, release_torch, rotations, start_table, time_jit, \
     torch_graph_seconds
 
 COMPOSED_MAX_STEPS = 16
@@ -72,6 +72,7 @@ def run(args) -> list[str]:
     grid = [(b, 1) for b in (1, 8, 64, 256)] + [(1, 512)]
     if args.quick: grid = [(1, 1), (8, 1)]
     if args.small: hk, hv, dk, dv, grid = 2, 4, 32, 32, [(1, 1), (2, 3)]
+    grid = part_of(grid, args.part)
     fla_seconds = {shape: time_fla(*shape, hk, hv, dk, dv, args.repeats) for shape in grid}
     release_torch()
     lines, peak = start_table(

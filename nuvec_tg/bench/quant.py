@@ -10,7 +10,7 @@ import numpy as np
 from tinygrad import Tensor, dtypes
 
 from .. import quant
-from .common import COPIES, cuda_torch, optional_us, rate_cells, release_torch, rotations, start_table, time_jit, \
+from .common import COPIES, cuda_torch, optional_us, part_of, rate_cells, release_torch, rotations, start_table, time_jit, \
     torch_graph_seconds
 
 FORMATS = {"affine4": ("affine", 64, 4), "affine8": ("affine", 64, 8), "mxfp4": ("mxfp4", 32, 4)}
@@ -41,6 +41,7 @@ def run(args) -> list[str]:
     grid += [(512, k, n, "affine4") for k, n in shapes]
     if args.quick: grid = [(1, 4096, 4096, fmt) for fmt in FORMATS] + [(512, 4096, 4096, "affine4")]
     if args.small: grid = [(1, 256, 128, "affine4"), (2, 256, 128, "mxfp4")]
+    grid = part_of(grid, args.part)
     torch_seconds = {(m, k, n): time_torch(m, k, n, args.repeats) for m, k, n, _ in grid}
     release_torch()
     lines, peak = start_table(

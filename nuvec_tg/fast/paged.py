@@ -15,7 +15,8 @@ from tinygrad import Tensor, dtypes
 from ..tensor import (check, check_floating, check_int, check_integer, check_number, check_tensor, promote_types, put_rows,
                       take_rows)
 from ..kernels import attention_backend, debug
-from ..kernels.attention import KERNEL_DTYPES, decode_attention
+from ..kernels.attention import decode_attention
+from ..kernels.program import KERNEL_DTYPES
 from .attention import compose_attention
 from .plan import AttentionCall, Vector, plan_call, target_for_device
 

@@ -18,7 +18,7 @@ from tinygrad import Tensor, dtypes
 from tinygrad.dtype import DType
 from tinygrad.uop.ops import Ops, UOp
 
-from .program import Param, chunks, int_buffer, launch, prelude, specialise
+from .program import CTYPES, Param, chunks, int_buffer, launch, prelude, specialise
 
 
 @dataclass(frozen=True)
@@ -35,9 +35,6 @@ METAL_LAUNCH = Launch(warps=4, unroll=2)
 LAUNCHES = {"cuda": CUDA_LAUNCH, "metal": METAL_LAUNCH}
 NUM_WARPS, UNROLL = METAL_LAUNCH.warps, METAL_LAUNCH.unroll  # the defaults of a DecodeSpec
 MERGE_THREADS = 256  # at most, per query row
-# Element types in the dialect (both preludes name them alike).
-_CTYPES = {dtypes.float16: "half", dtypes.bfloat16: "bfloat", dtypes.float32: "float"}
-KERNEL_DTYPES = tuple(_CTYPES)
 
 
 @dataclass(frozen=True)
@@ -66,7 +63,6 @@ def geometry(head_dim: int, value_dim: int, dtype: DType, query_rows: int, warps
     return Geometry(lanes, features, values, rows, query_rows // rows)
 
 
-# Unsigned types of 16, 8, 4 and 2 bytes, alike in both dialects.
 @dataclass(frozen=True)
 class CacheView:
     """K or V as a buffer `[B, H, S, Dx]` and the first of the call's rows in it."""
@@ -154,7 +150,7 @@ class DecodeSpec:
 
     def sources(self, backend: str, length_params: Sequence[Param] = ()) -> list[tuple[str, str, list[Param]]]:
         """`(program name, source without the prelude, parameters)` for each pass."""
-        ctype = _CTYPES[self.dtype]
+        ctype = CTYPES[self.dtype]
         shape = self.geometry()
         size = self.dtype.itemsize
         defines = dict(T=ctype, D=self.head_dim, DV=self.value_dim, HQ=self.q_heads, HKV=self.kv_heads,

@@ -9,10 +9,8 @@ import math
 from tinygrad import Tensor, dtypes
 from tinygrad.dtype import DType
 
-from .program import Param, chunks, int_buffer, launch, prelude, specialise
+from .program import CTYPES, Param, chunks, int_buffer, launch, prelude, specialise
 
-_CTYPES = {dtypes.float16: "half", dtypes.bfloat16: "bfloat", dtypes.float32: "float"}
-KERNEL_DTYPES = tuple(_CTYPES)
 _ROUND = {dtypes.float16: "round_half(x)", dtypes.bfloat16: "round_bfloat(x)", dtypes.float32: "(x)"}
 
 LAUNCH: tuple[int, int] | None = None  # (SIMD groups, rows per SIMD group) for every call: a sweep sets it
@@ -32,7 +30,7 @@ def launch_shape(steps: int) -> tuple[int, int]:
 
 def supported(*tensors: Tensor, key_dim: int, storage: DType | None = None) -> bool:
     """Whether the kernel takes these inputs: float16/bfloat16/float32 everywhere, Dk a multiple of 32."""
-    return key_dim % 32 == 0 and all(t.dtype in _CTYPES for t in tensors) and (storage is None or storage in _CTYPES)
+    return key_dim % 32 == 0 and all(t.dtype in CTYPES for t in tensors) and (storage is None or storage in CTYPES)
 
 
 def _backward(composition, output_shapes: tuple[tuple[int, ...], tuple[int, ...]]):
@@ -69,7 +67,7 @@ def program(backend: str, types: dict[str, DType], mode: str, dk: int, dv: int, 
     types: the dtypes of `q`, `k`, `v`, `g`, `beta`, `state` (or the pool) and `storage` (the
     steps' storage; the state's dtype otherwise); mode: "final", "steps" or "slots"; warps, rows:
     the launch shape (`launch_shape`)."""
-    ctypes = {key: _CTYPES[dtype] for key, dtype in types.items()}
+    ctypes = {key: CTYPES[dtype] for key, dtype in types.items()}
     defines = dict(TQ=ctypes["q"], TK=ctypes["k"], TV=ctypes["v"], TG=ctypes["g"], TB=ctypes["beta"], TS=ctypes["state"],
                    TO=ctypes["storage"], DK=dk, DV=dv, HK=hk, HV=hv, EK=dk // 32, WARPS=warps, ROWS=rows,
                    STATE_OUT=int(mode == "final"), STEPS_OUT=int(mode == "steps"), SLOTS=int(mode == "slots"))
@@ -120,9 +118,5 @@ def gated_delta_kernel(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
     backward = None
     if composition is not None and mode != "slots":
         backward = _backward(composition, (tuple(outs[0].shape), tuple(outs[1].shape)))
-    results = launch(name, prelude(backend) + text, device, outs, ins, [], grid, (32 * warps, 1, 1), grad_fxn=backward,
-                     label=f"{backend} gated_delta {mode} Dk{dk} Dv{dv} Hk{hk} Hv{hv}")
-    # tinygrad runs a call once per realize of one of its outputs: realizing y and then the pool
-    # would apply the in-place update twice. So the slot variant realizes both now, together.
-    if mode == "slots": Tensor.realize(*results)
-    return tuple(results)
+    return tuple(launch(name, prelude(backend) + text, device, outs, ins, [], grid, (32 * warps, 1, 1), grad_fxn=backward,
+                        label=f"{backend} gated_delta {mode} Dk{dk} Dv{dv} Hk{hk} Hv{hv}", in_place=mode == "slots"))

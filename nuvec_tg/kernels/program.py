@@ -54,6 +54,10 @@ def int_buffer(device: str, values: tuple[int, ...]) -> Tensor:
     return Tensor(list(values), dtype=dtypes.int32, device=device).realize()
 
 
+# The element types a kernel takes and their names in the dialect (both preludes name them alike).
+CTYPES = {dtypes.float16: "half", dtypes.bfloat16: "bfloat", dtypes.float32: "float"}
+KERNEL_DTYPES = tuple(CTYPES)
+
 _CHUNK_TYPES = {16: "uint4", 8: "uint2", 4: "uint", 2: "ushort"}
 
 
@@ -102,14 +106,15 @@ _listeners: list[list[tuple[str, str]]] = []
 
 def launch(name: str, source: str, device: str, outs: Sequence[Tensor], ins: Sequence[Tensor], scalars: Sequence[UOp],
            global_size: tuple[int, int, int], local_size: tuple[int, int, int],
-           grad_fxn: Callable | None = None, label: str = "") -> list[Tensor]:
+           grad_fxn: Callable | None = None, label: str = "", in_place: bool = False) -> list[Tensor]:
     """Add program `name` (`source`, already rendered) to the graph; returns `outs` after it ran.
 
     outs: buffers the program writes (whole buffers: a view would be written as a copy); ins:
     tensors it reads (anything not a plain buffer, a reshape or a prefix slice is copied first);
     scalars: bound int32 Variables, in the order of the scalar parameters. tinygrad runs the call
-    once per realize that needs one of its outputs: realize several outputs together
-    (`Tensor.realize(a, b)`), and an in-place update must be realized at once.
+    once per realize that needs one of its outputs, so several outputs are best realized together
+    (`Tensor.realize(a, b)`); `in_place` (an output is an existing buffer the program updates)
+    realizes them all now, so that the update is applied once.
     """
     lib = _compiled(device, source)
     tensors = list(outs) + list(ins)
@@ -124,4 +129,6 @@ def launch(name: str, source: str, device: str, outs: Sequence[Tensor], ins: Seq
                                     UOp(Ops.BINARY, arg=lib)), arg=info)
     call = program.call(*[t.uop for t in tensors], *scalars, grad_fxn=grad_fxn)
     for listener in _listeners: listener.append((name, label))
-    return [Tensor(t.uop.after(call)) for t in outs]
+    results = [Tensor(t.uop.after(call)) for t in outs]
+    if in_place: Tensor.realize(*results)
+    return results

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from tinygrad import Tensor, dtypes
 from tinygrad.dtype import DType
 
-from .program import Param, launch, prelude, specialise
+from .program import CTYPES, Param, launch, prelude, specialise
 
 MAX_ROWS = 8                  # rows of x the kernel takes (more: the composition, until qmm lands)
 CODES_PER_STEP = 32 * 32      # a SIMD group's step: 32 lanes x a chunk of 32 consecutive codes
@@ -25,7 +25,6 @@ COLUMN_WARPS = 1              # SIMD groups of a threadgroup that serve differen
 TARGET_WARPS = 4096           # K is split until about this many SIMD groups run (H200: 132 SMs x 32)
 MAX_K_SPLIT = 8               # SIMD groups that share a set of columns, each a slice of K's steps
 UNROLL = 1                    # steps whose weight loads a lane issues together (at most its step count)
-_CTYPES = {dtypes.float16: "half", dtypes.bfloat16: "bfloat", dtypes.float32: "float"}
 _MODES = {"affine": 0, "mxfp4": 1, "mxfp8": 2, "nvfp4": 3}
 
 
@@ -70,8 +69,8 @@ def plan(rows: int, k: int, n: int) -> QmvPlan:
 def supported(x_dtype: DType, scales_dtype: DType, out_dtype: DType, rows: int, k: int, n: int) -> bool:
     """Whether the kernel takes the call: half/bfloat/float activations and output, 1 to 8 rows of
     x, a non-empty weight `[N, K]` (an empty product is the composition's)."""
-    return 0 < rows <= MAX_ROWS and k > 0 and n > 0 and x_dtype in _CTYPES and out_dtype in _CTYPES and (
-        scales_dtype in _CTYPES or scales_dtype == dtypes.uint8)
+    return 0 < rows <= MAX_ROWS and k > 0 and n > 0 and x_dtype in CTYPES and out_dtype in CTYPES and (
+        scales_dtype in CTYPES or scales_dtype == dtypes.uint8)
 
 
 def load_words(bits: int, words_per_row: int) -> int:
@@ -99,8 +98,8 @@ def program(backend: str, *, x_ctype: str, scales_ctype: str, out_ctype: str, mo
 def source(backend: str, x_dtype: DType, scales_dtype: DType, out_dtype: DType, *, mode: str, group_size: int, bits: int,
            rows: int, k: int, n: int, qmv_plan: QmvPlan) -> tuple[str, str]:
     """(kernel name, full program text) of the launch `qmv` builds for these arguments."""
-    text, _ = program(backend, x_ctype=_CTYPES[x_dtype], scales_ctype=_CTYPES.get(scales_dtype, "uchar"),
-                      out_ctype=_CTYPES[out_dtype], mode=mode, group_size=group_size, bits=bits, rows=rows, k=k, n=n,
+    text, _ = program(backend, x_ctype=CTYPES[x_dtype], scales_ctype=CTYPES.get(scales_dtype, "uchar"),
+                      out_ctype=CTYPES[out_dtype], mode=mode, group_size=group_size, bits=bits, rows=rows, k=k, n=n,
                       qmv_plan=qmv_plan)
     name = f"nuvec_qmv_{hashlib.sha256(text.encode()).hexdigest()[:12]}"
     return name, prelude(backend) + text.replace("nuvec_qmv(", f"{name}(")
