@@ -79,3 +79,38 @@ def test_empty_products_take_the_composition():
     assert quant.quantized_matmul(Tensor.zeros(0, 64, device=gpu), qw).numpy().shape == (0, 8)
     none = quant.quantize(Tensor.zeros(0, 64, device=gpu), 32, 4)
     assert quant.quantized_matmul(Tensor.ones(2, 64, device=gpu), none).numpy().shape == (2, 0)
+
+
+@pytest.mark.parametrize("mode, group, width", [("affine", 64, 4), ("affine", 32, 3), ("mxfp4", 32, 4), ("nvfp4", 16, 4)],
+                         ids=str)
+@pytest.mark.parametrize("dtype", [dtypes.float32, dtypes.bfloat16], ids=lambda d: d.name)
+def test_qvm_matches_the_composition_and_keeps_one_row_bits(mode, group, width, dtype):
+    """x · w for untransposed weights (the qvm kernel): N past one threadgroup's columns and not a
+    multiple of them, each row's bits equal to a one-row product's."""
+    rng = np.random.default_rng(0x9B0)
+    k, n = 300, 256 + 3 * group
+    qw = quant.quantize(random(rng, (k, n), dtype, gpu)[0], group, width, mode=mode)
+    x = random(rng, (5, k), dtype, gpu)[0].realize()
+    with record_launches() as launches:
+        y = quant.quantized_matmul(x, qw, transpose=False).realize()
+    assert any(name.startswith("nuvec_qvm") for name, _ in launches), launches
+    with compositions_only():
+        want = quant.quantized_matmul(x, qw, transpose=False).realize()
+    got, ref = y.float().numpy().astype(np.float64), want.float().numpy().astype(np.float64)
+    assert np.abs(got - ref).max() <= TOL[dtype] * max(np.abs(ref).max(), 1.0)
+    for row in range(5):
+        alone = quant.quantized_matmul(x[row:row + 1].clone(), qw, transpose=False)
+        np.testing.assert_array_equal(bits_of(alone), bits_of(y[row:row + 1].clone()), err_msg=f"row {row}")
+
+
+def test_qvm_gradients_equal_the_compositions():
+    rng = np.random.default_rng(0x9B1)
+    qw = quant.quantize(random(rng, (128, 64), dtypes.float32, gpu)[0], 32, 4)
+    x = random(rng, (2, 128), dtypes.float32, gpu)[0].realize()
+    upstream = random(rng, (2, 64), dtypes.float32, gpu)[0].realize()
+    targets = [x, qw.scales, qw.biases]
+    grads = [g.realize() for g in (quant.quantized_matmul(x, qw, transpose=False) * upstream).sum().gradient(*targets)]
+    with compositions_only():
+        composed = [g.realize() for g in (quant.quantized_matmul(x, qw, transpose=False) * upstream).sum().gradient(*targets)]
+    for name, got, want in zip(("x", "scales", "biases"), grads, composed):
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-4, atol=1e-4, err_msg=name)

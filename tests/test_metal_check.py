@@ -117,3 +117,16 @@ def test_every_qmv_metal_specialisation_compiles(tmp_path):
     texts = [text.replace("nuvec_qmv(", f"nuvec_qmv_{i}(") for i, text in enumerate(qmv_programs())]
     assert len(texts) > 1000
     _check_metal(tmp_path, texts, per_unit=400)
+
+
+def test_every_qvm_metal_specialisation_compiles(tmp_path):
+    formats = [("affine", g, b) for b in (1, 2, 3, 4, 5, 6, 8) for g in (32, 64, 128)] + [
+        ("mxfp4", 32, 4), ("mxfp8", 32, 8), ("nvfp4", 16, 4)]
+    texts = []
+    for i, ((mode, group, bits), x, rows, k) in enumerate(itertools.product(formats, ("float", "half", "bfloat"), (1, 3, 8),
+                                                                           (4096, 100))):
+        n = 4096 if k == 4096 else 3 * group   # nvfp4: 48, a half chunk
+        text, _ = qmv.qvm_program("metal", x_ctype=x, scales_ctype=x if mode == "affine" else "uchar", out_ctype=x, mode=mode,
+                                  group_size=group, bits=bits, rows=rows, k=k, n=n)
+        texts.append(text.replace("nuvec_qvm(", f"nuvec_qvm_{i}("))
+    _check_metal(tmp_path, texts, per_unit=400)

@@ -99,3 +99,39 @@ def test_emulated_qmv_with_the_default_plans_at_their_boundaries(n, k):
         assert np.abs(got - want[:rows]).max() <= 1e-5 * max(np.abs(want).max(), 1.0), rows
         for r in range(rows):
             np.testing.assert_array_equal(got[r], emulated_qmv(x[r:r + 1], qw, dtypes.float32, qmv.plan(1, k, n))[0])
+
+
+QVM_CASES = [("affine", 32, 3, dtypes.float32), ("affine", 64, 4, dtypes.bfloat16), ("affine", 128, 8, dtypes.float16),
+             ("affine", 32, 6, dtypes.float32), ("mxfp4", 32, 4, dtypes.float32), ("mxfp8", 32, 8, dtypes.bfloat16),
+             ("nvfp4", 16, 4, dtypes.float32)]
+
+
+@pytest.mark.parametrize("mode, group, bits, dtype", QVM_CASES, ids=str)
+def test_emulated_qvm_matches_the_composition_and_keeps_one_row_bits(mode, group, bits, dtype):
+    """The untransposed product (w [K, N] packed along N): N past one threadgroup's 256 columns and
+    not a multiple of them (nvfp4: a half chunk), K split across SIMD groups with a part."""
+    rng = np.random.default_rng(0x9AF)
+    k, n = 300, 256 + (48 if mode == "nvfp4" else 2 * group if group < 128 else 128)
+    w = random(rng, (k, n), dtype, "CPU")[0]
+    qw = quant.quantize(w, group, bits, mode=mode)
+    qw = quant.QuantizedWeight(*(None if p is None else p.contiguous().realize() for p in (qw.weight, qw.scales, qw.biases)),
+                               mode, group, bits)
+    x_tensor = random(rng, (8, k), dtype, "CPU")[0].realize()
+    x = raw(x_tensor)
+    want = quant.quantized_matmul(x_tensor, qw, transpose=False).cast(dtypes.float32).numpy().astype(np.float64)
+
+    def emulated(rows_of_x: np.ndarray) -> np.ndarray:
+        rows = rows_of_x.shape[0]
+        text, params = qmv.qvm_program("cuda", x_ctype=CTYPES[dtype], scales_ctype=CTYPES.get(qw.scales.dtype, "uchar"),
+                                       out_ctype=CTYPES[dtype], mode=mode, group_size=group, bits=bits, rows=rows, k=k, n=n)
+        y = np.full((rows, n), 7, dtype=x.dtype)   # not zeros: every column must be written
+        buffers = [y, rows_of_x, raw(qw.weight), raw(qw.scales)] + ([raw(qw.biases)] if qw.biases is not None else [])
+        build(text, "nuvec_qvm", params)(buffers, -(-n // qmv.QVM_COLUMNS), 32 * qmv.qvm_split(k))
+        return y
+    assert qmv.qvm_split(k) == 4
+    alone = [emulated(x[r:r + 1]) for r in range(8)]
+    for rows in (1, 3, 8):
+        got = emulated(x[:rows])
+        assert np.abs(as_float(got, dtype) - want[:rows]).max() <= TOL[dtype] * max(np.abs(want).max(), 1.0), rows
+        for r in range(rows):
+            np.testing.assert_array_equal(got[r], alone[r][0], err_msg=f"rows {rows} row {r}")

@@ -70,10 +70,14 @@ def chunks(which: str, line_bytes: int, lane_bytes: int) -> dict[str, object]:
     return {f"CHUNK_{which}": _CHUNK_TYPES[width], f"{which}_CHUNKS": lane_bytes // width}
 
 
-def specialise(backend: str, name: str, source: str, defines: dict[str, object], params: Sequence[Param]) -> str:
-    """Kernel `name` from `source` (a file in `src/`) for `backend`, without the prelude: the
-    `#define`s, the helpers, the signature written from `params`, and the body."""
-    helpers, body = _source(source).split(BODY_MARKER)
+def specialise(backend: str, name: str, source: str | tuple[str, ...], defines: dict[str, object],
+               params: Sequence[Param]) -> str:
+    """Kernel `name` from `source` (a file in `src/`, or several: helper-only files, then the
+    kernel's) for `backend`, without the prelude: the `#define`s, the helpers, the signature
+    written from `params`, and the body."""
+    files = (source,) if isinstance(source, str) else source
+    helpers, body = _source(files[-1]).split(BODY_MARKER)
+    helpers = "".join(_source(f) for f in files[:-1]) + helpers
     define_lines = "".join(f"#define {key} {value}\n" for key, value in defines.items())
     if backend == "cuda":
         def param(i: int, p: Param) -> str:

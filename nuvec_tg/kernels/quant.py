@@ -1,9 +1,11 @@
-"""The quantized matrix-vector kernel (`src/qmv.h`): `y = x · wᵀ` for up to 8 rows of x over
-packed weights of any affine width or floating-point mode, float32 accumulation.
+"""The quantized matrix-vector kernels: `qmv` (`src/qmv.h`), `y = x · wᵀ` for up to 8 rows of x,
+and `qvm` (`src/qvm.h`), `y = x · w` for untransposed weights, over packed weights of any affine
+width or floating-point mode (`src/quant_codes.h`), float32 accumulation.
 
-`plan` picks the launch shape (`QmvPlan`); its defaults are the module constants below, meant to be
-read off `scripts/tune_qmv.py` on the device. Only `k_split` changes a row's arithmetic order, so
-it depends on K and N alone: a row's bits never depend on how many rows share the call.
+`plan` picks qmv's launch shape (`QmvPlan`); its defaults are the module constants below, meant to
+be read off `scripts/tune_qmv.py` on the device. Only `k_split` changes a row's arithmetic order, so
+it depends on K and N alone: a row's bits never depend on how many rows share the call (qvm's
+`qvm_split` likewise depends on K alone).
 """
 from __future__ import annotations
 
@@ -67,8 +69,8 @@ def plan(rows: int, k: int, n: int) -> QmvPlan:
 
 
 def supported(x_dtype: DType, scales_dtype: DType, out_dtype: DType, rows: int, k: int, n: int) -> bool:
-    """Whether the kernel takes the call: half/bfloat/float activations and output, 1 to 8 rows of
-    x, a non-empty weight `[N, K]` (an empty product is the composition's)."""
+    """Whether qmv (or qvm) takes the call: half/bfloat/float activations and output, 1 to 8 rows of
+    x, a non-empty weight of K inputs and N outputs (an empty product is the composition's)."""
     return 0 < rows <= MAX_ROWS and k > 0 and n > 0 and x_dtype in CTYPES and out_dtype in CTYPES and (
         scales_dtype in CTYPES or scales_dtype == dtypes.uint8)
 
@@ -92,7 +94,7 @@ def program(backend: str, *, x_ctype: str, scales_ctype: str, out_ctype: str, mo
     params = [Param("y", "out", out_ctype), Param("x", "in", x_ctype), Param("w", "in", "uint"),
               Param("scales", "in", scales_ctype)]
     if mode == "affine": params.append(Param("biases", "in", scales_ctype))
-    return specialise(backend, "nuvec_qmv", "qmv.h", defines, params), params
+    return specialise(backend, "nuvec_qmv", ("quant_codes.h", "qmv.h"), defines, params), params
 
 
 def source(backend: str, x_dtype: DType, scales_dtype: DType, out_dtype: DType, *, mode: str, group_size: int, bits: int,
@@ -119,3 +121,45 @@ def qmv(x: Tensor, weight: Tensor, scales: Tensor, biases: Tensor | None, *, mod
     y = Tensor.empty(rows, n, dtype=out_dtype, device=x.device)
     return launch(name, text, x.device, [y], ins, [], (qmv_plan.groups(n), 1, 1), (qmv_plan.threads, 1, 1),
                   grad_fxn=grad_fxn, label=f"{backend} qmv {mode} {bits}-bit g{group_size} M{rows} {qmv_plan}")[0]
+
+
+# The vector-matrix kernel (`src/qvm.h`): y = x · w for untransposed weights w [K, N], packed along N.
+QVM_COLUMNS = 256     # output columns a threadgroup serves (8 chunks of 32)
+QVM_MAX_SPLIT = 32    # SIMD groups of a threadgroup, each taking every K_SPLIT-th row of w
+QVM_MIN_ROWS = 64     # rows of w a SIMD group takes at least
+
+
+def qvm_split(k: int) -> int:
+    """SIMD groups per threadgroup of `qvm`: a power of two, each taking at least QVM_MIN_ROWS rows
+    of w. A function of K alone (the rows' order of summation)."""
+    split = 1
+    while split * 2 <= QVM_MAX_SPLIT and split * 2 * QVM_MIN_ROWS <= k: split *= 2
+    return split
+
+
+def qvm_program(backend: str, *, x_ctype: str, scales_ctype: str, out_ctype: str, mode: str, group_size: int, bits: int,
+                rows: int, k: int, n: int) -> tuple[str, list[Param]]:
+    """`qvm`'s text for `backend` without the prelude, and its parameters: y, x, w, scales (, biases)."""
+    defines = dict(TX=x_ctype, TS=scales_ctype, TY=out_ctype, BITS=bits, GROUP=group_size, MODE=_MODES[mode], N_TOTAL=n,
+                   K_TOTAL=k, XM=rows, K_SPLIT=qvm_split(k), LOAD_WORDS=load_words(bits, n * bits // 32))
+    params = [Param("y", "out", out_ctype), Param("x", "in", x_ctype), Param("w", "in", "uint"),
+              Param("scales", "in", scales_ctype)]
+    if mode == "affine": params.append(Param("biases", "in", scales_ctype))
+    return specialise(backend, "nuvec_qvm", ("quant_codes.h", "qvm.h"), defines, params), params
+
+
+def qvm(x: Tensor, weight: Tensor, scales: Tensor, biases: Tensor | None, *, mode: str, group_size: int, bits: int,
+        out_dtype: DType, backend: str, grad_fxn=None) -> Tensor:
+    """`x [M, K] · w` for `weight [K, N * bits / 32]` packed along N, `scales` (and affine `biases`)
+    `[K, N / group_size]`; returns `[M, N]` in `out_dtype`. Each row has a one-row product's bits."""
+    rows, k = x.shape
+    n = weight.shape[1] * 32 // bits
+    text, _ = qvm_program(backend, x_ctype=CTYPES[x.dtype], scales_ctype=CTYPES.get(scales.dtype, "uchar"),
+                          out_ctype=CTYPES[out_dtype], mode=mode, group_size=group_size, bits=bits, rows=rows, k=k, n=n)
+    name = f"nuvec_qvm_{hashlib.sha256(text.encode()).hexdigest()[:12]}"
+    ins = [x.contiguous(), weight.contiguous(), scales.contiguous()]
+    if biases is not None: ins.append(biases.contiguous())
+    y = Tensor.empty(rows, n, dtype=out_dtype, device=x.device)
+    return launch(name, prelude(backend) + text.replace("nuvec_qvm(", f"{name}("), x.device, [y], ins, [],
+                  (math.ceil(n / QVM_COLUMNS), 1, 1), (32 * qvm_split(k), 1, 1), grad_fxn=grad_fxn,
+                  label=f"{backend} qvm {mode} {bits}-bit g{group_size} M{rows} K{k} N{n}")[0]

@@ -213,26 +213,29 @@ def quantized_matmul(x: Tensor, qw: QuantizedWeight, transpose: bool = True) -> 
     dtype = promote_types(x.dtype, qw.scales.dtype) if qw.mode == "affine" else x.dtype
     rows_of_x = math.prod(x.shape[:-1])
     backend = kernel_backend(x.device) if kernels_enabled() else None
-    if (backend is not None and transpose and qw.weight.ndim == 2 and x.dtype != dtypes.float64
-            and qmv_kernel.supported(x.dtype, qw.scales.dtype, dtype, rows_of_x, columns, rows)):
-        debug(f"{op} {tuple(x.shape)} x {qw.mode} {qw.bits}-bit {tuple(qw.weight.shape)} on {x.device}: the qmv kernel")
-        out = qmv_kernel.qmv(x.cast(dtype).reshape(rows_of_x, inner), qw.weight, qw.scales, qw.biases, mode=qw.mode,
-                             group_size=qw.group_size, bits=qw.bits, out_dtype=dtype, backend=backend,
-                             grad_fxn=_qmv_backward(qw, dtype))
-        return out.reshape(*x.shape[:-1], rows)
+    outputs = rows if transpose else columns
+    if (backend is not None and qw.weight.ndim == 2 and x.dtype != dtypes.float64
+            and qmv_kernel.supported(x.dtype, qw.scales.dtype, dtype, rows_of_x, inner, outputs)):
+        kernel = qmv_kernel.qmv if transpose else qmv_kernel.qvm
+        debug(f"{op} {tuple(x.shape)} x {qw.mode} {qw.bits}-bit {tuple(qw.weight.shape)} on {x.device}: "
+              f"the {'qmv' if transpose else 'qvm'} kernel")
+        out = kernel(x.cast(dtype).reshape(rows_of_x, inner), qw.weight, qw.scales, qw.biases, mode=qw.mode,
+                     group_size=qw.group_size, bits=qw.bits, out_dtype=dtype, backend=backend,
+                     grad_fxn=_qmv_backward(qw, dtype, transpose))
+        return out.reshape(*x.shape[:-1], outputs)
     dense = _dense(qw, dtype)
     return x.cast(dtype) @ (dense.transpose(-1, -2) if transpose else dense)
 
 
-def _qmv_backward(qw: QuantizedWeight, dtype: DType):
-    """The qmv call's backward: the composition's gradient in x (argument 1) and, for affine
-    weights, in the scales and biases (arguments 3 and 4), on detached copies."""
+def _qmv_backward(qw: QuantizedWeight, dtype: DType, transpose: bool):
+    """The qmv (or qvm) call's backward: the composition's gradient in x (argument 1) and, for
+    affine weights, in the scales and biases (arguments 3 and 4), on detached copies."""
     def grad_fxn(gradient, call):
         def argument(index: int) -> Tensor: return Tensor(call.src[1 + index]).detach()
         x, scales = argument(1), argument(3)
         biases = argument(4) if qw.biases is not None else None
-        chosen = QuantizedWeight(argument(2), scales, biases, qw.mode, qw.group_size, qw.bits)
-        out = x @ _dense(chosen, dtype).transpose(-1, -2)
+        dense = _dense(QuantizedWeight(argument(2), scales, biases, qw.mode, qw.group_size, qw.bits), dtype)
+        out = x @ (dense.transpose(-1, -2) if transpose else dense)
         targets = [x] + ([scales, biases] if qw.mode == "affine" else [])
         grads = out.gradient(*targets, gradient=Tensor(gradient))
         result: list = [None] * (len(call.src) - 1)

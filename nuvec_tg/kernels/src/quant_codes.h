@@ -1,0 +1,90 @@
+// Packed codes of the quantized formats, for the kernels that read them (qmv.h, qvm.h): helpers
+// only, placed before a kernel's own helpers. A *chunk* is 32 consecutive codes of a packed row
+// starting at a multiple of 32: exactly BITS uint32 words, so no code crosses into another chunk.
+// Defines: TS (scales), BITS, GROUP, MODE (0 affine, 1 mxfp4, 2 mxfp8, 3 nvfp4), LOAD_WORDS.
+#define CODE_MASK ((1u << BITS) - 1u)
+#define CHUNK_GROUP (GROUP < 32 ? GROUP : 32)   // codes of a chunk under one scale
+#define SCALES_PER_CHUNK (32 / CHUNK_GROUP)
+#if MODE == 2
+#define FP_FACTOR 256.0f                       // e4m3 as a half is its value * 2^-8
+#elif MODE != 0
+#define FP_FACTOR 16384.0f                     // e2m1 as a half is its value * 2^-14
+#endif
+
+INLINE float power_of_two(int exponent) { return bits_to_float((uint)(127 + exponent) << 23); }
+
+INLINE float small_uint_to_float(uint value) {
+  // value < 2^23: the float 2^23 + value, minus 2^23 (exact).
+  return bits_to_float(value | 0x4B000000u) - 8388608.0f;
+}
+
+// Affine code `index` (0..31, a constant after unrolling) of a chunk's BITS words, as a float.
+INLINE float affine_code(const THREAD uint* words, int index) {
+  const int bit = index * BITS, word = bit / 32, shift = bit % 32;
+  if (shift + BITS > 32)
+    return small_uint_to_float(((words[word] >> shift) | (words[word + 1] << (32 - shift))) & CODE_MASK);
+  const uint source = shift + BITS <= 23 ? words[word] : words[word] >> 16;
+  const int at = shift + BITS <= 23 ? shift : shift - 16;
+  return fma(bits_to_float(mask_or(source, CODE_MASK << at, 0x4B000000u)), power_of_two(-at), -power_of_two(23 - at));
+}
+
+// Codes 8 * part .. 8 * part + 7 of a chunk (`words`: its BITS words) into q, as floats (the
+// floating-point modes: their values / FP_FACTOR).
+INLINE void decode_part(const THREAD uint* words, int part, THREAD float* q) {
+#if MODE == 0
+  #pragma unroll
+  for (int j = 0; j < 8; j++) q[j] = affine_code(words, 8 * part + j);
+#elif MODE == 2
+  // e4m3, bytes j and j + 2 of a word: magnitude bits to half bits 7-13, sign to bit 15.
+  #pragma unroll
+  for (int i = 0; i < 2; i++) {
+    #pragma unroll
+    for (int j = 0; j < 2; j++) {
+      const uint v = words[2 * part + i] >> (8 * j);
+      const float2 pair = half2_bits_to_float2(((v << 7) & 0x3F803F80u) | ((v << 8) & 0x80008000u));
+      q[4 * i + j] = pair.x;
+      q[4 * i + j + 2] = pair.y;
+    }
+  }
+#else
+  // e2m1, nibbles j and j + 4 of a word: magnitude bits to half bits 9-11, sign to bit 15.
+  #pragma unroll
+  for (int j = 0; j < 4; j++) {
+    const uint v = words[part] >> (4 * j);
+    const float2 pair = half2_bits_to_float2(((v << 9) & 0x0E000E00u) | ((v << 12) & 0x80008000u));
+    q[j] = pair.x;
+    q[j + 4] = pair.y;
+  }
+#endif
+}
+
+INLINE float group_scale(TS raw) {
+#if MODE == 0
+  return to_float(raw);
+#elif MODE == 3
+  // e4m3 as a half (value * 2^-8), widened, times 2^8.
+  const uint code = (uint)raw;
+  return half2_bits_to_float2(((code & 0x7Fu) << 7) | ((code & 0x80u) << 8)).x * 256.0f;
+#else
+  // e8m0: 2^(code - 127); code 0 is 2^-127.
+  const uint code = (uint)raw;
+  return code == 0u ? bits_to_float(0x00400000u) : bits_to_float(code << 23);
+#endif
+}
+
+// A chunk's BITS words from `at` (LOAD_WORDS-aligned); a half chunk reads only its first half.
+INLINE void load_chunk_words(const DEVICE uint* at, bool half_chunk, THREAD uint* words) {
+  #pragma unroll
+  for (int i = 0; i < BITS; i += LOAD_WORDS) {
+    if (half_chunk && i >= BITS / 2) break;
+#if LOAD_WORDS == 4
+    const uint4 piece = *(const DEVICE uint4*)(at + i);
+    words[i] = piece.x; words[i + 1] = piece.y; words[i + 2] = piece.z; words[i + 3] = piece.w;
+#elif LOAD_WORDS == 2
+    const uint2 piece = *(const DEVICE uint2*)(at + i);
+    words[i] = piece.x; words[i + 1] = piece.y;
+#else
+    words[i] = at[i];
+#endif
+  }
+}
