@@ -28,6 +28,13 @@ def as_float(bits: np.ndarray, dtype) -> np.ndarray:
     return bits.astype(np.float64)
 
 
+def quantized(w: Tensor, mode: str, group: int, bits: int) -> quant.QuantizedWeight:
+    """`w` quantized, its parts realized as plain buffers (the emulator reads their bytes)."""
+    qw = quant.quantize(w, group, bits, mode=mode)
+    return quant.QuantizedWeight(*(None if p is None else p.contiguous().realize() for p in (qw.weight, qw.scales, qw.biases)),
+                                 mode, group, bits)
+
+
 def emulated_qmv(x: np.ndarray, qw, dtype, plan: qmv.QmvPlan) -> np.ndarray:
     """y's raw values from the emulated kernel for raw x `[M, K]` in `dtype`."""
     rows, k = x.shape
@@ -52,10 +59,7 @@ def test_emulated_qmv_matches_the_composition_and_keeps_one_row_bits(mode, group
     rng = np.random.default_rng(0x9A9)
     # N: not a multiple of 4 columns; K: 2 SIMD steps and a bit (nvfp4: and a half chunk).
     n, k = 13, 2 * 1024 + (48 if mode == "nvfp4" else 3 * group if group < 128 else 128)
-    w = random(rng, (n, k), dtype, "CPU")[0]
-    qw = quant.quantize(w, group, bits, mode=mode)
-    qw = quant.QuantizedWeight(*(None if p is None else p.contiguous().realize() for p in (qw.weight, qw.scales, qw.biases)),
-                               mode, group, bits)
+    qw = quantized(random(rng, (n, k), dtype, "CPU")[0], mode, group, bits)
     x_tensor = random(rng, (8, k), dtype, "CPU")[0].realize()
     x = raw(x_tensor)
     want = quant.quantized_matmul(x_tensor, qw).cast(dtypes.float32).numpy().astype(np.float64)
@@ -112,10 +116,7 @@ def test_emulated_qvm_matches_the_composition_and_keeps_one_row_bits(mode, group
     not a multiple of them (nvfp4: a half chunk), K split across SIMD groups with a part."""
     rng = np.random.default_rng(0x9AF)
     k, n = 300, 256 + (48 if mode == "nvfp4" else 2 * group if group < 128 else 128)
-    w = random(rng, (k, n), dtype, "CPU")[0]
-    qw = quant.quantize(w, group, bits, mode=mode)
-    qw = quant.QuantizedWeight(*(None if p is None else p.contiguous().realize() for p in (qw.weight, qw.scales, qw.biases)),
-                               mode, group, bits)
+    qw = quantized(random(rng, (k, n), dtype, "CPU")[0], mode, group, bits)
     x_tensor = random(rng, (8, k), dtype, "CPU")[0].realize()
     x = raw(x_tensor)
     want = quant.quantized_matmul(x_tensor, qw, transpose=False).cast(dtypes.float32).numpy().astype(np.float64)
