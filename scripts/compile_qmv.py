@@ -39,9 +39,10 @@ def specialisations(grid: bool = False):
         for scales in (CTYPES if mode == "affine" else ("uchar",)):
             for k in ((4096, 4096 + 16) if mode == "nvfp4" else (4096,)):
                 p = qmv.plan(rows, k, N)
-                yield (f"{mode} {bits}-bit g{group} x {x} scales {scales} M{rows} K{k} {p}",
-                       dict(x_ctype=x, scales_ctype=scales, out_ctype=x, mode=mode, group_size=group, bits=bits, rows=rows,
-                            k=k, n=N, qmv_plan=p))
+                for batches in (0, 64):  # the plain product, and the gathered one over 64 weight batches
+                    yield (f"{mode} {bits}-bit g{group} x {x} scales {scales} M{rows} K{k} {p} batches {batches}",
+                           dict(x_ctype=x, scales_ctype=scales, out_ctype=x, mode=mode, group_size=group, bits=bits, rows=rows,
+                                k=k, n=N, qmv_plan=p, batches=batches))
 
 
 def unit(backend: str, specs) -> str:

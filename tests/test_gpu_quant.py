@@ -112,5 +112,46 @@ def test_qvm_gradients_equal_the_compositions():
     grads = [g.realize() for g in (quant.quantized_matmul(x, qw, transpose=False) * upstream).sum().gradient(*targets)]
     with compositions_only():
         composed = [g.realize() for g in (quant.quantized_matmul(x, qw, transpose=False) * upstream).sum().gradient(*targets)]
+
+
+def test_gather_qmv_matches_the_composition_and_keeps_one_row_bits(mode, group, width, dtype):
+    """gather_qmm's few-row kernel (experts' rows): against the composition, each row with the bits
+    of a one-row product of its expert (the seeds' sorted_few_row_gathers_keep_the_one_row_bits),
+    hostile expert indices giving zeros."""
+    rng = np.random.default_rng(0x9AD)
+    experts, n, k, rows = 4, 13, 1024 + 3 * group, 2
+    w = random(rng, (experts, n, k), dtype, gpu)[0]
+    qw = quant.quantize(w, group, width, mode=mode)
+    x = random(rng, (3, rows, k), dtype, gpu)[0].realize()
+    lhs = Tensor([0, 0, 1, 2, 2, 1], dtype=dtypes.int32, device=gpu)
+    rhs = Tensor([0, 1, 1, 3, -2, 4], dtype=dtypes.int32, device=gpu)   # sorted by expert, then two hostile
+    with record_launches() as launches:
+        y = quant.gather_qmm(x, qw, lhs, rhs, sorted_indices=True).realize()
+    assert any(name.startswith("nuvec_qmv") for name, _ in launches), launches
+    with compositions_only():
+        want = quant.gather_qmm(x, qw, lhs, rhs, sorted_indices=True).realize()
+    got, ref = y.float().numpy().astype(np.float64), want.float().numpy().astype(np.float64)
+    assert np.abs(got - ref).max() <= TOL[dtype] * max(np.abs(ref).max(), 1.0)
+    assert not got[4:].any()                                              # experts -2 and 4 do not exist
+    for entry, (item, expert) in enumerate(zip([0, 0, 1, 2], [0, 1, 1, 3])):
+        one = quant.QuantizedWeight(*(None if t is None else t[expert].clone() for t in (qw.weight, qw.scales, qw.biases)),
+                                    mode, group, width)
+        for row in range(rows):
+            alone = quant.quantized_matmul(x[item, row:row + 1].clone(), one)
+            np.testing.assert_array_equal(bits_of(alone), bits_of(y[entry, row:row + 1].clone()), err_msg=f"{entry} {row}")
+
+
+def test_gather_qmv_gradients_equal_the_compositions():
+    rng = np.random.default_rng(0x9AE)
+    qw = quant.quantize(random(rng, (3, 16, 128), dtypes.float32, gpu)[0], 32, 4)
+    x = random(rng, (2, 1, 128), dtypes.float32, gpu)[0].realize()
+    lhs, rhs = Tensor([0, 1, 1], dtype=dtypes.int32, device=gpu), Tensor([2, 0, 2], dtype=dtypes.int32, device=gpu)
+    upstream = random(rng, (3, 1, 16), dtypes.float32, gpu)[0].realize()
+    targets = [x, qw.scales, qw.biases]
+    with record_launches() as launches:
+        grads = [g.realize() for g in (quant.gather_qmm(x, qw, lhs, rhs) * upstream).sum().gradient(*targets)]
+    assert any(name.startswith("nuvec_qmv") for name, _ in launches), launches
+    with compositions_only():
+        composed = [g.realize() for g in (quant.gather_qmm(x, qw, lhs, rhs) * upstream).sum().gradient(*targets)]
     for name, got, want in zip(("x", "scales", "biases"), grads, composed):
         np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-4, atol=1e-4, err_msg=name)

@@ -109,8 +109,9 @@ def qmv_programs():
             for k, n in ((4096, 4096), (group * 3, 3)) + (((4096 + 16, 14336),) if mode == "nvfp4" else ()):
                 plans = {qmv.plan(rows, k, n)} | ({qmv.QmvPlan(3, 2, 2, 2)} if rows == 1 and n > 3 else set())
                 for p in plans:
-                    yield qmv.program("metal", x_ctype=x, scales_ctype=scales, out_ctype=x, mode=mode, group_size=group, bits=bits,
-                                      rows=rows, k=k, n=n, qmv_plan=p)[0]
+                    for batches in ((0, 3) if rows in (1, 8) else (0,)):  # plain, and gathered over 3 weight batches
+                        yield qmv.program("metal", x_ctype=x, scales_ctype=scales, out_ctype=x, mode=mode, group_size=group,
+                                          bits=bits, rows=rows, k=k, n=n, qmv_plan=p, batches=batches)[0]
 
 
 def test_every_qmv_metal_specialisation_compiles(tmp_path):

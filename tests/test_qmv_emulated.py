@@ -136,3 +136,34 @@ def test_emulated_qvm_matches_the_composition_and_keeps_one_row_bits(mode, group
         assert np.abs(as_float(got, dtype) - want[:rows]).max() <= TOL[dtype] * max(np.abs(want).max(), 1.0), rows
         for r in range(rows):
             np.testing.assert_array_equal(got[r], alone[r][0], err_msg=f"rows {rows} row {r}")
+
+
+@pytest.mark.parametrize("mode, group, bits, dtype", [("affine", 64, 4, dtypes.float32), ("affine", 32, 3, dtypes.bfloat16),
+                                                      ("mxfp4", 32, 4, dtypes.float16)], ids=str)
+def test_emulated_gather_qmv_keeps_one_row_bits_and_zeros_unpicked_entries(mode, group, bits, dtype):
+    """The gathered product (mixture-of-experts rows): entry p is x[p] times batch picks[p], each
+    row with the bits of a one-row product of that batch; picks outside the batches give zeros."""
+    rng = np.random.default_rng(0x9AC)
+    batches, n, k, rows = 3, 13, 1024 + 2 * group, 2
+    w = random(rng, (batches, n, k), dtype, "CPU")[0]
+    qw = quant.quantize(w, group, bits, mode=mode)
+    qw = quant.QuantizedWeight(*(None if p is None else p.contiguous().realize() for p in (qw.weight, qw.scales, qw.biases)),
+                               mode, group, bits)
+    picks = np.array([2, 0, -1, 3, 2, 1], dtype=np.int32)  # sorted or not, two hostile
+    x = raw(random(rng, (len(picks), rows, k), dtype, "CPU")[0].realize())
+    plan = qmv.plan(rows, k, n)
+    text, params = qmv.program("cuda", x_ctype=CTYPES[dtype], scales_ctype=CTYPES.get(qw.scales.dtype, "uchar"),
+                               out_ctype=CTYPES[dtype], mode=mode, group_size=group, bits=bits, rows=rows, k=k, n=n,
+                               qmv_plan=plan, batches=batches)
+    y = np.full((len(picks), rows, n), 7, dtype=x.dtype)  # not zeros: the kernel must write every entry
+    buffers = [y, x, raw(qw.weight), raw(qw.scales)] + ([raw(qw.biases)] if qw.biases is not None else []) + [picks]
+    build(text, "nuvec_qmv", params)(buffers, plan.groups(n), plan.threads, groups_y=len(picks))
+    for p, pick in enumerate(picks.tolist()):
+        if not 0 <= pick < batches:
+            assert not as_float(y[p], dtype).any(), p
+            continue
+        one = quant.QuantizedWeight(*(None if t is None else t[pick].clone().realize() for t in (qw.weight, qw.scales, qw.biases)),
+                                    mode, group, bits)
+        for r in range(rows):
+            np.testing.assert_array_equal(y[p, r], emulated_qmv(x[p, r:r + 1], one, dtype, qmv.plan(1, k, n))[0],
+                                          err_msg=f"entry {p} row {r}")

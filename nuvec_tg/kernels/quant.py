@@ -84,25 +84,28 @@ def load_words(bits: int, words_per_row: int) -> int:
 
 
 def program(backend: str, *, x_ctype: str, scales_ctype: str, out_ctype: str, mode: str, group_size: int, bits: int,
-            rows: int, k: int, n: int, qmv_plan: QmvPlan) -> tuple[str, list[Param]]:
+            rows: int, k: int, n: int, qmv_plan: QmvPlan, batches: int = 0) -> tuple[str, list[Param]]:
     """The kernel's text for `backend` without the prelude (see `program.specialise`) and its
-    parameters: y, x, w, scales (, biases)."""
+    parameters: y, x, w, scales (, biases) (, picks). `batches` > 0: the gathered product over that
+    many weight batches (`gather_qmv`)."""
     if qmv_plan.columns_per_warp > n: raise ValueError(f"qmv: {qmv_plan.columns_per_warp} columns per SIMD group > N = {n}")
     defines = dict(TX=x_ctype, TS=scales_ctype, TY=out_ctype, BITS=bits, GROUP=group_size, MODE=_MODES[mode], N_TOTAL=n,
                    K_TOTAL=k, XM=rows, COLUMNS=qmv_plan.columns_per_warp, COLUMN_WARPS=qmv_plan.column_warps,
-                   K_SPLIT=qmv_plan.k_split, UNROLL=qmv_plan.unroll, LOAD_WORDS=load_words(bits, k * bits // 32))
+                   K_SPLIT=qmv_plan.k_split, UNROLL=qmv_plan.unroll, LOAD_WORDS=load_words(bits, k * bits // 32),
+                   GATHER=int(batches > 0), BATCHES=max(batches, 1))
     params = [Param("y", "out", out_ctype), Param("x", "in", x_ctype), Param("w", "in", "uint"),
               Param("scales", "in", scales_ctype)]
     if mode == "affine": params.append(Param("biases", "in", scales_ctype))
+    if batches: params.append(Param("picks", "in", "int"))
     return specialise(backend, "nuvec_qmv", ("quant_codes.h", "qmv.h"), defines, params), params
 
 
 def source(backend: str, x_dtype: DType, scales_dtype: DType, out_dtype: DType, *, mode: str, group_size: int, bits: int,
-           rows: int, k: int, n: int, qmv_plan: QmvPlan) -> tuple[str, str]:
-    """(kernel name, full program text) of the launch `qmv` builds for these arguments."""
+           rows: int, k: int, n: int, qmv_plan: QmvPlan, batches: int = 0) -> tuple[str, str]:
+    """(kernel name, full program text) of the launch `qmv` or `gather_qmv` builds for these arguments."""
     text, _ = program(backend, x_ctype=CTYPES[x_dtype], scales_ctype=CTYPES.get(scales_dtype, "uchar"),
                       out_ctype=CTYPES[out_dtype], mode=mode, group_size=group_size, bits=bits, rows=rows, k=k, n=n,
-                      qmv_plan=qmv_plan)
+                      qmv_plan=qmv_plan, batches=batches)
     name = f"nuvec_qmv_{hashlib.sha256(text.encode()).hexdigest()[:12]}"
     return name, prelude(backend) + text.replace("nuvec_qmv(", f"{name}(")
 
@@ -163,3 +166,25 @@ def qvm(x: Tensor, weight: Tensor, scales: Tensor, biases: Tensor | None, *, mod
     return launch(name, prelude(backend) + text.replace("nuvec_qvm(", f"{name}("), x.device, [y], ins, [],
                   (math.ceil(n / QVM_COLUMNS), 1, 1), (32 * qvm_split(k), 1, 1), grad_fxn=grad_fxn,
                   label=f"{backend} qvm {mode} {bits}-bit g{group_size} M{rows} K{k} N{n}")[0]
+
+
+MAX_ENTRIES = 65535  # a gathered product's entries are the grid's second axis (CUDA's limit)
+
+
+def gather_qmv(x: Tensor, weight: Tensor, scales: Tensor, biases: Tensor | None, picks: Tensor, *, mode: str,
+               group_size: int, bits: int, out_dtype: DType, backend: str, grad_fxn=None,
+               qmv_plan: QmvPlan | None = None) -> Tensor:
+    """Entry p of `x [P, M, K]` times weight batch `picks[p]` (int32 `[P]`) of `weight [E, N, K *
+    bits / 32]`, `scales` (and affine `biases`) `[E, N, K / group_size]`; returns `[P, M, N]` in
+    `out_dtype`, zeros for a pick outside 0..E-1. Each row has the bits of a one-row `qmv`."""
+    entries, rows, k = x.shape
+    batches, n = weight.shape[0], weight.shape[1]
+    qmv_plan = qmv_plan or plan(rows, k, n)
+    name, text = source(backend, x.dtype, scales.dtype, out_dtype, mode=mode, group_size=group_size, bits=bits, rows=rows,
+                        k=k, n=n, qmv_plan=qmv_plan, batches=batches)
+    ins = [x.contiguous(), weight.contiguous(), scales.contiguous()]
+    if biases is not None: ins.append(biases.contiguous())
+    ins.append(picks.cast(dtypes.int32).contiguous())
+    y = Tensor.empty(entries, rows, n, dtype=out_dtype, device=x.device)
+    return launch(name, text, x.device, [y], ins, [], (qmv_plan.groups(n), entries, 1), (qmv_plan.threads, 1, 1),
+                  grad_fxn=grad_fxn, label=f"{backend} gather_qmv {mode} {bits}-bit g{group_size} M{rows} E{batches} {qmv_plan}")[0]

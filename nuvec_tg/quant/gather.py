@@ -6,7 +6,9 @@ Indices are flat over the operands' batch axes and broadcast together; the outpu
 `broadcast(lhs_indices, rhs_indices).shape + [M, N]`. Without indices an operand's batches are
 taken in order (`arange` over its batch shape). An index outside an operand's batches (a negative
 one too) selects a batch of zeros (nothing is read out of bounds). `sorted_indices` is a hint for
-kernels (rows sorted by expert) and changes no value.
+kernels (rows sorted by expert) and changes no value. On METAL and CUDA, transposed products of at
+most 8 rows per entry run the `gather_qmv` kernel (`kernels/quant.py`), each row with the bits of a
+one-row `quantized_matmul` of its expert.
 """
 from __future__ import annotations
 
@@ -14,7 +16,10 @@ import math
 
 from tinygrad import Tensor, dtypes
 
-from ..tensor import broadcast_shape, check, check_floating, check_integer, check_tensor, promote_types, take_rows
+from ..kernels import debug, kernels_enabled
+from ..kernels import quant as qmv_kernel
+from ..tensor import broadcast_shape, check, check_floating, check_integer, check_tensor, kernel_backend, promote_types, \
+    take_rows
 from .affine import QuantizedWeight, _check_global_scale, _check_weight, _dense
 
 
@@ -91,12 +96,43 @@ def gather_qmm(x: Tensor, qw: QuantizedWeight, lhs_indices: Tensor | None = None
     weight, scales, biases = flat(qw.weight), flat(qw.scales), flat(qw.biases)
     scale_per_batch = None if global_scale is None else global_scale.reshape(-1, 1)
 
-    def product(x_rows: Tensor, picks: Tensor) -> Tensor:
+    def composed(x_rows: Tensor, picks: Tensor, weight: Tensor, scales: Tensor, biases: Tensor | None) -> Tensor:
         chosen = QuantizedWeight(take_rows(weight, picks), take_rows(scales, picks),
                                  None if biases is None else take_rows(biases, picks), qw.mode, qw.group_size, qw.bits)
         # each chosen batch's own global scale, broadcast over its scales [P, N, groups]
         scale = None if scale_per_batch is None else take_rows(scale_per_batch, picks).reshape(-1, 1, 1)
         dense = _dense(chosen, dtype, scale)
         return x_rows.cast(dtype) @ (dense.transpose(-1, -2) if transpose else dense)
+
+    def product(x_rows: Tensor, picks: Tensor) -> Tensor:
+        backend = kernel_backend(x.device) if kernels_enabled() else None
+        entries, m = x_rows.shape[0], x_rows.shape[1]
+        if (backend is not None and transpose and global_scale is None and x.dtype != dtypes.float64
+                and 0 < entries <= qmv_kernel.MAX_ENTRIES and weight.shape[0] > 0
+                and qmv_kernel.supported(x.dtype, qw.scales.dtype, dtype, m, columns, rows)):
+            debug(f"{op} {entries} entries of {m} x {columns} x {qw.mode} {qw.bits}-bit {tuple(qw.weight.shape)}: "
+                  "the gather_qmv kernel")
+            return qmv_kernel.gather_qmv(x_rows.cast(dtype), weight, scales, biases, picks, mode=qw.mode,
+                                         group_size=qw.group_size, bits=qw.bits, out_dtype=dtype, backend=backend,
+                                         grad_fxn=_gather_qmv_backward(composed, biases is not None, qw.mode))
+        return composed(x_rows, picks, weight, scales, biases)
     return _gather(op, x, batches, lhs_indices, rhs_indices, product)
+
+
+def _gather_qmv_backward(composed, has_biases: bool, mode: str):
+    """The gather_qmv call's backward: the composition's gradient in x's rows (argument 1) and, for
+    affine weights, in the scales and biases (arguments 3 and 4), on detached copies."""
+    def grad_fxn(gradient, call):
+        def argument(index: int) -> Tensor: return Tensor(call.src[1 + index]).detach()
+        x_rows, weight, scales = argument(1), argument(2), argument(3)
+        biases = argument(4) if has_biases else None
+        picks = argument(5 if has_biases else 4)
+        out = composed(x_rows, picks, weight, scales, biases)
+        targets = [x_rows] + ([scales, biases] if mode == "affine" else [])
+        grads = out.gradient(*targets, gradient=Tensor(gradient))
+        result: list = [None] * (len(call.src) - 1)
+        for index, grad in zip([1, 3, 4], grads):
+            result[index] = grad.uop
+        return tuple(result)
+    return grad_fxn
 

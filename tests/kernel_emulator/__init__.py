@@ -24,8 +24,8 @@ _CACHE = pathlib.Path(tempfile.gettempdir()) / "nuvec_kernel_emulator"
 _LAUNCHER = """
 #include <thread>
 #include <vector>
-extern "C" void run(void** buffers, int groups, int threads) {
-  for (int g = 0; g < groups; g++) {
+extern "C" void run(void** buffers, int groups, int groups_y, int threads) {
+  for (int g = 0; g < groups * groups_y; g++) {
     std::barrier<> all(threads);
     std::vector<std::barrier<>*> warps;
     Block sync{&all, {}, {}};
@@ -34,7 +34,7 @@ extern "C" void run(void** buffers, int groups, int threads) {
     for (int t = 0; t < threads; t++)
       pool.emplace_back([&, t] {
         block_sync = &sync;
-        blockIdx = uint3{(uint)g, 0, 0};
+        blockIdx = uint3{(uint)(g % groups), (uint)(g / groups), 0};
         threadIdx = uint3{(uint)t, 0, 0};
         KERNEL(ARGUMENTS);
       });
@@ -47,7 +47,8 @@ extern "C" void run(void** buffers, int groups, int threads) {
 
 def build(kernel_text: str, name: str, params: Sequence[Param]):
     """A shared library running `kernel_text` (a CUDA rendering without the prelude, kernel
-    `name`, buffer parameters `params`); returns its `run(buffers, groups, threads)`."""
+    `name`, buffer parameters `params`); returns its `run(buffers, groups, threads, groups_y=1)`
+    (a grid of groups x groups_y threadgroups)."""
     arguments = ", ".join(f"({'const ' if p.kind == 'in' else ''}{p.ctype}*)buffers[{i}]" for i, p in enumerate(params))
     source = ((HERE / "prelude_emulated.h").read_text() + kernel_text.replace('extern "C" ', "") +
               _LAUNCHER.replace("KERNEL", name).replace("ARGUMENTS", arguments))
@@ -60,11 +61,11 @@ def build(kernel_text: str, name: str, params: Sequence[Param]):
                                  "-Wno-unknown-pragmas", "-o", str(library), str(src)], capture_output=True, text=True)
         if result.returncode: raise RuntimeError(result.stderr[:4000])
     run = ctypes.CDLL(str(library)).run
-    run.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, ctypes.c_int]
+    run.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, ctypes.c_int, ctypes.c_int]
 
-    def launch(buffers: Sequence[np.ndarray], groups: int, threads: int) -> None:
+    def launch(buffers: Sequence[np.ndarray], groups: int, threads: int, groups_y: int = 1) -> None:
         arrays = [np.ascontiguousarray(b) for b in buffers]
         for given, array in zip(buffers, arrays): assert given is array, "buffers must be contiguous numpy arrays"
         pointers = (ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays])
-        run(pointers, groups, threads)
+        run(pointers, groups, groups_y, threads)
     return launch

@@ -41,7 +41,14 @@
 // Defines: TX (x), TS (scales: the dtype, or uchar for the floating-point modes), TY (y), BITS,
 // GROUP, MODE (0 affine, 1 mxfp4, 2 mxfp8, 3 nvfp4), N_TOTAL and K_TOTAL (w's shape: weights do
 // not change from step to step, and baked sizes make every offset a constant), XM, COLUMNS,
-// COLUMN_WARPS, K_SPLIT, UNROLL, LOAD_WORDS (1, 2 or 4: the row's alignment allows it).
+// COLUMN_WARPS, K_SPLIT, UNROLL, LOAD_WORDS (1, 2 or 4: the row's alignment allows it), GATHER,
+// BATCHES (the weight batches of a gathered product).
+//
+// Gathered products (GATHER, mixture-of-experts layers): threadgroup row p = nv_group.y computes
+// entry p, x's rows `x[p]` ([XM, K] of x [P, XM, K]) times weight batch `picks[p]` of the BATCHES
+// batches (w, scales, biases [BATCHES, N, ...]) into y[p]; a pick outside 0..BATCHES-1 reads
+// nothing and gives zeros. Each entry's arithmetic is the plain product's, so a row keeps the bits
+// of a one-row product whichever entries share the call.
 
 #define WORDS_PER_ROW (K_TOTAL * BITS / 32)
 #define GROUPS_PER_ROW (K_TOTAL / GROUP)
@@ -135,6 +142,27 @@ INLINE void accumulate_chunk(const DEVICE TX* x_chunk, bool half_chunk, const TH
 
 /* kernel */
   const int lane = (int)nv_thread.x % 32, warp = (int)nv_thread.x / 32;
+#if GATHER
+  const int entry = (int)nv_group.y, pick = picks[entry];
+  const bool picked = pick >= 0 && pick < BATCHES;
+  const long batch = picked ? pick : 0;
+  const DEVICE uint* w_at = w + batch * N_TOTAL * WORDS_PER_ROW;
+  const DEVICE TS* scales_at = scales + batch * N_TOTAL * GROUPS_PER_ROW;
+#if MODE == 0
+  const DEVICE TS* biases_at = biases + batch * N_TOTAL * GROUPS_PER_ROW;
+#endif
+  const DEVICE TX* x_at = x + (long)entry * XM * K_TOTAL;
+  DEVICE TY* y_at = y + (long)entry * XM * N_TOTAL;
+#else
+  const bool picked = true;
+  const DEVICE uint* w_at = w;
+  const DEVICE TS* scales_at = scales;
+#if MODE == 0
+  const DEVICE TS* biases_at = biases;
+#endif
+  const DEVICE TX* x_at = x;
+  DEVICE TY* y_at = y;
+#endif
   const int column_warp = warp % COLUMN_WARPS, k_warp = warp / COLUMN_WARPS;
   // This SIMD group's columns first_n .. first_n + COLUMNS - 1. The last set is moved back to end
   // at N: its columns that another set also has are computed alike there, and written alike.
@@ -143,7 +171,7 @@ INLINE void accumulate_chunk(const DEVICE TX* x_chunk, bool half_chunk, const TH
   float sums[XM * COLUMNS];
   #pragma unroll
   for (int i = 0; i < XM * COLUMNS; i++) sums[i] = 0.0f;
-  for (int step = k_warp; step < STEPS; step += K_SPLIT * UNROLL) {
+  for (int step = k_warp; picked && step < STEPS; step += K_SPLIT * UNROLL) {  // uniform: an unpicked entry sums nothing
     // The loads of UNROLL steps (step + u * K_SPLIT), all issued before any is used.
     uint words[UNROLL * COLUMNS * BITS];
     TS scales_raw[UNROLL * COLUMNS * SCALES_PER_CHUNK], biases_raw[UNROLL * COLUMNS];
@@ -154,13 +182,13 @@ INLINE void accumulate_chunk(const DEVICE TX* x_chunk, bool half_chunk, const TH
       const bool half_chunk = HALF_TAIL && chunk == CHUNKS - 1;
       #pragma unroll
       for (int c = 0; c < COLUMNS; c++) {
-        load_chunk_words(w + (first_n + c) * WORDS_PER_ROW + chunk * BITS, half_chunk, words + (u * COLUMNS + c) * BITS);
+        load_chunk_words(w_at + (first_n + c) * WORDS_PER_ROW + chunk * BITS, half_chunk, words + (u * COLUMNS + c) * BITS);
         const int group = (first_n + c) * GROUPS_PER_ROW + chunk * 32 / GROUP;
         #pragma unroll
         for (int g = 0; g < SCALES_PER_CHUNK; g++)
-          if (g == 0 || !half_chunk) scales_raw[(u * COLUMNS + c) * SCALES_PER_CHUNK + g] = scales[group + g];
+          if (g == 0 || !half_chunk) scales_raw[(u * COLUMNS + c) * SCALES_PER_CHUNK + g] = scales_at[group + g];
 #if MODE == 0
-        biases_raw[u * COLUMNS + c] = biases[group];
+        biases_raw[u * COLUMNS + c] = biases_at[group];
 #endif
       }
     }
@@ -168,7 +196,7 @@ INLINE void accumulate_chunk(const DEVICE TX* x_chunk, bool half_chunk, const TH
     for (int u = 0; u < UNROLL; u++) {
       const int chunk = (step + u * K_SPLIT) * 32 + lane;
       if (chunk < CHUNKS)
-        accumulate_chunk(x + chunk * 32, HALF_TAIL && chunk == CHUNKS - 1, words + u * COLUMNS * BITS,
+        accumulate_chunk(x_at + chunk * 32, HALF_TAIL && chunk == CHUNKS - 1, words + u * COLUMNS * BITS,
                          scales_raw + u * COLUMNS * SCALES_PER_CHUNK, biases_raw + u * COLUMNS, sums);
     }
   }
@@ -185,6 +213,6 @@ INLINE void accumulate_chunk(const DEVICE TX* x_chunk, bool half_chunk, const TH
     for (int i = lane; i < XM * COLUMNS; i += 32) {
       float total = partials[column_warp * XM * COLUMNS + i];
       for (int s = 1; s < K_SPLIT; s++) total += partials[(s * COLUMN_WARPS + column_warp) * XM * COLUMNS + i];
-      from_float(total, &y[(i / COLUMNS) * N_TOTAL + first_n + i % COLUMNS]);
+      from_float(total, &y_at[(i / COLUMNS) * N_TOTAL + first_n + i % COLUMNS]);
     }
   }
