@@ -221,22 +221,30 @@ def quantized_matmul(x: Tensor, qw: QuantizedWeight, transpose: bool = True) -> 
               f"the {'qmv' if transpose else 'qvm'} kernel")
         out = kernel(x.cast(dtype).reshape(rows_of_x, inner), qw.weight, qw.scales, qw.biases, mode=qw.mode,
                      group_size=qw.group_size, bits=qw.bits, out_dtype=dtype, backend=backend,
-                     grad_fxn=_qmv_backward(qw, dtype, transpose))
+                     grad_fxn=product_backward(_dense_product(qw, dtype, transpose), qw.biases is not None, qw.mode))
         return out.reshape(*x.shape[:-1], outputs)
     dense = _dense(qw, dtype)
     return x.cast(dtype) @ (dense.transpose(-1, -2) if transpose else dense)
 
 
-def _qmv_backward(qw: QuantizedWeight, dtype: DType, transpose: bool):
-    """The qmv (or qvm) call's backward: the composition's gradient in x (argument 1) and, for
-    affine weights, in the scales and biases (arguments 3 and 4), on detached copies."""
+def _dense_product(qw: QuantizedWeight, dtype: DType, transpose: bool):
+    """`(x, weight, scales, biases) -> x · w(ᵀ)` through the dense weights, as the composition."""
+    def product(x: Tensor, weight: Tensor, scales: Tensor, biases: Tensor | None) -> Tensor:
+        dense = _dense(QuantizedWeight(weight, scales, biases, qw.mode, qw.group_size, qw.bits), dtype)
+        return x @ (dense.transpose(-1, -2) if transpose else dense)
+    return product
+
+
+def product_backward(product, has_biases: bool, mode: str):
+    """A quantized product kernel's backward (qmv, qvm, gather_qmv): the gradient of the
+    composition `product(x, weight, scales, biases, *rest)` in x (argument 1) and, for affine
+    weights, in the scales and biases (arguments 3 and 4), on detached copies of the call's
+    arguments `(y, x, weight, scales[, biases], *rest)`."""
     def grad_fxn(gradient, call):
-        def argument(index: int) -> Tensor: return Tensor(call.src[1 + index]).detach()
-        x, scales = argument(1), argument(3)
-        biases = argument(4) if qw.biases is not None else None
-        dense = _dense(QuantizedWeight(argument(2), scales, biases, qw.mode, qw.group_size, qw.bits), dtype)
-        out = x @ (dense.transpose(-1, -2) if transpose else dense)
-        targets = [x] + ([scales, biases] if qw.mode == "affine" else [])
+        x, weight, scales, *rest = (Tensor(u).detach() for u in call.src[2:])
+        biases = rest.pop(0) if has_biases else None
+        out = product(x, weight, scales, biases, *rest)
+        targets = [x] + ([scales, biases] if mode == "affine" else [])
         grads = out.gradient(*targets, gradient=Tensor(gradient))
         result: list = [None] * (len(call.src) - 1)
         for index, grad in zip([1, 3, 4], grads):

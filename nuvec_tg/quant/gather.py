@@ -20,7 +20,7 @@ from ..kernels import debug, kernels_enabled
 from ..kernels import quant as qmv_kernel
 from ..tensor import broadcast_shape, check, check_floating, check_integer, check_tensor, kernel_backend, promote_types, \
     take_rows
-from .affine import QuantizedWeight, _check_global_scale, _check_weight, _dense
+from .affine import QuantizedWeight, _check_global_scale, _check_weight, _dense, product_backward
 
 
 def _indices(op: str, name: str, given: Tensor | None, batch: tuple[int, ...], device: str) -> Tensor:
@@ -96,7 +96,7 @@ def gather_qmm(x: Tensor, qw: QuantizedWeight, lhs_indices: Tensor | None = None
     weight, scales, biases = flat(qw.weight), flat(qw.scales), flat(qw.biases)
     scale_per_batch = None if global_scale is None else global_scale.reshape(-1, 1)
 
-    def composed(x_rows: Tensor, picks: Tensor, weight: Tensor, scales: Tensor, biases: Tensor | None) -> Tensor:
+    def composed(x_rows: Tensor, weight: Tensor, scales: Tensor, biases: Tensor | None, picks: Tensor) -> Tensor:
         chosen = QuantizedWeight(take_rows(weight, picks), take_rows(scales, picks),
                                  None if biases is None else take_rows(biases, picks), qw.mode, qw.group_size, qw.bits)
         # each chosen batch's own global scale, broadcast over its scales [P, N, groups]
@@ -114,25 +114,6 @@ def gather_qmm(x: Tensor, qw: QuantizedWeight, lhs_indices: Tensor | None = None
                   "the gather_qmv kernel")
             return qmv_kernel.gather_qmv(x_rows.cast(dtype), weight, scales, biases, picks, mode=qw.mode,
                                          group_size=qw.group_size, bits=qw.bits, out_dtype=dtype, backend=backend,
-                                         grad_fxn=_gather_qmv_backward(composed, biases is not None, qw.mode))
-        return composed(x_rows, picks, weight, scales, biases)
+                                         grad_fxn=product_backward(composed, biases is not None, qw.mode))
+        return composed(x_rows, weight, scales, biases, picks)
     return _gather(op, x, batches, lhs_indices, rhs_indices, product)
-
-
-def _gather_qmv_backward(composed, has_biases: bool, mode: str):
-    """The gather_qmv call's backward: the composition's gradient in x's rows (argument 1) and, for
-    affine weights, in the scales and biases (arguments 3 and 4), on detached copies."""
-    def grad_fxn(gradient, call):
-        def argument(index: int) -> Tensor: return Tensor(call.src[1 + index]).detach()
-        x_rows, weight, scales = argument(1), argument(2), argument(3)
-        biases = argument(4) if has_biases else None
-        picks = argument(5 if has_biases else 4)
-        out = composed(x_rows, picks, weight, scales, biases)
-        targets = [x_rows] + ([scales, biases] if mode == "affine" else [])
-        grads = out.gradient(*targets, gradient=Tensor(gradient))
-        result: list = [None] * (len(call.src) - 1)
-        for index, grad in zip([1, 3, 4], grads):
-            result[index] = grad.uop
-        return tuple(result)
-    return grad_fxn
-
