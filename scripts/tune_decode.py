@@ -2,7 +2,10 @@
 for each shape, one pass and two passes over a range of key blocks (and SIMD groups per
 threadgroup), each timed as the benchmark times (TinyJit replays of calls over rotated K/V sets,
 `nuvec_tg.bench.common.time_jit`), with the K/V bytes per second. The CUDA plan's rules in
-`fast/plan.py` are read off this sweep's output (kept in `benchmarks/`)."""
+`fast/plan.py` are read off this sweep's output (kept in `benchmarks/`).
+
+`--matrix`: the matrix-unit first pass instead (cells: key blocks x SIMD groups, each SIMD group
+a partial of the merge), over the grouped-query shapes; `--quick` fewer shapes."""
 import contextlib
 import io
 import sys
@@ -23,7 +26,15 @@ BLOCKS = [1, 16, 32, 64, 128, 256]
 LAUNCH = [(4, 2), (4, 4), (8, 2)]  # (SIMD groups per threadgroup, key lines in flight per lane)
 
 QUICK = [(1, 32, 8, 1024), (1, 32, 8, 16384), (1, 32, 8, 65536), (32, 32, 8, 16384)]
+MATRIX_SHAPES = [(1, 32, 4, 16384), (1, 64, 8, 65536), (8, 16, 2, 16384), (8, 32, 4, 16384), (8, 32, 8, 4096),
+                 (8, 32, 8, 65536), (32, 32, 4, 4096), (32, 64, 8, 16384), (8, 32, 8, 1024), (1, 32, 8, 1024),
+                 (1, 32, 8, 16384), (32, 32, 8, 16384)]
+MATRIX_QUICK = [(1, 32, 4, 16384), (8, 16, 2, 16384), (8, 32, 8, 4096), (32, 64, 8, 16384)]
+MATRIX_BLOCKS = [1, 2, 4, 8, 16, 32, 64]
 quick = "--quick" in sys.argv
+matrix = "--matrix" in sys.argv
+if matrix:
+    SHAPES, QUICK, BLOCKS, LAUNCH = MATRIX_SHAPES, MATRIX_QUICK, MATRIX_BLOCKS, [(2, 1), (4, 1), (8, 1)]
 print(f"device {Device.DEFAULT}; cells: blocks (1 = one pass) x warps x unroll: device µs per call / K/V TB/s", flush=True)
 shapes = QUICK if quick else SHAPES
 torch_seconds = torch_times([(b, hq, hkv, 128, lk, "bfloat16") for b, hq, hkv, lk in shapes], 5)
@@ -38,11 +49,14 @@ for b, hq, hkv, lk in shapes:
     worst = 0.0
     for warps, unroll in LAUNCH:
         for blocks in BLOCKS:
-            if (blocks > 1 and lk // blocks < 64) or (blocks == 1 and b * hkv < 64 and lk > 1024): continue
-            passes = 1 if blocks == 1 else 2
+            if matrix:
+                if lk // (blocks * warps) < 64: continue
+            elif (blocks > 1 and lk // blocks < 64) or (blocks == 1 and b * hkv < 64 and lk > 1024): continue
+            passes = 1 if blocks == 1 and not matrix else 2
             def attend(q, k, v, passes=passes, blocks=blocks, warps=warps, unroll=unroll):
                 return decode_attention(q, k, v, d ** -0.5, dtype=dtype, backend="cuda", passes=passes, blocks=blocks,
-                                        causal=False, window=None, mask=None, sinks=None, warps=warps, unroll=unroll)
+                                        causal=False, window=None, mask=None, sinks=None, warps=warps, unroll=unroll,
+                                        matrix=matrix)
             got = attend(*sets[0]).float().numpy()
             worst = max(worst, float(np.abs(got - reference).max() / np.abs(reference).max()))
             seconds = time_jit(attend, sets, 5)
@@ -54,8 +68,9 @@ for b, hq, hkv, lk in shapes:
     # The best launch's kernels one by one (eager launches, events around each).
     with Context(DEBUG=2), contextlib.redirect_stdout(io.StringIO()) as log:
         for _ in range(3):
-            decode_attention(*sets[0], d ** -0.5, dtype=dtype, backend="cuda", passes=1 if blocks == 1 else 2, blocks=blocks,
-                             causal=False, window=None, mask=None, sinks=None, warps=warps, unroll=unroll).realize()
+            decode_attention(*sets[0], d ** -0.5, dtype=dtype, backend="cuda", passes=1 if blocks == 1 and not matrix else 2,
+                             blocks=blocks, causal=False, window=None, mask=None, sinks=None, warps=warps, unroll=unroll,
+                             matrix=matrix).realize()
     print("   kernels:", " ".join(f"{line.split()[3][:16]} {line.split(' tm ')[1].split('/')[0].strip()}"
                                  for line in log.getvalue().splitlines() if "nuvec_sdpa" in line), flush=True)
     del sets

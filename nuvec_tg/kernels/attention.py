@@ -34,6 +34,9 @@ CUDA_LAUNCH = Launch(warps=8, unroll=2)
 METAL_LAUNCH = Launch(warps=4, unroll=2)
 LAUNCHES = {"cuda": CUDA_LAUNCH, "metal": METAL_LAUNCH}
 NUM_WARPS, UNROLL = METAL_LAUNCH.warps, METAL_LAUNCH.unroll  # the defaults of a DecodeSpec
+# The matrix-unit first pass (CUDA): query rows per threadgroup (an mma tile's 16), SIMD groups.
+MATRIX_ROWS = 16
+CUDA_MATRIX_WARPS = 4
 MERGE_THREADS = 256  # at most, per query row
 
 
@@ -114,6 +117,7 @@ class DecodeSpec:
     length: str = "ints"    # the key count: "ints" (read from the ints buffer), or a C expression of scalars
     warps: int = NUM_WARPS  # SIMD groups per threadgroup of the first pass
     unroll: int = UNROLL    # key lines each lane loads before using the first
+    matrix: bool = False    # the first pass on the matrix units (`sdpa_decode_mma.h`; CUDA, 16-bit, two passes)
 
     def runtime_names(self) -> list[str]:
         """The integers the first pass reads from its `ints` buffer, in order (known when the graph
@@ -129,10 +133,21 @@ class DecodeSpec:
         """How the first pass's threadgroups split the keys' lines and the query rows."""
         return geometry(self.head_dim, self.value_dim, self.dtype, self.q_heads // self.kv_heads * self.q_len, self.warps)
 
+    def row_groups(self) -> int:
+        """Threadgroups per key head, each over some of its `GQA * Lq` query rows."""
+        if not self.matrix: return self.geometry().row_groups
+        rows = self.q_heads // self.kv_heads * self.q_len
+        return -(-rows // MATRIX_ROWS)
+
+    def partials(self) -> int:
+        """Partial results per query row for the merge: one per block, or (matrix units) one per
+        SIMD group of each block."""
+        return self.blocks * self.warps if self.matrix else self.blocks
+
     def merge_splits(self) -> int:
         """Groups of `DV / 4` merge threads (float4 pieces of a value row), each over every
-        `splits`-th block."""
-        return max(1, min(self.blocks, MERGE_THREADS // (self.value_dim // 4)))
+        `splits`-th partial."""
+        return max(1, min(self.partials(), MERGE_THREADS // (self.value_dim // 4)))
 
     def merge_threads(self) -> int:
         """The merge's threads per query row: its splits, in whole SIMD groups."""
@@ -164,14 +179,20 @@ class DecodeSpec:
                        **chunks("K", self.head_dim * size, shape.features_per_lane * size),
                        **chunks("V", self.value_dim * size, shape.values_per_lane * size))
         params = self.first_pass_params(ctype) + list(length_params)
-        programs = [_named(backend, "nuvec_sdpa_decode", "sdpa_decode.h", defines, params)]
+        if self.matrix:
+            defines = {key: defines[key] for key in ("T", "D", "DV", "HQ", "HKV", "GQA", "LQ", "NUM_WARPS", "BLOCKS", "CAUSAL",
+                                                     "WINDOW_ON", "MASK_KIND", "PAGED", "PAGE", "SCALE_LOG2E", "K_LEN", "RUNTIME_INTS")}
+            defines.update(MMA="mma_bf16" if self.dtype == dtypes.bfloat16 else "mma_f16", ROW_GROUPS=self.row_groups())
+            programs = [_named(backend, "nuvec_sdpa_decode_mma", "sdpa_decode_mma.h", defines, params)]
+        else:
+            programs = [_named(backend, "nuvec_sdpa_decode", "sdpa_decode.h", defines, params)]
         if self.passes == 2:
             merge_params = [Param("out", "out", ctype), Param("part_acc", "in", "float"), Param("part_max", "in", "float"),
                             Param("part_sum", "in", "float")]
             if self.sinks: merge_params.append(Param("sinks", "in", ctype))
             # The first pass's inputs ride along, unread, so that the merge's backward reaches them.
             merge_params += [Param(f"unused_{p.name}", "in", p.ctype) for p in params if p.kind == "in"]
-            merge_defines = dict(T=ctype, DV=self.value_dim, HQ=self.q_heads, LQ=self.q_len, BLOCKS=self.blocks,
+            merge_defines = dict(T=ctype, DV=self.value_dim, HQ=self.q_heads, LQ=self.q_len, BLOCKS=self.partials(),
                                  SINKS=int(self.sinks), THREADS=self.merge_threads(), SPLITS=self.merge_splits())
             programs.append(_named(backend, "nuvec_sdpa_merge", "sdpa_merge.h", merge_defines, merge_params))
         return programs
@@ -187,7 +208,7 @@ def _named(backend: str, stem: str, source: str, defines: dict, params: list[Par
 def decode_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, *, dtype: DType, backend: str, passes: int,
                      blocks: int, causal: bool, window: int | None, mask: Tensor | None, sinks: Tensor | None,
                      paged: tuple[Tensor, Tensor, int] | None = None, composition=None, warps: int | None = None,
-                     unroll: int | None = None) -> Tensor:
+                     unroll: int | None = None, matrix: bool = False) -> Tensor:
     """Launch the decode kernels; returns `[B, Hq, Lq, DV]` in `dtype`.
 
     q: `[B, Hq, Lq, D]`. Without `paged`, k and v are `[B, Hkv, Lk, D|DV]` (slices of a longer
@@ -197,8 +218,14 @@ def decode_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, *, dtype: DT
     composition: `(q, k, v, mask, sinks) -> out`, the same attention from tensor operations on
     the call's own (logical) inputs: the kernels' backward is its gradient. warps, unroll: the
     first pass's SIMD groups per threadgroup and key lines in flight per lane (default: the
-    backend's `LAUNCHES` entry).
+    backend's `LAUNCHES` entry). matrix: the first pass on the matrix units (CUDA, float16 or
+    bfloat16, D a multiple of 32, DV of 64, two passes; `warps` default `CUDA_MATRIX_WARPS`).
     """
+    if matrix:
+        if backend != "cuda" or dtype not in (dtypes.float16, dtypes.bfloat16) or q.shape[3] % 32 or v.shape[3] % 64 or passes != 2:
+            raise ValueError(f"decode_attention: the matrix-unit pass needs CUDA, a 16-bit dtype, D % 32 == 0, DV % 64 == 0 "
+                             f"and two passes (got {backend}, {dtype}, D {q.shape[3]}, DV {v.shape[3]}, passes {passes})")
+        warps = CUDA_MATRIX_WARPS if warps is None else warps
     warps = LAUNCHES[backend].warps if warps is None else warps
     unroll = LAUNCHES[backend].unroll if unroll is None else unroll
     batch, q_heads, q_len, head_dim = q.shape
@@ -237,11 +264,12 @@ def decode_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, *, dtype: DT
     # would need a Variable, which TinyJit could not bind), and a jitted step keeps its values.
     ins.append(int_buffer(device, tuple(runtime) or (0,)))
     spec = DecodeSpec(dtype, head_dim, value_dim, q_heads, kv_heads, q_len, passes, blocks, causal, window is not None,
-                      mask_kind, sinks is not None, paged[2] if paged is not None else 0, scale, length, warps, unroll)
+                      mask_kind, sinks is not None, paged[2] if paged is not None else 0, scale, length, warps, unroll, matrix)
     programs = spec.sources(backend, length_params)
     first_name, first_source, _ = programs[0]
-    grid = (kv_heads * spec.geometry().row_groups, batch, blocks if passes == 2 else 1)
-    label = f"{backend} {dtype.name} D{head_dim}/{value_dim} gqa{q_heads // kv_heads} Lq{q_len} passes{passes} blocks{blocks}"
+    grid = (kv_heads * spec.row_groups(), batch, blocks if passes == 2 else 1)
+    label = (f"{backend} {dtype.name} D{head_dim}/{value_dim} gqa{q_heads // kv_heads} Lq{q_len} passes{passes} blocks{blocks}"
+             + (" matrix" if matrix else ""))
     logical = _logical_inputs(k, v, paged)
     ctype_prelude = prelude(backend)
     rows = batch * q_heads * q_len
@@ -251,9 +279,9 @@ def decode_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, *, dtype: DT
         return launch(first_name, ctype_prelude + first_source, device, [out], ins, length_scalars, grid, (warps * 32, 1, 1),
                       grad_fxn=backward, label=label)[0]
     partials = launch(first_name, ctype_prelude + first_source, device,
-                      [Tensor.empty(rows * blocks * value_dim, dtype=dtypes.float32, device=device),
-                       Tensor.empty(rows * blocks, dtype=dtypes.float32, device=device),
-                       Tensor.empty(rows * blocks, dtype=dtypes.float32, device=device)],
+                      [Tensor.empty(rows * spec.partials() * value_dim, dtype=dtypes.float32, device=device),
+                       Tensor.empty(rows * spec.partials(), dtype=dtypes.float32, device=device),
+                       Tensor.empty(rows * spec.partials(), dtype=dtypes.float32, device=device)],
                       ins, length_scalars, grid, (warps * 32, 1, 1), label=label)
     merge_name, merge_source, _ = programs[1]
     merge_ins = list(partials) + ([ins[3 + (mask_kind > 0)]] if sinks is not None else []) + ins

@@ -15,7 +15,7 @@ from typing import Sequence
 
 import numpy as np
 
-from nuvec_tg.kernels.program import Param
+from nuvec_tg.kernels.program import SOURCE_DIR, Param
 
 HERE = pathlib.Path(__file__).parent
 COMPILER = next((c for c in ("clang++-19", "clang++", "clang++-20", "clang++-18", "g++") if shutil.which(c)), None)
@@ -24,8 +24,8 @@ _CACHE = pathlib.Path(tempfile.gettempdir()) / "nuvec_kernel_emulator"
 _LAUNCHER = """
 #include <thread>
 #include <vector>
-extern "C" void run(void** buffers, int groups, int groups_y, int threads) {
-  for (int g = 0; g < groups * groups_y; g++) {
+extern "C" void run(void** buffers, int groups, int groups_y, int groups_z, int threads) {
+  for (int g = 0; g < groups * groups_y * groups_z; g++) {
     std::barrier<> all(threads);
     std::vector<std::barrier<>*> warps;
     Block sync{&all, {}, {}};
@@ -34,7 +34,7 @@ extern "C" void run(void** buffers, int groups, int groups_y, int threads) {
     for (int t = 0; t < threads; t++)
       pool.emplace_back([&, t] {
         block_sync = &sync;
-        blockIdx = uint3{(uint)(g % groups), (uint)(g / groups), 0};
+        blockIdx = uint3{(uint)(g % groups), (uint)(g / groups % groups_y), (uint)(g / (groups * groups_y))};
         threadIdx = uint3{(uint)t, 0, 0};
         KERNEL(ARGUMENTS);
       });
@@ -47,11 +47,11 @@ extern "C" void run(void** buffers, int groups, int groups_y, int threads) {
 
 def build(kernel_text: str, name: str, params: Sequence[Param]):
     """A shared library running `kernel_text` (a CUDA rendering without the prelude, kernel
-    `name`, buffer parameters `params`); returns its `run(buffers, groups, threads, groups_y=1)`
-    (a grid of groups x groups_y threadgroups)."""
+    `name`, buffer parameters `params`); returns its `run(buffers, groups, threads, groups_y=1, groups_z=1)`
+    (a grid of groups x groups_y x groups_z threadgroups)."""
     arguments = ", ".join(f"({'const ' if p.kind == 'in' else ''}{p.ctype}*)buffers[{i}]" for i, p in enumerate(params))
-    source = ((HERE / "prelude_emulated.h").read_text() + kernel_text.replace('extern "C" ', "") +
-              _LAUNCHER.replace("KERNEL", name).replace("ARGUMENTS", arguments))
+    source = ((HERE / "prelude_emulated.h").read_text() + (SOURCE_DIR / "common.h").read_text() +
+              kernel_text.replace('extern "C" ', "") + _LAUNCHER.replace("KERNEL", name).replace("ARGUMENTS", arguments))
     _CACHE.mkdir(exist_ok=True)
     library = _CACHE / f"{hashlib.sha256(source.encode()).hexdigest()[:16]}.so"
     if not library.exists():
@@ -61,11 +61,11 @@ def build(kernel_text: str, name: str, params: Sequence[Param]):
                                  "-Wno-unknown-pragmas", "-o", str(library), str(src)], capture_output=True, text=True)
         if result.returncode: raise RuntimeError(result.stderr[:4000])
     run = ctypes.CDLL(str(library)).run
-    run.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, ctypes.c_int, ctypes.c_int]
+    run.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
 
-    def launch(buffers: Sequence[np.ndarray], groups: int, threads: int, groups_y: int = 1) -> None:
+    def launch(buffers: Sequence[np.ndarray], groups: int, threads: int, groups_y: int = 1, groups_z: int = 1) -> None:
         arrays = [np.ascontiguousarray(b) for b in buffers]
         for given, array in zip(buffers, arrays): assert given is array, "buffers must be contiguous numpy arrays"
         pointers = (ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays])
-        run(pointers, groups, groups_y, threads)
+        run(pointers, groups, groups_y, groups_z, threads)
     return launch

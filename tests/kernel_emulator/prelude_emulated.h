@@ -29,6 +29,8 @@ struct Block {
   std::barrier<>* all;
   std::barrier<>* warps[32];
   float lanes[1024];
+  uint mma_a[1024][4], mma_b[1024][2];  // the fragments of each lane's last mma
+  bool votes[1024];
 };
 thread_local Block* block_sync;
 
@@ -76,3 +78,72 @@ inline float2 half2_bits_to_float2(uint bits) {
   std::memcpy(h, &bits, 4);
   return float2{(float)h[0], (float)h[1]};
 }
+inline float max(float a, float b) { return a > b ? a : b; }
+inline float min(float a, float b) { return a < b ? a : b; }
+inline float fast_exp2(float x) { return __builtin_exp2f(x); }
+inline bool simd_any(bool x) {
+  const int warp = threadIdx.x / 32;
+  block_sync->votes[threadIdx.x] = x;
+  block_sync->warps[warp]->arrive_and_wait();
+  bool any = false;
+  for (int l = 0; l < 32; l++) any = any || block_sync->votes[warp * 32 + l];
+  block_sync->warps[warp]->arrive_and_wait();
+  return any;
+}
+
+// mma.sync m16n8k16 (float32 accumulation) over the SIMD group's fragments, as the CUDA prelude
+// documents them: every lane posts its fragments, then computes its four C elements.
+inline float half_bits_to_float(ushort bits, bool bf16) {
+  if (bf16) return bits_to_float((uint)bits << 16);
+  half h;
+  std::memcpy(&h, &bits, 2);
+  return (float)h;
+}
+inline void mma_emulated(float* acc, const uint* a, uint b0, uint b1, bool bf16) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  for (int i = 0; i < 4; i++) block_sync->mma_a[threadIdx.x][i] = a[i];
+  block_sync->mma_b[threadIdx.x][0] = b0;
+  block_sync->mma_b[threadIdx.x][1] = b1;
+  block_sync->warps[warp]->arrive_and_wait();
+  float A[16][16], B[16][8];
+  for (int l = 0; l < 32; l++) {
+    const int g = l / 4, c = l % 4, at = warp * 32 + l;
+    for (int reg = 0; reg < 4; reg++) {
+      const uint word = block_sync->mma_a[at][reg];
+      const int row = g + 8 * (reg % 2), k = 2 * c + 8 * (reg / 2);
+      A[row][k] = half_bits_to_float((ushort)(word & 0xFFFFu), bf16);
+      A[row][k + 1] = half_bits_to_float((ushort)(word >> 16), bf16);
+    }
+    for (int reg = 0; reg < 2; reg++) {
+      const uint word = block_sync->mma_b[at][reg];
+      B[2 * c + 8 * reg][g] = half_bits_to_float((ushort)(word & 0xFFFFu), bf16);
+      B[2 * c + 8 * reg + 1][g] = half_bits_to_float((ushort)(word >> 16), bf16);
+    }
+  }
+  block_sync->warps[warp]->arrive_and_wait();
+  const int g = lane / 4, c = lane % 4;
+  for (int e = 0; e < 4; e++) {
+    const int row = g + 8 * (e / 2), col = 2 * c + e % 2;
+    float sum = acc[e];
+    for (int k = 0; k < 16; k++) sum += A[row][k] * B[k][col];
+    acc[e] = sum;
+  }
+}
+inline void mma_bf16(float* acc, const uint* a, uint b0, uint b1) { mma_emulated(acc, a, b0, b1, true); }
+inline void mma_f16(float* acc, const uint* a, uint b0, uint b1) { mma_emulated(acc, a, b0, b1, false); }
+inline uint pack_pair(float lo, float hi, bfloat) {
+  bfloat pair[2];
+  from_float(lo, &pair[0]);
+  from_float(hi, &pair[1]);
+  uint word;
+  std::memcpy(&word, pair, 4);
+  return word;
+}
+inline uint pack_pair(float lo, float hi, half) {
+  half pair[2] = {(half)lo, (half)hi};
+  uint word;
+  std::memcpy(&word, pair, 4);
+  return word;
+}
+inline uint low_halves(uint a, uint b) { return (a & 0xFFFFu) | (b << 16); }
+inline uint high_halves(uint a, uint b) { return (a >> 16) | (b & 0xFFFF0000u); }

@@ -50,3 +50,30 @@ INLINE void from_float(float x, half* out) { *out = __float2half_rn(x); }
 INLINE void from_float(float x, bfloat* out) { *out = __float2bfloat16_rn(x); }
 INLINE float round_half(float x) { return __half2float(__float2half_rn(x)); }
 INLINE float round_bfloat(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
+
+// The matrix units (sm_80 and later): D = A · B + C for a 16 x 16 A and a 16 x 8 B of 16-bit
+// floats, float32 C, in the mma.sync m16n8k16 fragments (a lane 4g + c holds A's rows g, g + 8 at
+// k 2c, 2c + 1, 2c + 8, 2c + 9 in a[0..3] as (g, k), (g + 8, k), (g, k + 8), (g + 8, k + 8); B's
+// column g at k 2c, 2c + 1 (b0) and 2c + 8, 2c + 9 (b1); C's rows g, g + 8 at columns 2c, 2c + 1).
+INLINE void mma_bf16(float* acc, const uint* a, uint b0, uint b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+               : "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+INLINE void mma_f16(float* acc, const uint* a, uint b0, uint b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+               : "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// Two floats rounded to the 16-bit type of the third argument, in one word (low first).
+INLINE uint pack_pair(float lo, float hi, bfloat) {
+  const __nv_bfloat162 pair = __floats2bfloat162_rn(lo, hi);
+  return *(const uint*)&pair;
+}
+INLINE uint pack_pair(float lo, float hi, half) {
+  const __half2 pair = __floats2half2_rn(lo, hi);
+  return *(const uint*)&pair;
+}
+// The low (high) 16-bit halves of two words, a's in the low half.
+INLINE uint low_halves(uint a, uint b) { return __byte_perm(a, b, 0x5410); }
+INLINE uint high_halves(uint a, uint b) { return __byte_perm(a, b, 0x7632); }

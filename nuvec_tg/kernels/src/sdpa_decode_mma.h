@@ -1,0 +1,230 @@
+// Decode attention on the matrix units: the first pass, for 16-bit K/V (CUDA mma.sync m16n8k16).
+//
+// A threadgroup serves one key head, 16 of its query rows (rows `g * LQ + l` over the GQA query
+// heads `g` and positions `l`; rows past the head's GQA * LQ are zeros and write nothing), one
+// batch item and one of BLOCKS key blocks. Its NUM_WARPS SIMD groups take turns over the block's
+// 16-key tiles, and each SIMD group writes its own partial result: the merge pass sees
+// BLOCKS * NUM_WARPS partials per row.
+//
+// Per tile, in the fragments of mma m16n8k16 (lane = 4 * g + c; A is 16 x 16 and B 16 x 8, C
+// 16 x 8; a lane holds A's rows g and g + 8, B's column g and C's columns 2c, 2c + 1):
+// - Scores S [rows, keys] = Q [rows, D] · K^T [D, keys], two mma tiles of 8 keys. B = K^T, so a
+//   lane holds one key line's features: it reads its key's 16-byte pieces 4j + c straight from
+//   memory. The sum over features is order-free, so the k index of each mma step is mapped onto
+//   those pieces (Q's A fragments, loaded once, use the same mapping).
+// - The online softmax on S's C fragments: a lane holds rows g and g + 8 at keys 2c, 2c + 1 of
+//   each 8-key half, so a row's maximum over the tile is two shuffles. Scores are in base 2 (the
+//   products scaled by scale · log2 e in float32); the rescale is lazy (a row's maximum must grow
+//   by more than 2^8) and SIMD-group-uniform.
+// - O [rows, DV] += P [rows, 16 keys] · V [16 keys, DV]: S's C fragments are P's A fragment as
+//   they stand (rounded to T); V's B fragment needs two keys' values of one column in a word, so
+//   a lane reads four value lines' 16-byte pieces (keys 2c, 2c + 1, 8 + 2c, 9 + 2c; piece
+//   8 * i + g) and pairs their halves with byte permutes. The n index of each of the DV / 8 output
+//   tiles is mapped onto those pieces (tile 8 * i + e, column n: value 8 * (8 * i + n) + e).
+//
+// Defines: T, MMA (mma_bf16 or mma_f16), D, DV, HQ, HKV, GQA, LQ, ROW_GROUPS, NUM_WARPS, BLOCKS,
+// CAUSAL, WINDOW_ON, MASK_KIND (0 none, 1 bool, 2 additive), PAGED, PAGE, SCALE_LOG2E, K_LEN,
+// RUNTIME_INTS. D is a multiple of 32 and DV of 64.
+
+#define K_PIECES (D / 32)   // 16-byte pieces of a key line per lane
+#define V_PIECES (DV / 64)  // 16-byte pieces of a value line per lane
+#define K_STEPS (D / 16)    // mma steps of the scores
+#define V_TILES (DV / 8)    // mma tiles of the output
+
+#if PAGED
+INLINE int line_start(const DEVICE int* block_tables, int batch, int max_blocks, int pool_blocks, int kv_head, int key, int width) {
+  const int page = min(max(block_tables[batch * max_blocks + key / PAGE], 0), pool_blocks - 1);
+  return ((page * HKV + kv_head) * PAGE + key % PAGE) * width;
+}
+#define K_LINE(key) line_start(block_tables, batch, max_blocks, pool_blocks, kv_head, key, D)
+#define V_LINE(key) line_start(block_tables, batch, max_blocks, pool_blocks, kv_head, key, DV)
+#else
+#define K_LINE(key) (batch * k_batch_stride + kv_head * k_head_stride + (k_offset + (key)) * D)
+#define V_LINE(key) (batch * v_batch_stride + kv_head * v_head_stride + (v_offset + (key)) * DV)
+#endif
+
+/* kernel */
+  RUNTIME_INTS
+  const int lane = (int)nv_thread.x % 32, warp = (int)nv_thread.x / 32;
+  const int g = lane / 4, c = lane % 4;
+  const int kv_head = (int)nv_group.x / ROW_GROUPS, first_row = ((int)nv_group.x % ROW_GROUPS) * 16;
+  const int batch = (int)nv_group.y, block = (int)nv_group.z;
+#if PAGED
+  const int k_len = min(max(lengths[batch], 0), max_blocks * PAGE);
+#else
+  const int k_len = K_LEN;
+#endif
+#if WINDOW_ON
+  const int range_start = max(0, k_len - LQ + 1 - window);
+#else
+  const int range_start = 0;
+#endif
+  const int per_block = (max(k_len - range_start, 0) + BLOCKS - 1) / BLOCKS;
+  const int key_begin = range_start + block * per_block;
+  const int key_end = min(k_len, key_begin + per_block);
+
+  // This lane's two rows (g and g + 8): whether they exist, their query head and position.
+  bool row_real[2];
+  int row_head[2], row_position[2];
+  uint q_frag[K_STEPS][4];
+#pragma unroll
+  for (int half_rows = 0; half_rows < 2; half_rows++) {
+    const int row = first_row + g + 8 * half_rows;
+    row_real[half_rows] = row < GQA * LQ;
+    row_head[half_rows] = kv_head * GQA + row / LQ;
+    row_position[half_rows] = row % LQ;
+    const DEVICE uint4* q_line = (const DEVICE uint4*)(q + ((batch * HQ + row_head[half_rows]) * LQ + row_position[half_rows]) * D);
+#pragma unroll
+    for (int j = 0; j < K_PIECES; j++) {
+      uint4 piece = uint4{0u, 0u, 0u, 0u};
+      if (row_real[half_rows]) piece = q_line[4 * j + c];
+      q_frag[2 * j][half_rows] = piece.x;
+      q_frag[2 * j][2 + half_rows] = piece.y;
+      q_frag[2 * j + 1][half_rows] = piece.z;
+      q_frag[2 * j + 1][2 + half_rows] = piece.w;
+    }
+  }
+
+  float out_frag[V_TILES][4];
+#pragma unroll
+  for (int t = 0; t < V_TILES; t++) out_frag[t][0] = out_frag[t][1] = out_frag[t][2] = out_frag[t][3] = 0.0f;
+  float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
+
+  // The bound is the same for the whole SIMD group (the mma needs every lane); lines past the
+  // block's end are zeros, so they bring no NaN or infinity into the products.
+  for (int first = key_begin + 16 * warp; first < key_end; first += 16 * NUM_WARPS) {
+    uint4 k_piece[2][K_PIECES], v_piece[4][V_PIECES];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      const int key = first + 8 * h + g;
+      const DEVICE uint4* k_line = (const DEVICE uint4*)(k + K_LINE(key < key_end ? key : key_begin));
+#pragma unroll
+      for (int j = 0; j < K_PIECES; j++) k_piece[h][j] = key < key_end ? k_line[4 * j + c] : uint4{0u, 0u, 0u, 0u};
+    }
+#pragma unroll
+    for (int l = 0; l < 4; l++) {
+      const int key = first + 8 * (l / 2) + 2 * c + l % 2;
+      const DEVICE uint4* v_line = (const DEVICE uint4*)(v + V_LINE(key < key_end ? key : key_begin));
+#pragma unroll
+      for (int i = 0; i < V_PIECES; i++) v_piece[l][i] = key < key_end ? v_line[8 * i + g] : uint4{0u, 0u, 0u, 0u};
+    }
+
+    // Scores: score[h][e] is row g (e < 2) or g + 8, key first + 8h + 2c + e % 2.
+    float score[2][4];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      score[h][0] = score[h][1] = score[h][2] = score[h][3] = 0.0f;
+#pragma unroll
+      for (int j = 0; j < K_PIECES; j++) {
+        MMA(score[h], q_frag[2 * j], k_piece[h][j].x, k_piece[h][j].y);
+        MMA(score[h], q_frag[2 * j + 1], k_piece[h][j].z, k_piece[h][j].w);
+      }
+    }
+    float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int r = e / 2, key = first + 8 * h + 2 * c + e % 2;
+        bool visible = row_real[r] && key < key_end;
+#if CAUSAL || PAGED
+        visible = visible && key <= k_len - LQ + row_position[r];
+#endif
+#if WINDOW_ON
+        visible = visible && key > k_len - LQ + row_position[r] - window;
+#endif
+        float value = score[h][e] * SCALE_LOG2E;
+#if MASK_KIND
+        if (visible) {
+          const int mask_index = batch * mask_batch_stride + row_head[r] * mask_head_stride + row_position[r] * mask_query_stride +
+                                 key * mask_key_stride;
+#if MASK_KIND == 1
+          visible = mask[mask_index] != 0;
+#else
+          value += to_float(mask[mask_index]) * LOG2E;
+#endif
+        }
+#endif
+        score[h][e] = visible ? value : -INFINITY;
+        tile_max[r] = max(tile_max[r], score[h][e]);
+      }
+    }
+
+    // The online softmax (lazy rescale), then P in T: P's A fragment is S's C fragments.
+    float correction[2] = {1.0f, 1.0f};
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+      tile_max[r] = max(tile_max[r], simd_shuffle_xor(tile_max[r], 1));
+      tile_max[r] = max(tile_max[r], simd_shuffle_xor(tile_max[r], 2));
+      if (tile_max[r] > row_max[r] + 8.0f) {
+        correction[r] = fast_exp2(row_max[r] - tile_max[r]);
+        row_sum[r] *= correction[r];
+        row_max[r] = tile_max[r];
+      }
+    }
+    if (simd_any(correction[0] != 1.0f || correction[1] != 1.0f)) {  // rare: the whole SIMD group branches
+#pragma unroll
+      for (int t = 0; t < V_TILES; t++) {
+        out_frag[t][0] *= correction[0];
+        out_frag[t][1] *= correction[0];
+        out_frag[t][2] *= correction[1];
+        out_frag[t][3] *= correction[1];
+      }
+    }
+    uint p_frag[4];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      float weight[4];
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        weight[e] = score[h][e] == -INFINITY ? 0.0f : fast_exp2(score[h][e] - row_max[e / 2]);
+        row_sum[e / 2] += weight[e];
+      }
+      p_frag[2 * h] = pack_pair(weight[0], weight[1], (T)0);      // row g, keys 8h + 2c, +1
+      p_frag[2 * h + 1] = pack_pair(weight[2], weight[3], (T)0);  // row g + 8
+    }
+
+    // O += P · V: tile 8i + e of the output, column n (this lane's B column: n = g) is value
+    // 8 * (8i + g) + e, the e-th half of this lane's piece i of each value line.
+#pragma unroll
+    for (int i = 0; i < V_PIECES; i++) {
+      const uint* line_a = (const uint*)&v_piece[0][i];
+      const uint* line_b = (const uint*)&v_piece[1][i];
+      const uint* line_c = (const uint*)&v_piece[2][i];
+      const uint* line_d = (const uint*)&v_piece[3][i];
+#pragma unroll
+      for (int w = 0; w < 4; w++) {
+        MMA(out_frag[8 * i + 2 * w], p_frag, low_halves(line_a[w], line_b[w]), low_halves(line_c[w], line_d[w]));
+        MMA(out_frag[8 * i + 2 * w + 1], p_frag, high_halves(line_a[w], line_b[w]), high_halves(line_c[w], line_d[w]));
+      }
+    }
+  }
+
+  // This SIMD group's partial: a row's weight sum over its four lanes, then the values. C's
+  // element (row, 2c + j) of tile 8i + e is value 8 * (8i + 2c + j) + e: eight consecutive values.
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    row_sum[r] += simd_shuffle_xor(row_sum[r], 1);
+    row_sum[r] += simd_shuffle_xor(row_sum[r], 2);
+  }
+  const int part = block * NUM_WARPS + warp;
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    if (!row_real[r]) continue;
+    const int out_row = (batch * HQ + row_head[r]) * LQ + row_position[r];
+    const int at = out_row * (BLOCKS * NUM_WARPS) + part;
+    if (c == 0) {
+      part_max[at] = row_max[r];
+      part_sum[at] = row_sum[r];
+    }
+    DEVICE float4* sums = (DEVICE float4*)(part_acc + (size_t)at * DV);
+#pragma unroll
+    for (int i = 0; i < V_PIECES; i++) {
+#pragma unroll
+      for (int j = 0; j < 2; j++) {
+        const int column = 8 * i + 2 * c + j, e0 = 2 * r + j;
+        sums[2 * column] = float4{out_frag[8 * i][e0], out_frag[8 * i + 1][e0], out_frag[8 * i + 2][e0], out_frag[8 * i + 3][e0]};
+        sums[2 * column + 1] = float4{out_frag[8 * i + 4][e0], out_frag[8 * i + 5][e0], out_frag[8 * i + 6][e0], out_frag[8 * i + 7][e0]};
+      }
+    }
+  }
