@@ -112,8 +112,13 @@ def test_qvm_gradients_equal_the_compositions():
     grads = [g.realize() for g in (quant.quantized_matmul(x, qw, transpose=False) * upstream).sum().gradient(*targets)]
     with compositions_only():
         composed = [g.realize() for g in (quant.quantized_matmul(x, qw, transpose=False) * upstream).sum().gradient(*targets)]
+    for name, got, want in zip(("x", "scales", "biases"), grads, composed):
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-4, atol=1e-4, err_msg=name)
 
 
+@pytest.mark.parametrize("mode, group, width", [("affine", 64, 4), ("affine", 32, 3), ("mxfp4", 32, 4), ("nvfp4", 16, 4)],
+                         ids=str)
+@pytest.mark.parametrize("dtype", [dtypes.float32, dtypes.bfloat16], ids=lambda d: d.name)
 def test_gather_qmv_matches_the_composition_and_keeps_one_row_bits(mode, group, width, dtype):
     """gather_qmm's few-row kernel (experts' rows): against the composition, each row with the bits
     of a one-row product of its expert (the seeds' sorted_few_row_gathers_keep_the_one_row_bits),

@@ -116,7 +116,7 @@ class DecodeSpec:
     scale: float
     length: str = "ints"    # the key count: "ints" (read from the ints buffer), or a C expression of scalars
     warps: int = NUM_WARPS  # SIMD groups per threadgroup of the first pass
-    unroll: int = UNROLL    # key lines each lane loads before using the first
+    unroll: int = UNROLL    # key lines (matrix: 16-key tiles) each lane loads before using the first
     matrix: bool = False    # the first pass on the matrix units (`sdpa_decode_mma.h`; CUDA, 16-bit, two passes)
 
     def runtime_names(self) -> list[str]:
@@ -182,7 +182,8 @@ class DecodeSpec:
         if self.matrix:
             defines = {key: defines[key] for key in ("T", "D", "DV", "HQ", "HKV", "GQA", "LQ", "NUM_WARPS", "BLOCKS", "CAUSAL",
                                                      "WINDOW_ON", "MASK_KIND", "PAGED", "PAGE", "SCALE_LOG2E", "K_LEN", "RUNTIME_INTS")}
-            defines.update(MMA="mma_bf16" if self.dtype == dtypes.bfloat16 else "mma_f16", ROW_GROUPS=self.row_groups())
+            defines.update(MMA="mma_bf16" if self.dtype == dtypes.bfloat16 else "mma_f16", ROW_GROUPS=self.row_groups(),
+                           PREFETCH=int(self.unroll > 1))
             programs = [_named(backend, "nuvec_sdpa_decode_mma", "sdpa_decode_mma.h", defines, params)]
         else:
             programs = [_named(backend, "nuvec_sdpa_decode", "sdpa_decode.h", defines, params)]

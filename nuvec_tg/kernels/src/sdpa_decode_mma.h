@@ -22,7 +22,7 @@
 //   8 * i + g) and pairs their halves with byte permutes. The n index of each of the DV / 8 output
 //   tiles is mapped onto those pieces (tile 8 * i + e, column n: value 8 * (8 * i + n) + e).
 //
-// Defines: T, MMA (mma_bf16 or mma_f16), D, DV, HQ, HKV, GQA, LQ, ROW_GROUPS, NUM_WARPS, BLOCKS,
+// Defines: T, MMA (mma_bf16 or mma_f16), D, DV, HQ, HKV, GQA, LQ, ROW_GROUPS, NUM_WARPS, BLOCKS, PREFETCH,
 // CAUSAL, WINDOW_ON, MASK_KIND (0 none, 1 bool, 2 additive), PAGED, PAGE, SCALE_LOG2E, K_LEN,
 // RUNTIME_INTS. D is a multiple of 32 and DV of 64.
 
@@ -42,6 +42,29 @@ INLINE int line_start(const DEVICE int* block_tables, int batch, int max_blocks,
 #define K_LINE(key) (batch * k_batch_stride + kv_head * k_head_stride + (k_offset + (key)) * D)
 #define V_LINE(key) (batch * v_batch_stride + kv_head * v_head_stride + (v_offset + (key)) * DV)
 #endif
+
+// Loads lane's pieces of the 16-key tile at key FIRST: its key line (8h + g) for the scores and
+// its four value lines (8 * (l / 2) + 2c + l % 2) into K_PIECE and V_PIECE; lines past the
+// block's end are zeros, so they bring no NaN or infinity into the products.
+#define LOAD_TILE(FIRST, K_PIECE, V_PIECE)                                                       \
+  _Pragma("unroll") for (int h = 0; h < 2; h++) {                                              \
+    const int key = (FIRST) + 8 * h + g;                                                       \
+    if (key < key_end) {                                                                       \
+      const DEVICE uint4* k_line = (const DEVICE uint4*)(k + K_LINE(key));                     \
+      _Pragma("unroll") for (int j = 0; j < K_PIECES; j++) K_PIECE[h][j] = k_line[4 * j + c];  \
+    } else {                                                                                   \
+      _Pragma("unroll") for (int j = 0; j < K_PIECES; j++) K_PIECE[h][j] = uint4{0u, 0u, 0u, 0u}; \
+    }                                                                                          \
+  }                                                                                            \
+  _Pragma("unroll") for (int l = 0; l < 4; l++) {                                              \
+    const int key = (FIRST) + 8 * (l / 2) + 2 * c + l % 2;                                     \
+    if (key < key_end) {                                                                       \
+      const DEVICE uint4* v_line = (const DEVICE uint4*)(v + V_LINE(key));                     \
+      _Pragma("unroll") for (int i = 0; i < V_PIECES; i++) V_PIECE[l][i] = v_line[8 * i + g];  \
+    } else {                                                                                   \
+      _Pragma("unroll") for (int i = 0; i < V_PIECES; i++) V_PIECE[l][i] = uint4{0u, 0u, 0u, 0u}; \
+    }                                                                                          \
+  }
 
 /* kernel */
   RUNTIME_INTS
@@ -90,24 +113,27 @@ INLINE int line_start(const DEVICE int* block_tables, int batch, int max_blocks,
   for (int t = 0; t < V_TILES; t++) out_frag[t][0] = out_frag[t][1] = out_frag[t][2] = out_frag[t][3] = 0.0f;
   float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
 
-  // The bound is the same for the whole SIMD group (the mma needs every lane); lines past the
-  // block's end are zeros, so they bring no NaN or infinity into the products.
+  // The bound is the same for the whole SIMD group (the mma needs every lane). With PREFETCH a
+  // lane loads the next tile before it uses this one (registers for two tiles in flight).
+  uint4 k_next[2][K_PIECES], v_next[4][V_PIECES];
+  LOAD_TILE(key_begin + 16 * warp, k_next, v_next)
   for (int first = key_begin + 16 * warp; first < key_end; first += 16 * NUM_WARPS) {
+#if PREFETCH
     uint4 k_piece[2][K_PIECES], v_piece[4][V_PIECES];
 #pragma unroll
-    for (int h = 0; h < 2; h++) {
-      const int key = first + 8 * h + g;
-      const DEVICE uint4* k_line = (const DEVICE uint4*)(k + K_LINE(key < key_end ? key : key_begin));
+    for (int h = 0; h < 2; h++)
 #pragma unroll
-      for (int j = 0; j < K_PIECES; j++) k_piece[h][j] = key < key_end ? k_line[4 * j + c] : uint4{0u, 0u, 0u, 0u};
-    }
+      for (int j = 0; j < K_PIECES; j++) k_piece[h][j] = k_next[h][j];
 #pragma unroll
-    for (int l = 0; l < 4; l++) {
-      const int key = first + 8 * (l / 2) + 2 * c + l % 2;
-      const DEVICE uint4* v_line = (const DEVICE uint4*)(v + V_LINE(key < key_end ? key : key_begin));
+    for (int l = 0; l < 4; l++)
 #pragma unroll
-      for (int i = 0; i < V_PIECES; i++) v_piece[l][i] = key < key_end ? v_line[8 * i + g] : uint4{0u, 0u, 0u, 0u};
-    }
+      for (int i = 0; i < V_PIECES; i++) v_piece[l][i] = v_next[l][i];
+    if (first + 16 * NUM_WARPS < key_end) LOAD_TILE(first + 16 * NUM_WARPS, k_next, v_next)
+#else
+    if (first != key_begin + 16 * warp) LOAD_TILE(first, k_next, v_next)
+    uint4 (&k_piece)[2][K_PIECES] = k_next;
+    uint4 (&v_piece)[4][V_PIECES] = v_next;
+#endif
 
     // Scores: score[h][e] is row g (e < 2) or g + 8, key first + 8h + 2c + e % 2.
     float score[2][4];
