@@ -34,7 +34,7 @@ MATRIX_BLOCKS = [1, 2, 4, 8, 16, 32, 64]
 quick = "--quick" in sys.argv
 matrix = "--matrix" in sys.argv
 if matrix:
-    SHAPES, QUICK, BLOCKS, LAUNCH = MATRIX_SHAPES, MATRIX_QUICK, MATRIX_BLOCKS, [(2, 1), (4, 1), (8, 1)]
+    SHAPES, QUICK, BLOCKS, LAUNCH = MATRIX_SHAPES, MATRIX_QUICK, MATRIX_BLOCKS, [(2, 1), (4, 1), (2, 2), (4, 2), (8, 1)]
 print(f"device {Device.DEFAULT}; cells: blocks (1 = one pass) x warps x unroll: device µs per call / K/V TB/s", flush=True)
 shapes = QUICK if quick else SHAPES
 torch_seconds = torch_times([(b, hq, hkv, 128, lk, "bfloat16") for b, hq, hkv, lk in shapes], 5)
