@@ -4,8 +4,9 @@ threadgroup), each timed as the benchmark times (TinyJit replays of calls over r
 `nuvec_tg.bench.common.time_jit`), with the K/V bytes per second. The CUDA plan's rules in
 `fast/plan.py` are read off this sweep's output (kept in `benchmarks/`).
 
-`--matrix`: the matrix-unit first pass instead (cells: key blocks x SIMD groups, each SIMD group
-a partial of the merge), over the grouped-query shapes; `--quick` fewer shapes."""
+`--matrix`: the matrix-unit first pass instead (cells: key blocks x SIMD groups x tiles in flight,
+each SIMD group a partial of the merge), over the grouped-query shapes; `--quick` fewer shapes;
+`--shape B,HQ,HKV,LK` (repeatable) and `--launch WARPS,UNROLL` (repeatable) pick them instead."""
 import contextlib
 import io
 import sys
@@ -35,6 +36,14 @@ quick = "--quick" in sys.argv
 matrix = "--matrix" in sys.argv
 if matrix:
     SHAPES, QUICK, BLOCKS, LAUNCH = MATRIX_SHAPES, MATRIX_QUICK, MATRIX_BLOCKS, [(2, 1), (4, 1), (2, 2), (4, 2), (8, 1)]
+
+
+def _given(flag: str) -> list[tuple[int, ...]]:
+    return [tuple(int(n) for n in sys.argv[i + 1].split(",")) for i, a in enumerate(sys.argv) if a == flag]
+
+
+if _given("--shape"): SHAPES = QUICK = _given("--shape")
+if _given("--launch"): LAUNCH = _given("--launch")
 print(f"device {Device.DEFAULT}; cells: blocks (1 = one pass) x warps x unroll: device µs per call / K/V TB/s", flush=True)
 shapes = QUICK if quick else SHAPES
 torch_seconds = torch_times([(b, hq, hkv, 128, lk, "bfloat16") for b, hq, hkv, lk in shapes], 5)

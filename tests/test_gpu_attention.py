@@ -69,6 +69,7 @@ def test_decode_kernels_match_the_composition_and_numpy(shape, dtype):
         if isinstance(plan.kernel, fast.Vector):
             assert len(launches) == plan.kernel.dispatches, (name, launches)
             assert launches[0][0].startswith("nuvec_sdpa_decode") and f"passes{plan.kernel.passes}" in launches[0][1]
+            assert launches[0][0].startswith("nuvec_sdpa_decode_mma") == plan.kernel.matrix, (name, launches)
         else:
             assert not launches, name
         close(f"{name} vs composition", values(kernel), values(composed), TOL[dtype])
@@ -113,9 +114,10 @@ def test_batch_items_equal_each_item_alone_and_runs_repeat(dtype):
             np.testing.assert_array_equal(bits(alone), first[i:i + 1])
 
 
-def test_a_jitted_decode_loop_over_a_growing_cache():
+@pytest.mark.parametrize("hq", [16, 32], ids=lambda h: f"{h}/4")  # 32/4: the matrix-unit pass
+def test_a_jitted_decode_loop_over_a_growing_cache(hq):
     rng = np.random.default_rng(0x5D)
-    hq, hkv, d, capacity = 16, 4, 128, 96
+    hkv, d, capacity = 4, 128, 96
     k_cache, v_cache = (random(rng, (1, hkv, capacity, d), dtypes.float16, gpu)[0].realize() for _ in range(2))
     queries = [random(rng, (1, hq, 1, d), dtypes.float16, gpu)[0].realize() for _ in range(64)]
     length = UOp.variable("length", 1, capacity, dtype=dtypes.int32)

@@ -38,6 +38,8 @@ CASES = [
     (2, 8, 1, 1, 512, 16, (40, 70), None),
     (2, 8, 2, 1, 16, 16, (40, 100), 32),
     (2, 4, 2, 4, 16, 8, (9, 77), 5),
+    (2, 16, 2, 1, 64, 16, (40, 300), None),   # 8 rows a key head: CUDA's matrix-unit pass
+    (2, 8, 1, 2, 128, 8, (9, 150), 20),
 ]
 
 
@@ -96,15 +98,16 @@ def test_paged_attention_gradients_equal_contiguous_ones(device):
 
 def test_paged_attention_clamps_hostile_tables_and_lengths(device):
     rng = np.random.default_rng(0x6E)
-    for b, hq, hkv, lq, d, bs, max_blocks in ((2, 4, 2, 1, 16, 8, 4), (2, 4, 2, 3, 32, 16, 3)):
+    for b, hq, hkv, lq, d, bs, max_blocks, dtype in ((2, 4, 2, 1, 16, 8, 4, dtypes.float32), (2, 4, 2, 3, 32, 16, 3, dtypes.float32),
+                                                     (2, 16, 2, 1, 64, 8, 4, dtypes.bfloat16)):  # the last: CUDA's matrix pass
         blocks = 5
-        k_pool, v_pool = (rng.uniform(-1, 1, (blocks, hkv, bs, d)) for _ in range(2))
-        qv = rng.uniform(-1, 1, (b, hq, lq, d))
+        k_pool, v_pool = (round_to(rng.uniform(-1, 1, (blocks, hkv, bs, d)), dtype) for _ in range(2))
+        qv = round_to(rng.uniform(-1, 1, (b, hq, lq, d)), dtype)
         table = np.array([[(i % blocks), blocks + 1000, -5, 2**31 - 1][i % 4] for i in range(b * max_blocks)],
                          np.int32).reshape(b, max_blocks)
         capacity = max_blocks * bs
         lens = np.array([capacity + 1, 2**31 - 1][:b], np.int32)
-        got = values(fast.paged_attention(*(Tensor(a.astype(np.float32), device=device) for a in (qv, k_pool, v_pool)),
+        got = values(fast.paged_attention(*(to(a, dtype, device) for a in (qv, k_pool, v_pool)),
                                           Tensor(table, device=device), Tensor(lens, device=device), 0.125))
         assert np.isfinite(got).all()
         # The clamped meaning: entries clamped to the pool, lengths to the capacity.
@@ -113,7 +116,7 @@ def test_paged_attention_clamps_hostile_tables_and_lengths(device):
             keys = np.concatenate([k_pool[i] for i in clamped[s]], axis=1)[None]
             vals = np.concatenate([v_pool[i] for i in clamped[s]], axis=1)[None]
             want = attention_reference(qv[s:s + 1], keys, vals, 0.125, causal=True)
-            assert_close(f"hostile {s}", got[s:s + 1], want, 1e-5)
+            assert_close(f"hostile {s}", got[s:s + 1], want, 1e-5 if dtype == dtypes.float32 else TOL[dtype])
 
 
 def test_paged_write(device):

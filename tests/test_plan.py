@@ -78,7 +78,25 @@ def test_passes_and_blocks_follow_mlx():
     # never changes the plan (an item's bits must not depend on its batch).
     assert plan(1, 32, 8, 1, 1024, 128, target=CUDA).kernel == fast.Vector(2, 16, 2)      # 1024 // 64
     assert plan(1, 32, 8, 1, 65536, 128, target=CUDA).kernel == fast.Vector(2, 32, 2)     # 132 * 16 // (8 * 8) = 33
-    assert plan(1, 64, 8, 1, 65536, 128, target=CUDA).kernel == fast.Vector(2, 16, 2)     # two row groups a head
+    assert plan(1, 64, 8, 1, 65536, 128, dtype=f32, target=CUDA).kernel == fast.Vector(2, 32, 2)
+    # CUDA, 8 or more query rows per key head in 16-bit types: the matrix-unit pass, blocks for 4
+    # resident SIMD groups per multiprocessor (4 per threadgroup), at least 1024 keys per block.
+    assert plan(1, 64, 8, 1, 65536, 128, target=CUDA).kernel == fast.Vector(2, 16, 2, matrix=True)  # 528 // 32
+    assert plan(1, 32, 4, 1, 65536, 128, target=CUDA).kernel == fast.Vector(2, 32, 2, matrix=True)  # 528 // 16
+    assert plan(1, 32, 4, 1, 16384, 128, target=CUDA).kernel == fast.Vector(2, 16, 2, matrix=True)  # 16384 // 1024
+    assert plan(1, 32, 4, 1, 1023, 128, target=CUDA).kernel == fast.Vector(2, 1, 2, matrix=True)
+    assert plan(1, 32, 8, 2, 4096, 128, target=CUDA, mask="causal").kernel.matrix                     # 4 heads x 2 positions
+    assert plan(1, 128, 8, 1, 4096, 128, target=CUDA).kernel == fast.Vector(2, 4, 2, matrix=True)    # two row groups
+    for b in (2, 8, 32):
+        assert plan(b, 16, 2, 1, 16384, 128, target=CUDA).kernel == plan(1, 16, 2, 1, 16384, 128, target=CUDA).kernel
+    assert not plan(1, 32, 4, 1, 4096, 128, dtype=f32, target=CUDA).kernel.matrix
+    assert not plan(1, 32, 4, 1, 4096, 256, target=CUDA).kernel.matrix                                 # registers
+    assert not plan(1, 32, 4, 1, 4096, 192, 128, target=CUDA).kernel.matrix
+    assert plan(1, 32, 4, 1, 4096, 64, target=CUDA).kernel.matrix
+    assert not plan(1, 32, 8, 1, 4096, 128, target=CUDA).kernel.matrix                                 # 4 rows a head
+    assert not plan(1, 32, 4, 1, 4096, 128, target=METAL["g"]).kernel.matrix
+    scratch = plan(2, 32, 4, 1, 16384, 128, target=CUDA)
+    assert scratch.scratch_bytes == 2 * 32 * 1 * 16 * 4 * (128 + 2) * 4                                # 4 partials a block
     for b in (2, 8, 32):
         assert plan(b, 32, 8, 1, 16384, 128, target=CUDA).kernel == plan(1, 32, 8, 1, 16384, 128, target=CUDA).kernel
     assert plan(1, 32, 8, 1, 127, 128, target=CUDA).kernel == fast.Vector(1, 1, 1)

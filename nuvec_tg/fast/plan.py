@@ -9,8 +9,9 @@ Routes:
 - `ComposedBlocks(rows)`: the same in blocks of `rows` query rows, each over only the keys it can
   see (its causal prefix, cut to the window), so one block's scores are live at a time. Chosen to
   hold `max_score_bytes`.
-- `Vector(passes, blocks, dispatches)`: the decode kernels (`Lq <= 8`); two passes split the
-  keys into `blocks` partitions and merge them.
+- `Vector(passes, blocks, dispatches, matrix)`: the decode kernels (`Lq <= 8`); two passes split
+  the keys into `blocks` partitions and merge them; `matrix`: the first pass on the matrix units
+  (CUDA only: grouped-query rows, 16-bit K/V; `_cuda_matrix_route`).
 - `Tiled()`: the tiled prefill kernel.
 - `BlockedD512(rows)`: head size 512 in half precision, causal, run in blocks of `rows` rows.
 
@@ -18,7 +19,9 @@ Kernel routes are planned for targets with a kernel backend (`PlanTarget.backend
 "cuda"). On Metal the rules are MLX's, with the GPU class from the device's name (`p` phone, `g`
 base/Pro, `s` Max, `d` Ultra). On CUDA the routes are class `g`'s, but the decode kernels' key
 blocks come from the multiprocessor count (`_cuda_vector_blocks`, read off the H200 sweep of
-`scripts/tune_decode.py`).
+`scripts/tune_decode.py`); heads with at least `_CUDA_MATRIX_MIN_ROWS` query rows per key head
+(grouped heads x query positions) in 16-bit types take the matrix-unit first pass, whose blocks
+come from the same sweep run with `--matrix`.
 
 Memory: the composition's score-sized intermediate is `B * Hq * rows * keys` float32 values;
 `scratch_bytes` bounds everything a call allocates beyond its inputs and output.
@@ -33,15 +36,17 @@ from tinygrad.dtype import DType
 
 from ..tensor import check, check_floating, check_int, check_tensor, is_floating, promote_types
 from ..kernels import attention_backend
-from ..kernels.attention import CUDA_LAUNCH, geometry
+from ..kernels.attention import CUDA_LAUNCH, CUDA_MATRIX_WARPS, MATRIX_ROWS, geometry
 
 
 @dataclass(frozen=True)
 class Vector:
-    """The decode kernels: `passes` 1 (`blocks` 1) or 2 (`blocks` key partitions), `dispatches` launches."""
+    """The decode kernels: `passes` 1 (`blocks` 1) or 2 (`blocks` key partitions), `dispatches`
+    launches; `matrix`: the first pass on the matrix units (two passes)."""
     passes: int
     blocks: int
     dispatches: int
+    matrix: bool = False
 
 
 @dataclass(frozen=True)
@@ -270,6 +275,30 @@ def _cuda_vector_blocks(call: AttentionCall, keys: int, multiprocessors: int | N
     return 1 << (wanted.bit_length() - 1) if wanted > 1 else 1
 
 
+# The matrix-unit first pass on CUDA (`kernels/src/sdpa_decode_mma.h`): taken from this many query
+# rows per key head; its SIMD groups each keep about `_CUDA_MATRIX_TILE_KEYS` keys' worth of tiles
+# (fewer, and the partials and the merge cost more than the split saves); the blocks fill about
+# `_CUDA_MATRIX_RESIDENT_WARPS` SIMD groups per multiprocessor for one batch item (H200 sweep:
+# `scripts/tune_decode.py --matrix`, `benchmarks/attention_h200.md`).
+_CUDA_MATRIX_MIN_ROWS = 8
+_CUDA_MATRIX_TILE_KEYS = 256
+_CUDA_MATRIX_RESIDENT_WARPS = 4
+
+
+def _cuda_matrix_route(call: AttentionCall, keys: int, multiprocessors: int | None) -> Vector | None:
+    """The matrix-unit decode pass, when the call fits it: float16 or bfloat16, head sizes up to
+    128 (D a multiple of 32, DV of 64: the registers of two tiles in flight), enough rows per key
+    head to fill the mma's rows. Its blocks, like the vector kernel's, leave the batch size out."""
+    rows = call.group * call.q_len
+    if (call.dtype not in (dtypes.float16, dtypes.bfloat16) or call.head_dim % 32 or call.v_head_dim % 64
+            or call.head_dim > 128 or call.v_head_dim > 128 or rows < _CUDA_MATRIX_MIN_ROWS):
+        return None
+    threadgroups = call.kv_heads * -(-rows // MATRIX_ROWS)
+    resident = (multiprocessors or _CUDA_DEFAULT_MULTIPROCESSORS) * _CUDA_MATRIX_RESIDENT_WARPS
+    wanted = min(resident // (threadgroups * CUDA_MATRIX_WARPS), keys // (CUDA_MATRIX_WARPS * _CUDA_MATRIX_TILE_KEYS))
+    return Vector(passes=2, blocks=1 << (wanted.bit_length() - 1) if wanted > 1 else 1, dispatches=2, matrix=True)
+
+
 def _vector_route(call: AttentionCall, gpu_class: str, target: PlanTarget) -> Vector | None:
     heads = (call.head_dim, call.v_head_dim)
     if heads not in _VECTOR_HEADS or call.q_len > call.k_len or call.q_len * call.group > 32:
@@ -278,6 +307,8 @@ def _vector_route(call: AttentionCall, gpu_class: str, target: PlanTarget) -> Ve
         return None
     keys = call.k_len if call.window is None else min(call.k_len, call.window + call.q_len - 1)
     if target.backend == "cuda":
+        matrix = _cuda_matrix_route(call, keys, target.multiprocessors)
+        if matrix is not None: return matrix
         blocks = _cuda_vector_blocks(call, keys, target.multiprocessors)
         return Vector(passes=1, blocks=1, dispatches=1) if blocks == 1 else Vector(passes=2, blocks=blocks, dispatches=2)
     two_pass = (gpu_class in ("d", "s") and keys >= 1024) or (call.group > 1 and keys >= 4096)
@@ -334,7 +365,8 @@ def plan_call(call: AttentionCall, target: PlanTarget, op: str = "plan_attention
         if call.q_len <= 8:
             vector = _vector_route(call, gpu_class, target)
             if vector is not None:
-                partials = call.batch * call.q_heads * call.q_len * vector.blocks * (call.v_head_dim + 2) * 4
+                per_row = vector.blocks * (CUDA_MATRIX_WARPS if vector.matrix else 1)  # the merge's partials
+                partials = call.batch * call.q_heads * call.q_len * per_row * (call.v_head_dim + 2) * 4
                 return AttentionPlan(vector, partials if vector.passes == 2 else 0, 0, False)
         elif _blocked_d512(call):
             rows, capped = _BLOCKED_D512_ROWS, False
