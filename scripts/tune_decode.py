@@ -5,7 +5,7 @@ threadgroup), each timed as the benchmark times (TinyJit replays of calls over r
 `fast/plan.py` are read off this sweep's output (kept in `benchmarks/`).
 
 `--matrix`: the matrix-unit first pass instead (cells: key blocks x SIMD groups x tiles in flight,
-each SIMD group a partial of the merge), over the grouped-query shapes; `--quick` fewer shapes;
+the SIMD groups merged in the threadgroup), over the grouped-query shapes; `--quick` fewer shapes;
 `--shape B,HQ,HKV,LK` (repeatable) and `--launch WARPS,UNROLL` (repeatable) pick them instead."""
 import contextlib
 import io
@@ -35,7 +35,7 @@ MATRIX_BLOCKS = [1, 2, 4, 8, 16, 32, 64]
 quick = "--quick" in sys.argv
 matrix = "--matrix" in sys.argv
 if matrix:
-    SHAPES, QUICK, BLOCKS, LAUNCH = MATRIX_SHAPES, MATRIX_QUICK, MATRIX_BLOCKS, [(2, 1), (4, 1), (2, 2), (4, 2), (8, 1)]
+    SHAPES, QUICK, BLOCKS, LAUNCH = MATRIX_SHAPES, MATRIX_QUICK, MATRIX_BLOCKS, [(2, 1), (4, 1), (2, 2), (4, 2)]
 
 
 def _given(flag: str) -> list[tuple[int, ...]]:

@@ -132,11 +132,11 @@ def test_emulated_matrix_pass_matches_numpy(name):
                       "ints", warps, 2 if options.get("prefetch") else 1, True)
     (name_, text, params), _ = spec.sources("cuda")
     rows = b * hq * lq
-    part_acc = np.full(rows * spec.partials() * dv, np.nan, np.float32)
-    part_max = np.full(rows * spec.partials(), np.nan, np.float32)
-    part_sum = np.full(rows * spec.partials(), np.nan, np.float32)
+    part_acc = np.full(rows * spec.blocks * dv, np.nan, np.float32)
+    part_max = np.full(rows * spec.blocks, np.nan, np.float32)
+    part_sum = np.full(rows * spec.blocks, np.nan, np.float32)
     build(text, name_, params)([part_acc, part_max, part_sum] + ins, hkv * spec.row_groups(), warps * 32, b, blocks)
-    got = merged(part_acc, part_max, part_sum, rows, spec.partials(), dv).reshape(b, hq, lq, dv)
+    got = merged(part_acc, part_max, part_sum, rows, spec.blocks, dv).reshape(b, hq, lq, dv)
     want = reference(from_bits(q_bits, dtype), from_bits(k_bits, dtype), from_bits(v_bits, dtype), scale, visible, bias)
     tolerance = 1e-2 if dtype == dtypes.bfloat16 else 2e-3
     np.testing.assert_allclose(got, want, atol=tolerance * np.abs(want).max(), rtol=0)

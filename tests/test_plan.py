@@ -73,34 +73,36 @@ def test_passes_and_blocks_follow_mlx():
     assert plan(1, 48, 8, 1, 65536, 128, target=d).kernel.blocks == 1024        # n = 6
     assert plan(1, 48, 8, 1, 16384, 128, target=d).kernel.blocks == 512
     assert plan(1, 48, 8, 1, 16383, 128, target=d).kernel.blocks == 128
-    # CUDA: one wave of 16 resident SIMD groups per multiprocessor (8 per threadgroup) for one
-    # batch item, blocks of at least 64 keys, a power of two; 1 is a single pass. The batch size
-    # never changes the plan (an item's bits must not depend on its batch).
-    assert plan(1, 32, 8, 1, 1024, 128, target=CUDA).kernel == fast.Vector(2, 16, 2)      # 1024 // 64
-    assert plan(1, 32, 8, 1, 65536, 128, target=CUDA).kernel == fast.Vector(2, 32, 2)     # 132 * 16 // (8 * 8) = 33
+    # CUDA, the vector kernel (float32 here: 16-bit types with grouped heads take the matrix units):
+    # one wave of 16 resident SIMD groups per multiprocessor (8 per threadgroup) for one batch
+    # item, blocks of at least 64 keys, a power of two; 1 is a single pass. The batch size never
+    # changes the plan (an item's bits must not depend on its batch).
+    assert plan(1, 32, 8, 1, 1024, 128, dtype=f32, target=CUDA).kernel == fast.Vector(2, 16, 2)      # 1024 // 64
+    assert plan(1, 32, 8, 1, 65536, 128, dtype=f32, target=CUDA).kernel == fast.Vector(2, 32, 2)     # 132 * 16 // (8 * 8) = 33
     assert plan(1, 64, 8, 1, 65536, 128, dtype=f32, target=CUDA).kernel == fast.Vector(2, 32, 2)
-    # CUDA, 8 or more query rows per key head in 16-bit types: the matrix-unit pass, blocks for 4
-    # resident SIMD groups per multiprocessor (4 per threadgroup), at least 1024 keys per block.
-    assert plan(1, 64, 8, 1, 65536, 128, target=CUDA).kernel == fast.Vector(2, 16, 2, matrix=True)  # 528 // 32
-    assert plan(1, 32, 4, 1, 65536, 128, target=CUDA).kernel == fast.Vector(2, 32, 2, matrix=True)  # 528 // 16
-    assert plan(1, 32, 4, 1, 16384, 128, target=CUDA).kernel == fast.Vector(2, 16, 2, matrix=True)  # 16384 // 1024
-    assert plan(1, 32, 4, 1, 1023, 128, target=CUDA).kernel == fast.Vector(2, 1, 2, matrix=True)
-    assert plan(1, 32, 8, 2, 4096, 128, target=CUDA, mask="causal").kernel.matrix                     # 4 heads x 2 positions
-    assert plan(1, 128, 8, 1, 4096, 128, target=CUDA).kernel == fast.Vector(2, 4, 2, matrix=True)    # two row groups
+    # CUDA, 4 or more query rows per key head in 16-bit types: the matrix-unit pass, blocks for 6
+    # resident SIMD groups per multiprocessor (4 per threadgroup), at least 256 keys per block.
+    assert plan(1, 64, 8, 1, 65536, 128, target=CUDA).kernel == fast.Vector(2, 24, 2, matrix=True)  # 792 // 32
+    assert plan(1, 32, 4, 1, 65536, 128, target=CUDA).kernel == fast.Vector(2, 49, 2, matrix=True)  # 792 // 16
+    assert plan(1, 32, 8, 1, 1024, 128, target=CUDA).kernel == fast.Vector(2, 4, 2, matrix=True)    # 1024 // 256
+    assert plan(1, 32, 4, 1, 1023, 128, target=CUDA).kernel == fast.Vector(2, 2, 2, matrix=True)    # a power of two
+    assert plan(1, 32, 4, 1, 200, 128, target=CUDA).kernel == fast.Vector(2, 1, 2, matrix=True)
+    assert plan(1, 16, 8, 2, 4096, 128, target=CUDA, mask="causal").kernel.matrix                     # 2 heads x 2 positions
+    assert plan(1, 256, 8, 1, 4096, 128, target=CUDA).kernel == fast.Vector(2, 12, 2, matrix=True)   # two row groups
     for b in (2, 8, 32):
         assert plan(b, 16, 2, 1, 16384, 128, target=CUDA).kernel == plan(1, 16, 2, 1, 16384, 128, target=CUDA).kernel
     assert not plan(1, 32, 4, 1, 4096, 128, dtype=f32, target=CUDA).kernel.matrix
     assert not plan(1, 32, 4, 1, 4096, 256, target=CUDA).kernel.matrix                                 # registers
     assert not plan(1, 32, 4, 1, 4096, 192, 128, target=CUDA).kernel.matrix
     assert plan(1, 32, 4, 1, 4096, 64, target=CUDA).kernel.matrix
-    assert not plan(1, 32, 8, 1, 4096, 128, target=CUDA).kernel.matrix                                 # 4 rows a head
+    assert not plan(1, 16, 8, 1, 4096, 128, target=CUDA).kernel.matrix                                 # 2 rows a head
     assert not plan(1, 32, 4, 1, 4096, 128, target=METAL["g"]).kernel.matrix
     scratch = plan(2, 32, 4, 1, 16384, 128, target=CUDA)
-    assert scratch.scratch_bytes == 2 * 32 * 1 * 16 * 4 * (128 + 2) * 4                                # 4 partials a block
+    assert scratch.scratch_bytes == 2 * 32 * 1 * 49 * (128 + 2) * 4
     for b in (2, 8, 32):
-        assert plan(b, 32, 8, 1, 16384, 128, target=CUDA).kernel == plan(1, 32, 8, 1, 16384, 128, target=CUDA).kernel
-    assert plan(1, 32, 8, 1, 127, 128, target=CUDA).kernel == fast.Vector(1, 1, 1)
-    assert plan(1, 32, 8, 1, 65536, 128, target=fast.PlanTarget("cuda", multiprocessors=66)).kernel == fast.Vector(2, 16, 2)
+        assert plan(b, 32, 8, 1, 16384, 128, dtype=f32, target=CUDA).kernel == plan(1, 32, 8, 1, 16384, 128, dtype=f32, target=CUDA).kernel
+    assert plan(1, 32, 8, 1, 127, 128, dtype=f32, target=CUDA).kernel == fast.Vector(1, 1, 1)
+    assert plan(1, 32, 8, 1, 65536, 128, dtype=f32, target=fast.PlanTarget("cuda", multiprocessors=66)).kernel == fast.Vector(2, 16, 2)
     # A window plans from the window's keys, not the cache's.
     assert plan(1, 32, 8, 1, 65536, 128, mask="causal", window=1000).kernel == fast.Vector(1, 1, 1)
     assert plan(1, 32, 8, 1, 65536, 128, mask="causal", window=5000).kernel == fast.Vector(2, 64, 2)

@@ -276,13 +276,14 @@ def _cuda_vector_blocks(call: AttentionCall, keys: int, multiprocessors: int | N
 
 
 # The matrix-unit first pass on CUDA (`kernels/src/sdpa_decode_mma.h`): taken from this many query
-# rows per key head; its SIMD groups each keep about `_CUDA_MATRIX_TILE_KEYS` keys' worth of tiles
-# (fewer, and the partials and the merge cost more than the split saves); the blocks fill about
-# `_CUDA_MATRIX_RESIDENT_WARPS` SIMD groups per multiprocessor for one batch item (H200 sweep:
-# `scripts/tune_decode.py --matrix`, `benchmarks/attention_h200.md`).
-_CUDA_MATRIX_MIN_ROWS = 8
-_CUDA_MATRIX_TILE_KEYS = 256
-_CUDA_MATRIX_RESIDENT_WARPS = 4
+# rows per key head. Its blocks fill about `_CUDA_MATRIX_RESIDENT_WARPS` SIMD groups per
+# multiprocessor for one batch item, each SIMD group with at least `_CUDA_MATRIX_WARP_KEYS` keys
+# (fewer, and the partials cost more than the split saves; a power of two there, so that a
+# growing cache compiles a few specialisations). H200 sweep: `scripts/tune_decode.py --matrix`,
+# `benchmarks/attention_h200.md`.
+_CUDA_MATRIX_MIN_ROWS = 4
+_CUDA_MATRIX_RESIDENT_WARPS = 6
+_CUDA_MATRIX_WARP_KEYS = 64
 
 
 def _cuda_matrix_route(call: AttentionCall, keys: int, multiprocessors: int | None) -> Vector | None:
@@ -295,8 +296,9 @@ def _cuda_matrix_route(call: AttentionCall, keys: int, multiprocessors: int | No
         return None
     threadgroups = call.kv_heads * -(-rows // MATRIX_ROWS)
     resident = (multiprocessors or _CUDA_DEFAULT_MULTIPROCESSORS) * _CUDA_MATRIX_RESIDENT_WARPS
-    wanted = min(resident // (threadgroups * CUDA_MATRIX_WARPS), keys // (CUDA_MATRIX_WARPS * _CUDA_MATRIX_TILE_KEYS))
-    return Vector(passes=2, blocks=1 << (wanted.bit_length() - 1) if wanted > 1 else 1, dispatches=2, matrix=True)
+    by_keys = keys // (CUDA_MATRIX_WARPS * _CUDA_MATRIX_WARP_KEYS)
+    blocks = min(resident // (threadgroups * CUDA_MATRIX_WARPS), 1 << (by_keys.bit_length() - 1) if by_keys > 1 else 1)
+    return Vector(passes=2, blocks=max(blocks, 1), dispatches=2, matrix=True)
 
 
 def _vector_route(call: AttentionCall, gpu_class: str, target: PlanTarget) -> Vector | None:
@@ -365,8 +367,7 @@ def plan_call(call: AttentionCall, target: PlanTarget, op: str = "plan_attention
         if call.q_len <= 8:
             vector = _vector_route(call, gpu_class, target)
             if vector is not None:
-                per_row = vector.blocks * (CUDA_MATRIX_WARPS if vector.matrix else 1)  # the merge's partials
-                partials = call.batch * call.q_heads * call.q_len * per_row * (call.v_head_dim + 2) * 4
+                partials = call.batch * call.q_heads * call.q_len * vector.blocks * (call.v_head_dim + 2) * 4
                 return AttentionPlan(vector, partials if vector.passes == 2 else 0, 0, False)
         elif _blocked_d512(call):
             rows, capped = _BLOCKED_D512_ROWS, False

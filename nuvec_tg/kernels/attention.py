@@ -139,15 +139,10 @@ class DecodeSpec:
         rows = self.q_heads // self.kv_heads * self.q_len
         return -(-rows // MATRIX_ROWS)
 
-    def partials(self) -> int:
-        """Partial results per query row for the merge: one per block, or (matrix units) one per
-        SIMD group of each block."""
-        return self.blocks * self.warps if self.matrix else self.blocks
-
     def merge_splits(self) -> int:
         """Groups of `DV / 4` merge threads (float4 pieces of a value row), each over every
         `splits`-th partial."""
-        return max(1, min(self.partials(), MERGE_THREADS // (self.value_dim // 4)))
+        return max(1, min(self.blocks, MERGE_THREADS // (self.value_dim // 4)))
 
     def merge_threads(self) -> int:
         """The merge's threads per query row: its splits, in whole SIMD groups."""
@@ -193,7 +188,7 @@ class DecodeSpec:
             if self.sinks: merge_params.append(Param("sinks", "in", ctype))
             # The first pass's inputs ride along, unread, so that the merge's backward reaches them.
             merge_params += [Param(f"unused_{p.name}", "in", p.ctype) for p in params if p.kind == "in"]
-            merge_defines = dict(T=ctype, DV=self.value_dim, HQ=self.q_heads, LQ=self.q_len, BLOCKS=self.partials(),
+            merge_defines = dict(T=ctype, DV=self.value_dim, HQ=self.q_heads, LQ=self.q_len, BLOCKS=self.blocks,
                                  SINKS=int(self.sinks), THREADS=self.merge_threads(), SPLITS=self.merge_splits())
             programs.append(_named(backend, "nuvec_sdpa_merge", "sdpa_merge.h", merge_defines, merge_params))
         return programs
@@ -227,6 +222,8 @@ def decode_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, *, dtype: DT
             raise ValueError(f"decode_attention: the matrix-unit pass needs CUDA, a 16-bit dtype, D % 32 == 0, DV % 64 == 0 "
                              f"and two passes (got {backend}, {dtype}, D {q.shape[3]}, DV {v.shape[3]}, passes {passes})")
         warps = CUDA_MATRIX_WARPS if warps is None else warps
+        if warps * MATRIX_ROWS * v.shape[3] * 4 > 48 * 1024:
+            raise ValueError(f"decode_attention: {warps} SIMD groups' partials of DV {v.shape[3]} exceed 48 KB of threadgroup memory")
     warps = LAUNCHES[backend].warps if warps is None else warps
     unroll = LAUNCHES[backend].unroll if unroll is None else unroll
     batch, q_heads, q_len, head_dim = q.shape
@@ -280,9 +277,9 @@ def decode_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, *, dtype: DT
         return launch(first_name, ctype_prelude + first_source, device, [out], ins, length_scalars, grid, (warps * 32, 1, 1),
                       grad_fxn=backward, label=label)[0]
     partials = launch(first_name, ctype_prelude + first_source, device,
-                      [Tensor.empty(rows * spec.partials() * value_dim, dtype=dtypes.float32, device=device),
-                       Tensor.empty(rows * spec.partials(), dtype=dtypes.float32, device=device),
-                       Tensor.empty(rows * spec.partials(), dtype=dtypes.float32, device=device)],
+                      [Tensor.empty(rows * blocks * value_dim, dtype=dtypes.float32, device=device),
+                       Tensor.empty(rows * blocks, dtype=dtypes.float32, device=device),
+                       Tensor.empty(rows * blocks, dtype=dtypes.float32, device=device)],
                       ins, length_scalars, grid, (warps * 32, 1, 1), label=label)
     merge_name, merge_source, _ = programs[1]
     merge_ins = list(partials) + ([ins[3 + (mask_kind > 0)]] if sinks is not None else []) + ins

@@ -3,8 +3,8 @@
 // A threadgroup serves one key head, 16 of its query rows (rows `g * LQ + l` over the GQA query
 // heads `g` and positions `l`; rows past the head's GQA * LQ are zeros and write nothing), one
 // batch item and one of BLOCKS key blocks. Its NUM_WARPS SIMD groups take turns over the block's
-// 16-key tiles, and each SIMD group writes its own partial result: the merge pass sees
-// BLOCKS * NUM_WARPS partials per row.
+// 16-key tiles; their partial results merge through threadgroup memory into the block's partial
+// for the merge pass.
 //
 // Per tile, in the fragments of mma m16n8k16 (lane = 4 * g + c; A is 16 x 16 and B 16 x 8, C
 // 16 x 8; a lane holds A's rows g and g + 8, B's column g and C's columns 2c, 2c + 1):
@@ -226,31 +226,43 @@ INLINE int line_start(const DEVICE int* block_tables, int batch, int max_blocks,
     }
   }
 
-  // This SIMD group's partial: a row's weight sum over its four lanes, then the values. C's
-  // element (row, 2c + j) of tile 8i + e is value 8 * (8i + 2c + j) + e: eight consecutive values.
+  // The SIMD groups' partials through threadgroup memory (a row's weight sum over its four lanes
+  // first; C's element (row, 2c + j) of tile 8i + e is value 8 * (8i + 2c + j) + e), then merged
+  // in SIMD-group order into the block's partial.
+  THREADGROUP float shared_acc[NUM_WARPS * 16 * DV];
+  THREADGROUP float shared_max[NUM_WARPS * 16], shared_sum[NUM_WARPS * 16];
 #pragma unroll
   for (int r = 0; r < 2; r++) {
     row_sum[r] += simd_shuffle_xor(row_sum[r], 1);
     row_sum[r] += simd_shuffle_xor(row_sum[r], 2);
-  }
-  const int part = block * NUM_WARPS + warp;
-#pragma unroll
-  for (int r = 0; r < 2; r++) {
-    if (!row_real[r]) continue;
-    const int out_row = (batch * HQ + row_head[r]) * LQ + row_position[r];
-    const int at = out_row * (BLOCKS * NUM_WARPS) + part;
+    const int slot = warp * 16 + g + 8 * r;
     if (c == 0) {
-      part_max[at] = row_max[r];
-      part_sum[at] = row_sum[r];
+      shared_max[slot] = row_max[r];
+      shared_sum[slot] = row_sum[r];
     }
-    DEVICE float4* sums = (DEVICE float4*)(part_acc + (size_t)at * DV);
 #pragma unroll
-    for (int i = 0; i < V_PIECES; i++) {
+    for (int i = 0; i < V_PIECES; i++)
 #pragma unroll
-      for (int j = 0; j < 2; j++) {
-        const int column = 8 * i + 2 * c + j, e0 = 2 * r + j;
-        sums[2 * column] = float4{out_frag[8 * i][e0], out_frag[8 * i + 1][e0], out_frag[8 * i + 2][e0], out_frag[8 * i + 3][e0]};
-        sums[2 * column + 1] = float4{out_frag[8 * i + 4][e0], out_frag[8 * i + 5][e0], out_frag[8 * i + 6][e0], out_frag[8 * i + 7][e0]};
-      }
+      for (int j = 0; j < 2; j++)
+#pragma unroll
+        for (int e = 0; e < 8; e++) shared_acc[slot * DV + 8 * (8 * i + 2 * c + j) + e] = out_frag[8 * i + e][2 * r + j];
+  }
+  threadgroup_barrier();
+  for (int index = (int)nv_thread.x; index < 16 * DV; index += NUM_WARPS * 32) {
+    const int r = index / DV, e = index % DV, row = first_row + r;
+    if (row >= GQA * LQ) break;
+    const int out_row = (batch * HQ + kv_head * GQA + row / LQ) * LQ + row % LQ;
+    float merged = -INFINITY;
+    for (int w = 0; w < NUM_WARPS; w++) merged = max(merged, shared_max[w * 16 + r]);
+    float total = 0.0f, value = 0.0f;
+    for (int w = 0; w < NUM_WARPS; w++) {
+      const float factor = merge_factor(shared_max[w * 16 + r], merged);
+      total += shared_sum[w * 16 + r] * factor;
+      value += shared_acc[(w * 16 + r) * DV + e] * factor;
+    }
+    part_acc[(out_row * BLOCKS + block) * DV + e] = value;
+    if (e == 0) {
+      part_max[out_row * BLOCKS + block] = merged;
+      part_sum[out_row * BLOCKS + block] = total;
     }
   }
