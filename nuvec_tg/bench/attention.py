@@ -77,7 +77,7 @@ def run(args) -> list[str]:
                               max(2, args.repeats // 2))
         torch_s = torch_seconds[(b, hq, hkv, d, lk, dt)]
         kernel = plan.kernel
-        plan_text = f"{type(kernel).__name__}" + (f" {kernel.passes}p/{kernel.blocks}" if isinstance(kernel, fast.Vector) else "")
+        plan_text = f"{type(kernel).__name__}" + (f" {kernel.passes}p/{kernel.blocks}{' mma' if kernel.matrix else ''}" if isinstance(kernel, fast.Vector) else "")
         row = f"| {b} | {hq}/{hkv} | {d} | {lk} | {dt} | {plan_text} | " + rate_cells(ours, 2 * b * hkv * lk * d * dtype.itemsize, peak)
         row += " " + optional_us(theirs)
         row += f" {torch_s * 1e6:.1f} | {torch_s / ours:.2f}x |" if torch_s else " - | - |"
