@@ -65,8 +65,9 @@ CASES = {  # name: (B, Hq, Hkv, Lq, Lk, D, DV, blocks, warps, options)
 }
 
 
-@pytest.mark.parametrize("name", list(CASES))
-def test_emulated_matrix_pass_matches_numpy(name):
+def emulated_partials(name: str, blocks_per_group: int = 1):
+    """The case's partials from the emulated kernel (each threadgroup taking `blocks_per_group`
+    blocks in turn) and the float64 reference output."""
     b, hq, hkv, lq, lk, d, dv, blocks, warps, options = CASES[name]
     dtype = options.get("dtype", dtypes.bfloat16)
     rng = np.random.default_rng(abs(hash(name)) % 2**32)
@@ -126,6 +127,7 @@ def test_emulated_matrix_pass_matches_numpy(name):
         ints += [1, lk, 0, lq * lk]  # key, query, head, batch strides
     if window is not None: ints.append(window)
     if not page: ints.append(lk)
+    ints.append(blocks_per_group)
     if page: ins += [tables, lengths]
     ins.append(np.array(ints, dtype=np.int32))
     spec = DecodeSpec(dtype, d, dv, hq, hkv, lq, 2, blocks, causal, window is not None, mask_kind, False, page, scale,
@@ -135,9 +137,26 @@ def test_emulated_matrix_pass_matches_numpy(name):
     part_acc = np.full(rows * spec.blocks * dv, np.nan, np.float32)
     part_max = np.full(rows * spec.blocks, np.nan, np.float32)
     part_sum = np.full(rows * spec.blocks, np.nan, np.float32)
-    build(text, name_, params)([part_acc, part_max, part_sum] + ins, hkv * spec.row_groups(), warps * 32, b, blocks)
-    got = merged(part_acc, part_max, part_sum, rows, spec.blocks, dv).reshape(b, hq, lq, dv)
+    build(text, name_, params)([part_acc, part_max, part_sum] + ins, hkv * spec.row_groups(), warps * 32, b,
+                               -(-blocks // blocks_per_group))
     want = reference(from_bits(q_bits, dtype), from_bits(k_bits, dtype), from_bits(v_bits, dtype), scale, visible, bias)
+    return (part_acc, part_max, part_sum), want, dtype
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_emulated_matrix_pass_matches_numpy(name):
+    (part_acc, part_max, part_sum), want, dtype = emulated_partials(name)
+    b, hq, hkv, lq, lk, d, dv, blocks, warps, options = CASES[name]
+    got = merged(part_acc, part_max, part_sum, b * hq * lq, blocks, dv).reshape(want.shape)
     tolerance = 1e-2 if dtype == dtypes.bfloat16 else 2e-3
     np.testing.assert_allclose(got, want, atol=tolerance * np.abs(want).max(), rtol=0)
     assert not np.isnan(part_acc).any()
+
+
+@pytest.mark.parametrize("name, blocks_per_group", [("empty_blocks", 3), ("paged_hostile_prefetch", 4), ("window", 2)])
+def test_emulated_blocks_in_turn_give_the_same_partials(name, blocks_per_group):
+    """A threadgroup taking several blocks in turn (a large batch) writes each block's partial with
+    the bits of a threadgroup of its own (so a batch item's bits do not depend on its batch)."""
+    alone, _, _ = emulated_partials(name)
+    in_turn, _, _ = emulated_partials(name, blocks_per_group)
+    for a, t in zip(alone, in_turn): np.testing.assert_array_equal(a, t)

@@ -159,3 +159,19 @@ def test_gradients_through_the_kernels_equal_the_composition():
             composed = grads()
         for a, e in zip(kernel, composed):
             close("gradient", values(a), values(e), 1e-4)
+
+
+def test_a_large_batch_runs_the_same_blocks_in_fewer_threadgroups():
+    """CUDA's matrix-unit pass at B = 40: the plan keeps one item's blocks but runs several in
+    turn per threadgroup; every item keeps the bits it has alone."""
+    rng = np.random.default_rng(0x5B1)
+    b, hq, hkv, lk, d = 40, 16, 2, 2048, 64
+    q, k, v = (random(rng, s, dtypes.bfloat16, gpu)[0].realize() for s in ((b, hq, 1, d), (b, hkv, lk, d), (b, hkv, lk, d)))
+    batched = fast.plan_attention(q.shape, k.shape, v.shape, dtypes.bfloat16, device=gpu).kernel
+    alone_plan = fast.plan_attention(q[:1].shape, k[:1].shape, v[:1].shape, dtypes.bfloat16, device=gpu).kernel
+    assert batched.blocks == alone_plan.blocks
+    if batched.matrix: assert batched.block_groups and not alone_plan.block_groups, (batched, alone_plan)
+    everything = bits(fast.scaled_dot_product_attention(q, k, v, 0.1))
+    for i in (0, 17, 39):
+        alone = fast.scaled_dot_product_attention(q[i:i + 1], k[i:i + 1], v[i:i + 1], 0.1)
+        np.testing.assert_array_equal(bits(alone), everything[i:i + 1], err_msg=f"item {i}")

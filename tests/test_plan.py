@@ -89,8 +89,15 @@ def test_passes_and_blocks_follow_mlx():
     assert plan(1, 32, 4, 1, 200, 128, target=CUDA).kernel == fast.Vector(2, 1, 2, matrix=True)
     assert plan(1, 16, 8, 2, 4096, 128, target=CUDA, mask="causal").kernel.matrix                     # 2 heads x 2 positions
     assert plan(1, 256, 8, 1, 4096, 128, target=CUDA).kernel == fast.Vector(2, 12, 2, matrix=True)   # two row groups
+    # A batch keeps the blocks (so the bits) of one item, run by about one wave of threadgroups
+    # (2 per multiprocessor), each taking its share of the blocks in turn.
     for b in (2, 8, 32):
-        assert plan(b, 16, 2, 1, 16384, 128, target=CUDA).kernel == plan(1, 16, 2, 1, 16384, 128, target=CUDA).kernel
+        alone, batched = plan(1, 16, 2, 1, 16384, 128, target=CUDA).kernel, plan(b, 16, 2, 1, 16384, 128, target=CUDA).kernel
+        assert (batched.blocks, batched.matrix) == (alone.blocks, alone.matrix) == (64, True)
+    assert plan(1, 32, 8, 1, 16384, 128, target=CUDA).kernel.block_groups == 0                          # one per block
+    assert plan(8, 32, 8, 1, 16384, 128, target=CUDA).kernel == fast.Vector(2, 24, 2, True, 4)         # 264 // 64
+    assert plan(32, 32, 4, 1, 16384, 128, target=CUDA).kernel == fast.Vector(2, 49, 2, True, 2)        # 264 // 128
+    assert plan(64, 32, 4, 1, 16384, 128, target=CUDA).kernel == fast.Vector(2, 49, 2, True, 1)
     assert not plan(1, 32, 4, 1, 4096, 128, dtype=f32, target=CUDA).kernel.matrix
     assert not plan(1, 32, 4, 1, 4096, 256, target=CUDA).kernel.matrix                                 # registers
     assert not plan(1, 32, 4, 1, 4096, 192, 128, target=CUDA).kernel.matrix

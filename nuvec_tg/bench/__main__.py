@@ -1,5 +1,5 @@
 """`python -m nuvec_tg.bench {attention,gated_delta,quant} [--quick] [--small] [--repeats N]
-[--markdown FILE] [--part I/N]`: nuvec_tg's hot paths on the default device beside tinygrad's compositions
+[--markdown FILE] [--part I/N] [--batches B,...]`: nuvec_tg's hot paths on the default device beside tinygrad's compositions
 and PyTorch's (or flash-linear-attention's) kernels, each timed on the device, as a markdown
 table (see each module's docstring for what it measures)."""
 from __future__ import annotations
@@ -21,6 +21,7 @@ def main() -> None:
     parser.add_argument("--markdown", help="also write the table to this file")
     parser.add_argument("--part", default="1/1", help="I/N: only the I-th of N interleaved slices of the grid "
                         "(to spread a long grid over several device calls)")
+    parser.add_argument("--batches", help="B,...: only these batch sizes (attention, gated_delta)")
     args = parser.parse_args()
     lines = BENCHMARKS[args.what](args)
     if args.markdown:

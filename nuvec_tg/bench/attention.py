@@ -58,7 +58,7 @@ def run(args) -> list[str]:
     grid += [(1, 32, 8, d, lk, "bfloat16") for d in (64, 256) for lk in (4096, 65536)]
     if args.quick: grid = [g for g in grid if g[0] == 1 and g[1] == 32 and g[2] == 8 and g[5] == "bfloat16"]
     if args.small: grid = [(1, 4, 2, 64, 256, "float32")]
-    grid = part_of(grid, args.part)
+    grid = part_of(grid, args.part, args.batches)
     torch_seconds = torch_times(grid, args.repeats)
     lines, peak = start_table(
         "Decode attention (Lq = 1, no mask)",

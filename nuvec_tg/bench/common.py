@@ -137,8 +137,12 @@ def optional_us(seconds: float | None) -> str:
     return f"{seconds * 1e6:.1f} |" if seconds else "- |"
 
 
-def part_of(grid: list, part: str = "1/1") -> list:
-    """The `I`-th of `N` interleaved slices of a benchmark's grid (`part` "I/N", 1-based)."""
+def part_of(grid: list, part: str = "1/1", batches: str | None = None) -> list:
+    """The `I`-th of `N` interleaved slices of a benchmark's grid (`part` "I/N", 1-based), of the
+    rows whose batch size (a row's first entry) is in `batches` ("B,...") when given."""
     index, count = (int(x) for x in part.split("/"))
     if not 1 <= index <= count: raise ValueError(f"bench: --part must be I/N with 1 <= I <= N, got {part}")
+    if batches is not None:
+        wanted = {int(b) for b in batches.split(",")}
+        grid = [row for row in grid if row[0] in wanted]
     return grid[index - 1::count]

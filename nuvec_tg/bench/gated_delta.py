@@ -72,7 +72,7 @@ def run(args) -> list[str]:
     grid = [(b, 1) for b in (1, 8, 64, 256)] + [(1, 512)]
     if args.quick: grid = [(1, 1), (8, 1)]
     if args.small: hk, hv, dk, dv, grid = 2, 4, 32, 32, [(1, 1), (2, 3)]
-    grid = part_of(grid, args.part)
+    grid = part_of(grid, args.part, args.batches)
     fla_seconds = {shape: time_fla(*shape, hk, hv, dk, dv, args.repeats) for shape in grid}
     release_torch()
     lines, peak = start_table(

@@ -42,11 +42,14 @@ from ..kernels.attention import CUDA_LAUNCH, CUDA_MATRIX_WARPS, MATRIX_ROWS, geo
 @dataclass(frozen=True)
 class Vector:
     """The decode kernels: `passes` 1 (`blocks` 1) or 2 (`blocks` key partitions), `dispatches`
-    launches; `matrix`: the first pass on the matrix units (two passes)."""
+    launches; `matrix`: the first pass on the matrix units (two passes), whose threadgroups
+    per (batch item, key head, row group) are `block_groups`, each taking its share of the blocks
+    in turn (0: one per block)."""
     passes: int
     blocks: int
     dispatches: int
     matrix: bool = False
+    block_groups: int = 0
 
 
 @dataclass(frozen=True)
@@ -284,6 +287,7 @@ def _cuda_vector_blocks(call: AttentionCall, keys: int, multiprocessors: int | N
 _CUDA_MATRIX_MIN_ROWS = 4
 _CUDA_MATRIX_RESIDENT_WARPS = 6
 _CUDA_MATRIX_WARP_KEYS = 64
+_CUDA_MATRIX_RESIDENT_GROUPS = 2  # threadgroups per multiprocessor (registers: 242 a thread)
 
 
 def _cuda_matrix_route(call: AttentionCall, keys: int, multiprocessors: int | None) -> Vector | None:
@@ -298,7 +302,12 @@ def _cuda_matrix_route(call: AttentionCall, keys: int, multiprocessors: int | No
     resident = (multiprocessors or _CUDA_DEFAULT_MULTIPROCESSORS) * _CUDA_MATRIX_RESIDENT_WARPS
     by_keys = keys // (CUDA_MATRIX_WARPS * _CUDA_MATRIX_WARP_KEYS)
     blocks = min(resident // (threadgroups * CUDA_MATRIX_WARPS), 1 << (by_keys.bit_length() - 1) if by_keys > 1 else 1)
-    return Vector(passes=2, blocks=max(blocks, 1), dispatches=2, matrix=True)
+    blocks = max(blocks, 1)
+    # A large batch runs the same blocks in fewer threadgroups, about one wave of them (a block's
+    # partial is the same whichever threadgroup computes it, so the bits stay the batch's own).
+    wave = (multiprocessors or _CUDA_DEFAULT_MULTIPROCESSORS) * _CUDA_MATRIX_RESIDENT_GROUPS
+    groups = max(1, min(blocks, wave // (threadgroups * call.batch)))
+    return Vector(passes=2, blocks=blocks, dispatches=2, matrix=True, block_groups=0 if groups == blocks else groups)
 
 
 def _vector_route(call: AttentionCall, gpu_class: str, target: PlanTarget) -> Vector | None:

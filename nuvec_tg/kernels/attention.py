@@ -127,6 +127,7 @@ class DecodeSpec:
         if self.mask_kind: names += ["mask_key_stride", "mask_query_stride", "mask_head_stride", "mask_batch_stride"]
         if self.window: names.append("window")
         if not self.page and self.length == "ints": names.append("int_length")
+        if self.matrix: names.append("blocks_per_group")
         return names
 
     def geometry(self) -> Geometry:
@@ -204,7 +205,7 @@ def _named(backend: str, stem: str, source: str, defines: dict, params: list[Par
 def decode_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, *, dtype: DType, backend: str, passes: int,
                      blocks: int, causal: bool, window: int | None, mask: Tensor | None, sinks: Tensor | None,
                      paged: tuple[Tensor, Tensor, int] | None = None, composition=None, warps: int | None = None,
-                     unroll: int | None = None, matrix: bool = False) -> Tensor:
+                     unroll: int | None = None, matrix: bool = False, block_groups: int | None = None) -> Tensor:
     """Launch the decode kernels; returns `[B, Hq, Lq, DV]` in `dtype`.
 
     q: `[B, Hq, Lq, D]`. Without `paged`, k and v are `[B, Hkv, Lk, D|DV]` (slices of a longer
@@ -215,7 +216,9 @@ def decode_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, *, dtype: DT
     the call's own (logical) inputs: the kernels' backward is its gradient. warps, unroll: the
     first pass's SIMD groups per threadgroup and key lines in flight per lane (default: the
     backend's `LAUNCHES` entry). matrix: the first pass on the matrix units (CUDA, float16 or
-    bfloat16, D a multiple of 32, DV of 64, two passes; `warps` default `CUDA_MATRIX_WARPS`).
+    bfloat16, D a multiple of 32, DV of 64, two passes; `warps` default `CUDA_MATRIX_WARPS`);
+    block_groups: its threadgroups per (batch item, key head, row group), each taking its share of
+    the `blocks` in turn (default: one per block; a block's partial is the same either way).
     """
     if matrix:
         if backend != "cuda" or dtype not in (dtypes.float16, dtypes.bfloat16) or q.shape[3] % 32 or v.shape[3] % 64 or passes != 2:
@@ -258,6 +261,8 @@ def decode_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, *, dtype: DT
     if paged is not None: ins += [block_tables, lengths]
     if window is not None: runtime.append(window)
     if length == "ints" and paged is None: runtime.append(k.shape[2])
+    blocks_per_group = -(-blocks // max(1, min(block_groups or blocks, blocks)))
+    if matrix: runtime.append(blocks_per_group)
     # The integers travel in a small buffer: one program serves every value (a scalar parameter
     # would need a Variable, which TinyJit could not bind), and a jitted step keeps its values.
     ins.append(int_buffer(device, tuple(runtime) or (0,)))
@@ -265,7 +270,7 @@ def decode_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, *, dtype: DT
                       mask_kind, sinks is not None, paged[2] if paged is not None else 0, scale, length, warps, unroll, matrix)
     programs = spec.sources(backend, length_params)
     first_name, first_source, _ = programs[0]
-    grid = (kv_heads * spec.row_groups(), batch, blocks if passes == 2 else 1)
+    grid = (kv_heads * spec.row_groups(), batch, -(-blocks // blocks_per_group) if matrix else blocks if passes == 2 else 1)
     label = (f"{backend} {dtype.name} D{head_dim}/{value_dim} gqa{q_heads // kv_heads} Lq{q_len} passes{passes} blocks{blocks}"
              + (" matrix" if matrix else ""))
     logical = _logical_inputs(k, v, paged)

@@ -2,9 +2,10 @@
 //
 // A threadgroup serves one key head, 16 of its query rows (rows `g * LQ + l` over the GQA query
 // heads `g` and positions `l`; rows past the head's GQA * LQ are zeros and write nothing), one
-// batch item and one of BLOCKS key blocks. Its NUM_WARPS SIMD groups take turns over the block's
-// 16-key tiles; their partial results merge through threadgroup memory into the block's partial
-// for the merge pass.
+// batch item and `blocks_per_group` of the BLOCKS key blocks, in turn (a runtime integer: a large
+// batch takes fewer, longer threadgroups, and a block's partial is the same whichever threadgroup
+// computes it). Its NUM_WARPS SIMD groups take turns over a block's 16-key tiles; their partial
+// results merge through threadgroup memory into the block's partial for the merge pass.
 //
 // Per tile, in the fragments of mma m16n8k16 (lane = 4 * g + c; A is 16 x 16 and B 16 x 8, C
 // 16 x 8; a lane holds A's rows g and g + 8, B's column g and C's columns 2c, 2c + 1):
@@ -24,7 +25,7 @@
 //
 // Defines: T, MMA (mma_bf16 or mma_f16), D, DV, HQ, HKV, GQA, LQ, ROW_GROUPS, NUM_WARPS, BLOCKS, PREFETCH,
 // CAUSAL, WINDOW_ON, MASK_KIND (0 none, 1 bool, 2 additive), PAGED, PAGE, SCALE_LOG2E, K_LEN,
-// RUNTIME_INTS. D is a multiple of 32 and DV of 64.
+// RUNTIME_INTS (with `blocks_per_group`). D is a multiple of 32 and DV of 64.
 
 #define K_PIECES (D / 32)   // 16-byte pieces of a key line per lane
 #define V_PIECES (DV / 64)  // 16-byte pieces of a value line per lane
@@ -71,7 +72,7 @@ INLINE int line_start(const DEVICE int* block_tables, int batch, int max_blocks,
   const int lane = (int)nv_thread.x % 32, warp = (int)nv_thread.x / 32;
   const int g = lane / 4, c = lane % 4;
   const int kv_head = (int)nv_group.x / ROW_GROUPS, first_row = ((int)nv_group.x % ROW_GROUPS) * 16;
-  const int batch = (int)nv_group.y, block = (int)nv_group.z;
+  const int batch = (int)nv_group.y;
 #if PAGED
   const int k_len = min(max(lengths[batch], 0), max_blocks * PAGE);
 #else
@@ -83,8 +84,6 @@ INLINE int line_start(const DEVICE int* block_tables, int batch, int max_blocks,
   const int range_start = 0;
 #endif
   const int per_block = (max(k_len - range_start, 0) + BLOCKS - 1) / BLOCKS;
-  const int key_begin = range_start + block * per_block;
-  const int key_end = min(k_len, key_begin + per_block);
 
   // This lane's two rows (g and g + 8): whether they exist, their query head and position.
   bool row_real[2];
@@ -108,161 +107,167 @@ INLINE int line_start(const DEVICE int* block_tables, int batch, int max_blocks,
     }
   }
 
-  float out_frag[V_TILES][4];
-#pragma unroll
-  for (int t = 0; t < V_TILES; t++) out_frag[t][0] = out_frag[t][1] = out_frag[t][2] = out_frag[t][3] = 0.0f;
-  float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
-
-  // The bound is the same for the whole SIMD group (the mma needs every lane). With PREFETCH a
-  // lane loads the next tile before it uses this one (registers for two tiles in flight).
-  uint4 k_next[2][K_PIECES], v_next[4][V_PIECES];
-  LOAD_TILE(key_begin + 16 * warp, k_next, v_next)
-  for (int first = key_begin + 16 * warp; first < key_end; first += 16 * NUM_WARPS) {
-#if PREFETCH
-    uint4 k_piece[2][K_PIECES], v_piece[4][V_PIECES];
-#pragma unroll
-    for (int h = 0; h < 2; h++)
-#pragma unroll
-      for (int j = 0; j < K_PIECES; j++) k_piece[h][j] = k_next[h][j];
-#pragma unroll
-    for (int l = 0; l < 4; l++)
-#pragma unroll
-      for (int i = 0; i < V_PIECES; i++) v_piece[l][i] = v_next[l][i];
-    if (first + 16 * NUM_WARPS < key_end) LOAD_TILE(first + 16 * NUM_WARPS, k_next, v_next)
-#else
-    if (first != key_begin + 16 * warp) LOAD_TILE(first, k_next, v_next)
-    uint4 (&k_piece)[2][K_PIECES] = k_next;
-    uint4 (&v_piece)[4][V_PIECES] = v_next;
-#endif
-
-    // Scores: score[h][e] is row g (e < 2) or g + 8, key first + 8h + 2c + e % 2.
-    float score[2][4];
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-      score[h][0] = score[h][1] = score[h][2] = score[h][3] = 0.0f;
-#pragma unroll
-      for (int j = 0; j < K_PIECES; j++) {
-        MMA(score[h], q_frag[2 * j], k_piece[h][j].x, k_piece[h][j].y);
-        MMA(score[h], q_frag[2 * j + 1], k_piece[h][j].z, k_piece[h][j].w);
-      }
-    }
-    float tile_max[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-#pragma unroll
-      for (int e = 0; e < 4; e++) {
-        const int r = e / 2, key = first + 8 * h + 2 * c + e % 2;
-        bool visible = row_real[r] && key < key_end;
-#if CAUSAL || PAGED
-        visible = visible && key <= k_len - LQ + row_position[r];
-#endif
-#if WINDOW_ON
-        visible = visible && key > k_len - LQ + row_position[r] - window;
-#endif
-        float value = score[h][e] * SCALE_LOG2E;
-#if MASK_KIND
-        if (visible) {
-          const int mask_index = batch * mask_batch_stride + row_head[r] * mask_head_stride + row_position[r] * mask_query_stride +
-                                 key * mask_key_stride;
-#if MASK_KIND == 1
-          visible = mask[mask_index] != 0;
-#else
-          value += to_float(mask[mask_index]) * LOG2E;
-#endif
-        }
-#endif
-        score[h][e] = visible ? value : -INFINITY;
-        tile_max[r] = max(tile_max[r], score[h][e]);
-      }
-    }
-
-    // The online softmax (lazy rescale), then P in T: P's A fragment is S's C fragments.
-    float correction[2] = {1.0f, 1.0f};
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-      tile_max[r] = max(tile_max[r], simd_shuffle_xor(tile_max[r], 1));
-      tile_max[r] = max(tile_max[r], simd_shuffle_xor(tile_max[r], 2));
-      if (tile_max[r] > row_max[r] + 8.0f) {
-        correction[r] = fast_exp2(row_max[r] - tile_max[r]);
-        row_sum[r] *= correction[r];
-        row_max[r] = tile_max[r];
-      }
-    }
-    if (simd_any(correction[0] != 1.0f || correction[1] != 1.0f)) {  // rare: the whole SIMD group branches
-#pragma unroll
-      for (int t = 0; t < V_TILES; t++) {
-        out_frag[t][0] *= correction[0];
-        out_frag[t][1] *= correction[0];
-        out_frag[t][2] *= correction[1];
-        out_frag[t][3] *= correction[1];
-      }
-    }
-    uint p_frag[4];
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-      float weight[4];
-#pragma unroll
-      for (int e = 0; e < 4; e++) {
-        weight[e] = score[h][e] == -INFINITY ? 0.0f : fast_exp2(score[h][e] - row_max[e / 2]);
-        row_sum[e / 2] += weight[e];
-      }
-      p_frag[2 * h] = pack_pair(weight[0], weight[1], (T)0);      // row g, keys 8h + 2c, +1
-      p_frag[2 * h + 1] = pack_pair(weight[2], weight[3], (T)0);  // row g + 8
-    }
-
-    // O += P · V: tile 8i + e of the output, column n (this lane's B column: n = g) is value
-    // 8 * (8i + g) + e, the e-th half of this lane's piece i of each value line.
-#pragma unroll
-    for (int i = 0; i < V_PIECES; i++) {
-      const uint* line_a = (const uint*)&v_piece[0][i];
-      const uint* line_b = (const uint*)&v_piece[1][i];
-      const uint* line_c = (const uint*)&v_piece[2][i];
-      const uint* line_d = (const uint*)&v_piece[3][i];
-#pragma unroll
-      for (int w = 0; w < 4; w++) {
-        MMA(out_frag[8 * i + 2 * w], p_frag, low_halves(line_a[w], line_b[w]), low_halves(line_c[w], line_d[w]));
-        MMA(out_frag[8 * i + 2 * w + 1], p_frag, high_halves(line_a[w], line_b[w]), high_halves(line_c[w], line_d[w]));
-      }
-    }
-  }
-
-  // The SIMD groups' partials through threadgroup memory (a row's weight sum over its four lanes
-  // first; C's element (row, 2c + j) of tile 8i + e is value 8 * (8i + 2c + j) + e), then merged
-  // in SIMD-group order into the block's partial.
   THREADGROUP float shared_acc[NUM_WARPS * 16 * DV];
   THREADGROUP float shared_max[NUM_WARPS * 16], shared_sum[NUM_WARPS * 16];
+  const int first_block = (int)nv_group.z * blocks_per_group;
+  for (int block = first_block; block < min(BLOCKS, first_block + blocks_per_group); block++) {
+    const int key_begin = range_start + block * per_block;
+    const int key_end = min(k_len, key_begin + per_block);
+    float out_frag[V_TILES][4];
 #pragma unroll
-  for (int r = 0; r < 2; r++) {
-    row_sum[r] += simd_shuffle_xor(row_sum[r], 1);
-    row_sum[r] += simd_shuffle_xor(row_sum[r], 2);
-    const int slot = warp * 16 + g + 8 * r;
-    if (c == 0) {
-      shared_max[slot] = row_max[r];
-      shared_sum[slot] = row_sum[r];
+    for (int t = 0; t < V_TILES; t++) out_frag[t][0] = out_frag[t][1] = out_frag[t][2] = out_frag[t][3] = 0.0f;
+    float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
+
+    // The bound is the same for the whole SIMD group (the mma needs every lane). With PREFETCH a
+    // lane loads the next tile before it uses this one (registers for two tiles in flight).
+    uint4 k_next[2][K_PIECES], v_next[4][V_PIECES];
+    LOAD_TILE(key_begin + 16 * warp, k_next, v_next)
+    for (int first = key_begin + 16 * warp; first < key_end; first += 16 * NUM_WARPS) {
+#if PREFETCH
+      uint4 k_piece[2][K_PIECES], v_piece[4][V_PIECES];
+#pragma unroll
+      for (int h = 0; h < 2; h++)
+#pragma unroll
+        for (int j = 0; j < K_PIECES; j++) k_piece[h][j] = k_next[h][j];
+#pragma unroll
+      for (int l = 0; l < 4; l++)
+#pragma unroll
+        for (int i = 0; i < V_PIECES; i++) v_piece[l][i] = v_next[l][i];
+      if (first + 16 * NUM_WARPS < key_end) LOAD_TILE(first + 16 * NUM_WARPS, k_next, v_next)
+#else
+      if (first != key_begin + 16 * warp) LOAD_TILE(first, k_next, v_next)
+      uint4 (&k_piece)[2][K_PIECES] = k_next;
+      uint4 (&v_piece)[4][V_PIECES] = v_next;
+#endif
+
+      // Scores: score[h][e] is row g (e < 2) or g + 8, key first + 8h + 2c + e % 2.
+      float score[2][4];
+#pragma unroll
+      for (int h = 0; h < 2; h++) {
+        score[h][0] = score[h][1] = score[h][2] = score[h][3] = 0.0f;
+#pragma unroll
+        for (int j = 0; j < K_PIECES; j++) {
+          MMA(score[h], q_frag[2 * j], k_piece[h][j].x, k_piece[h][j].y);
+          MMA(score[h], q_frag[2 * j + 1], k_piece[h][j].z, k_piece[h][j].w);
+        }
+      }
+      float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+      for (int h = 0; h < 2; h++) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+          const int r = e / 2, key = first + 8 * h + 2 * c + e % 2;
+          bool visible = row_real[r] && key < key_end;
+#if CAUSAL || PAGED
+          visible = visible && key <= k_len - LQ + row_position[r];
+#endif
+#if WINDOW_ON
+          visible = visible && key > k_len - LQ + row_position[r] - window;
+#endif
+          float value = score[h][e] * SCALE_LOG2E;
+#if MASK_KIND
+          if (visible) {
+            const int mask_index = batch * mask_batch_stride + row_head[r] * mask_head_stride + row_position[r] * mask_query_stride +
+                                   key * mask_key_stride;
+#if MASK_KIND == 1
+            visible = mask[mask_index] != 0;
+#else
+            value += to_float(mask[mask_index]) * LOG2E;
+#endif
+          }
+#endif
+          score[h][e] = visible ? value : -INFINITY;
+          tile_max[r] = max(tile_max[r], score[h][e]);
+        }
+      }
+
+      // The online softmax (lazy rescale), then P in T: P's A fragment is S's C fragments.
+      float correction[2] = {1.0f, 1.0f};
+#pragma unroll
+      for (int r = 0; r < 2; r++) {
+        tile_max[r] = max(tile_max[r], simd_shuffle_xor(tile_max[r], 1));
+        tile_max[r] = max(tile_max[r], simd_shuffle_xor(tile_max[r], 2));
+        if (tile_max[r] > row_max[r] + 8.0f) {
+          correction[r] = fast_exp2(row_max[r] - tile_max[r]);
+          row_sum[r] *= correction[r];
+          row_max[r] = tile_max[r];
+        }
+      }
+      if (simd_any(correction[0] != 1.0f || correction[1] != 1.0f)) {  // rare: the whole SIMD group branches
+#pragma unroll
+        for (int t = 0; t < V_TILES; t++) {
+          out_frag[t][0] *= correction[0];
+          out_frag[t][1] *= correction[0];
+          out_frag[t][2] *= correction[1];
+          out_frag[t][3] *= correction[1];
+        }
+      }
+      uint p_frag[4];
+#pragma unroll
+      for (int h = 0; h < 2; h++) {
+        float weight[4];
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+          weight[e] = score[h][e] == -INFINITY ? 0.0f : fast_exp2(score[h][e] - row_max[e / 2]);
+          row_sum[e / 2] += weight[e];
+        }
+        p_frag[2 * h] = pack_pair(weight[0], weight[1], (T)0);      // row g, keys 8h + 2c, +1
+        p_frag[2 * h + 1] = pack_pair(weight[2], weight[3], (T)0);  // row g + 8
+      }
+
+      // O += P · V: tile 8i + e of the output, column n (this lane's B column: n = g) is value
+      // 8 * (8i + g) + e, the e-th half of this lane's piece i of each value line.
+#pragma unroll
+      for (int i = 0; i < V_PIECES; i++) {
+        const uint* line_a = (const uint*)&v_piece[0][i];
+        const uint* line_b = (const uint*)&v_piece[1][i];
+        const uint* line_c = (const uint*)&v_piece[2][i];
+        const uint* line_d = (const uint*)&v_piece[3][i];
+#pragma unroll
+        for (int w = 0; w < 4; w++) {
+          MMA(out_frag[8 * i + 2 * w], p_frag, low_halves(line_a[w], line_b[w]), low_halves(line_c[w], line_d[w]));
+          MMA(out_frag[8 * i + 2 * w + 1], p_frag, high_halves(line_a[w], line_b[w]), high_halves(line_c[w], line_d[w]));
+        }
+      }
     }
+
+    // The SIMD groups' partials through threadgroup memory (a row's weight sum over its four lanes
+    // first; C's element (row, 2c + j) of tile 8i + e is value 8 * (8i + 2c + j) + e), then merged
+    // in SIMD-group order into the block's partial.
 #pragma unroll
-    for (int i = 0; i < V_PIECES; i++)
+    for (int r = 0; r < 2; r++) {
+      row_sum[r] += simd_shuffle_xor(row_sum[r], 1);
+      row_sum[r] += simd_shuffle_xor(row_sum[r], 2);
+      const int slot = warp * 16 + g + 8 * r;
+      if (c == 0) {
+        shared_max[slot] = row_max[r];
+        shared_sum[slot] = row_sum[r];
+      }
 #pragma unroll
-      for (int j = 0; j < 2; j++)
+      for (int i = 0; i < V_PIECES; i++)
 #pragma unroll
-        for (int e = 0; e < 8; e++) shared_acc[slot * DV + 8 * (8 * i + 2 * c + j) + e] = out_frag[8 * i + e][2 * r + j];
-  }
-  threadgroup_barrier();
-  for (int index = (int)nv_thread.x; index < 16 * DV; index += NUM_WARPS * 32) {
-    const int r = index / DV, e = index % DV, row = first_row + r;
-    if (row >= GQA * LQ) break;
-    const int out_row = (batch * HQ + kv_head * GQA + row / LQ) * LQ + row % LQ;
-    float merged = -INFINITY;
-    for (int w = 0; w < NUM_WARPS; w++) merged = max(merged, shared_max[w * 16 + r]);
-    float total = 0.0f, value = 0.0f;
-    for (int w = 0; w < NUM_WARPS; w++) {
-      const float factor = merge_factor(shared_max[w * 16 + r], merged);
-      total += shared_sum[w * 16 + r] * factor;
-      value += shared_acc[(w * 16 + r) * DV + e] * factor;
+        for (int j = 0; j < 2; j++)
+#pragma unroll
+          for (int e = 0; e < 8; e++) shared_acc[slot * DV + 8 * (8 * i + 2 * c + j) + e] = out_frag[8 * i + e][2 * r + j];
     }
-    part_acc[(out_row * BLOCKS + block) * DV + e] = value;
-    if (e == 0) {
-      part_max[out_row * BLOCKS + block] = merged;
-      part_sum[out_row * BLOCKS + block] = total;
+    threadgroup_barrier();
+    for (int index = (int)nv_thread.x; index < 16 * DV; index += NUM_WARPS * 32) {
+      const int r = index / DV, e = index % DV, row = first_row + r;
+      if (row >= GQA * LQ) break;
+      const int out_row = (batch * HQ + kv_head * GQA + row / LQ) * LQ + row % LQ;
+      float merged = -INFINITY;
+      for (int w = 0; w < NUM_WARPS; w++) merged = max(merged, shared_max[w * 16 + r]);
+      float total = 0.0f, value = 0.0f;
+      for (int w = 0; w < NUM_WARPS; w++) {
+        const float factor = merge_factor(shared_max[w * 16 + r], merged);
+        total += shared_sum[w * 16 + r] * factor;
+        value += shared_acc[(w * 16 + r) * DV + e] * factor;
+      }
+      part_acc[(out_row * BLOCKS + block) * DV + e] = value;
+      if (e == 0) {
+        part_max[out_row * BLOCKS + block] = merged;
+        part_sum[out_row * BLOCKS + block] = total;
+      }
     }
+    threadgroup_barrier();  // threadgroup memory is read before the next block writes it
   }
