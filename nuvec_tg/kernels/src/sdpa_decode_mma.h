@@ -45,12 +45,12 @@ INLINE int line_start(const DEVICE int* block_tables, int batch, int max_blocks,
 #endif
 
 // Loads lane's pieces of the 16-key tile at key FIRST: its key line (8h + g) for the scores and
-// its four value lines (8 * (l / 2) + 2c + l % 2) into K_PIECE and V_PIECE; lines past the
-// block's end are zeros, so they bring no NaN or infinity into the products.
-#define LOAD_TILE(FIRST, K_PIECE, V_PIECE)                                                       \
+// its four value lines (8 * (l / 2) + 2c + l % 2) into K_PIECE and V_PIECE; lines at or past
+// END (the block's end) are zeros, so they bring no NaN or infinity into the products.
+#define LOAD_TILE(FIRST, END, K_PIECE, V_PIECE)                                                       \
   _Pragma("unroll") for (int h = 0; h < 2; h++) {                                              \
     const int key = (FIRST) + 8 * h + g;                                                       \
-    if (key < key_end) {                                                                       \
+    if (key < (END)) {                                                                       \
       const DEVICE uint4* k_line = (const DEVICE uint4*)(k + K_LINE(key));                     \
       _Pragma("unroll") for (int j = 0; j < K_PIECES; j++) K_PIECE[h][j] = k_line[4 * j + c];  \
     } else {                                                                                   \
@@ -59,7 +59,7 @@ INLINE int line_start(const DEVICE int* block_tables, int batch, int max_blocks,
   }                                                                                            \
   _Pragma("unroll") for (int l = 0; l < 4; l++) {                                              \
     const int key = (FIRST) + 8 * (l / 2) + 2 * c + l % 2;                                     \
-    if (key < key_end) {                                                                       \
+    if (key < (END)) {                                                                       \
       const DEVICE uint4* v_line = (const DEVICE uint4*)(v + V_LINE(key));                     \
       _Pragma("unroll") for (int i = 0; i < V_PIECES; i++) V_PIECE[l][i] = v_line[8 * i + g];  \
     } else {                                                                                   \
@@ -109,8 +109,10 @@ INLINE int line_start(const DEVICE int* block_tables, int batch, int max_blocks,
 
   THREADGROUP float shared_acc[NUM_WARPS * 16 * DV];
   THREADGROUP float shared_max[NUM_WARPS * 16], shared_sum[NUM_WARPS * 16];
-  const int first_block = (int)nv_group.z * blocks_per_group;
-  for (int block = first_block; block < min(BLOCKS, first_block + blocks_per_group); block++) {
+  const int first_block = (int)nv_group.z * blocks_per_group, block_stop = min(BLOCKS, first_block + blocks_per_group);
+  uint4 k_next[2][K_PIECES], v_next[4][V_PIECES];
+  int loaded = -1;  // the block whose first tile k_next and v_next hold (PREFETCH)
+  for (int block = first_block; block < block_stop; block++) {
     const int key_begin = range_start + block * per_block;
     const int key_end = min(k_len, key_begin + per_block);
     float out_frag[V_TILES][4];
@@ -119,9 +121,9 @@ INLINE int line_start(const DEVICE int* block_tables, int batch, int max_blocks,
     float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
 
     // The bound is the same for the whole SIMD group (the mma needs every lane). With PREFETCH a
-    // lane loads the next tile before it uses this one (registers for two tiles in flight).
-    uint4 k_next[2][K_PIECES], v_next[4][V_PIECES];
-    LOAD_TILE(key_begin + 16 * warp, k_next, v_next)
+    // lane loads the next tile, or the next block's first, before it uses this one (registers for
+    // two tiles in flight).
+    if (loaded != block) LOAD_TILE(key_begin + 16 * warp, key_end, k_next, v_next)
     for (int first = key_begin + 16 * warp; first < key_end; first += 16 * NUM_WARPS) {
 #if PREFETCH
       uint4 k_piece[2][K_PIECES], v_piece[4][V_PIECES];
@@ -133,9 +135,15 @@ INLINE int line_start(const DEVICE int* block_tables, int batch, int max_blocks,
       for (int l = 0; l < 4; l++)
 #pragma unroll
         for (int i = 0; i < V_PIECES; i++) v_piece[l][i] = v_next[l][i];
-      if (first + 16 * NUM_WARPS < key_end) LOAD_TILE(first + 16 * NUM_WARPS, k_next, v_next)
+      if (first + 16 * NUM_WARPS < key_end) {
+        LOAD_TILE(first + 16 * NUM_WARPS, key_end, k_next, v_next)
+      } else if (block + 1 < block_stop) {
+        const int next_begin = key_begin + per_block;
+        LOAD_TILE(next_begin + 16 * warp, min(k_len, next_begin + per_block), k_next, v_next)
+        loaded = block + 1;
+      }
 #else
-      if (first != key_begin + 16 * warp) LOAD_TILE(first, k_next, v_next)
+      if (first != key_begin + 16 * warp) LOAD_TILE(first, key_end, k_next, v_next)
       uint4 (&k_piece)[2][K_PIECES] = k_next;
       uint4 (&v_piece)[4][V_PIECES] = v_next;
 #endif
