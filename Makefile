@@ -11,5 +11,6 @@ setup:
 demo: setup
 	$(PYTHON) examples/qwen3_layer.py
 
+# Tests run in parallel, one worker per core (pytest-xdist).
 test: setup
-	$(PYTHON) -m pytest -q
+	$(PYTHON) -m pytest -q -n auto

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import os
 import pathlib
 import shutil
 import subprocess
@@ -54,12 +55,16 @@ def build(kernel_text: str, name: str, params: Sequence[Param]):
               kernel_text.replace('extern "C" ', "") + _LAUNCHER.replace("KERNEL", name).replace("ARGUMENTS", arguments))
     _CACHE.mkdir(exist_ok=True)
     library = _CACHE / f"{hashlib.sha256(source.encode()).hexdigest()[:16]}.so"
-    if not library.exists():
-        src = library.with_suffix(".cpp")
+    if not library.exists():  # built under a private name, then renamed: parallel test workers share the cache
+        private = f"{library.stem}.{os.getpid()}"
+        src = library.with_name(private + ".cpp")
         src.write_text(source)
         result = subprocess.run([COMPILER, "-std=c++20", "-O1", "-ffp-contract=off", "-shared", "-fPIC", "-pthread",
-                                 "-Wno-unknown-pragmas", "-o", str(library), str(src)], capture_output=True, text=True)
+                                 "-Wno-unknown-pragmas", "-o", str(library.with_name(private + ".so")), str(src)],
+                                capture_output=True, text=True)
         if result.returncode: raise RuntimeError(result.stderr[:4000])
+        os.replace(library.with_name(private + ".so"), library)
+        src.unlink()
     run = ctypes.CDLL(str(library)).run
     run.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
 
