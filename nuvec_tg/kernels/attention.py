@@ -180,9 +180,9 @@ class DecodeSpec:
                                                      "WINDOW_ON", "MASK_KIND", "PAGED", "PAGE", "SCALE_LOG2E", "K_LEN", "RUNTIME_INTS")}
             defines.update(MMA="mma_bf16" if self.dtype == dtypes.bfloat16 else "mma_f16", ROW_GROUPS=self.row_groups(),
                            PREFETCH=int(self.unroll > 1))
-            programs = [_named(backend, "nuvec_sdpa_decode_mma", "sdpa_decode_mma.h", defines, params)]
+            programs = [_named(backend, "nuvec_sdpa_decode_mma", ("sdpa_keys.h", "sdpa_decode_mma.h"), defines, params)]
         else:
-            programs = [_named(backend, "nuvec_sdpa_decode", "sdpa_decode.h", defines, params)]
+            programs = [_named(backend, "nuvec_sdpa_decode", ("sdpa_keys.h", "sdpa_decode.h"), defines, params)]
         if self.passes == 2:
             merge_params = [Param("out", "out", ctype), Param("part_acc", "in", "float"), Param("part_max", "in", "float"),
                             Param("part_sum", "in", "float")]
@@ -195,7 +195,8 @@ class DecodeSpec:
         return programs
 
 
-def _named(backend: str, stem: str, source: str, defines: dict, params: list[Param]) -> tuple[str, str, list[Param]]:
+def _named(backend: str, stem: str, source: str | tuple[str, ...], defines: dict,
+           params: list[Param]) -> tuple[str, str, list[Param]]:
     """A program name per specialisation (tinygrad keys runtimes by name) and its source."""
     text = specialise(backend, stem, source, defines, params)
     name = f"{stem}_{hashlib.sha256(text.encode()).hexdigest()[:12]}"

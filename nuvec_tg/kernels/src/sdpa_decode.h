@@ -56,17 +56,8 @@
   const int group = lane / TPK, part = lane % TPK;
   const int kv_head = (int)nv_group.x / ROW_GROUPS, first_row = ((int)nv_group.x % ROW_GROUPS) * ROWS;
   const int batch = (int)nv_group.y, block = (int)nv_group.z;
-#if PAGED
-  const int k_len = min(max(lengths[batch], 0), max_blocks * PAGE);
-#else
-  const int k_len = K_LEN;
-#endif
-#if WINDOW_ON
-  const int range_start = max(0, k_len - LQ + 1 - window);
-#else
-  const int range_start = 0;
-#endif
-  const int per_block = (max(k_len - range_start, 0) + BLOCKS - 1) / BLOCKS;
+  const int k_len = SEQUENCE_KEYS, range_start = FIRST_VISIBLE_KEY(k_len);
+  const int per_block = KEYS_PER_BLOCK(k_len, range_start);
   const int key_begin = range_start + block * per_block;
   const int key_end = min(k_len, key_begin + per_block);
 

@@ -73,17 +73,8 @@ INLINE int line_start(const DEVICE int* block_tables, int batch, int max_blocks,
   const int g = lane / 4, c = lane % 4;
   const int kv_head = (int)nv_group.x / ROW_GROUPS, first_row = ((int)nv_group.x % ROW_GROUPS) * 16;
   const int batch = (int)nv_group.y;
-#if PAGED
-  const int k_len = min(max(lengths[batch], 0), max_blocks * PAGE);
-#else
-  const int k_len = K_LEN;
-#endif
-#if WINDOW_ON
-  const int range_start = max(0, k_len - LQ + 1 - window);
-#else
-  const int range_start = 0;
-#endif
-  const int per_block = (max(k_len - range_start, 0) + BLOCKS - 1) / BLOCKS;
+  const int k_len = SEQUENCE_KEYS, range_start = FIRST_VISIBLE_KEY(k_len);
+  const int per_block = KEYS_PER_BLOCK(k_len, range_start);
 
   // This lane's two rows (g and g + 8): whether they exist, their query head and position.
   bool row_real[2];
