@@ -282,12 +282,12 @@ def _cuda_vector_blocks(call: AttentionCall, keys: int, multiprocessors: int | N
 # rows per key head. Its blocks fill about `_CUDA_MATRIX_RESIDENT_WARPS` SIMD groups per
 # multiprocessor for one batch item, each SIMD group with at least `_CUDA_MATRIX_WARP_KEYS` keys
 # (fewer, and the partials cost more than the split saves; a power of two there, so that a
-# growing cache compiles a few specialisations). H200 sweep: `scripts/tune_decode.py --matrix`,
-# `benchmarks/attention_h200.md`.
+# growing cache compiles a few specialisations). Read off the H200 sweep (`scripts/tune_decode.py
+# --matrix`) and checked by the whole benchmark (`benchmarks/attention_h200.md`).
 _CUDA_MATRIX_MIN_ROWS = 4
 _CUDA_MATRIX_RESIDENT_WARPS = 6
 _CUDA_MATRIX_WARP_KEYS = 64
-_CUDA_MATRIX_RESIDENT_GROUPS = 2  # threadgroups per multiprocessor (registers: 242 a thread)
+_CUDA_MATRIX_RESIDENT_GROUPS = 2  # threadgroups per multiprocessor (registers: about 250 a thread)
 
 
 def _cuda_matrix_route(call: AttentionCall, keys: int, multiprocessors: int | None) -> Vector | None:

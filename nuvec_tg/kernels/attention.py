@@ -2,10 +2,15 @@
 then a merge, for at most 8 query rows per sequence, over contiguous K/V (or slices of a longer
 cache, passed whole with runtime offsets) or a paged pool.
 
-The geometry: TPK lanes share a key line, each holding EQ of its D features (16 bytes where D
-allows) and EV of its DV values; a threadgroup of NUM_WARPS SIMD groups serves ROWS query rows
-of one key head (ROW_GROUPS threadgroups cover the head's `GQA * Lq` rows, few enough registers
-each), one batch item and one of BLOCKS key blocks.
+The vector pass's geometry: TPK lanes share a key line, each holding EQ of its D features (16
+bytes where D allows) and EV of its DV values; a threadgroup of NUM_WARPS SIMD groups serves ROWS
+query rows of one key head (ROW_GROUPS threadgroups cover the head's `GQA * Lq` rows, few enough
+registers each), one batch item and one of BLOCKS key blocks.
+
+The matrix-unit pass (`src/sdpa_decode_mma.h`, CUDA, 16-bit K/V, always two passes): a
+threadgroup of CUDA_MATRIX_WARPS SIMD groups serves MATRIX_ROWS query rows of one key head and one
+batch item, and takes `blocks_per_group` of the BLOCKS key blocks in turn (a runtime integer: the
+plan's `block_groups` for a large batch), writing each block's partial.
 """
 from __future__ import annotations
 
@@ -142,7 +147,7 @@ class DecodeSpec:
 
     def merge_splits(self) -> int:
         """Groups of `DV / 4` merge threads (float4 pieces of a value row), each over every
-        `splits`-th partial."""
+        `splits`-th block."""
         return max(1, min(self.blocks, MERGE_THREADS // (self.value_dim // 4)))
 
     def merge_threads(self) -> int:
