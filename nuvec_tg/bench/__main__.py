@@ -1,7 +1,7 @@
 """`python -m nuvec_tg.bench {attention,gated_delta,quant} [--quick] [--small] [--repeats N]
-[--markdown FILE] [--part I/N] [--batches B,...]`: nuvec_tg's hot paths on the default device beside tinygrad's compositions
-and PyTorch's (or flash-linear-attention's) kernels, each timed on the device, as a markdown
-table (see each module's docstring for what it measures)."""
+[--markdown FILE] [--part I/N] [--batches B,...]`: nuvec_tg's hot paths on the default device
+beside tinygrad's compositions and PyTorch's (or flash-linear-attention's) kernels, each timed on
+the device, as a markdown table (see each module's docstring for what it measures)."""
 from __future__ import annotations
 
 import argparse

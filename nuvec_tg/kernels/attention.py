@@ -167,26 +167,26 @@ class DecodeSpec:
     def sources(self, backend: str, length_params: Sequence[Param] = ()) -> list[tuple[str, str, list[Param]]]:
         """`(program name, source without the prelude, parameters)` for each pass."""
         ctype = CTYPES[self.dtype]
-        shape = self.geometry()
-        size = self.dtype.itemsize
-        defines = dict(T=ctype, D=self.head_dim, DV=self.value_dim, HQ=self.q_heads, HKV=self.kv_heads,
-                       GQA=self.q_heads // self.kv_heads, LQ=self.q_len, ROWS=shape.rows, ROW_GROUPS=shape.row_groups,
-                       TPK=shape.lanes_per_key, EQ=shape.features_per_lane, EV=shape.values_per_lane, NUM_WARPS=self.warps, UNROLL=self.unroll,
-                       BLOCKS=self.blocks if self.passes == 2 else 1, TWO_PASS=int(self.passes == 2), CAUSAL=int(self.causal),
-                       WINDOW_ON=int(self.window), MASK_KIND=self.mask_kind, SINKS=int(self.sinks),
-                       PAGED=int(self.page > 0), PAGE=max(self.page, 1), SCALE_LOG2E=f"{self.scale * math.log2(math.e)!r}f",
-                       K_LEN="int_length" if self.length == "ints" else self.length,
-                       RUNTIME_INTS="".join(f"const int {name} = ints[{i}]; " for i, name in enumerate(self.runtime_names())),
-                       **chunks("K", self.head_dim * size, shape.features_per_lane * size),
-                       **chunks("V", self.value_dim * size, shape.values_per_lane * size))
+        # What both first passes take; each adds its own layout.
+        common = dict(T=ctype, D=self.head_dim, DV=self.value_dim, HQ=self.q_heads, HKV=self.kv_heads,
+                      GQA=self.q_heads // self.kv_heads, LQ=self.q_len, NUM_WARPS=self.warps,
+                      BLOCKS=self.blocks if self.passes == 2 else 1, CAUSAL=int(self.causal), WINDOW_ON=int(self.window),
+                      MASK_KIND=self.mask_kind, PAGED=int(self.page > 0), PAGE=max(self.page, 1),
+                      SCALE_LOG2E=f"{self.scale * math.log2(math.e)!r}f",
+                      K_LEN="int_length" if self.length == "ints" else self.length,
+                      RUNTIME_INTS="".join(f"const int {name} = ints[{i}]; " for i, name in enumerate(self.runtime_names())))
         params = self.first_pass_params(ctype) + list(length_params)
         if self.matrix:
-            defines = {key: defines[key] for key in ("T", "D", "DV", "HQ", "HKV", "GQA", "LQ", "NUM_WARPS", "BLOCKS", "CAUSAL",
-                                                     "WINDOW_ON", "MASK_KIND", "PAGED", "PAGE", "SCALE_LOG2E", "K_LEN", "RUNTIME_INTS")}
-            defines.update(MMA="mma_bf16" if self.dtype == dtypes.bfloat16 else "mma_f16", ROW_GROUPS=self.row_groups(),
+            defines = dict(common, MMA="mma_bf16" if self.dtype == dtypes.bfloat16 else "mma_f16", ROW_GROUPS=self.row_groups(),
                            PREFETCH=int(self.unroll > 1))
             programs = [_named(backend, "nuvec_sdpa_decode_mma", ("sdpa_keys.h", "sdpa_decode_mma.h"), defines, params)]
         else:
+            shape, size = self.geometry(), self.dtype.itemsize
+            defines = dict(common, ROWS=shape.rows, ROW_GROUPS=shape.row_groups, TPK=shape.lanes_per_key,
+                           EQ=shape.features_per_lane, EV=shape.values_per_lane, UNROLL=self.unroll,
+                           TWO_PASS=int(self.passes == 2), SINKS=int(self.sinks),
+                           **chunks("K", self.head_dim * size, shape.features_per_lane * size),
+                           **chunks("V", self.value_dim * size, shape.values_per_lane * size))
             programs = [_named(backend, "nuvec_sdpa_decode", ("sdpa_keys.h", "sdpa_decode.h"), defines, params)]
         if self.passes == 2:
             merge_params = [Param("out", "out", ctype), Param("part_acc", "in", "float"), Param("part_max", "in", "float"),
@@ -267,8 +267,9 @@ def decode_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, *, dtype: DT
     if paged is not None: ins += [block_tables, lengths]
     if window is not None: runtime.append(window)
     if length == "ints" and paged is None: runtime.append(k.shape[2])
-    blocks_per_group = -(-blocks // max(1, min(block_groups or blocks, blocks)))
-    if matrix: runtime.append(blocks_per_group)
+    if matrix:  # each threadgroup's share of the blocks (block_groups threadgroups, or one per block)
+        blocks_per_group = -(-blocks // max(1, min(block_groups or blocks, blocks)))
+        runtime.append(blocks_per_group)
     # The integers travel in a small buffer: one program serves every value (a scalar parameter
     # would need a Variable, which TinyJit could not bind), and a jitted step keeps its values.
     ins.append(int_buffer(device, tuple(runtime) or (0,)))
