@@ -101,7 +101,7 @@ INLINE int line_start(const DEVICE int* block_tables, int batch, int max_blocks,
   }
 
   THREADGROUP float shared_acc[NUM_WARPS * 16 * DV];
-  THREADGROUP float shared_max[NUM_WARPS * 16], shared_sum[NUM_WARPS * 16];
+  THREADGROUP float shared_max[NUM_WARPS * 16], shared_sum[NUM_WARPS * 16], shared_factor[NUM_WARPS * 16];
   const int first_block = (int)nv_group.z * blocks_per_group, block_stop = min(BLOCKS, first_block + blocks_per_group);
   uint4 k_next[2][K_PIECES], v_next[4][V_PIECES];
   int loaded = -1;  // the block whose first tile k_next and v_next hold (PREFETCH)
@@ -233,12 +233,14 @@ INLINE int line_start(const DEVICE int* block_tables, int batch, int max_blocks,
     }
 
     // The SIMD groups' partials through threadgroup memory (a row's weight sum over its four lanes
-    // first; C's element (row, 2c + j) of tile 8i + e is value 8 * (8i + 2c + j) + e), then merged
-    // in SIMD-group order into the block's partial.
+    // first; C's element (row, 2c + j) of tile 8i + e is value 8 * (8i + 2c + j) + e; rows past
+    // the head's are not written), then merged in SIMD-group order into the block's partial: each
+    // row's factors once (a thread a row), then the values.
 #pragma unroll
     for (int r = 0; r < 2; r++) {
       row_sum[r] += simd_shuffle_xor(row_sum[r], 1);
       row_sum[r] += simd_shuffle_xor(row_sum[r], 2);
+      if (!row_real[r]) continue;
       const int slot = warp * 16 + g + 8 * r;
       if (c == 0) {
         shared_max[slot] = row_max[r];
@@ -252,23 +254,28 @@ INLINE int line_start(const DEVICE int* block_tables, int batch, int max_blocks,
           for (int e = 0; e < 8; e++) shared_acc[slot * DV + 8 * (8 * i + 2 * c + j) + e] = out_frag[8 * i + e][2 * r + j];
     }
     threadgroup_barrier();
+    if ((int)nv_thread.x < 16 && first_row + (int)nv_thread.x < GQA * LQ) {
+      const int r = (int)nv_thread.x, row = first_row + r;
+      const int out_row = (batch * HQ + kv_head * GQA + row / LQ) * LQ + row % LQ;
+      float merged = -INFINITY;
+      for (int w = 0; w < NUM_WARPS; w++) merged = max(merged, shared_max[w * 16 + r]);
+      float total = 0.0f;
+      for (int w = 0; w < NUM_WARPS; w++) {
+        const float factor = merge_factor(shared_max[w * 16 + r], merged);
+        shared_factor[w * 16 + r] = factor;
+        total += shared_sum[w * 16 + r] * factor;
+      }
+      part_max[out_row * BLOCKS + block] = merged;
+      part_sum[out_row * BLOCKS + block] = total;
+    }
+    threadgroup_barrier();
     for (int index = (int)nv_thread.x; index < 16 * DV; index += NUM_WARPS * 32) {
       const int r = index / DV, e = index % DV, row = first_row + r;
       if (row >= GQA * LQ) break;
       const int out_row = (batch * HQ + kv_head * GQA + row / LQ) * LQ + row % LQ;
-      float merged = -INFINITY;
-      for (int w = 0; w < NUM_WARPS; w++) merged = max(merged, shared_max[w * 16 + r]);
-      float total = 0.0f, value = 0.0f;
-      for (int w = 0; w < NUM_WARPS; w++) {
-        const float factor = merge_factor(shared_max[w * 16 + r], merged);
-        total += shared_sum[w * 16 + r] * factor;
-        value += shared_acc[(w * 16 + r) * DV + e] * factor;
-      }
+      float value = 0.0f;
+      for (int w = 0; w < NUM_WARPS; w++) value += shared_acc[(w * 16 + r) * DV + e] * shared_factor[w * 16 + r];
       part_acc[(out_row * BLOCKS + block) * DV + e] = value;
-      if (e == 0) {
-        part_max[out_row * BLOCKS + block] = merged;
-        part_sum[out_row * BLOCKS + block] = total;
-      }
     }
     threadgroup_barrier();  // threadgroup memory is read before the next block writes it
   }
