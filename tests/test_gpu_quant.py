@@ -1,8 +1,8 @@
-"""The qmv kernel on a GPU (METAL or CUDA) against the composition on the same device: every
-affine width and floating-point mode, 1-8 rows, N and K at the kernel's boundaries (N not a
-multiple of a SIMD group's columns or below them, K not a multiple of a SIMD step, nvfp4's half
-chunks, K split across 1-8 SIMD groups), the kernel actually running, each row's bits equal to a
-one-row product's, gradients."""
+"""The quantized product kernels (qmv, qvm, gather_qmv, qmm) on a GPU (METAL or CUDA) against the
+composition on the same device: every affine width and floating-point mode, 1-8 rows (qmm: many),
+N and K at the kernels' boundaries (N not a multiple of a SIMD group's columns or below them, K not
+a multiple of a SIMD step, nvfp4's half chunks, K split across 1-8 SIMD groups), the kernel
+actually running, each few-row product's rows equal to one-row products bit for bit, gradients."""
 import numpy as np
 import pytest
 from tinygrad import Tensor, dtypes
@@ -160,3 +160,36 @@ def test_gather_qmv_gradients_equal_the_compositions():
         composed = [g.realize() for g in (quant.gather_qmm(x, qw, lhs, rhs) * upstream).sum().gradient(*targets)]
     for name, got, want in zip(("x", "scales", "biases"), grads, composed):
         np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-4, atol=1e-4, err_msg=name)
+
+
+@pytest.mark.parametrize("mode, group, width", FORMATS, ids=lambda f: str(f))
+@pytest.mark.parametrize("dtype", [dtypes.float16, dtypes.bfloat16], ids=lambda d: d.name)
+def test_qmm_matches_the_composition(mode, group, width, dtype):
+    """Many rows (the qmm kernel): row and column tiles with tails (M = 100, N = 200), batch axes,
+    K over many steps (nvfp4: a half chunk at the end)."""
+    rng = np.random.default_rng(0x9B6)
+    n, k = 200, 1024 + (16 if mode == "nvfp4" else group)
+    qw = quant.quantize(random(rng, (n, k), dtype, gpu)[0], group, width, mode=mode)
+    x = random(rng, (2, 50, k), dtype, gpu)[0].realize()
+    with record_launches() as launches:
+        y = quant.quantized_matmul(x, qw).realize()
+    assert any(name.startswith("nuvec_qmm") for name, _ in launches), launches
+    with compositions_only():
+        want = quant.quantized_matmul(x, qw).realize()
+    got, ref = y.float().numpy().astype(np.float64), want.float().numpy().astype(np.float64)
+    assert y.shape == (2, 50, n) and np.abs(got - ref).max() <= TOL[dtype] * max(np.abs(ref).max(), 1.0)
+
+
+def test_qmm_gradients_equal_the_compositions():
+    rng = np.random.default_rng(0x9B7)
+    qw = quant.quantize(random(rng, (96, 256), dtypes.bfloat16, gpu)[0], 64, 4)
+    x = random(rng, (40, 256), dtypes.bfloat16, gpu)[0].realize()
+    upstream = random(rng, (40, 96), dtypes.bfloat16, gpu)[0].realize()
+    targets = [x, qw.scales, qw.biases]
+    with record_launches() as launches:
+        grads = [g.float().realize() for g in (quant.quantized_matmul(x, qw) * upstream).sum().gradient(*targets)]
+    assert any(name.startswith("nuvec_qmm") for name, _ in launches), launches
+    with compositions_only():
+        composed = [g.float().realize() for g in (quant.quantized_matmul(x, qw) * upstream).sum().gradient(*targets)]
+    for name, got, want in zip(("x", "scales", "biases"), grads, composed):
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=2e-2, atol=2e-2, err_msg=name)
