@@ -193,3 +193,24 @@ def test_qmm_gradients_equal_the_compositions():
         composed = [g.float().realize() for g in (quant.quantized_matmul(x, qw) * upstream).sum().gradient(*targets)]
     for name, got, want in zip(("x", "scales", "biases"), grads, composed):
         np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=2e-2, atol=2e-2, err_msg=name)
+
+
+@pytest.mark.parametrize("mode, group, width", [("affine", 64, 4), ("mxfp4", 32, 4), ("nvfp4", 16, 4)], ids=str)
+def test_sorted_many_row_gathers_run_the_gathered_qmm(mode, group, width):
+    """A mixture-of-experts prefill: 300 single-row entries sorted by expert over 4 experts (more
+    than 8 a batch: the gathered qmm), against the composition, with hostile expert indices."""
+    rng = np.random.default_rng(0x9B9)
+    experts, n, k, entries = 4, 96, 256 + (16 if mode == "nvfp4" else 0), 300
+    qw = quant.quantize(random(rng, (experts, n, k), dtypes.bfloat16, gpu)[0], group, width, mode=mode)
+    x = random(rng, (entries, 1, k), dtypes.bfloat16, gpu)[0].realize()
+    picks = np.sort(rng.integers(0, experts, entries)).astype(np.int32)
+    picks[-3:] = experts + 5
+    rhs = Tensor(picks, device=gpu)
+    with record_launches() as launches:
+        y = quant.gather_qmm(x, qw, None, rhs, sorted_indices=True).realize()
+    assert any(name.startswith("nuvec_qmm") for name, _ in launches), launches
+    with compositions_only():
+        want = quant.gather_qmm(x, qw, None, rhs, sorted_indices=True).realize()
+    got, ref = y.float().numpy().astype(np.float64), want.float().numpy().astype(np.float64)
+    assert y.shape == (entries, 1, n) and np.abs(got - ref).max() <= TOL[dtypes.bfloat16] * max(np.abs(ref).max(), 1.0)
+    assert not got[-3:].any()

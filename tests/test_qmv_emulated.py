@@ -198,3 +198,31 @@ def test_emulated_qmm_matches_the_composition(mode, group, bits, dtype):
     want = quant.quantized_matmul(x_tensor, qw).cast(dtypes.float32).numpy().astype(np.float64)
     got = as_float(emulated_qmm(raw(x_tensor), qw, dtype), dtype)
     assert np.abs(got - want).max() <= TOL[dtype] * max(np.abs(want).max(), 1.0)
+
+
+@pytest.mark.parametrize("mode, group, bits, dtype", [("affine", 64, 4, dtypes.bfloat16), ("mxfp4", 32, 4, dtypes.float16),
+                                                      ("nvfp4", 16, 4, dtypes.bfloat16)], ids=str)
+def test_emulated_gathered_qmm_takes_each_rows_batch(mode, group, bits, dtype):
+    """Rows with their own weight batch: sorted runs that cross row tiles, an unsorted stretch (more
+    runs, the same values), picks outside the batches giving zeros."""
+    rng = np.random.default_rng(0x9B8)
+    batches, n, k, rows = 4, 67, 176 if mode == "nvfp4" else 3 * group, 150
+    qw = quantized(random(rng, (batches, n, k), dtype, "CPU")[0], mode, group, bits)
+    x_tensor = random(rng, (rows, k), dtype, "CPU")[0].realize()
+    picks = np.sort(rng.integers(0, batches, rows)).astype(np.int32)
+    picks[:3], picks[-2:] = -1, batches + 2          # hostile, at both ends (still sorted)
+    picks[100:110] = rng.integers(0, batches, 10)    # an unsorted stretch
+    text, params = qmv.qmm_program("cuda", x_ctype=CTYPES[dtype], scales_ctype=CTYPES.get(qw.scales.dtype, "uchar"),
+                                   out_ctype=CTYPES[dtype], mode=mode, group_size=group, bits=bits, k=k, gather=True)
+    y = np.full((rows, n), 0xFFFF, dtype=np.uint16)
+    buffers = [y, raw(x_tensor), raw(qw.weight), raw(qw.scales)] + ([raw(qw.biases)] if qw.biases is not None else [])
+    buffers += [picks, np.array([rows, n, k, batches], dtype=np.int32)]
+    build(text, "nuvec_qmm", params)(buffers, -(-n // qmv.QMM_COLUMNS), qmv.QMM_THREADS, -(-rows // qmv.QMM_ROWS))
+    got = as_float(y, dtype)
+    for batch in range(batches):
+        one = quant.QuantizedWeight(*(None if t is None else t[batch].contiguous() for t in (qw.weight, qw.scales, qw.biases)),
+                                    mode, group, bits)
+        want = quant.quantized_matmul(x_tensor, one).cast(dtypes.float32).numpy().astype(np.float64)
+        mine = picks == batch
+        assert np.abs(got[mine] - want[mine]).max() <= TOL[dtype] * max(np.abs(want).max(), 1.0), batch
+    assert not got[(picks < 0) | (picks >= batches)].any()

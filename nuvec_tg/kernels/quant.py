@@ -204,33 +204,50 @@ def qmm_supported(x_dtype: DType, scales_dtype: DType, out_dtype: DType, rows: i
             and (scales_dtype in CTYPES or scales_dtype == dtypes.uint8) and math.ceil(rows / QMM_ROWS) <= 65535)
 
 
+def grouped_gather(entries: int, rows_per_entry: int, batches: int) -> bool:
+    """Whether a sorted gathered product runs as the gathered qmm (each weight batch's rows as one
+    product) rather than gather_qmv (each row alone): single-row entries (MLX's rule), at least 16
+    of them, more than MAX_ROWS per weight batch on average. Below that an expert's rows are few,
+    qmv's domain, and keep the bits of one-row products (the seeds'
+    `sorted_few_row_gathers_keep_the_one_row_bits`)."""
+    return rows_per_entry == 1 and entries >= 16 and entries > MAX_ROWS * batches
+
+
 def qmm_program(backend: str, *, x_ctype: str, scales_ctype: str, out_ctype: str, mode: str, group_size: int, bits: int,
-                k: int) -> tuple[str, list[Param]]:
-    """`qmm`'s text for `backend` without the prelude, and its parameters: y, x, w, scales (, biases),
-    ints (M, N, K). K only picks the width of the weight loads (its rows' alignment)."""
+                k: int, gather: bool = False) -> tuple[str, list[Param]]:
+    """`qmm`'s text for `backend` without the prelude, and its parameters: y, x, w, scales (, biases)
+    (, picks), ints (M, N, K (, batches)). K only picks the width of the weight loads (its rows'
+    alignment). `gather`: each row of x with its own weight batch (sorted gathers of `gather_qmm`)."""
     defines = dict(TX=x_ctype, TS=scales_ctype, TY=out_ctype, BITS=bits, GROUP=group_size, MODE=_MODES[mode],
-                   LOAD_WORDS=load_words(bits, k * bits // 32))
+                   LOAD_WORDS=load_words(bits, k * bits // 32), GATHER=int(gather))
     params = [Param("y", "out", out_ctype), Param("x", "in", x_ctype), Param("w", "in", "uint"),
               Param("scales", "in", scales_ctype)]
     if mode == "affine": params.append(Param("biases", "in", scales_ctype))
+    if gather: params.append(Param("picks", "in", "int"))
     params.append(Param("ints", "in", "int"))
     return specialise(backend, "nuvec_qmm", ("quant_codes.h", "qmm.h"), defines, params), params
 
 
 def qmm(x: Tensor, weight: Tensor, scales: Tensor, biases: Tensor | None, *, mode: str, group_size: int, bits: int,
-        out_dtype: DType, backend: str, grad_fxn=None) -> Tensor:
+        out_dtype: DType, backend: str, grad_fxn=None, picks: Tensor | None = None) -> Tensor:
     """`x [M, K] · wᵀ` (x float16 or bfloat16) for packed `weight [N, K * bits / 32]`, `scales`
     (and affine `biases`) `[N, K / group_size]`; returns `[M, N]` in `out_dtype`. The weights are
-    dequantized into x's type (MLX's rounding), the products accumulate in float32."""
+    dequantized into x's type (MLX's rounding), the products accumulate in float32.
+
+    picks (int32 `[M]`): row i of x times weight batch `picks[i]` of `weight [E, N, ...]`, `scales`
+    (and `biases`) `[E, N, ...]`, zeros for a pick outside 0..E-1; rows grouped by batch (sorted
+    picks) run as one product per batch and row tile (a mixture of experts' prefill)."""
     rows, k = x.shape
-    n = weight.shape[0]
+    n = weight.shape[-2]
     text, _ = qmm_program(backend, x_ctype=CTYPES[x.dtype], scales_ctype=CTYPES.get(scales.dtype, "uchar"),
-                          out_ctype=CTYPES[out_dtype], mode=mode, group_size=group_size, bits=bits, k=k)
+                          out_ctype=CTYPES[out_dtype], mode=mode, group_size=group_size, bits=bits, k=k,
+                          gather=picks is not None)
     name = f"nuvec_qmm_{hashlib.sha256(text.encode()).hexdigest()[:12]}"
     ins = [x.contiguous(), weight.contiguous(), scales.contiguous()]
     if biases is not None: ins.append(biases.contiguous())
-    ins.append(int_buffer(x.device, (rows, n, k)))
+    if picks is not None: ins.append(picks.cast(dtypes.int32).contiguous())
+    ins.append(int_buffer(x.device, (rows, n, k) + ((weight.shape[0],) if picks is not None else ())))
     y = Tensor.empty(rows, n, dtype=out_dtype, device=x.device)
     return launch(name, prelude(backend) + text.replace("nuvec_qmm(", f"{name}("), x.device, [y], ins, [],
                   (math.ceil(n / QMM_COLUMNS), math.ceil(rows / QMM_ROWS), 1), (QMM_THREADS, 1, 1), grad_fxn=grad_fxn,
-                  label=f"{backend} qmm {mode} {bits}-bit g{group_size} M{rows} K{k} N{n}")[0]
+                  label=f"{backend} qmm {mode} {bits}-bit g{group_size} M{rows} K{k} N{n}{' gather' if picks is not None else ''}")[0]

@@ -9,8 +9,12 @@
 // tiles of 16 x 8 (`tile_mma`, float32 accumulation). Rows of x past M, weight rows past N and
 // codes past K (nvfp4: K = 16 mod 32) are zeros in the tiles and nothing is read for them.
 //
-// Runtime sizes (the `ints` buffer): M, N, K. Defines: TX (x; 16-bit on CUDA), TS, TY, BITS,
-// GROUP, MODE, LOAD_WORDS.
+// GATHER: row i of x uses weight batch picks[i] of ints[3] batches (w, scales and biases hold the
+// batches one after another); a tile's rows run in turn by runs of equal picks, so sorted picks
+// (a mixture of experts' rows grouped by expert) cost little more than one batch.
+//
+// Runtime sizes (the `ints` buffer): M, N, K (, the batches). Defines: TX (x; 16-bit), TS, TY,
+// BITS, GROUP, MODE, LOAD_WORDS, GATHER.
 
 #define BM 64
 #define BN 64
@@ -29,75 +33,93 @@ typedef MMA_INPUT(TX) TileT;
   THREADGROUP TileT w_tile[BN * TILE_LD];
   THREADGROUP float out_tile[4 * 16 * 8];
 
-  TileAcc acc[2][4];
+  const int tile_end = min(m_first + BM, m_size);
+  for (int run_start = m_first; run_start < tile_end;) {
+#if GATHER
+    // The tile's rows in runs of one weight batch (sorted picks: few runs); a pick outside the
+    // batches reads no weights and gives zeros.
+    const int batch = picks[run_start];
+    int run_end = run_start + 1;
+    while (run_end < tile_end && picks[run_end] == batch) run_end++;
+    const bool batch_real = batch >= 0 && batch < ints[3];
+    const size_t first_w_row = (size_t)(batch_real ? batch : 0) * n_size;
+#else
+    const int run_end = tile_end;
+    const bool batch_real = true;
+    const size_t first_w_row = 0;
+#endif
+    TileAcc acc[2][4];
 #pragma unroll
-  for (int mi = 0; mi < 2; mi++)
+    for (int mi = 0; mi < 2; mi++)
 #pragma unroll
-    for (int ni = 0; ni < 4; ni++) tile_zero(acc[mi][ni]);
+      for (int ni = 0; ni < 4; ni++) tile_zero(acc[mi][ni]);
 
-  for (int k_first = 0; k_first < k_size; k_first += BK) {
-    // x: 8 consecutive values a thread, twice (K is a multiple of 8: a piece is all in or all out).
+    for (int k_first = 0; k_first < k_size; k_first += BK) {
+      // x: 8 consecutive values a thread, twice (K is a multiple of 8: a piece is all in or all out).
 #pragma unroll
-    for (int i = 0; i < 2; i++) {
-      const int piece = thread_id + 128 * i, r = piece / 4, column = (piece % 4) * 8;
-      const int row = m_first + r, k = k_first + column;
-      uint4 raw = uint4{0u, 0u, 0u, 0u};
-      if (row < m_size && k < k_size) raw = *(const DEVICE uint4*)(x + (size_t)row * k_size + k);
-      const THREAD TX* values = (const THREAD TX*)&raw;
+      for (int i = 0; i < 2; i++) {
+        const int piece = thread_id + 128 * i, r = piece / 4, column = (piece % 4) * 8;
+        const int row = m_first + r, k = k_first + column;
+        uint4 raw = uint4{0u, 0u, 0u, 0u};
+        if (row >= run_start && row < run_end && k < k_size) raw = *(const DEVICE uint4*)(x + (size_t)row * k_size + k);
+        const THREAD TX* values = (const THREAD TX*)&raw;
 #pragma unroll
-      for (int j = 0; j < 8; j++) x_tile[r * TILE_LD + column + j] = (TileT)values[j];
-    }
-    // The weights: a thread decodes 16 codes (half a chunk) of one row under one scale.
-    {
-      const int r = thread_id / 2, half_index = thread_id % 2, row = n_first + r, k = k_first + 16 * half_index;
-      float w_values[16];
-      if (row < n_size && k < k_size) {
-        uint words[BITS];
-        load_chunk_words(w + (size_t)row * words_per_row + k_first / 32 * BITS, k_first + 32 > k_size, words);
-        decode_part(words, 2 * half_index, w_values);
-        decode_part(words, 2 * half_index + 1, w_values + 8);
-        const int group_index = row * groups_per_row + k / GROUP;
-        const float scale = group_scale(scales[group_index]);
+        for (int j = 0; j < 8; j++) x_tile[r * TILE_LD + column + j] = (TileT)values[j];
+      }
+      // The weights: a thread decodes 16 codes (half a chunk) of one row under one scale.
+      {
+        const int r = thread_id / 2, half_index = thread_id % 2, row = n_first + r, k = k_first + 16 * half_index;
+        float w_values[16];
+        if (batch_real && row < n_size && k < k_size) {
+          const size_t w_row = first_w_row + row;
+          uint words[BITS];
+          load_chunk_words(w + w_row * words_per_row + k_first / 32 * BITS, k_first + 32 > k_size, words);
+          decode_part(words, 2 * half_index, w_values);
+          decode_part(words, 2 * half_index + 1, w_values + 8);
+          const size_t group_index = w_row * groups_per_row + k / GROUP;
+          const float scale = group_scale(scales[group_index]);
 #if MODE == 0
-        const float bias = to_float(biases[group_index]);
+          const float bias = to_float(biases[group_index]);
 #pragma unroll
-        for (int j = 0; j < 16; j++) w_values[j] = fma(scale, w_values[j], bias);
+          for (int j = 0; j < 16; j++) w_values[j] = fma(scale, w_values[j], bias);
 #else
 #pragma unroll
-        for (int j = 0; j < 16; j++) w_values[j] = w_values[j] * (scale * FP_FACTOR);
+          for (int j = 0; j < 16; j++) w_values[j] = w_values[j] * (scale * FP_FACTOR);
 #endif
-      } else {
+        } else {
 #pragma unroll
-        for (int j = 0; j < 16; j++) w_values[j] = 0.0f;
+          for (int j = 0; j < 16; j++) w_values[j] = 0.0f;
+        }
+#pragma unroll
+        for (int j = 0; j < 16; j++) to_tile(w_values[j], &w_tile[r * TILE_LD + 16 * half_index + j]);
       }
+      threadgroup_barrier();
 #pragma unroll
-      for (int j = 0; j < 16; j++) to_tile(w_values[j], &w_tile[r * TILE_LD + 16 * half_index + j]);
+      for (int k_step = 0; k_step < BK; k_step += 16)
+#pragma unroll
+        for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+          for (int ni = 0; ni < 4; ni++)
+            tile_mma(acc[mi][ni], x_tile + (warp_m + 16 * mi) * TILE_LD + k_step, TILE_LD,
+                     w_tile + (warp_n + 8 * ni) * TILE_LD + k_step, TILE_LD, lane);
+      threadgroup_barrier();
     }
-    threadgroup_barrier();
-#pragma unroll
-    for (int k_step = 0; k_step < BK; k_step += 16)
-#pragma unroll
-      for (int mi = 0; mi < 2; mi++)
-#pragma unroll
-        for (int ni = 0; ni < 4; ni++)
-          tile_mma(acc[mi][ni], x_tile + (warp_m + 16 * mi) * TILE_LD + k_step, TILE_LD,
-                   w_tile + (warp_n + 8 * ni) * TILE_LD + k_step, TILE_LD, lane);
-    threadgroup_barrier();
-  }
 
-  // Each 16 x 8 tile through the SIMD group's scratch, then out (rounded once) where inside y.
-  THREADGROUP_PTR float* scratch = out_tile + warp * 16 * 8;
+    // Each 16 x 8 tile through the SIMD group's scratch, then out (rounded once) for the run's rows.
+    THREADGROUP_PTR float* scratch = out_tile + warp * 16 * 8;
 #pragma unroll
-  for (int mi = 0; mi < 2; mi++) {
+    for (int mi = 0; mi < 2; mi++) {
 #pragma unroll
-    for (int ni = 0; ni < 4; ni++) {
-      tile_store(acc[mi][ni], scratch, 8, lane);
-      simd_barrier();
+      for (int ni = 0; ni < 4; ni++) {
+        tile_store(acc[mi][ni], scratch, 8, lane);
+        simd_barrier();
 #pragma unroll
-      for (int i = 0; i < 4; i++) {
-        const int index = lane + 32 * i, row = m_first + warp_m + 16 * mi + index / 8, column = n_first + warp_n + 8 * ni + index % 8;
-        if (row < m_size && column < n_size) from_float(scratch[index], &y[(size_t)row * n_size + column]);
+        for (int i = 0; i < 4; i++) {
+          const int index = lane + 32 * i, row = m_first + warp_m + 16 * mi + index / 8, column = n_first + warp_n + 8 * ni + index % 8;
+          if (row >= run_start && row < run_end && column < n_size) from_float(scratch[index], &y[(size_t)row * n_size + column]);
+        }
+        simd_barrier();
       }
-      simd_barrier();
     }
+    run_start = run_end;
   }
