@@ -3,6 +3,15 @@
 more rows on the matrix units, over packed weights of any affine width or floating-point mode
 (`src/quant_codes.h`), float32 accumulation.
 
+Which kernel runs (the same rule on METAL and CUDA; `quant/affine.py` and `quant/gather.py` apply
+it, anything else is the composition):
+- `quantized_matmul`, 2-D weights: up to MAX_ROWS rows of x, `qmv` (transposed) or `qvm` (not),
+  any activation type (`supported`); more rows of float16 or bfloat16 and transposed, `qmm`
+  (`qmm_supported`; float32 activations stay on the composition, the tiles are 16-bit).
+- `gather_qmm`, transposed, no global scale: sorted single-row entries averaging more than MAX_ROWS
+  rows per weight batch, the gathered `qmm` (`grouped_gather`); otherwise up to MAX_ROWS rows per
+  entry, `gather_qmv`.
+
 `plan` picks qmv's launch shape (`QmvPlan`); its defaults are the module constants below, meant to
 be read off `scripts/tune_qmv.py` on the device. Only `k_split` changes a row's arithmetic order, so
 it depends on K and N alone: a row's bits never depend on how many rows share the call (qvm's
