@@ -24,6 +24,18 @@ def bits_of(t: Tensor) -> np.ndarray:
     return t.bitcast({2: dtypes.uint16, 4: dtypes.uint32}[t.dtype.itemsize]).numpy()
 
 
+def assert_gradients_equal_the_composition(product, upstream: Tensor, targets: list, kernel: str, tolerance: float = 1e-4):
+    """The gradients of `sum(product() * upstream)` in x, the scales and the biases (`targets`)
+    through the kernels (the one named `kernel...` must run) equal the composition's."""
+    with record_launches() as launches:
+        grads = [g.float().realize() for g in (product() * upstream).sum().gradient(*targets)]
+    assert any(name.startswith(kernel) for name, _ in launches), launches
+    with compositions_only():
+        composed = [g.float().realize() for g in (product() * upstream).sum().gradient(*targets)]
+    for name, got, want in zip(("x", "scales", "biases"), grads, composed):
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=tolerance, atol=tolerance, err_msg=name)
+
+
 @pytest.mark.parametrize("mode, group, width", FORMATS, ids=lambda f: str(f))
 @pytest.mark.parametrize("dtype", [dtypes.float32, dtypes.float16, dtypes.bfloat16], ids=lambda d: d.name)
 def test_qmv_matches_the_composition_and_keeps_one_row_bits(mode, group, width, dtype):
@@ -61,16 +73,11 @@ def check_rows(rng, n, k, mode, group, width, dtype, row_counts):
 
 def test_qmv_gradients_equal_the_compositions():
     rng = np.random.default_rng(0x9A8)
-    w = random(rng, (16, 128), dtypes.float32, gpu)[0]
-    qw = quant.quantize(w, 32, 4)
+    qw = quant.quantize(random(rng, (16, 128), dtypes.float32, gpu)[0], 32, 4)
     x = random(rng, (2, 128), dtypes.float32, gpu)[0].realize()
     upstream = random(rng, (2, 16), dtypes.float32, gpu)[0].realize()
-    targets = [x, qw.scales, qw.biases]
-    grads = [g.realize() for g in (quant.quantized_matmul(x, qw) * upstream).sum().gradient(*targets)]
-    with compositions_only():
-        composed = [g.realize() for g in (quant.quantized_matmul(x, qw) * upstream).sum().gradient(*targets)]
-    for name, got, want in zip(("x", "scales", "biases"), grads, composed):
-        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-4, atol=1e-4, err_msg=name)
+    assert_gradients_equal_the_composition(lambda: quant.quantized_matmul(x, qw), upstream, [x, qw.scales, qw.biases],
+                                           "nuvec_qmv")
 
 
 def test_empty_products_take_the_composition():
@@ -108,12 +115,8 @@ def test_qvm_gradients_equal_the_compositions():
     qw = quant.quantize(random(rng, (128, 64), dtypes.float32, gpu)[0], 32, 4)
     x = random(rng, (2, 128), dtypes.float32, gpu)[0].realize()
     upstream = random(rng, (2, 64), dtypes.float32, gpu)[0].realize()
-    targets = [x, qw.scales, qw.biases]
-    grads = [g.realize() for g in (quant.quantized_matmul(x, qw, transpose=False) * upstream).sum().gradient(*targets)]
-    with compositions_only():
-        composed = [g.realize() for g in (quant.quantized_matmul(x, qw, transpose=False) * upstream).sum().gradient(*targets)]
-    for name, got, want in zip(("x", "scales", "biases"), grads, composed):
-        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-4, atol=1e-4, err_msg=name)
+    assert_gradients_equal_the_composition(lambda: quant.quantized_matmul(x, qw, transpose=False), upstream,
+                                           [x, qw.scales, qw.biases], "nuvec_qvm")
 
 
 @pytest.mark.parametrize("mode, group, width", [("affine", 64, 4), ("affine", 32, 3), ("mxfp4", 32, 4), ("nvfp4", 16, 4)],
@@ -152,14 +155,8 @@ def test_gather_qmv_gradients_equal_the_compositions():
     x = random(rng, (2, 1, 128), dtypes.float32, gpu)[0].realize()
     lhs, rhs = Tensor([0, 1, 1], dtype=dtypes.int32, device=gpu), Tensor([2, 0, 2], dtype=dtypes.int32, device=gpu)
     upstream = random(rng, (3, 1, 16), dtypes.float32, gpu)[0].realize()
-    targets = [x, qw.scales, qw.biases]
-    with record_launches() as launches:
-        grads = [g.realize() for g in (quant.gather_qmm(x, qw, lhs, rhs) * upstream).sum().gradient(*targets)]
-    assert any(name.startswith("nuvec_qmv") for name, _ in launches), launches
-    with compositions_only():
-        composed = [g.realize() for g in (quant.gather_qmm(x, qw, lhs, rhs) * upstream).sum().gradient(*targets)]
-    for name, got, want in zip(("x", "scales", "biases"), grads, composed):
-        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-4, atol=1e-4, err_msg=name)
+    assert_gradients_equal_the_composition(lambda: quant.gather_qmm(x, qw, lhs, rhs), upstream, [x, qw.scales, qw.biases],
+                                           "nuvec_qmv")
 
 
 @pytest.mark.parametrize("mode, group, width", FORMATS, ids=lambda f: str(f))
@@ -185,14 +182,8 @@ def test_qmm_gradients_equal_the_compositions():
     qw = quant.quantize(random(rng, (96, 256), dtypes.bfloat16, gpu)[0], 64, 4)
     x = random(rng, (40, 256), dtypes.bfloat16, gpu)[0].realize()
     upstream = random(rng, (40, 96), dtypes.bfloat16, gpu)[0].realize()
-    targets = [x, qw.scales, qw.biases]
-    with record_launches() as launches:
-        grads = [g.float().realize() for g in (quant.quantized_matmul(x, qw) * upstream).sum().gradient(*targets)]
-    assert any(name.startswith("nuvec_qmm") for name, _ in launches), launches
-    with compositions_only():
-        composed = [g.float().realize() for g in (quant.quantized_matmul(x, qw) * upstream).sum().gradient(*targets)]
-    for name, got, want in zip(("x", "scales", "biases"), grads, composed):
-        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=2e-2, atol=2e-2, err_msg=name)
+    assert_gradients_equal_the_composition(lambda: quant.quantized_matmul(x, qw), upstream, [x, qw.scales, qw.biases],
+                                           "nuvec_qmm", tolerance=2e-2)
 
 
 @pytest.mark.parametrize("mode, group, width", [("affine", 64, 4), ("mxfp4", 32, 4), ("nvfp4", 16, 4)], ids=str)
