@@ -6,8 +6,11 @@
 // dequantized (scale · code + bias, or the floating-point modes' code · scale) and rounded to the
 // tile type (MMA_INPUT(TX): TX on CUDA, as MLX dequantizes into the activations' type; float on
 // Metal), in threadgroup memory; each SIMD group then multiplies its 32 x 32 quarter as 2 x 4
-// tiles of 16 x 8 (`tile_mma`, float32 accumulation). Rows of x past M, weight rows past N and
-// codes past K (nvfp4: K = 16 mod 32) are zeros in the tiles and nothing is read for them.
+// tiles of 16 x 8 (`tile_mma`, float32 accumulation). A thread issues its loads for the next
+// step (raw x pieces, packed words, scale and bias) before this step's products, so they are in
+// flight meanwhile, and stages them (decoding the weights) after. Rows of x past M, weight rows
+// past N and codes past K (nvfp4: K = 16 mod 32) are zeros in the tiles and nothing is read for
+// them.
 //
 // GATHER: row i of x uses weight batch picks[i] of ints[3] batches (w, scales and biases hold the
 // batches one after another); a tile's rows run in turn by runs of equal picks, so sorted picks
@@ -21,6 +24,32 @@
 #define BK 32
 #define TILE_LD (BK + 8)  // row stride of the staged tiles (padding: no bank conflicts in the fragment loads)
 typedef MMA_INPUT(TX) TileT;
+
+// The loads of the step at K_FIRST into x_raw, words, scale_raw (and bias_raw), w_present: x's
+// pieces in the run's rows (zeros elsewhere), the weight row's chunk (nothing past N, past K or
+// for a pick outside the batches). K is a multiple of 8: a piece of x is all in or all out.
+#if MODE == 0
+#define LOAD_BIAS(INDEX) bias_raw = biases[INDEX];
+#else
+#define LOAD_BIAS(INDEX)
+#endif
+#define LOAD_STEP(K_FIRST)                                                                         \
+  {                                                                                                \
+    _Pragma("unroll") for (int i = 0; i < 2; i++) {                                                \
+      const int row = m_first + x_piece_row[i], k = (K_FIRST) + x_column;                           \
+      x_raw[i] = uint4{0u, 0u, 0u, 0u};                                                             \
+      if (row >= run_start && row < run_end && k < k_size) x_raw[i] = *(const DEVICE uint4*)(x + (size_t)row * k_size + k); \
+    }                                                                                              \
+    const int k = (K_FIRST) + 16 * half_index;                                                      \
+    w_present = batch_real && w_row < n_size && k < k_size;                                         \
+    if (w_present) {                                                                               \
+      const size_t row_index = first_w_row + w_row;                                                 \
+      load_chunk_words(w + row_index * words_per_row + (K_FIRST) / 32 * BITS, (K_FIRST) + 32 > k_size, words); \
+      const size_t group_index = row_index * groups_per_row + k / GROUP;                            \
+      scale_raw = scales[group_index];                                                              \
+      LOAD_BIAS(group_index)                                                                        \
+    }                                                                                              \
+  }
 
 /* kernel */
   const int m_size = ints[0], n_size = ints[1], k_size = ints[2];
@@ -54,46 +83,48 @@ typedef MMA_INPUT(TX) TileT;
 #pragma unroll
       for (int ni = 0; ni < 4; ni++) tile_zero(acc[mi][ni]);
 
+    // A step's loads (two 8-value pieces of x, the weight row's chunk words, its scale and bias)
+    // are issued a step ahead, so they are in flight while the step before multiplies.
+    const int x_piece_row[2] = {thread_id / 4, (thread_id + 128) / 4}, x_column = (thread_id % 4) * 8;
+    const int w_r = thread_id / 2, half_index = thread_id % 2, w_row = n_first + w_r;
+    uint4 x_raw[2];
+    uint words[BITS];
+    TS scale_raw;
+#if MODE == 0
+    TS bias_raw;
+#endif
+    bool w_present;
+    LOAD_STEP(0)
     for (int k_first = 0; k_first < k_size; k_first += BK) {
-      // x: 8 consecutive values a thread, twice (K is a multiple of 8: a piece is all in or all out).
+      // Stage x as it is (8 values from each piece) and the weights dequantized (a thread: 16
+      // codes, half a chunk, of one row under one scale).
 #pragma unroll
       for (int i = 0; i < 2; i++) {
-        const int piece = thread_id + 128 * i, r = piece / 4, column = (piece % 4) * 8;
-        const int row = m_first + r, k = k_first + column;
-        uint4 raw = uint4{0u, 0u, 0u, 0u};
-        if (row >= run_start && row < run_end && k < k_size) raw = *(const DEVICE uint4*)(x + (size_t)row * k_size + k);
-        const THREAD TX* values = (const THREAD TX*)&raw;
+        const THREAD TX* values = (const THREAD TX*)&x_raw[i];
 #pragma unroll
-        for (int j = 0; j < 8; j++) x_tile[r * TILE_LD + column + j] = (TileT)values[j];
+        for (int j = 0; j < 8; j++) x_tile[x_piece_row[i] * TILE_LD + x_column + j] = (TileT)values[j];
       }
-      // The weights: a thread decodes 16 codes (half a chunk) of one row under one scale.
-      {
-        const int r = thread_id / 2, half_index = thread_id % 2, row = n_first + r, k = k_first + 16 * half_index;
-        float w_values[16];
-        if (batch_real && row < n_size && k < k_size) {
-          const size_t w_row = first_w_row + row;
-          uint words[BITS];
-          load_chunk_words(w + w_row * words_per_row + k_first / 32 * BITS, k_first + 32 > k_size, words);
-          decode_part(words, 2 * half_index, w_values);
-          decode_part(words, 2 * half_index + 1, w_values + 8);
-          const size_t group_index = w_row * groups_per_row + k / GROUP;
-          const float scale = group_scale(scales[group_index]);
+      float w_values[16];
+      if (w_present) {
+        decode_part(words, 2 * half_index, w_values);
+        decode_part(words, 2 * half_index + 1, w_values + 8);
+        const float scale = group_scale(scale_raw);
 #if MODE == 0
-          const float bias = to_float(biases[group_index]);
+        const float bias = to_float(bias_raw);
 #pragma unroll
-          for (int j = 0; j < 16; j++) w_values[j] = fma(scale, w_values[j], bias);
+        for (int j = 0; j < 16; j++) w_values[j] = fma(scale, w_values[j], bias);
 #else
 #pragma unroll
-          for (int j = 0; j < 16; j++) w_values[j] = w_values[j] * (scale * FP_FACTOR);
+        for (int j = 0; j < 16; j++) w_values[j] = w_values[j] * (scale * FP_FACTOR);
 #endif
-        } else {
+      } else {
 #pragma unroll
-          for (int j = 0; j < 16; j++) w_values[j] = 0.0f;
-        }
-#pragma unroll
-        for (int j = 0; j < 16; j++) to_tile(w_values[j], &w_tile[r * TILE_LD + 16 * half_index + j]);
+        for (int j = 0; j < 16; j++) w_values[j] = 0.0f;
       }
+#pragma unroll
+      for (int j = 0; j < 16; j++) to_tile(w_values[j], &w_tile[w_r * TILE_LD + 16 * half_index + j]);
       threadgroup_barrier();
+      if (k_first + BK < k_size) LOAD_STEP(k_first + BK)
 #pragma unroll
       for (int k_step = 0; k_step < BK; k_step += 16)
 #pragma unroll
