@@ -165,3 +165,13 @@ def test_derivatives_in_x_for_every_mode_and_transpose_and_gather(mode):
             want = np.stack([c[j] @ dense[i] for j, i in enumerate(ids)])
             np.testing.assert_allclose(grad.numpy(), want, rtol=2e-5, atol=2e-5 * np.abs(want).max(),
                                        err_msg=f"{mode} gather sorted={sorted_ids} global={global_scale}")
+
+
+def test_the_grouped_gather_rule():
+    """Sorted single-row entries run as one product per expert when experts average more than 8
+    rows (qmm's domain); fewer keep qmv's one-row bits (the seeds' few-row case: 8 tokens x top 8
+    of 16 experts)."""
+    from nuvec_tg.kernels.quant import grouped_gather
+    assert grouped_gather(100, 1, 8) and not grouped_gather(20, 1, 8) and not grouped_gather(64, 1, 8)
+    assert not grouped_gather(64, 1, 16) and not grouped_gather(100, 2, 8) and not grouped_gather(15, 1, 1)
+    assert grouped_gather(16, 1, 1)

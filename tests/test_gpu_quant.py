@@ -1,8 +1,8 @@
-"""The qmv kernel on a GPU (METAL or CUDA) against the composition on the same device: every
-affine width and floating-point mode, 1-8 rows, N and K at the kernel's boundaries (N not a
-multiple of a SIMD group's columns or below them, K not a multiple of a SIMD step, nvfp4's half
-chunks, K split across 1-8 SIMD groups), the kernel actually running, each row's bits equal to a
-one-row product's, gradients."""
+"""The quantized product kernels (qmv, qvm, gather_qmv, qmm) on a GPU (METAL or CUDA) against the
+composition on the same device: every affine width and floating-point mode, 1-8 rows (qmm: many),
+N and K at the kernels' boundaries (N not a multiple of a SIMD group's columns or below them, K not
+a multiple of a SIMD step, nvfp4's half chunks, K split across 1-8 SIMD groups), the kernel
+actually running, each few-row product's rows equal to one-row products bit for bit, gradients."""
 import numpy as np
 import pytest
 from tinygrad import Tensor, dtypes
@@ -22,6 +22,18 @@ TOL = {dtypes.float32: 1e-5, dtypes.float16: 2e-3, dtypes.bfloat16: 1.6e-2}
 
 def bits_of(t: Tensor) -> np.ndarray:
     return t.bitcast({2: dtypes.uint16, 4: dtypes.uint32}[t.dtype.itemsize]).numpy()
+
+
+def assert_gradients_equal_the_composition(product, upstream: Tensor, targets: list, kernel: str, tolerance: float = 1e-4):
+    """The gradients of `sum(product() * upstream)` in x, the scales and the biases (`targets`)
+    through the kernels (the one named `kernel...` must run) equal the composition's."""
+    with record_launches() as launches:
+        grads = [g.float().realize() for g in (product() * upstream).sum().gradient(*targets)]
+    assert any(name.startswith(kernel) for name, _ in launches), launches
+    with compositions_only():
+        composed = [g.float().realize() for g in (product() * upstream).sum().gradient(*targets)]
+    for name, got, want in zip(("x", "scales", "biases"), grads, composed):
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=tolerance, atol=tolerance, err_msg=name)
 
 
 @pytest.mark.parametrize("mode, group, width", FORMATS, ids=lambda f: str(f))
@@ -61,16 +73,11 @@ def check_rows(rng, n, k, mode, group, width, dtype, row_counts):
 
 def test_qmv_gradients_equal_the_compositions():
     rng = np.random.default_rng(0x9A8)
-    w = random(rng, (16, 128), dtypes.float32, gpu)[0]
-    qw = quant.quantize(w, 32, 4)
+    qw = quant.quantize(random(rng, (16, 128), dtypes.float32, gpu)[0], 32, 4)
     x = random(rng, (2, 128), dtypes.float32, gpu)[0].realize()
     upstream = random(rng, (2, 16), dtypes.float32, gpu)[0].realize()
-    targets = [x, qw.scales, qw.biases]
-    grads = [g.realize() for g in (quant.quantized_matmul(x, qw) * upstream).sum().gradient(*targets)]
-    with compositions_only():
-        composed = [g.realize() for g in (quant.quantized_matmul(x, qw) * upstream).sum().gradient(*targets)]
-    for name, got, want in zip(("x", "scales", "biases"), grads, composed):
-        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-4, atol=1e-4, err_msg=name)
+    assert_gradients_equal_the_composition(lambda: quant.quantized_matmul(x, qw), upstream, [x, qw.scales, qw.biases],
+                                           "nuvec_qmv")
 
 
 def test_empty_products_take_the_composition():
@@ -108,12 +115,8 @@ def test_qvm_gradients_equal_the_compositions():
     qw = quant.quantize(random(rng, (128, 64), dtypes.float32, gpu)[0], 32, 4)
     x = random(rng, (2, 128), dtypes.float32, gpu)[0].realize()
     upstream = random(rng, (2, 64), dtypes.float32, gpu)[0].realize()
-    targets = [x, qw.scales, qw.biases]
-    grads = [g.realize() for g in (quant.quantized_matmul(x, qw, transpose=False) * upstream).sum().gradient(*targets)]
-    with compositions_only():
-        composed = [g.realize() for g in (quant.quantized_matmul(x, qw, transpose=False) * upstream).sum().gradient(*targets)]
-    for name, got, want in zip(("x", "scales", "biases"), grads, composed):
-        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-4, atol=1e-4, err_msg=name)
+    assert_gradients_equal_the_composition(lambda: quant.quantized_matmul(x, qw, transpose=False), upstream,
+                                           [x, qw.scales, qw.biases], "nuvec_qvm")
 
 
 @pytest.mark.parametrize("mode, group, width", [("affine", 64, 4), ("affine", 32, 3), ("mxfp4", 32, 4), ("nvfp4", 16, 4)],
@@ -152,11 +155,53 @@ def test_gather_qmv_gradients_equal_the_compositions():
     x = random(rng, (2, 1, 128), dtypes.float32, gpu)[0].realize()
     lhs, rhs = Tensor([0, 1, 1], dtype=dtypes.int32, device=gpu), Tensor([2, 0, 2], dtype=dtypes.int32, device=gpu)
     upstream = random(rng, (3, 1, 16), dtypes.float32, gpu)[0].realize()
-    targets = [x, qw.scales, qw.biases]
+    assert_gradients_equal_the_composition(lambda: quant.gather_qmm(x, qw, lhs, rhs), upstream, [x, qw.scales, qw.biases],
+                                           "nuvec_qmv")
+
+
+@pytest.mark.parametrize("mode, group, width", FORMATS, ids=lambda f: str(f))
+@pytest.mark.parametrize("dtype", [dtypes.float16, dtypes.bfloat16], ids=lambda d: d.name)
+def test_qmm_matches_the_composition(mode, group, width, dtype):
+    """Many rows (the qmm kernel): row and column tiles with tails (M = 100, N = 200), batch axes,
+    K over many steps (nvfp4: a half chunk at the end)."""
+    rng = np.random.default_rng(0x9B6)
+    n, k = 200, 1024 + (16 if mode == "nvfp4" else group)
+    qw = quant.quantize(random(rng, (n, k), dtype, gpu)[0], group, width, mode=mode)
+    x = random(rng, (2, 50, k), dtype, gpu)[0].realize()
     with record_launches() as launches:
-        grads = [g.realize() for g in (quant.gather_qmm(x, qw, lhs, rhs) * upstream).sum().gradient(*targets)]
-    assert any(name.startswith("nuvec_qmv") for name, _ in launches), launches
+        y = quant.quantized_matmul(x, qw).realize()
+    assert any(name.startswith("nuvec_qmm") for name, _ in launches), launches
     with compositions_only():
-        composed = [g.realize() for g in (quant.gather_qmm(x, qw, lhs, rhs) * upstream).sum().gradient(*targets)]
-    for name, got, want in zip(("x", "scales", "biases"), grads, composed):
-        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-4, atol=1e-4, err_msg=name)
+        want = quant.quantized_matmul(x, qw).realize()
+    got, ref = y.float().numpy().astype(np.float64), want.float().numpy().astype(np.float64)
+    assert y.shape == (2, 50, n) and np.abs(got - ref).max() <= TOL[dtype] * max(np.abs(ref).max(), 1.0)
+
+
+def test_qmm_gradients_equal_the_compositions():
+    rng = np.random.default_rng(0x9B7)
+    qw = quant.quantize(random(rng, (96, 256), dtypes.bfloat16, gpu)[0], 64, 4)
+    x = random(rng, (40, 256), dtypes.bfloat16, gpu)[0].realize()
+    upstream = random(rng, (40, 96), dtypes.bfloat16, gpu)[0].realize()
+    assert_gradients_equal_the_composition(lambda: quant.quantized_matmul(x, qw), upstream, [x, qw.scales, qw.biases],
+                                           "nuvec_qmm", tolerance=2e-2)
+
+
+@pytest.mark.parametrize("mode, group, width", [("affine", 64, 4), ("mxfp4", 32, 4), ("nvfp4", 16, 4)], ids=str)
+def test_sorted_many_row_gathers_run_the_gathered_qmm(mode, group, width):
+    """A mixture-of-experts prefill: 300 single-row entries sorted by expert over 4 experts (more
+    than 8 a batch: the gathered qmm), against the composition, with hostile expert indices."""
+    rng = np.random.default_rng(0x9B9)
+    experts, n, k, entries = 4, 96, 256 + (16 if mode == "nvfp4" else 0), 300
+    qw = quant.quantize(random(rng, (experts, n, k), dtypes.bfloat16, gpu)[0], group, width, mode=mode)
+    x = random(rng, (entries, 1, k), dtypes.bfloat16, gpu)[0].realize()
+    picks = np.sort(rng.integers(0, experts, entries)).astype(np.int32)
+    picks[-3:] = experts + 5
+    rhs = Tensor(picks, device=gpu)
+    with record_launches() as launches:
+        y = quant.gather_qmm(x, qw, None, rhs, sorted_indices=True).realize()
+    assert any(name.startswith("nuvec_qmm") for name, _ in launches), launches
+    with compositions_only():
+        want = quant.gather_qmm(x, qw, None, rhs, sorted_indices=True).realize()
+    got, ref = y.float().numpy().astype(np.float64), want.float().numpy().astype(np.float64)
+    assert y.shape == (entries, 1, n) and np.abs(got - ref).max() <= TOL[dtypes.bfloat16] * max(np.abs(ref).max(), 1.0)
+    assert not got[-3:].any()

@@ -131,3 +131,17 @@ def test_every_qvm_metal_specialisation_compiles(tmp_path):
                                   group_size=group, bits=bits, rows=rows, k=k, n=n)
         texts.append(text.replace("nuvec_qvm(", f"nuvec_qvm_{i}("))
     _check_metal(tmp_path, texts, per_unit=400)
+
+
+def test_every_qmm_metal_specialisation_compiles(tmp_path):
+    formats = [("affine", g, b) for b in (1, 2, 3, 4, 5, 6, 8) for g in (32, 64, 128)] + [
+        ("mxfp4", 32, 4), ("mxfp8", 32, 8), ("nvfp4", 16, 4)]
+    texts = []
+    for (mode, group, bits), x, k, gather in itertools.product(formats, ("half", "bfloat"), (4096, 4096 + 16), (False, True)):
+        if k % group: continue
+        for scales in ((x, "float") if mode == "affine" else ("uchar",)):
+            text, _ = qmv.qmm_program("metal", x_ctype=x, scales_ctype=scales, out_ctype=x, mode=mode, group_size=group,
+                                      bits=bits, k=k, gather=gather)
+            texts.append(text.replace("nuvec_qmm(", f"nuvec_qmm_{len(texts)}("))
+    assert len(texts) > 180
+    _check_metal(tmp_path, texts, per_unit=200)

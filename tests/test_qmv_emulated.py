@@ -167,3 +167,62 @@ def test_emulated_gather_qmv_keeps_one_row_bits_and_zeros_unpicked_entries(mode,
         for r in range(rows):
             np.testing.assert_array_equal(y[p, r], emulated_qmv(x[p, r:r + 1], one, dtype, qmv.plan(1, k, n))[0],
                                           err_msg=f"entry {p} row {r}")
+
+
+def emulated_qmm(x: np.ndarray, qw, dtype) -> np.ndarray:
+    """y's raw values from the emulated qmm for raw x `[M, K]` in `dtype` (16-bit)."""
+    rows, k = x.shape
+    n = qw.weight.shape[0]
+    text, params = qmv.qmm_program("cuda", x_ctype=CTYPES[dtype], scales_ctype=CTYPES.get(qw.scales.dtype, "uchar"),
+                                   out_ctype=CTYPES[dtype], mode=qw.mode, group_size=qw.group_size, bits=qw.bits, k=k)
+    y = np.full((rows, n), 0xFFFF, dtype=x.dtype)  # NaN patterns: an output the kernel misses shows
+    buffers = [y, x, raw(qw.weight), raw(qw.scales)] + ([raw(qw.biases)] if qw.biases is not None else [])
+    buffers.append(np.array([rows, n, k], dtype=np.int32))
+    build(text, "nuvec_qmm", params)(buffers, -(-n // qmv.QMM_COLUMNS), qmv.QMM_THREADS, -(-rows // qmv.QMM_ROWS))
+    return y
+
+
+QMM_CASES = [("affine", 64, 4, dtypes.bfloat16), ("affine", 32, 3, dtypes.float16), ("affine", 128, 8, dtypes.bfloat16),
+             ("affine", 32, 5, dtypes.bfloat16), ("mxfp4", 32, 4, dtypes.bfloat16), ("mxfp8", 32, 8, dtypes.float16),
+             ("nvfp4", 16, 4, dtypes.bfloat16)]
+
+
+@pytest.mark.parametrize("mode, group, bits, dtype", QMM_CASES, ids=str)
+def test_emulated_qmm_matches_the_composition(mode, group, bits, dtype):
+    """Row and column tiles with tails (M = 70, N = 67), K over several steps (nvfp4: a half chunk
+    at the end); the composition dequantizes into x's type too, so only the order of sums differs."""
+    rng = np.random.default_rng(0x9B5)
+    n, k = 67, 176 if mode == "nvfp4" else 4 * group if group < 128 else 256
+    qw = quantized(random(rng, (n, k), dtype, "CPU")[0], mode, group, bits)
+    x_tensor = random(rng, (70, k), dtype, "CPU")[0].realize()
+    want = quant.quantized_matmul(x_tensor, qw).cast(dtypes.float32).numpy().astype(np.float64)
+    got = as_float(emulated_qmm(raw(x_tensor), qw, dtype), dtype)
+    assert np.abs(got - want).max() <= TOL[dtype] * max(np.abs(want).max(), 1.0)
+
+
+@pytest.mark.parametrize("mode, group, bits, dtype", [("affine", 64, 4, dtypes.bfloat16), ("mxfp4", 32, 4, dtypes.float16),
+                                                      ("nvfp4", 16, 4, dtypes.bfloat16)], ids=str)
+def test_emulated_gathered_qmm_takes_each_rows_batch(mode, group, bits, dtype):
+    """Rows with their own weight batch: sorted runs that cross row tiles, an unsorted stretch (more
+    runs, the same values), picks outside the batches giving zeros."""
+    rng = np.random.default_rng(0x9B8)
+    batches, n, k, rows = 4, 67, 176 if mode == "nvfp4" else 3 * group, 150
+    qw = quantized(random(rng, (batches, n, k), dtype, "CPU")[0], mode, group, bits)
+    x_tensor = random(rng, (rows, k), dtype, "CPU")[0].realize()
+    picks = np.sort(rng.integers(0, batches, rows)).astype(np.int32)
+    picks[:3], picks[-2:] = -1, batches + 2          # hostile, at both ends (still sorted)
+    picks[100:110] = rng.integers(0, batches, 10)    # an unsorted stretch
+    text, params = qmv.qmm_program("cuda", x_ctype=CTYPES[dtype], scales_ctype=CTYPES.get(qw.scales.dtype, "uchar"),
+                                   out_ctype=CTYPES[dtype], mode=mode, group_size=group, bits=bits, k=k, gather=True)
+    y = np.full((rows, n), 0xFFFF, dtype=np.uint16)
+    buffers = [y, raw(x_tensor), raw(qw.weight), raw(qw.scales)] + ([raw(qw.biases)] if qw.biases is not None else [])
+    buffers += [picks, np.array([rows, n, k, batches], dtype=np.int32)]
+    build(text, "nuvec_qmm", params)(buffers, -(-n // qmv.QMM_COLUMNS), qmv.QMM_THREADS, -(-rows // qmv.QMM_ROWS))
+    got = as_float(y, dtype)
+    for batch in range(batches):
+        one = quant.QuantizedWeight(*(None if t is None else t[batch].contiguous() for t in (qw.weight, qw.scales, qw.biases)),
+                                    mode, group, bits)
+        want = quant.quantized_matmul(x_tensor, one).cast(dtypes.float32).numpy().astype(np.float64)
+        mine = picks == batch
+        assert np.abs(got[mine] - want[mine]).max() <= TOL[dtype] * max(np.abs(want).max(), 1.0), batch
+    assert not got[(picks < 0) | (picks >= batches)].any()

@@ -1,6 +1,16 @@
-"""The quantized matrix-vector kernels: `qmv` (`src/qmv.h`), `y = x · wᵀ` for up to 8 rows of x,
-and `qvm` (`src/qvm.h`), `y = x · w` for untransposed weights, over packed weights of any affine
-width or floating-point mode (`src/quant_codes.h`), float32 accumulation.
+"""The quantized product kernels: `qmv` (`src/qmv.h`), `y = x · wᵀ` for up to 8 rows of x, `qvm`
+(`src/qvm.h`), `y = x · w` for untransposed weights, and `qmm` (`src/qmm.h`), `y = x · wᵀ` for
+more rows on the matrix units, over packed weights of any affine width or floating-point mode
+(`src/quant_codes.h`), float32 accumulation.
+
+Which kernel runs (the same rule on METAL and CUDA; `quant/affine.py` and `quant/gather.py` apply
+it, anything else is the composition):
+- `quantized_matmul`, 2-D weights: up to MAX_ROWS rows of x, `qmv` (transposed) or `qvm` (not),
+  any activation type (`supported`); more rows of float16 or bfloat16 and transposed, `qmm`
+  (`qmm_supported`; float32 activations stay on the composition, the tiles are 16-bit).
+- `gather_qmm`, transposed, no global scale: sorted single-row entries averaging more than MAX_ROWS
+  rows per weight batch, the gathered `qmm` (`grouped_gather`); otherwise up to MAX_ROWS rows per
+  entry, `gather_qmv`.
 
 `plan` picks qmv's launch shape (`QmvPlan`); its defaults are the module constants below, meant to
 be read off `scripts/tune_qmv.py` on the device. Only `k_split` changes a row's arithmetic order, so
@@ -16,9 +26,9 @@ from dataclasses import dataclass
 from tinygrad import Tensor, dtypes
 from tinygrad.dtype import DType
 
-from .program import CTYPES, Param, launch, prelude, specialise
+from .program import CTYPES, Param, int_buffer, launch, prelude, specialise
 
-MAX_ROWS = 8                  # rows of x the kernel takes (more: the composition, until qmm lands)
+MAX_ROWS = 8                  # rows of x qmv and qvm take (more: qmm, or the composition)
 CODES_PER_STEP = 32 * 32      # a SIMD group's step: 32 lanes x a chunk of 32 consecutive codes
 # Launch-shape defaults (see `plan`).
 COLUMNS_PER_WARP = 4          # output columns a SIMD group serves for one row of x (each x value serves them all)
@@ -188,3 +198,65 @@ def gather_qmv(x: Tensor, weight: Tensor, scales: Tensor, biases: Tensor | None,
     y = Tensor.empty(entries, rows, n, dtype=out_dtype, device=x.device)
     return launch(name, text, x.device, [y], ins, [], (qmv_plan.groups(n), entries, 1), (qmv_plan.threads, 1, 1),
                   grad_fxn=grad_fxn, label=f"{backend} gather_qmv {mode} {bits}-bit g{group_size} M{rows} E{batches} {qmv_plan}")[0]
+
+
+# The matrix-matrix kernel (`src/qmm.h`): y = x · wᵀ for more rows than qmv takes (prefill), on the
+# matrix units; tiles of QMM_ROWS x QMM_COLUMNS outputs, 4 SIMD groups each.
+QMM_ROWS, QMM_COLUMNS, QMM_THREADS = 64, 64, 128
+QMM_DTYPES = (dtypes.float16, dtypes.bfloat16)  # the mma's inputs: x (and the dequantized tiles) in x's type
+
+
+def qmm_supported(x_dtype: DType, scales_dtype: DType, out_dtype: DType, rows: int, k: int, n: int) -> bool:
+    """Whether qmm takes the call: more than MAX_ROWS rows of 16-bit activations (float32 and the
+    few-row products go elsewhere), a non-empty weight, at most 65535 row tiles (the grid's axis)."""
+    return (rows > MAX_ROWS and k > 0 and n > 0 and x_dtype in QMM_DTYPES and out_dtype in CTYPES
+            and (scales_dtype in CTYPES or scales_dtype == dtypes.uint8) and math.ceil(rows / QMM_ROWS) <= 65535)
+
+
+def grouped_gather(entries: int, rows_per_entry: int, batches: int) -> bool:
+    """Whether a sorted gathered product runs as the gathered qmm (each weight batch's rows as one
+    product) rather than gather_qmv (each row alone): single-row entries (MLX's rule), at least 16
+    of them, more than MAX_ROWS per weight batch on average. Below that an expert's rows are few,
+    qmv's domain, and keep the bits of one-row products (the seeds'
+    `sorted_few_row_gathers_keep_the_one_row_bits`)."""
+    return rows_per_entry == 1 and entries >= 16 and entries > MAX_ROWS * batches
+
+
+def qmm_program(backend: str, *, x_ctype: str, scales_ctype: str, out_ctype: str, mode: str, group_size: int, bits: int,
+                k: int, gather: bool = False) -> tuple[str, list[Param]]:
+    """`qmm`'s text for `backend` without the prelude, and its parameters: y, x, w, scales (, biases)
+    (, picks), ints (M, N, K (, batches)). K only picks the width of the weight loads (its rows'
+    alignment). `gather`: each row of x with its own weight batch (sorted gathers of `gather_qmm`)."""
+    defines = dict(TX=x_ctype, TS=scales_ctype, TY=out_ctype, BITS=bits, GROUP=group_size, MODE=_MODES[mode],
+                   LOAD_WORDS=load_words(bits, k * bits // 32), GATHER=int(gather))
+    params = [Param("y", "out", out_ctype), Param("x", "in", x_ctype), Param("w", "in", "uint"),
+              Param("scales", "in", scales_ctype)]
+    if mode == "affine": params.append(Param("biases", "in", scales_ctype))
+    if gather: params.append(Param("picks", "in", "int"))
+    params.append(Param("ints", "in", "int"))
+    return specialise(backend, "nuvec_qmm", ("quant_codes.h", "qmm.h"), defines, params), params
+
+
+def qmm(x: Tensor, weight: Tensor, scales: Tensor, biases: Tensor | None, *, mode: str, group_size: int, bits: int,
+        out_dtype: DType, backend: str, grad_fxn=None, picks: Tensor | None = None) -> Tensor:
+    """`x [M, K] · wᵀ` (x float16 or bfloat16) for packed `weight [N, K * bits / 32]`, `scales`
+    (and affine `biases`) `[N, K / group_size]`; returns `[M, N]` in `out_dtype`. The weights are
+    dequantized into x's type (MLX's rounding), the products accumulate in float32.
+
+    picks (int32 `[M]`): row i of x times weight batch `picks[i]` of `weight [E, N, ...]`, `scales`
+    (and `biases`) `[E, N, ...]`, zeros for a pick outside 0..E-1; rows grouped by batch (sorted
+    picks) run as one product per batch and row tile (a mixture of experts' prefill)."""
+    rows, k = x.shape
+    n = weight.shape[-2]
+    text, _ = qmm_program(backend, x_ctype=CTYPES[x.dtype], scales_ctype=CTYPES.get(scales.dtype, "uchar"),
+                          out_ctype=CTYPES[out_dtype], mode=mode, group_size=group_size, bits=bits, k=k,
+                          gather=picks is not None)
+    name = f"nuvec_qmm_{hashlib.sha256(text.encode()).hexdigest()[:12]}"
+    ins = [x.contiguous(), weight.contiguous(), scales.contiguous()]
+    if biases is not None: ins.append(biases.contiguous())
+    if picks is not None: ins.append(picks.cast(dtypes.int32).contiguous())
+    ins.append(int_buffer(x.device, (rows, n, k) + ((weight.shape[0],) if picks is not None else ())))
+    y = Tensor.empty(rows, n, dtype=out_dtype, device=x.device)
+    return launch(name, prelude(backend) + text.replace("nuvec_qmm(", f"{name}("), x.device, [y], ins, [],
+                  (math.ceil(n / QMM_COLUMNS), math.ceil(rows / QMM_ROWS), 1), (QMM_THREADS, 1, 1), grad_fxn=grad_fxn,
+                  label=f"{backend} qmm {mode} {bits}-bit g{group_size} M{rows} K{k} N{n}{' gather' if picks is not None else ''}")[0]

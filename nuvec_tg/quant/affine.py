@@ -223,6 +223,15 @@ def quantized_matmul(x: Tensor, qw: QuantizedWeight, transpose: bool = True) -> 
                      group_size=qw.group_size, bits=qw.bits, out_dtype=dtype, backend=backend,
                      grad_fxn=product_backward(_dense_product(qw, dtype, transpose), qw.biases is not None, qw.mode))
         return out.reshape(*x.shape[:-1], outputs)
+    if (backend is not None and transpose and qw.weight.ndim == 2
+            and qmv_kernel.qmm_supported(dtype, qw.scales.dtype, dtype, rows_of_x, inner, outputs)):
+        debug(f"{op} {tuple(x.shape)} x {qw.mode} {qw.bits}-bit {tuple(qw.weight.shape)} on {x.device}: the qmm kernel")
+        product = _dense_product(qw, dtype, transpose)
+        out = qmv_kernel.qmm(x.cast(dtype).reshape(rows_of_x, inner), qw.weight, qw.scales, qw.biases, mode=qw.mode,
+                             group_size=qw.group_size, bits=qw.bits, out_dtype=dtype, backend=backend,
+                             grad_fxn=product_backward(lambda x, w, s, b, _sizes: product(x, w, s, b), qw.biases is not None,
+                                                       qw.mode))
+        return out.reshape(*x.shape[:-1], outputs)
     dense = _dense(qw, dtype)
     return x.cast(dtype) @ (dense.transpose(-1, -2) if transpose else dense)
 
@@ -236,7 +245,7 @@ def _dense_product(qw: QuantizedWeight, dtype: DType, transpose: bool):
 
 
 def product_backward(product, has_biases: bool, mode: str):
-    """A quantized product kernel's backward (qmv, qvm, gather_qmv): the gradient of the
+    """A quantized product kernel's backward (qmv, qvm, qmm, gather_qmv): the gradient of the
     composition `product(x, weight, scales, biases, *rest)` in x (argument 1) and, for affine
     weights, in the scales and biases (arguments 3 and 4), on detached copies of the call's
     arguments `(y, x, weight, scales[, biases], *rest)`."""

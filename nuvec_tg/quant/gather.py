@@ -8,7 +8,8 @@ taken in order (`arange` over its batch shape). An index outside an operand's ba
 one too) selects a batch of zeros (nothing is read out of bounds). `sorted_indices` is a hint for
 kernels (rows sorted by expert) and changes no value. On METAL and CUDA, transposed products of at
 most 8 rows per entry run the `gather_qmv` kernel (`kernels/quant.py`), each row with the bits of a
-one-row `quantized_matmul` of its expert.
+one-row `quantized_matmul` of its expert; sorted single-row entries averaging more than 8 rows per
+expert run the gathered `qmm` kernel, an expert's rows as one product (`grouped_gather`).
 """
 from __future__ import annotations
 
@@ -107,6 +108,19 @@ def gather_qmm(x: Tensor, qw: QuantizedWeight, lhs_indices: Tensor | None = None
     def product(x_rows: Tensor, picks: Tensor) -> Tensor:
         backend = kernel_backend(x.device) if kernels_enabled() else None
         entries, m = x_rows.shape[0], x_rows.shape[1]
+        if (backend is not None and transpose and sorted_indices and global_scale is None and weight.shape[0] > 0
+                and qmv_kernel.grouped_gather(entries, m, weight.shape[0])
+                and qmv_kernel.qmm_supported(dtype, qw.scales.dtype, dtype, entries * m, columns, rows)):
+            debug(f"{op} {entries} sorted entries of {m} x {columns} x {qw.mode} {qw.bits}-bit {tuple(qw.weight.shape)}: "
+                  "the gathered qmm kernel")
+            row_picks = picks.reshape(-1, 1).expand(entries, m).reshape(-1)
+
+            def composed_rows(x_flat, weight, scales, biases, row_picks, _sizes):
+                return composed(x_flat.reshape(-1, 1, columns), weight, scales, biases, row_picks).reshape(-1, rows)
+            out = qmv_kernel.qmm(x_rows.cast(dtype).reshape(entries * m, columns), weight, scales, biases, mode=qw.mode,
+                                 group_size=qw.group_size, bits=qw.bits, out_dtype=dtype, backend=backend, picks=row_picks,
+                                 grad_fxn=product_backward(composed_rows, biases is not None, qw.mode))
+            return out.reshape(entries, m, rows)
         if (backend is not None and transpose and global_scale is None and x.dtype != dtypes.float64
                 and 0 < entries <= qmv_kernel.MAX_ENTRIES and weight.shape[0] > 0
                 and qmv_kernel.supported(x.dtype, qw.scales.dtype, dtype, m, columns, rows)):

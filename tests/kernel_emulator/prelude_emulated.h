@@ -147,3 +147,30 @@ inline uint pack_pair(float lo, float hi, half) {
 }
 inline uint low_halves(uint a, uint b) { return (a & 0xFFFFu) | (b << 16); }
 inline uint high_halves(uint a, uint b) { return (a >> 16) | (b & 0xFFFF0000u); }
+
+// Matrix tiles in threadgroup memory (qmm.h), as the CUDA prelude has them.
+#define THREADGROUP_PTR
+#define MMA_INPUT(T) T
+inline void simd_barrier() { block_sync->warps[threadIdx.x / 32]->arrive_and_wait(); }
+struct TileAcc { float v[4]; };
+inline void tile_zero(TileAcc& acc) { acc.v[0] = acc.v[1] = acc.v[2] = acc.v[3] = 0.0f; }
+template <typename T> inline void tile_mma(TileAcc& acc, const T* a, int lda, const T* b, int ldb, int lane) {
+  const int g = lane / 4, c = lane % 4;
+  uint frag[4], b0, b1;
+  std::memcpy(&frag[0], a + g * lda + 2 * c, 4);
+  std::memcpy(&frag[1], a + (g + 8) * lda + 2 * c, 4);
+  std::memcpy(&frag[2], a + g * lda + 2 * c + 8, 4);
+  std::memcpy(&frag[3], a + (g + 8) * lda + 2 * c + 8, 4);
+  std::memcpy(&b0, b + g * ldb + 2 * c, 4);
+  std::memcpy(&b1, b + g * ldb + 2 * c + 8, 4);
+  mma_emulated(acc.v, frag, b0, b1, sizeof(T) == 2 && !__is_same(T, half));
+}
+inline void to_tile(float value, bfloat* at) { from_float(value, at); }
+inline void to_tile(float value, half* at) { from_float(value, at); }
+inline void tile_store(const TileAcc& acc, float* out, int ld, int lane) {
+  const int g = lane / 4, c = lane % 4;
+  out[g * ld + 2 * c] = acc.v[0];
+  out[g * ld + 2 * c + 1] = acc.v[1];
+  out[(g + 8) * ld + 2 * c] = acc.v[2];
+  out[(g + 8) * ld + 2 * c + 1] = acc.v[3];
+}

@@ -77,3 +77,35 @@ INLINE uint pack_pair(float lo, float hi, half) {
 // The low (high) 16-bit halves of two words, a's in the low half.
 INLINE uint low_halves(uint a, uint b) { return __byte_perm(a, b, 0x5410); }
 INLINE uint high_halves(uint a, uint b) { return __byte_perm(a, b, 0x7632); }
+
+// Matrix tiles in threadgroup memory, for the kernels that multiply them (qmm.h); Metal's prelude
+// has the same vocabulary on simdgroup matrices. THREADGROUP_PTR qualifies a pointer into
+// threadgroup memory; MMA_INPUT(T) is a tile's element type for activations of type T; a TileAcc
+// is a 16 x 8 float32 accumulator of one SIMD group (here: the mma's C fragment).
+#define THREADGROUP_PTR
+#define MMA_INPUT(T) T
+#define simd_barrier() __syncwarp()
+struct TileAcc { float v[4]; };
+INLINE void tile_zero(TileAcc& acc) { acc.v[0] = acc.v[1] = acc.v[2] = acc.v[3] = 0.0f; }
+// acc += A · B for A 16 x 16 (row-major at `a`, row stride lda) and B 16 x 8 given as its
+// transpose, 8 rows of 16 (at `b`, row stride ldb); both in threadgroup memory, 4-byte aligned pairs.
+#define TILE_MMA(TYPE, MMA_FN)                                                                         \
+  INLINE void tile_mma(TileAcc& acc, const TYPE* a, int lda, const TYPE* b, int ldb, int lane) {       \
+    const int g = lane / 4, c = lane % 4;                                                              \
+    const uint frag[4] = {*(const uint*)(a + g * lda + 2 * c), *(const uint*)(a + (g + 8) * lda + 2 * c), \
+                          *(const uint*)(a + g * lda + 2 * c + 8), *(const uint*)(a + (g + 8) * lda + 2 * c + 8)}; \
+    MMA_FN(acc.v, frag, *(const uint*)(b + g * ldb + 2 * c), *(const uint*)(b + g * ldb + 2 * c + 8)); \
+  }
+TILE_MMA(bfloat, mma_bf16)
+TILE_MMA(half, mma_f16)
+// A float into a tile element (rounded to nearest).
+INLINE void to_tile(float value, bfloat* at) { *at = __float2bfloat16_rn(value); }
+INLINE void to_tile(float value, half* at) { *at = __float2half_rn(value); }
+// The accumulator into 16 x 8 floats of threadgroup memory at `out` (row stride ld).
+INLINE void tile_store(const TileAcc& acc, float* out, int ld, int lane) {
+  const int g = lane / 4, c = lane % 4;
+  out[g * ld + 2 * c] = acc.v[0];
+  out[g * ld + 2 * c + 1] = acc.v[1];
+  out[(g + 8) * ld + 2 * c] = acc.v[2];
+  out[(g + 8) * ld + 2 * c + 1] = acc.v[3];
+}

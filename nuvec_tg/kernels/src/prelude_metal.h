@@ -21,3 +21,36 @@ INLINE void from_float(float x, device half* out) { *out = half(x); }
 INLINE void from_float(float x, device bfloat* out) { *out = bfloat(x); }
 INLINE float round_half(float x) { return float(half(x)); }
 INLINE float round_bfloat(float x) { return float(bfloat(x)); }
+
+// Matrix tiles in threadgroup memory (qmm.h), on simdgroup matrices: the CUDA prelude's
+// vocabulary. Tiles hold floats here (simdgroup_float8x8 runs on every Apple GPU family).
+#define THREADGROUP_PTR threadgroup
+#define MMA_INPUT(T) float
+#define simd_barrier() simdgroup_barrier(mem_flags::mem_threadgroup)
+struct TileAcc { simdgroup_float8x8 m[2]; };
+INLINE void tile_zero(thread TileAcc& acc) {
+  acc.m[0] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
+  acc.m[1] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
+}
+// acc += A · B for A 16 x 16 (row-major at `a`, row stride lda) and B 16 x 8 given as its
+// transpose, 8 rows of 16 (at `b`, row stride ldb), both in threadgroup memory.
+INLINE void tile_mma(thread TileAcc& acc, const threadgroup float* a, int lda, const threadgroup float* b, int ldb, int lane) {
+  simdgroup_float8x8 a_top_left, a_top_right, a_bottom_left, a_bottom_right, b_upper, b_lower;
+  simdgroup_load(a_top_left, a, lda);
+  simdgroup_load(a_top_right, a + 8, lda);
+  simdgroup_load(a_bottom_left, a + 8 * lda, lda);
+  simdgroup_load(a_bottom_right, a + 8 * lda + 8, lda);
+  simdgroup_load(b_upper, b, ldb, ulong2(0, 0), true);
+  simdgroup_load(b_lower, b + 8, ldb, ulong2(0, 0), true);
+  simdgroup_multiply_accumulate(acc.m[0], a_top_left, b_upper, acc.m[0]);
+  simdgroup_multiply_accumulate(acc.m[0], a_top_right, b_lower, acc.m[0]);
+  simdgroup_multiply_accumulate(acc.m[1], a_bottom_left, b_upper, acc.m[1]);
+  simdgroup_multiply_accumulate(acc.m[1], a_bottom_right, b_lower, acc.m[1]);
+}
+// A float into a tile element.
+INLINE void to_tile(float value, threadgroup float* at) { *at = value; }
+// The accumulator into 16 x 8 floats of threadgroup memory at `out` (row stride ld).
+INLINE void tile_store(const thread TileAcc& acc, threadgroup float* out, int ld, int lane) {
+  simdgroup_store(acc.m[0], out, ld);
+  simdgroup_store(acc.m[1], out + 8 * ld, ld);
+}
