@@ -6,7 +6,10 @@ threadgroup), each timed as the benchmark times (TinyJit replays of calls over r
 
 `--matrix`: the matrix-unit first pass instead (cells: key blocks x SIMD groups x tiles in flight,
 the SIMD groups merged in the threadgroup), over the grouped-query shapes; `--quick` fewer shapes;
-`--shape B,HQ,HKV,LK` (repeatable) and `--launch WARPS,UNROLL` (repeatable) pick them instead."""
+`--shape B,HQ,HKV,LK` (repeatable) and `--launch WARPS,UNROLL` (repeatable) pick them instead;
+`--grouped` runs the matrix cells' blocks in about one wave of threadgroups, each taking its share
+in turn, as the plan's `block_groups` does for a large batch. Each shape's last
+cell, "plan", is what `fast.plan_attention` picks, timed through `fast.scaled_dot_product_attention`."""
 import contextlib
 import io
 import sys
@@ -18,6 +21,7 @@ from tinygrad.helpers import Context
 from nuvec_tg.bench.attention import kv_sets, torch_times
 from nuvec_tg.bench.common import time_jit, warm_up
 from nuvec_tg import fast
+from nuvec_tg.fast import plan as attention_plan
 from nuvec_tg.kernels import compositions_only
 from nuvec_tg.kernels.attention import decode_attention
 
@@ -44,6 +48,14 @@ def _given(flag: str) -> list[tuple[int, ...]]:
 
 if _given("--shape"): SHAPES = QUICK = _given("--shape")
 if _given("--launch"): LAUNCH = _given("--launch")
+grouped = "--grouped" in sys.argv
+
+
+def block_groups(b: int, hq: int, hkv: int, blocks: int) -> int | None:
+    """The plan's threadgroups per (item, key head, row group) for a large batch (`--grouped`)."""
+    if not (matrix and grouped): return None
+    wave = attention_plan._CUDA_DEFAULT_MULTIPROCESSORS * attention_plan._CUDA_MATRIX_RESIDENT_GROUPS
+    return max(1, min(blocks, wave // (hkv * -(-(hq // hkv) // 16) * b)))
 print(f"device {Device.DEFAULT}; cells: blocks (1 = one pass) x warps x unroll: device µs per call / K/V TB/s", flush=True)
 shapes = QUICK if quick else SHAPES
 torch_seconds = torch_times([(b, hq, hkv, 128, lk, "bfloat16") for b, hq, hkv, lk in shapes], 5)
@@ -65,12 +77,16 @@ for b, hq, hkv, lk in shapes:
             def attend(q, k, v, passes=passes, blocks=blocks, warps=warps, unroll=unroll):
                 return decode_attention(q, k, v, d ** -0.5, dtype=dtype, backend="cuda", passes=passes, blocks=blocks,
                                         causal=False, window=None, mask=None, sinks=None, warps=warps, unroll=unroll,
-                                        matrix=matrix)
+                                        matrix=matrix, block_groups=block_groups(b, hq, hkv, blocks))
             got = attend(*sets[0]).float().numpy()
             worst = max(worst, float(np.abs(got - reference).max() / np.abs(reference).max()))
             seconds = time_jit(attend, sets, 5)
             cells.append((seconds, f"{blocks}x{warps}x{unroll}: {seconds * 1e6:.1f}/{kv_bytes / seconds / 1e12:.2f}", (blocks, warps, unroll)))
     _, best, (blocks, warps, unroll) = min(cells)
+    plan = fast.plan_attention(sets[0][0].shape, sets[0][1].shape, sets[0][2].shape, dtype).kernel
+    plan_seconds = time_jit(lambda q, k, v: fast.scaled_dot_product_attention(q, k, v, d ** -0.5), sets, 5)
+    plan_name = f"{plan.blocks}/{plan.block_groups or plan.blocks}g" if isinstance(plan, fast.Vector) else type(plan).__name__
+    cells.append((plan_seconds, f"plan {plan_name}: {plan_seconds * 1e6:.1f}/{kv_bytes / plan_seconds / 1e12:.2f}", None))
     torch_s = torch_seconds[(b, hq, hkv, 128, lk, "bfloat16")]
     torch_text = f"{torch_s * 1e6:.1f}/{kv_bytes / torch_s / 1e12:.2f}" if torch_s else "-"
     print(f"B {b} {hq}/{hkv} Lk {lk}: " + "  ".join(c for _, c, _ in cells) + f"  | best {best} | torch {torch_text} | max rel. error {worst:.1e}", flush=True)

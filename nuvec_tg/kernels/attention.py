@@ -178,13 +178,13 @@ class DecodeSpec:
         params = self.first_pass_params(ctype) + list(length_params)
         if self.matrix:
             defines = dict(common, MMA="mma_bf16" if self.dtype == dtypes.bfloat16 else "mma_f16", ROW_GROUPS=self.row_groups(),
-                           PREFETCH=int(self.unroll > 1))
+                           PREFETCH=int(self.unroll > 1), BLOCK_ROUND=16 * self.warps)
             programs = [_named(backend, "nuvec_sdpa_decode_mma", ("sdpa_keys.h", "sdpa_decode_mma.h"), defines, params)]
         else:
             shape, size = self.geometry(), self.dtype.itemsize
             defines = dict(common, ROWS=shape.rows, ROW_GROUPS=shape.row_groups, TPK=shape.lanes_per_key,
                            EQ=shape.features_per_lane, EV=shape.values_per_lane, UNROLL=self.unroll,
-                           TWO_PASS=int(self.passes == 2), SINKS=int(self.sinks),
+                           TWO_PASS=int(self.passes == 2), SINKS=int(self.sinks), BLOCK_ROUND=1,
                            **chunks("K", self.head_dim * size, shape.features_per_lane * size),
                            **chunks("V", self.value_dim * size, shape.values_per_lane * size))
             programs = [_named(backend, "nuvec_sdpa_decode", ("sdpa_keys.h", "sdpa_decode.h"), defines, params)]

@@ -30,6 +30,11 @@
 // RUNTIME_INTS (with `blocks_per_group`). D is a multiple of 32 and DV of 64.
 
 #define K_PIECES (D / 32)   // 16-byte pieces of a key line per lane
+// Where value `col` of staged row `slot` sits in threadgroup memory: the columns of a row XORed
+// within their 16 by the row and by bit 5 of the column, so that a SIMD group's store of one
+// output fragment (8 rows x 4 columns 16 apart) hits 32 different banks (unswizzled, 2: a 16-way
+// conflict), while a row's 32 consecutive columns stay a permutation of 32 banks for the merge.
+#define STAGED(slot, col) ((slot) * DV + ((col) ^ ((2 * ((slot) & 7)) | (((col) >> 5) & 1))))
 #define V_PIECES (DV / 64)  // 16-byte pieces of a value line per lane
 #define K_STEPS (D / 16)    // mma steps of the scores
 #define V_TILES (DV / 8)    // mma tiles of the output
@@ -233,8 +238,8 @@ INLINE int line_start(const DEVICE int* block_tables, int batch, int max_blocks,
     }
 
     // The SIMD groups' partials through threadgroup memory (a row's weight sum over its four lanes
-    // first; C's element (row, 2c + j) of tile 8i + e is value 8 * (8i + 2c + j) + e; rows past
-    // the head's are not written), then merged in SIMD-group order into the block's partial: each
+    // first; C's element (row, 2c + j) of tile 8i + e is value 8 * (8i + 2c + j) + e, at STAGED;
+    // rows past the head's are not written), then merged in SIMD-group order into the block's partial: each
     // row's factors once (a thread a row), then the values.
 #pragma unroll
     for (int r = 0; r < 2; r++) {
@@ -251,7 +256,7 @@ INLINE int line_start(const DEVICE int* block_tables, int batch, int max_blocks,
 #pragma unroll
         for (int j = 0; j < 2; j++)
 #pragma unroll
-          for (int e = 0; e < 8; e++) shared_acc[slot * DV + 8 * (8 * i + 2 * c + j) + e] = out_frag[8 * i + e][2 * r + j];
+          for (int e = 0; e < 8; e++) shared_acc[STAGED(slot, 8 * (8 * i + 2 * c + j) + e)] = out_frag[8 * i + e][2 * r + j];
     }
     threadgroup_barrier();
     if ((int)nv_thread.x < 16 && first_row + (int)nv_thread.x < GQA * LQ) {
@@ -274,7 +279,7 @@ INLINE int line_start(const DEVICE int* block_tables, int batch, int max_blocks,
       if (row >= GQA * LQ) break;
       const int out_row = (batch * HQ + kv_head * GQA + row / LQ) * LQ + row % LQ;
       float value = 0.0f;
-      for (int w = 0; w < NUM_WARPS; w++) value += shared_acc[(w * 16 + r) * DV + e] * shared_factor[w * 16 + r];
+      for (int w = 0; w < NUM_WARPS; w++) value += shared_acc[STAGED(w * 16 + r, e)] * shared_factor[w * 16 + r];
       part_acc[(out_row * BLOCKS + block) * DV + e] = value;
     }
     threadgroup_barrier();  // threadgroup memory is read before the next block writes it
