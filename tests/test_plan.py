@@ -80,24 +80,30 @@ def test_passes_and_blocks_follow_mlx():
     assert plan(1, 32, 8, 1, 1024, 128, dtype=f32, target=CUDA).kernel == fast.Vector(2, 16, 2)      # 1024 // 64
     assert plan(1, 32, 8, 1, 65536, 128, dtype=f32, target=CUDA).kernel == fast.Vector(2, 32, 2)     # 132 * 16 // (8 * 8) = 33
     assert plan(1, 64, 8, 1, 65536, 128, dtype=f32, target=CUDA).kernel == fast.Vector(2, 32, 2)
-    # CUDA, 4 or more query rows per key head in 16-bit types: the matrix-unit pass, blocks for 6
-    # resident SIMD groups per multiprocessor (4 per threadgroup), at least 256 keys per block.
-    assert plan(1, 64, 8, 1, 65536, 128, target=CUDA).kernel == fast.Vector(2, 24, 2, matrix=True)  # 792 // 32
-    assert plan(1, 32, 4, 1, 65536, 128, target=CUDA).kernel == fast.Vector(2, 49, 2, matrix=True)  # 792 // 16
-    assert plan(1, 32, 8, 1, 1024, 128, target=CUDA).kernel == fast.Vector(2, 4, 2, matrix=True)    # 1024 // 256
+    # CUDA, 4 or more query rows per key head in 16-bit types: the matrix-unit pass, about
+    # sqrt(keys / 64) blocks, a power of two, at most 8 resident SIMD groups per multiprocessor for
+    # one item (4 per threadgroup).
+    assert plan(1, 32, 8, 1, 1024, 128, target=CUDA).kernel == fast.Vector(2, 4, 2, matrix=True)    # sqrt(16)
+    assert plan(1, 32, 8, 1, 4096, 128, target=CUDA).kernel == fast.Vector(2, 8, 2, matrix=True)    # sqrt(64)
+    assert plan(1, 32, 4, 1, 16384, 128, target=CUDA).kernel == fast.Vector(2, 16, 2, matrix=True)  # sqrt(256)
+    assert plan(1, 64, 8, 1, 65536, 128, target=CUDA).kernel == fast.Vector(2, 32, 2, matrix=True)  # sqrt(1024)
+    assert plan(1, 32, 4, 1, 1 << 20, 128, target=CUDA).kernel == fast.Vector(2, 64, 2, matrix=True)  # 1056 // 16
+    assert plan(1, 32, 8, 1, 1 << 20, 128, target=CUDA).kernel == fast.Vector(2, 32, 2, matrix=True)  # 1056 // 32
     assert plan(1, 32, 4, 1, 1023, 128, target=CUDA).kernel == fast.Vector(2, 2, 2, matrix=True)    # a power of two
     assert plan(1, 32, 4, 1, 200, 128, target=CUDA).kernel == fast.Vector(2, 1, 2, matrix=True)
     assert plan(1, 16, 8, 2, 4096, 128, target=CUDA, mask="causal").kernel.matrix                     # 2 heads x 2 positions
-    assert plan(1, 256, 8, 1, 4096, 128, target=CUDA).kernel == fast.Vector(2, 12, 2, matrix=True)   # two row groups
+    assert plan(1, 256, 8, 1, 1 << 20, 128, target=CUDA).kernel == fast.Vector(2, 16, 2, matrix=True)  # two row groups
+    # A window's keys count, not the cache's.
+    assert plan(1, 32, 8, 1, 65536, 128, target=CUDA, mask="causal", window=1024).kernel == fast.Vector(2, 4, 2, matrix=True)
     # A batch keeps the blocks (so the bits) of one item, run by about one wave of threadgroups
     # (2 per multiprocessor), each taking its share of the blocks in turn.
     for b in (2, 8, 32):
         alone, batched = plan(1, 16, 2, 1, 16384, 128, target=CUDA).kernel, plan(b, 16, 2, 1, 16384, 128, target=CUDA).kernel
-        assert (batched.blocks, batched.matrix) == (alone.blocks, alone.matrix) == (64, True)
+        assert (batched.blocks, batched.matrix) == (alone.blocks, alone.matrix) == (16, True)
     assert plan(1, 32, 8, 1, 16384, 128, target=CUDA).kernel.block_groups == 0                          # one per block
-    assert plan(8, 32, 8, 1, 16384, 128, target=CUDA).kernel == fast.Vector(2, 24, 2, True, 4)         # 264 // 64
-    assert plan(32, 32, 4, 1, 16384, 128, target=CUDA).kernel == fast.Vector(2, 49, 2, True, 2)        # 264 // 128
-    assert plan(64, 32, 4, 1, 16384, 128, target=CUDA).kernel == fast.Vector(2, 49, 2, True, 1)
+    assert plan(8, 32, 8, 1, 16384, 128, target=CUDA).kernel == fast.Vector(2, 16, 2, True, 4)         # 264 // 64
+    assert plan(32, 32, 4, 1, 16384, 128, target=CUDA).kernel == fast.Vector(2, 16, 2, True, 2)        # 264 // 128
+    assert plan(64, 32, 4, 1, 16384, 128, target=CUDA).kernel == fast.Vector(2, 16, 2, True, 1)
     assert not plan(1, 32, 4, 1, 4096, 128, dtype=f32, target=CUDA).kernel.matrix
     assert not plan(1, 32, 4, 1, 4096, 256, target=CUDA).kernel.matrix                                 # registers
     assert not plan(1, 32, 4, 1, 4096, 192, 128, target=CUDA).kernel.matrix
@@ -105,7 +111,7 @@ def test_passes_and_blocks_follow_mlx():
     assert not plan(1, 16, 8, 1, 4096, 128, target=CUDA).kernel.matrix                                 # 2 rows a head
     assert not plan(1, 32, 4, 1, 4096, 128, target=METAL["g"]).kernel.matrix
     scratch = plan(2, 32, 4, 1, 16384, 128, target=CUDA)
-    assert scratch.scratch_bytes == 2 * 32 * 1 * 49 * (128 + 2) * 4
+    assert scratch.scratch_bytes == 2 * 32 * 1 * 16 * (128 + 2) * 4
     for b in (2, 8, 32):
         assert plan(b, 32, 8, 1, 16384, 128, dtype=f32, target=CUDA).kernel == plan(1, 32, 8, 1, 16384, 128, dtype=f32, target=CUDA).kernel
     assert plan(1, 32, 8, 1, 127, 128, dtype=f32, target=CUDA).kernel == fast.Vector(1, 1, 1)

@@ -29,6 +29,7 @@ Memory: the composition's score-sized intermediate is `B * Hq * rows * keys` flo
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 
 from tinygrad import Device, Tensor, dtypes
@@ -279,15 +280,21 @@ def _cuda_vector_blocks(call: AttentionCall, keys: int, multiprocessors: int | N
 
 
 # The matrix-unit first pass on CUDA (`kernels/src/sdpa_decode_mma.h`): taken from this many query
-# rows per key head. Its blocks fill about `_CUDA_MATRIX_RESIDENT_WARPS` SIMD groups per
-# multiprocessor for one batch item, each SIMD group with at least `_CUDA_MATRIX_WARP_KEYS` keys
-# (fewer, and the partials cost more than the split saves; a power of two there, so that a
-# growing cache compiles a few specialisations). Read off the H200 sweep (`scripts/tune_decode.py
-# --matrix`) and checked by the whole benchmark (`benchmarks/attention_h200.md`).
+# rows per key head. Its blocks leave the batch size out (an item's bits must not depend on its
+# batch), so one count serves B = 1, which wants many short blocks (one item fills few
+# multiprocessors), and a large batch, which wants few long ones: there every block still costs
+# its epilogue (the SIMD groups' merge through threadgroup memory behind barriers) and its
+# partial. On the H200 sweep (`scripts/tune_decode.py --matrix [--grouped]`, kept in
+# `benchmarks/attention_h200.md`) the compromise that loses least against PyTorch at either end is
+# about sqrt(keys / _CUDA_MATRIX_KEY_SCALE) blocks (4 at 1024 keys, 8 at 4096, 16 at 16384, 32 at
+# 65536), a power of two (a growing cache compiles a few specialisations), and no more than fill
+# `_CUDA_MATRIX_RESIDENT_WARPS` SIMD groups per multiprocessor for one item. A large batch runs
+# the same blocks in about one wave of threadgroups (`_CUDA_MATRIX_RESIDENT_GROUPS` per
+# multiprocessor: registers for about 250 a thread), each taking its share in turn.
 _CUDA_MATRIX_MIN_ROWS = 4
-_CUDA_MATRIX_RESIDENT_WARPS = 6
-_CUDA_MATRIX_WARP_KEYS = 64
-_CUDA_MATRIX_RESIDENT_GROUPS = 2  # threadgroups per multiprocessor (registers: about 250 a thread)
+_CUDA_MATRIX_RESIDENT_WARPS = 8
+_CUDA_MATRIX_KEY_SCALE = 64
+_CUDA_MATRIX_RESIDENT_GROUPS = 2
 
 
 def _cuda_matrix_route(call: AttentionCall, keys: int, multiprocessors: int | None) -> Vector | None:
@@ -298,14 +305,15 @@ def _cuda_matrix_route(call: AttentionCall, keys: int, multiprocessors: int | No
     if (call.dtype not in (dtypes.float16, dtypes.bfloat16) or call.head_dim % 32 or call.v_head_dim % 64
             or call.head_dim > 128 or call.v_head_dim > 128 or rows < _CUDA_MATRIX_MIN_ROWS):
         return None
+    multiprocessors = multiprocessors or _CUDA_DEFAULT_MULTIPROCESSORS
     threadgroups = call.kv_heads * -(-rows // MATRIX_ROWS)
-    resident = (multiprocessors or _CUDA_DEFAULT_MULTIPROCESSORS) * _CUDA_MATRIX_RESIDENT_WARPS
-    by_keys = keys // (CUDA_MATRIX_WARPS * _CUDA_MATRIX_WARP_KEYS)
-    blocks = min(resident // (threadgroups * CUDA_MATRIX_WARPS), 1 << (by_keys.bit_length() - 1) if by_keys > 1 else 1)
-    blocks = max(blocks, 1)
+    by_warps = multiprocessors * _CUDA_MATRIX_RESIDENT_WARPS // (threadgroups * CUDA_MATRIX_WARPS)
+    by_keys = math.isqrt(keys // _CUDA_MATRIX_KEY_SCALE)
+    wanted = min(by_warps, by_keys)
+    blocks = 1 << (wanted.bit_length() - 1) if wanted > 1 else 1
     # A large batch runs the same blocks in fewer threadgroups, about one wave of them (a block's
-    # partial is the same whichever threadgroup computes it, so the bits stay the batch's own).
-    wave = (multiprocessors or _CUDA_DEFAULT_MULTIPROCESSORS) * _CUDA_MATRIX_RESIDENT_GROUPS
+    # partial is the same whichever threadgroup computes it, so the bits stay the item's own).
+    wave = multiprocessors * _CUDA_MATRIX_RESIDENT_GROUPS
     groups = max(1, min(blocks, wave // (threadgroups * call.batch)))
     return Vector(passes=2, blocks=blocks, dispatches=2, matrix=True, block_groups=0 if groups == blocks else groups)
 
