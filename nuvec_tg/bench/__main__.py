@@ -21,7 +21,7 @@ def main() -> None:
     parser.add_argument("--markdown", help="also write the table to this file")
     parser.add_argument("--part", default="1/1", help="I/N: only the I-th of N interleaved slices of the grid "
                         "(to spread a long grid over several device calls)")
-    parser.add_argument("--batches", help="B,...: only these batch sizes (attention, gated_delta)")
+    parser.add_argument("--batches", help="B,...: only these batch sizes (attention, gated_delta; quant: these rows M)")
     args = parser.parse_args()
     lines = BENCHMARKS[args.what](args)
     if args.markdown:

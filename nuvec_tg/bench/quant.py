@@ -41,7 +41,7 @@ def run(args) -> list[str]:
     grid += [(512, k, n, "affine4") for k, n in shapes]
     if args.quick: grid = [(1, 4096, 4096, fmt) for fmt in FORMATS] + [(512, 4096, 4096, "affine4")]
     if args.small: grid = [(1, 256, 128, "affine4"), (2, 256, 128, "mxfp4")]
-    grid = part_of(grid, args.part)
+    grid = part_of(grid, args.part, args.batches)
     torch_seconds = {(m, k, n): time_torch(m, k, n, args.repeats) for m, k, n, _ in grid}
     release_torch()
     lines, peak = start_table(
