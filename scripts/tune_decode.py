@@ -21,9 +21,9 @@ from tinygrad.helpers import Context
 from nuvec_tg.bench.attention import kv_sets, torch_times
 from nuvec_tg.bench.common import time_jit, warm_up
 from nuvec_tg import fast
-from nuvec_tg.fast import plan as attention_plan
+from nuvec_tg.fast.plan import matrix_block_groups
 from nuvec_tg.kernels import compositions_only
-from nuvec_tg.kernels.attention import decode_attention
+from nuvec_tg.kernels.attention import MATRIX_ROWS, decode_attention
 
 SHAPES = [(1, 32, 8, 4096), (1, 32, 8, 16384), (1, 32, 8, 65536), (1, 32, 4, 16384), (1, 16, 2, 65536), (1, 64, 8, 16384),
           (8, 32, 8, 4096), (8, 32, 8, 16384), (32, 32, 8, 16384), (32, 16, 2, 65536), (1, 32, 8, 1024)]
@@ -51,11 +51,10 @@ if _given("--launch"): LAUNCH = _given("--launch")
 grouped = "--grouped" in sys.argv
 
 
-def block_groups(b: int, hq: int, hkv: int, blocks: int) -> int | None:
+def block_groups(b: int, hq: int, hkv: int, blocks: int) -> int:
     """The plan's threadgroups per (item, key head, row group) for a large batch (`--grouped`)."""
-    if not (matrix and grouped): return None
-    wave = attention_plan._CUDA_DEFAULT_MULTIPROCESSORS * attention_plan._CUDA_MATRIX_RESIDENT_GROUPS
-    return max(1, min(blocks, wave // (hkv * -(-(hq // hkv) // 16) * b)))
+    if not (matrix and grouped): return 0
+    return matrix_block_groups(hkv * -(-(hq // hkv) // MATRIX_ROWS), b, blocks)
 print(f"device {Device.DEFAULT}; cells: blocks (1 = one pass) x warps x unroll: device µs per call / K/V TB/s", flush=True)
 shapes = QUICK if quick else SHAPES
 torch_seconds = torch_times([(b, hq, hkv, 128, lk, "bfloat16") for b, hq, hkv, lk in shapes], 5)
@@ -81,8 +80,8 @@ for b, hq, hkv, lk in shapes:
             got = attend(*sets[0]).float().numpy()
             worst = max(worst, float(np.abs(got - reference).max() / np.abs(reference).max()))
             seconds = time_jit(attend, sets, 5)
-            cells.append((seconds, f"{blocks}x{warps}x{unroll}: {seconds * 1e6:.1f}/{kv_bytes / seconds / 1e12:.2f}", (blocks, warps, unroll)))
-    _, best, (blocks, warps, unroll) = min(cells)
+            cells.append((seconds, f"{blocks}x{warps}x{unroll}: {seconds * 1e6:.1f}/{kv_bytes / seconds / 1e12:.2f}", attend))
+    _, best, best_attend = min(cells, key=lambda cell: cell[0])
     plan = fast.plan_attention(sets[0][0].shape, sets[0][1].shape, sets[0][2].shape, dtype).kernel
     plan_seconds = time_jit(lambda q, k, v: fast.scaled_dot_product_attention(q, k, v, d ** -0.5), sets, 5)
     plan_name = f"{plan.blocks}/{plan.block_groups or plan.blocks}g" if isinstance(plan, fast.Vector) else type(plan).__name__
@@ -92,10 +91,7 @@ for b, hq, hkv, lk in shapes:
     print(f"B {b} {hq}/{hkv} Lk {lk}: " + "  ".join(c for _, c, _ in cells) + f"  | best {best} | torch {torch_text} | max rel. error {worst:.1e}", flush=True)
     # The best launch's kernels one by one (eager launches, events around each).
     with Context(DEBUG=2), contextlib.redirect_stdout(io.StringIO()) as log:
-        for _ in range(3):
-            decode_attention(*sets[0], d ** -0.5, dtype=dtype, backend="cuda", passes=1 if blocks == 1 and not matrix else 2,
-                             blocks=blocks, causal=False, window=None, mask=None, sinks=None, warps=warps, unroll=unroll,
-                             matrix=matrix).realize()
+        for _ in range(3): best_attend(*sets[0]).realize()
     print("   kernels:", " ".join(f"{line.split()[3][:16]} {line.split(' tm ')[1].split('/')[0].strip()}"
                                  for line in log.getvalue().splitlines() if "nuvec_sdpa" in line), flush=True)
     del sets

@@ -311,11 +311,18 @@ def _cuda_matrix_route(call: AttentionCall, keys: int, multiprocessors: int | No
     by_keys = math.isqrt(keys // _CUDA_MATRIX_KEY_SCALE)
     wanted = min(by_warps, by_keys)
     blocks = 1 << (wanted.bit_length() - 1) if wanted > 1 else 1
-    # A large batch runs the same blocks in fewer threadgroups, about one wave of them (a block's
-    # partial is the same whichever threadgroup computes it, so the bits stay the item's own).
-    wave = multiprocessors * _CUDA_MATRIX_RESIDENT_GROUPS
-    groups = max(1, min(blocks, wave // (threadgroups * call.batch)))
-    return Vector(passes=2, blocks=blocks, dispatches=2, matrix=True, block_groups=0 if groups == blocks else groups)
+    return Vector(passes=2, blocks=blocks, dispatches=2, matrix=True,
+                  block_groups=matrix_block_groups(threadgroups, call.batch, blocks, multiprocessors))
+
+
+def matrix_block_groups(threadgroups: int, batch: int, blocks: int, multiprocessors: int | None = None) -> int:
+    """The matrix pass's threadgroups per (batch item, key head, row group) for `threadgroups` per
+    item: a large batch runs the same blocks in about one wave of them, each taking its share in
+    turn (a block's partial is the same whichever threadgroup computes it, so the bits stay the
+    item's own); 0 where that is one per block."""
+    wave = (multiprocessors or _CUDA_DEFAULT_MULTIPROCESSORS) * _CUDA_MATRIX_RESIDENT_GROUPS
+    groups = max(1, min(blocks, wave // (threadgroups * batch)))
+    return 0 if groups == blocks else groups
 
 
 def _vector_route(call: AttentionCall, gpu_class: str, target: PlanTarget) -> Vector | None:

@@ -211,7 +211,7 @@ def _named(backend: str, stem: str, source: str | tuple[str, ...], defines: dict
 def decode_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, *, dtype: DType, backend: str, passes: int,
                      blocks: int, causal: bool, window: int | None, mask: Tensor | None, sinks: Tensor | None,
                      paged: tuple[Tensor, Tensor, int] | None = None, composition=None, warps: int | None = None,
-                     unroll: int | None = None, matrix: bool = False, block_groups: int | None = None) -> Tensor:
+                     unroll: int | None = None, matrix: bool = False, block_groups: int = 0) -> Tensor:
     """Launch the decode kernels; returns `[B, Hq, Lq, DV]` in `dtype`.
 
     q: `[B, Hq, Lq, D]`. Without `paged`, k and v are `[B, Hkv, Lk, D|DV]` (slices of a longer
@@ -224,7 +224,7 @@ def decode_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, *, dtype: DT
     backend's `LAUNCHES` entry). matrix: the first pass on the matrix units (CUDA, float16 or
     bfloat16, D a multiple of 32, DV of 64, two passes; `warps` default `CUDA_MATRIX_WARPS`);
     block_groups: its threadgroups per (batch item, key head, row group), each taking its share of
-    the `blocks` in turn (default: one per block; a block's partial is the same either way).
+    the `blocks` in turn (0: one per block; a block's partial is the same either way).
     """
     if matrix:
         if backend != "cuda" or dtype not in (dtypes.float16, dtypes.bfloat16) or q.shape[3] % 32 or v.shape[3] % 64 or passes != 2:
