@@ -151,6 +151,17 @@ inline uint high_halves(uint a, uint b) { return (a >> 16) | (b & 0xFFFF0000u); 
 // Matrix tiles in threadgroup memory (qmm.h), as the CUDA prelude has them.
 #define THREADGROUP_PTR
 #define MMA_INPUT(T) T
+#define MMA_DIRECT 1
+// The asynchronous copies, done at once (a kernel missing a barrier after async_wait can still
+// read a stage another thread is writing: the threads are OS threads).
+inline void async_copy(void* to, const void* from, bool present, int bytes) {
+  if (present) std::memcpy(to, from, bytes); else std::memset(to, 0, bytes);
+}
+inline void async_copy16(void* to, const void* from, bool present) { async_copy(to, from, present, 16); }
+inline void async_copy8(void* to, const void* from, bool present) { async_copy(to, from, present, 8); }
+inline void async_copy4(void* to, const void* from, bool present) { async_copy(to, from, present, 4); }
+inline void async_commit() {}
+#define async_wait(n)
 inline void simd_barrier() { block_sync->warps[threadIdx.x / 32]->arrive_and_wait(); }
 struct TileAcc { float v[4]; };
 inline void tile_zero(TileAcc& acc) { acc.v[0] = acc.v[1] = acc.v[2] = acc.v[3] = 0.0f; }

@@ -84,6 +84,21 @@ INLINE uint high_halves(uint a, uint b) { return __byte_perm(a, b, 0x7632); }
 // is a 16 x 8 float32 accumulator of one SIMD group (here: the mma's C fragment).
 #define THREADGROUP_PTR
 #define MMA_INPUT(T) T
+#define MMA_DIRECT 1  // the mma reads 16-bit inputs straight from threadgroup memory
+// Copies of 4, 8 or 16 bytes from device into threadgroup memory, in flight until async_wait
+// (cp.async, sm_80): async_commit closes a group of them, async_wait(n) returns once at most the
+// n latest groups are still in flight (this thread's; a barrier then shows them to the others).
+// `present` false writes zeros and reads nothing.
+#define ASYNC_COPY(BYTES, CACHE)                                                                       \
+  INLINE void async_copy##BYTES(void* to, const void* from, bool present) {                           \
+    asm volatile("cp.async." CACHE ".shared.global [%0], [%1], " #BYTES ", %2;"                         \
+                 :: "r"((unsigned)__cvta_generic_to_shared(to)), "l"(from), "r"(present ? BYTES : 0) : "memory"); \
+  }
+ASYNC_COPY(16, "cg")
+ASYNC_COPY(8, "ca")
+ASYNC_COPY(4, "ca")
+INLINE void async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+#define async_wait(n) asm volatile("cp.async.wait_group %0;" :: "n"(n) : "memory")
 #define simd_barrier() __syncwarp()
 struct TileAcc { float v[4]; };
 INLINE void tile_zero(TileAcc& acc) { acc.v[0] = acc.v[1] = acc.v[2] = acc.v[3] = 0.0f; }

@@ -26,6 +26,20 @@ INLINE float round_bfloat(float x) { return float(bfloat(x)); }
 // vocabulary. Tiles hold floats here (simdgroup_float8x8 runs on every Apple GPU family).
 #define THREADGROUP_PTR threadgroup
 #define MMA_INPUT(T) float
+#define MMA_DIRECT 0  // 16-bit inputs are widened into float tiles first
+// The CUDA prelude's asynchronous copies into threadgroup memory, as plain copies (done when the
+// call returns; async_commit and async_wait do nothing). `present` false writes zeros.
+INLINE void async_copy16(threadgroup void* to, const device void* from, bool present) {
+  *(threadgroup uint4*)to = present ? *(const device uint4*)from : uint4{0u, 0u, 0u, 0u};
+}
+INLINE void async_copy8(threadgroup void* to, const device void* from, bool present) {
+  *(threadgroup uint2*)to = present ? *(const device uint2*)from : uint2{0u, 0u};
+}
+INLINE void async_copy4(threadgroup void* to, const device void* from, bool present) {
+  *(threadgroup uint*)to = present ? *(const device uint*)from : 0u;
+}
+#define async_commit()
+#define async_wait(n)
 #define simd_barrier() simdgroup_barrier(mem_flags::mem_threadgroup)
 struct TileAcc { simdgroup_float8x8 m[2]; };
 INLINE void tile_zero(thread TileAcc& acc) {
