@@ -165,19 +165,26 @@ inline void async_commit() {}
 inline void simd_barrier() { block_sync->warps[threadIdx.x / 32]->arrive_and_wait(); }
 struct TileAcc { float v[4]; };
 inline void tile_zero(TileAcc& acc) { acc.v[0] = acc.v[1] = acc.v[2] = acc.v[3] = 0.0f; }
-template <typename T> inline void tile_mma(TileAcc& acc, const T* a, int lda, const T* b, int ldb, int lane) {
+template <typename T> struct TileA { uint r[4]; };
+template <typename T> struct TileB { uint r[2]; };
+template <typename T> inline void load_tile_a(TileA<T>& tile, const T* a, int lda, int lane) {
   const int g = lane / 4, c = lane % 4;
-  uint frag[4], b0, b1;
-  std::memcpy(&frag[0], a + g * lda + 2 * c, 4);
-  std::memcpy(&frag[1], a + (g + 8) * lda + 2 * c, 4);
-  std::memcpy(&frag[2], a + g * lda + 2 * c + 8, 4);
-  std::memcpy(&frag[3], a + (g + 8) * lda + 2 * c + 8, 4);
-  std::memcpy(&b0, b + g * ldb + 2 * c, 4);
-  std::memcpy(&b1, b + g * ldb + 2 * c + 8, 4);
-  mma_emulated(acc.v, frag, b0, b1, sizeof(T) == 2 && !__is_same(T, half));
+  std::memcpy(&tile.r[0], a + g * lda + 2 * c, 4);
+  std::memcpy(&tile.r[1], a + (g + 8) * lda + 2 * c, 4);
+  std::memcpy(&tile.r[2], a + g * lda + 2 * c + 8, 4);
+  std::memcpy(&tile.r[3], a + (g + 8) * lda + 2 * c + 8, 4);
+}
+template <typename T> inline void load_tile_b(TileB<T>& tile, const T* b, int ldb, int lane) {
+  const int g = lane / 4, c = lane % 4;
+  std::memcpy(&tile.r[0], b + g * ldb + 2 * c, 4);
+  std::memcpy(&tile.r[1], b + g * ldb + 2 * c + 8, 4);
+}
+template <typename T> inline void tile_mma(TileAcc& acc, const TileA<T>& a, const TileB<T>& b) {
+  mma_emulated(acc.v, a.r, b.r[0], b.r[1], !__is_same(T, half));
 }
 inline void to_tile(float value, bfloat* at) { from_float(value, at); }
 inline void to_tile(float value, half* at) { from_float(value, at); }
+template <typename T> inline void to_tile2(float low, float high, T* at) { to_tile(low, at); to_tile(high, at + 1); }
 inline void tile_store(const TileAcc& acc, float* out, int ld, int lane) {
   const int g = lane / 4, c = lane % 4;
   out[g * ld + 2 * c] = acc.v[0];

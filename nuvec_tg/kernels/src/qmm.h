@@ -9,7 +9,7 @@
 // floating-point modes' code · scale; the scale and bias loaded a step ahead) and rounded into a
 // BN x BK tile of MMA_INPUT(TX) (TX on CUDA, as MLX dequantizes into the activations' type; float
 // on Metal, where x's tile is widened too); each SIMD group then multiplies its 32 x 32 quarter as
-// 2 x 4 tiles of 16 x 8 (`tile_mma`, float32 accumulation). Rows of x past M, weight rows past N
+// 2 x 4 tiles of 16 x 8 (`tile_mma`, float32 accumulation; each fragment loaded once a step). Rows of x past M, weight rows past N
 // and codes past K (nvfp4: K = 16 mod 32) are zeros in the tiles and nothing is read for them.
 //
 // GATHER: row i of x uses weight batch picks[i] of ints[3] batches (w, scales and biases hold the
@@ -26,6 +26,7 @@
 #define TILE_LD (BK + 8)             // row stride of the tiles (padding: no bank conflicts in the fragment loads)
 #define X_STAGE (BM * TILE_LD)       // x values per stage buffer
 #define W_STAGE (BN * BITS)          // packed words per stage buffer (a chunk of 32 codes per weight row)
+#define W_COPIES ((W_STAGE + LOAD_WORDS * 128 - 1) / (LOAD_WORDS * 128))  // copies of packed words a thread issues per step
 typedef MMA_INPUT(TX) TileT;
 #if LOAD_WORDS == 4
 #define COPY_WORDS async_copy16
@@ -48,7 +49,9 @@ typedef MMA_INPUT(TX) TileT;
                    present ? x + (size_t)row * k_size + k : x, present);                              \
     }                                                                                                \
     const int chunk_words = k_first + BK <= k_size ? BITS : (k_size - k_first) * BITS / BK;           \
-    for (int word = LOAD_WORDS * thread_id; word < W_STAGE; word += LOAD_WORDS * 128) {               \
+    _Pragma("unroll") for (int copy = 0; copy < W_COPIES; copy++) {                                  \
+      const int word = LOAD_WORDS * (thread_id + 128 * copy);                                         \
+      if (W_STAGE % (LOAD_WORDS * 128) != 0 && word >= W_STAGE) break;                                \
       const int r = word / BITS, in_chunk = word % BITS, row = n_first + r;                           \
       const bool present = batch_real && row < n_size && in_chunk < chunk_words;                      \
       const DEVICE uint* from = w + (first_w_row + row) * words_per_row + k_first / BK * BITS + in_chunk; \
@@ -84,7 +87,8 @@ typedef MMA_INPUT(TX) TileT;
   THREADGROUP uint4 w_stage_memory[STAGES * W_STAGE / 4];
   THREADGROUP_PTR TX* x_stages = (THREADGROUP_PTR TX*)x_stage_memory;
   THREADGROUP_PTR uint* w_stages = (THREADGROUP_PTR uint*)w_stage_memory;
-  THREADGROUP TileT w_tile[BN * TILE_LD];
+  THREADGROUP uint4 w_tile_memory[BN * TILE_LD * sizeof(TileT) / 16];  // 16-byte aligned rows (the fragment loads)
+  THREADGROUP_PTR TileT* w_tile = (THREADGROUP_PTR TileT*)w_tile_memory;
 #if !MMA_DIRECT
   THREADGROUP TileT x_tile[BM * TILE_LD];
 #endif
@@ -170,7 +174,7 @@ typedef MMA_INPUT(TX) TileT;
         for (int j = 0; j < 16; j++) w_values[j] = 0.0f;
       }
 #pragma unroll
-      for (int j = 0; j < 16; j++) to_tile(w_values[j], &w_tile[w_r * TILE_LD + 16 * half_index + j]);
+      for (int j = 0; j < 16; j += 2) to_tile2(w_values[j], w_values[j + 1], &w_tile[w_r * TILE_LD + 16 * half_index + j]);
       if (step + 1 < steps) LOAD_SCALE(step + 1)
 #if MMA_DIRECT
       const THREADGROUP_PTR TileT* x_tile = x_stages + stage * X_STAGE;
@@ -184,13 +188,18 @@ typedef MMA_INPUT(TX) TileT;
 #endif
       threadgroup_barrier();
 #pragma unroll
-      for (int k_step = 0; k_step < BK; k_step += 16)
+      for (int k_step = 0; k_step < BK; k_step += 16) {
+        TileA<TileT> a[2];
+        TileB<TileT> b[4];
+#pragma unroll
+        for (int mi = 0; mi < 2; mi++) load_tile_a(a[mi], x_tile + (warp_m + 16 * mi) * TILE_LD + k_step, TILE_LD, lane);
+#pragma unroll
+        for (int ni = 0; ni < 4; ni++) load_tile_b(b[ni], w_tile + (warp_n + 8 * ni) * TILE_LD + k_step, TILE_LD, lane);
 #pragma unroll
         for (int mi = 0; mi < 2; mi++)
 #pragma unroll
-          for (int ni = 0; ni < 4; ni++)
-            tile_mma(acc[mi][ni], x_tile + (warp_m + 16 * mi) * TILE_LD + k_step, TILE_LD,
-                     w_tile + (warp_n + 8 * ni) * TILE_LD + k_step, TILE_LD, lane);
+          for (int ni = 0; ni < 4; ni++) tile_mma(acc[mi][ni], a[mi], b[ni]);
+      }
     }
     async_wait(0);  // only empty groups are left: none outlives the run
 
