@@ -61,14 +61,15 @@ typedef MMA_INPUT(TX) TileT;
   }
 
 // The scale (and bias) of this thread's weight row and 16 codes at step STEP, into scale_raw
-// (and bias_raw): a row's groups are consecutive, so most of these loads hit the cache.
+// (and bias_raw): a row's groups are consecutive, so most of these loads hit the cache. Nothing
+// is read for codes past K (nvfp4's half chunk: its second half has no group).
 #if MODE == 0
 #define LOAD_BIAS(INDEX) bias_raw = biases[INDEX];
 #else
 #define LOAD_BIAS(INDEX)
 #endif
 #define LOAD_SCALE(STEP)                                                                             \
-  if (w_present) {                                                                                   \
+  if (w_present && (STEP) * BK + 16 * half_index < k_size) {                                         \
     const size_t group_index = (first_w_row + w_row) * groups_per_row + ((STEP) * BK + 16 * half_index) / GROUP; \
     scale_raw = scales[group_index];                                                                 \
     LOAD_BIAS(group_index)                                                                           \
