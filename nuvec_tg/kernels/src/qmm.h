@@ -38,24 +38,22 @@ typedef MMA_INPUT(TX) TileT;
 
 // The copies of step STEP into its stage buffer: x's pieces of 8 values in the run's rows (zeros
 // elsewhere; K is a multiple of 8, so a piece is all in or all out) and the weight rows' packed
-// words (nothing past N, past K or for a pick outside the batches), as one group of copies.
+// words (nothing past N, past K or for a pick outside the batches), as one group of copies. The
+// sources are the run's per-thread starts (`x_from`, `w_from`, set up before its steps) plus the
+// step's offset.
 #define COPY_STEP(STEP)                                                                              \
   {                                                                                                  \
     const int k_first = (STEP) * BK, stage = (STEP) % STAGES;                                         \
     _Pragma("unroll") for (int i = 0; i < 2; i++) {                                                  \
-      const int row = m_first + x_piece_row[i], k = k_first + x_column;                               \
-      const bool present = row >= run_start && row < run_end && k < k_size;                           \
+      const bool present = x_row_in[i] && k_first + x_column < k_size;                                \
       async_copy16(x_stages + stage * X_STAGE + x_piece_row[i] * TILE_LD + x_column,                  \
-                   present ? x + (size_t)row * k_size + k : x, present);                              \
+                   present ? x_from[i] + k_first : x, present);                                       \
     }                                                                                                \
     const int chunk_words = k_first + BK <= k_size ? BITS : (k_size - k_first) * BITS / BK;           \
     _Pragma("unroll") for (int copy = 0; copy < W_COPIES; copy++) {                                  \
-      const int word = LOAD_WORDS * (thread_id + 128 * copy);                                         \
-      if (W_STAGE % (LOAD_WORDS * 128) != 0 && word >= W_STAGE) break;                                \
-      const int r = word / BITS, in_chunk = word % BITS, row = n_first + r;                           \
-      const bool present = batch_real && row < n_size && in_chunk < chunk_words;                      \
-      const DEVICE uint* from = w + (first_w_row + row) * words_per_row + k_first / BK * BITS + in_chunk; \
-      COPY_WORDS(w_stages + stage * W_STAGE + word, present ? from : w, present);                     \
+      const bool present = w_row_in[copy] && (LOAD_WORDS * (thread_id + 128 * copy)) % BITS < chunk_words; \
+      COPY_WORDS(w_stages + stage * W_STAGE + LOAD_WORDS * (thread_id + 128 * copy),                 \
+                 present ? w_from[copy] + (STEP) * BITS : w, present);                                \
     }                                                                                                \
     async_commit();                                                                                  \
   }
@@ -115,6 +113,23 @@ typedef MMA_INPUT(TX) TileT;
     const size_t first_w_row = 0;
 #endif
     const bool w_present = batch_real && w_row < n_size;
+    // Where this thread's copies start (step 0), and whether it has them at all.
+    const DEVICE TX* x_from[2];
+    bool x_row_in[2];
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+      const int row = m_first + x_piece_row[i];
+      x_row_in[i] = row >= run_start && row < run_end;
+      x_from[i] = x + (size_t)(x_row_in[i] ? row : 0) * k_size + x_column;
+    }
+    const DEVICE uint* w_from[W_COPIES];
+    bool w_row_in[W_COPIES];
+#pragma unroll
+    for (int copy = 0; copy < W_COPIES; copy++) {
+      const int word = LOAD_WORDS * (thread_id + 128 * copy), row = n_first + word / BITS;
+      w_row_in[copy] = word < W_STAGE && batch_real && row < n_size;
+      w_from[copy] = w + (first_w_row + (w_row_in[copy] ? row : 0)) * words_per_row + word % BITS;
+    }
     TileAcc acc[2][4];
 #pragma unroll
     for (int mi = 0; mi < 2; mi++)
