@@ -51,9 +51,10 @@ typedef MMA_INPUT(TX) TileT;
     }                                                                                                \
     const int chunk_words = k_first + BK <= k_size ? BITS : (k_size - k_first) * BITS / BK;           \
     _Pragma("unroll") for (int copy = 0; copy < W_COPIES; copy++) {                                  \
-      const bool present = w_row_in[copy] && (LOAD_WORDS * (thread_id + 128 * copy)) % BITS < chunk_words; \
-      COPY_WORDS(w_stages + stage * W_STAGE + LOAD_WORDS * (thread_id + 128 * copy),                 \
-                 present ? w_from[copy] + (STEP) * BITS : w, present);                                \
+      const int word = LOAD_WORDS * (thread_id + 128 * copy);                                         \
+      if (W_STAGE % (LOAD_WORDS * 128) != 0 && word >= W_STAGE) break; /* past the stage buffer */   \
+      const bool present = w_row_in[copy] && word % BITS < chunk_words;                               \
+      COPY_WORDS(w_stages + stage * W_STAGE + word, present ? w_from[copy] + (STEP) * BITS : w, present); \
     }                                                                                                \
     async_commit();                                                                                  \
   }
@@ -127,7 +128,7 @@ typedef MMA_INPUT(TX) TileT;
 #pragma unroll
     for (int copy = 0; copy < W_COPIES; copy++) {
       const int word = LOAD_WORDS * (thread_id + 128 * copy), row = n_first + word / BITS;
-      w_row_in[copy] = word < W_STAGE && batch_real && row < n_size;
+      w_row_in[copy] = batch_real && row < n_size;
       w_from[copy] = w + (first_w_row + (w_row_in[copy] ? row : 0)) * words_per_row + word % BITS;
     }
     TileAcc acc[2][4];
