@@ -151,22 +151,40 @@ inline uint high_halves(uint a, uint b) { return (a >> 16) | (b & 0xFFFF0000u); 
 // Matrix tiles in threadgroup memory (qmm.h), as the CUDA prelude has them.
 #define THREADGROUP_PTR
 #define MMA_INPUT(T) T
+#define MMA_DIRECT 1
+// The asynchronous copies, done at once (a kernel missing a barrier after async_wait can still
+// read a stage another thread is writing: the threads are OS threads).
+inline void async_copy(void* to, const void* from, bool present, int bytes) {
+  if (present) std::memcpy(to, from, bytes); else std::memset(to, 0, bytes);
+}
+inline void async_copy16(void* to, const void* from, bool present) { async_copy(to, from, present, 16); }
+inline void async_copy8(void* to, const void* from, bool present) { async_copy(to, from, present, 8); }
+inline void async_copy4(void* to, const void* from, bool present) { async_copy(to, from, present, 4); }
+inline void async_commit() {}
+#define async_wait(n)
 inline void simd_barrier() { block_sync->warps[threadIdx.x / 32]->arrive_and_wait(); }
 struct TileAcc { float v[4]; };
 inline void tile_zero(TileAcc& acc) { acc.v[0] = acc.v[1] = acc.v[2] = acc.v[3] = 0.0f; }
-template <typename T> inline void tile_mma(TileAcc& acc, const T* a, int lda, const T* b, int ldb, int lane) {
+template <typename T> struct TileA { uint r[4]; };
+template <typename T> struct TileB { uint r[2]; };
+template <typename T> inline void load_tile_a(TileA<T>& tile, const T* a, int lda, int lane) {
   const int g = lane / 4, c = lane % 4;
-  uint frag[4], b0, b1;
-  std::memcpy(&frag[0], a + g * lda + 2 * c, 4);
-  std::memcpy(&frag[1], a + (g + 8) * lda + 2 * c, 4);
-  std::memcpy(&frag[2], a + g * lda + 2 * c + 8, 4);
-  std::memcpy(&frag[3], a + (g + 8) * lda + 2 * c + 8, 4);
-  std::memcpy(&b0, b + g * ldb + 2 * c, 4);
-  std::memcpy(&b1, b + g * ldb + 2 * c + 8, 4);
-  mma_emulated(acc.v, frag, b0, b1, sizeof(T) == 2 && !__is_same(T, half));
+  std::memcpy(&tile.r[0], a + g * lda + 2 * c, 4);
+  std::memcpy(&tile.r[1], a + (g + 8) * lda + 2 * c, 4);
+  std::memcpy(&tile.r[2], a + g * lda + 2 * c + 8, 4);
+  std::memcpy(&tile.r[3], a + (g + 8) * lda + 2 * c + 8, 4);
+}
+template <typename T> inline void load_tile_b(TileB<T>& tile, const T* b, int ldb, int lane) {
+  const int g = lane / 4, c = lane % 4;
+  std::memcpy(&tile.r[0], b + g * ldb + 2 * c, 4);
+  std::memcpy(&tile.r[1], b + g * ldb + 2 * c + 8, 4);
+}
+template <typename T> inline void tile_mma(TileAcc& acc, const TileA<T>& a, const TileB<T>& b) {
+  mma_emulated(acc.v, a.r, b.r[0], b.r[1], !__is_same(T, half));
 }
 inline void to_tile(float value, bfloat* at) { from_float(value, at); }
 inline void to_tile(float value, half* at) { from_float(value, at); }
+template <typename T> inline void to_tile2(float low, float high, T* at) { to_tile(low, at); to_tile(high, at + 1); }
 inline void tile_store(const TileAcc& acc, float* out, int ld, int lane) {
   const int g = lane / 4, c = lane % 4;
   out[g * ld + 2 * c] = acc.v[0];

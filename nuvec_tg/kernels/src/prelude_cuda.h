@@ -84,23 +84,48 @@ INLINE uint high_halves(uint a, uint b) { return __byte_perm(a, b, 0x7632); }
 // is a 16 x 8 float32 accumulator of one SIMD group (here: the mma's C fragment).
 #define THREADGROUP_PTR
 #define MMA_INPUT(T) T
+#define MMA_DIRECT 1  // the mma reads 16-bit inputs straight from threadgroup memory
+// Copies of 4, 8 or 16 bytes from device into threadgroup memory, in flight until async_wait
+// (cp.async, sm_80): async_commit closes a group of them, async_wait(n) returns once at most the
+// n latest groups are still in flight (this thread's; a barrier then shows them to the others).
+// `present` false writes zeros and reads nothing.
+#define ASYNC_COPY(BYTES, CACHE)                                                                       \
+  INLINE void async_copy##BYTES(void* to, const void* from, bool present) {                           \
+    asm volatile("cp.async." CACHE ".shared.global [%0], [%1], " #BYTES ", %2;"                         \
+                 :: "r"((unsigned)__cvta_generic_to_shared(to)), "l"(from), "r"(present ? BYTES : 0) : "memory"); \
+  }
+ASYNC_COPY(16, "cg")
+ASYNC_COPY(8, "ca")
+ASYNC_COPY(4, "ca")
+INLINE void async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+#define async_wait(n) asm volatile("cp.async.wait_group %0;" :: "n"(n) : "memory")
 #define simd_barrier() __syncwarp()
 struct TileAcc { float v[4]; };
 INLINE void tile_zero(TileAcc& acc) { acc.v[0] = acc.v[1] = acc.v[2] = acc.v[3] = 0.0f; }
-// acc += A · B for A 16 x 16 (row-major at `a`, row stride lda) and B 16 x 8 given as its
-// transpose, 8 rows of 16 (at `b`, row stride ldb); both in threadgroup memory, 4-byte aligned pairs.
-#define TILE_MMA(TYPE, MMA_FN)                                                                         \
-  INLINE void tile_mma(TileAcc& acc, const TYPE* a, int lda, const TYPE* b, int ldb, int lane) {       \
-    const int g = lane / 4, c = lane % 4;                                                              \
-    const uint frag[4] = {*(const uint*)(a + g * lda + 2 * c), *(const uint*)(a + (g + 8) * lda + 2 * c), \
-                          *(const uint*)(a + g * lda + 2 * c + 8), *(const uint*)(a + (g + 8) * lda + 2 * c + 8)}; \
-    MMA_FN(acc.v, frag, *(const uint*)(b + g * ldb + 2 * c), *(const uint*)(b + g * ldb + 2 * c + 8)); \
-  }
-TILE_MMA(bfloat, mma_bf16)
-TILE_MMA(half, mma_f16)
+// A SIMD group's fragments of a 16 x 16 tile A (row-major at `a`, row stride lda) and of a 16 x 8
+// tile B given as its transpose (8 rows of 16 at `b`, row stride ldb), loaded from threadgroup
+// memory (ldmatrix: rows 16-byte aligned); tile_mma: acc += A · B.
+template <typename T> struct TileA { uint r[4]; };
+template <typename T> struct TileB { uint r[2]; };
+template <typename T> INLINE void load_tile_a(TileA<T>& tile, const T* a, int lda, int lane) {
+  // Lanes 0-15 give rows 0-15 at column 0, lanes 16-31 the same rows at column 8: the four 8 x 8
+  // matrices land in the mma's A registers in order.
+  const unsigned at = (unsigned)__cvta_generic_to_shared(a + (lane % 16) * lda + (lane / 16) * 8);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(tile.r[0]), "=r"(tile.r[1]), "=r"(tile.r[2]), "=r"(tile.r[3]) : "r"(at));
+}
+template <typename T> INLINE void load_tile_b(TileB<T>& tile, const T* b, int ldb, int lane) {
+  const unsigned at = (unsigned)__cvta_generic_to_shared(b + (lane % 8) * ldb + ((lane / 8) % 2) * 8);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];" : "=r"(tile.r[0]), "=r"(tile.r[1]) : "r"(at));
+}
+INLINE void tile_mma(TileAcc& acc, const TileA<bfloat>& a, const TileB<bfloat>& b) { mma_bf16(acc.v, a.r, b.r[0], b.r[1]); }
+INLINE void tile_mma(TileAcc& acc, const TileA<half>& a, const TileB<half>& b) { mma_f16(acc.v, a.r, b.r[0], b.r[1]); }
 // A float into a tile element (rounded to nearest).
 INLINE void to_tile(float value, bfloat* at) { *at = __float2bfloat16_rn(value); }
 INLINE void to_tile(float value, half* at) { *at = __float2half_rn(value); }
+// Two floats into consecutive tile elements (4-byte aligned), each rounded to nearest.
+INLINE void to_tile2(float low, float high, bfloat* at) { *(__nv_bfloat162*)at = __floats2bfloat162_rn(low, high); }
+INLINE void to_tile2(float low, float high, half* at) { *(__half2*)at = __floats2half2_rn(low, high); }
 // The accumulator into 16 x 8 floats of threadgroup memory at `out` (row stride ld).
 INLINE void tile_store(const TileAcc& acc, float* out, int ld, int lane) {
   const int g = lane / 4, c = lane % 4;

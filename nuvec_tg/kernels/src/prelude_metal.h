@@ -26,29 +26,50 @@ INLINE float round_bfloat(float x) { return float(bfloat(x)); }
 // vocabulary. Tiles hold floats here (simdgroup_float8x8 runs on every Apple GPU family).
 #define THREADGROUP_PTR threadgroup
 #define MMA_INPUT(T) float
+#define MMA_DIRECT 0  // 16-bit inputs are widened into float tiles first
+// The CUDA prelude's asynchronous copies into threadgroup memory, as plain copies (done when the
+// call returns; async_commit and async_wait do nothing). `present` false writes zeros.
+INLINE void async_copy16(threadgroup void* to, const device void* from, bool present) {
+  *(threadgroup uint4*)to = present ? *(const device uint4*)from : uint4{0u, 0u, 0u, 0u};
+}
+INLINE void async_copy8(threadgroup void* to, const device void* from, bool present) {
+  *(threadgroup uint2*)to = present ? *(const device uint2*)from : uint2{0u, 0u};
+}
+INLINE void async_copy4(threadgroup void* to, const device void* from, bool present) {
+  *(threadgroup uint*)to = present ? *(const device uint*)from : 0u;
+}
+#define async_commit()
+#define async_wait(n)
 #define simd_barrier() simdgroup_barrier(mem_flags::mem_threadgroup)
 struct TileAcc { simdgroup_float8x8 m[2]; };
 INLINE void tile_zero(thread TileAcc& acc) {
   acc.m[0] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
   acc.m[1] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
 }
-// acc += A · B for A 16 x 16 (row-major at `a`, row stride lda) and B 16 x 8 given as its
-// transpose, 8 rows of 16 (at `b`, row stride ldb), both in threadgroup memory.
-INLINE void tile_mma(thread TileAcc& acc, const threadgroup float* a, int lda, const threadgroup float* b, int ldb, int lane) {
-  simdgroup_float8x8 a_top_left, a_top_right, a_bottom_left, a_bottom_right, b_upper, b_lower;
-  simdgroup_load(a_top_left, a, lda);
-  simdgroup_load(a_top_right, a + 8, lda);
-  simdgroup_load(a_bottom_left, a + 8 * lda, lda);
-  simdgroup_load(a_bottom_right, a + 8 * lda + 8, lda);
-  simdgroup_load(b_upper, b, ldb, ulong2(0, 0), true);
-  simdgroup_load(b_lower, b + 8, ldb, ulong2(0, 0), true);
-  simdgroup_multiply_accumulate(acc.m[0], a_top_left, b_upper, acc.m[0]);
-  simdgroup_multiply_accumulate(acc.m[0], a_top_right, b_lower, acc.m[0]);
-  simdgroup_multiply_accumulate(acc.m[1], a_bottom_left, b_upper, acc.m[1]);
-  simdgroup_multiply_accumulate(acc.m[1], a_bottom_right, b_lower, acc.m[1]);
+// A SIMD group's fragments of a 16 x 16 tile A (row-major at `a`, row stride lda) and of a 16 x 8
+// tile B given as its transpose (8 rows of 16 at `b`, row stride ldb), from threadgroup memory;
+// tile_mma: acc += A · B.
+template <typename T> struct TileA { simdgroup_float8x8 m[4]; };
+template <typename T> struct TileB { simdgroup_float8x8 m[2]; };
+INLINE void load_tile_a(thread TileA<float>& tile, const threadgroup float* a, int lda, int lane) {
+  simdgroup_load(tile.m[0], a, lda);
+  simdgroup_load(tile.m[1], a + 8, lda);
+  simdgroup_load(tile.m[2], a + 8 * lda, lda);
+  simdgroup_load(tile.m[3], a + 8 * lda + 8, lda);
+}
+INLINE void load_tile_b(thread TileB<float>& tile, const threadgroup float* b, int ldb, int lane) {
+  simdgroup_load(tile.m[0], b, ldb, ulong2(0, 0), true);
+  simdgroup_load(tile.m[1], b + 8, ldb, ulong2(0, 0), true);
+}
+INLINE void tile_mma(thread TileAcc& acc, const thread TileA<float>& a, const thread TileB<float>& b) {
+  simdgroup_multiply_accumulate(acc.m[0], a.m[0], b.m[0], acc.m[0]);
+  simdgroup_multiply_accumulate(acc.m[0], a.m[1], b.m[1], acc.m[0]);
+  simdgroup_multiply_accumulate(acc.m[1], a.m[2], b.m[0], acc.m[1]);
+  simdgroup_multiply_accumulate(acc.m[1], a.m[3], b.m[1], acc.m[1]);
 }
 // A float into a tile element.
 INLINE void to_tile(float value, threadgroup float* at) { *at = value; }
+INLINE void to_tile2(float low, float high, threadgroup float* at) { at[0] = low; at[1] = high; }
 // The accumulator into 16 x 8 floats of threadgroup memory at `out` (row stride ld).
 INLINE void tile_store(const thread TileAcc& acc, threadgroup float* out, int ld, int lane) {
   simdgroup_store(acc.m[0], out, ld);
