@@ -1,12 +1,27 @@
-"""One decode-attention launch per shape in the sweep's best launch shapes, for a profiler:
-`ncu --clock-control none -k regex:nuvec_sdpa python3 scripts/profile_decode.py`."""
-import numpy as np
-from tinygrad import dtypes
+"""Decode-attention launches for a profiler, the matrix pass at B = 8, 32/8 heads, 16384 keys,
+D 128, bfloat16: 4 blocks one per threadgroup against 16 blocks taken 4 at a time by the same
+number of threadgroups (the plan's batch-invariant blocks): what the grouped launch loses.
+`ncu --clock-control none -k regex:nuvec_sdpa_decode --section SpeedOfLight --section WarpStateStats
+python3 scripts/profile_decode.py` (each launch twice, the first warming caches and compiles)."""
+import os
+import sys
 
-from nuvec_tg.bench.attention import kv_sets
-from nuvec_tg.kernels.attention import decode_attention
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-for b, hq, hkv, lk, blocks, warps, unroll in ((1, 32, 8, 65536, 64, 4, 2), (32, 32, 8, 16384, 1, 8, 2)):
-    q, k, v = kv_sets(np.random.default_rng(0), b, hq, hkv, lk, 128, dtypes.bfloat16)[0]
-    decode_attention(q, k, v, 128 ** -0.5, dtype=dtypes.bfloat16, backend="cuda", passes=1 if blocks == 1 else 2, blocks=blocks,
-                     causal=False, window=None, mask=None, sinks=None, warps=warps, unroll=unroll).realize()
+import numpy as np  # noqa: E402
+from tinygrad import dtypes  # noqa: E402
+
+from nuvec_tg.bench.attention import kv_sets  # noqa: E402
+from nuvec_tg.kernels.attention import decode_attention  # noqa: E402
+
+q, k, v = kv_sets(np.random.default_rng(0), 8, 32, 8, 16384, 128, dtypes.bfloat16)[0]
+for blocks, block_groups in ((4, 0), (16, 4)):  # B = 8
+    for _ in range(2):
+        decode_attention(q, k, v, 128 ** -0.5, dtype=dtypes.bfloat16, backend="cuda", passes=2, blocks=blocks, causal=False,
+                         window=None, mask=None, sinks=None, warps=4, unroll=2, matrix=True, block_groups=block_groups).realize()
+
+# B = 1: the plan's 16 blocks, one per threadgroup (128 threadgroups of 4 SIMD groups).
+q, k, v = kv_sets(np.random.default_rng(0), 1, 32, 8, 16384, 128, dtypes.bfloat16)[0]
+for _ in range(2):
+    decode_attention(q, k, v, 128 ** -0.5, dtype=dtypes.bfloat16, backend="cuda", passes=2, blocks=16, causal=False,
+                     window=None, mask=None, sinks=None, warps=4, unroll=2, matrix=True, block_groups=0).realize()

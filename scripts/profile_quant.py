@@ -1,0 +1,21 @@
+"""Quantized-product launches for a profiler: the qmv at M = 1 (affine 4-bit in groups of 64, x
+bfloat16) for the benchmark's three (K, N), twice each (the first compiles).
+`ncu --clock-control none -k regex:nuvec_qmv --section SpeedOfLight --section WarpStateStats
+python3 scripts/profile_quant.py`."""
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import numpy as np  # noqa: E402
+from tinygrad import Tensor, dtypes  # noqa: E402
+
+from nuvec_tg import quant  # noqa: E402
+
+rng = np.random.default_rng(0)
+for k, n in ((4096, 4096), (4096, 14336), (14336, 4096)):
+    qw = quant.quantize(Tensor(rng.standard_normal((n, k), dtype=np.float32) * 0.02).cast(dtypes.bfloat16), 64, 4, mode="affine")
+    qw = quant.QuantizedWeight(qw.weight.contiguous().realize(), qw.scales.contiguous().realize(), qw.biases.contiguous().realize(),
+                               "affine", 64, 4)
+    x = Tensor(rng.standard_normal((1, k), dtype=np.float32)).cast(dtypes.bfloat16).contiguous().realize()
+    for _ in range(2): quant.quantized_matmul(x, qw).realize()
