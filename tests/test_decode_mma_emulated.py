@@ -57,6 +57,7 @@ CASES = {  # name: (B, Hq, Hkv, Lq, Lk, D, DV, blocks, warps, options)
     "two_row_groups_f16": (1, 12, 1, 2, 40, 128, 128, 2, 1, {"causal": True, "dtype": dtypes.float16}),
     "rows6_d192": (1, 6, 2, 1, 33, 192, 128, 1, 2, {}),
     "empty_blocks": (1, 4, 1, 1, 20, 64, 64, 4, 2, {}),
+    "eight_warps": (1, 8, 2, 1, 300, 128, 128, 2, 8, {"prefetch": True}),
     "window": (1, 8, 1, 2, 70, 64, 64, 2, 2, {"causal": True, "window": 21}),
     "bool_mask": (2, 8, 2, 1, 45, 64, 64, 2, 1, {"mask": 1}),
     "additive_mask_f16": (1, 8, 2, 2, 37, 64, 64, 1, 2, {"mask": 2, "dtype": dtypes.float16}),
