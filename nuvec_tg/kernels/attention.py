@@ -47,9 +47,9 @@ MERGE_THREADS = 256  # at most, per query row
 
 def matrix_staging_bytes(rows: int, value_dim: int, warps: int) -> int:
     """Threadgroup memory of the matrix pass's staged partials (`sdpa_decode_mma.h`: STAGED_ROWS
-    rows of each SIMD group, in two buffers when there are 8 or fewer)."""
-    staged_rows = min(rows, MATRIX_ROWS)
-    return (2 if staged_rows <= 8 else 1) * warps * staged_rows * (value_dim + 2) * 4
+    rows of each SIMD group, in two buffers where two take at most 44 KB)."""
+    one = warps * min(rows, MATRIX_ROWS) * (value_dim + 2) * 4
+    return 2 * one if 2 * one <= 44 * 1024 else one
 
 
 @dataclass(frozen=True)

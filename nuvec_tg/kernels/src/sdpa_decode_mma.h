@@ -34,11 +34,12 @@
 // within their 16 by the row and by bit 5 of the column, so that a SIMD group's store of one
 // output fragment (8 rows x 4 columns 16 apart) hits 32 different banks (unswizzled, 2: a 16-way
 // conflict), while a row's 32 consecutive columns stay a permutation of 32 banks for the merge.
-// The rows a threadgroup stages (its real rows), and its staging buffers: two where they fit (8
-// rows or fewer: 2 x 16 KB at DV 128), so that a block's merge needs one barrier (the next block
-// stages into the other buffer, and its own barrier comes after every thread's merge of this one).
+// The rows a threadgroup stages (its real rows), and its staging buffers: two where they fit in
+// 44 KB (of the 48 KB a threadgroup may declare; at DV 128: 4 SIMD groups of 8 rows or fewer, 8 of
+// 4 or fewer), so that a block's merge needs one barrier (the next block stages into the other
+// buffer, and its own barrier comes after every thread's merge of this one).
 #define STAGED_ROWS (GQA * LQ < 16 ? GQA * LQ : 16)
-#define STAGE_BUFFERS (STAGED_ROWS <= 8 ? 2 : 1)
+#define STAGE_BUFFERS (2 * NUM_WARPS * STAGED_ROWS * (DV + 2) * 4 <= 44 * 1024 ? 2 : 1)
 #define STAGED(slot, col) ((slot) * DV + ((col) ^ ((2 * ((slot) & 7)) | (((col) >> 5) & 1))))
 #define V_PIECES (DV / 64)  // 16-byte pieces of a value line per lane
 #define K_STEPS (D / 16)    // mma steps of the scores
