@@ -114,6 +114,38 @@ INLINE int line_start(const DEVICE int* block_tables, int batch, int max_blocks,
   THREADGROUP float shared_acc[STAGE_BUFFERS * NUM_WARPS * STAGED_ROWS * DV];
   THREADGROUP float shared_max[STAGE_BUFFERS * NUM_WARPS * STAGED_ROWS], shared_sum[STAGE_BUFFERS * NUM_WARPS * STAGED_ROWS];
   const int first_block = (int)nv_group.z * blocks_per_group, block_stop = min(BLOCKS, first_block + blocks_per_group);
+  // This thread's share of block `block`'s merge: the SIMD groups' staged partials in `buffer`, in
+  // SIMD-group order, into the block's partial (each thread computes the merge factors of the rows
+  // it writes; which thread merges a value does not change its arithmetic).
+  const int rows_here = min(16, GQA * LQ - first_row);
+  auto merge_block = [&](int block, int buffer) {
+    const THREADGROUP_PTR float* staged_acc = shared_acc + buffer * NUM_WARPS * STAGED_ROWS * DV;
+    const THREADGROUP_PTR float* staged_max = shared_max + buffer * NUM_WARPS * STAGED_ROWS;
+    const THREADGROUP_PTR float* staged_sum = shared_sum + buffer * NUM_WARPS * STAGED_ROWS;
+    for (int index = (int)nv_thread.x; index < rows_here * DV; index += NUM_WARPS * 32) {
+      const int r = index / DV, e = index % DV, row = first_row + r;
+      const int out_row = (batch * HQ + kv_head * GQA + row / LQ) * LQ + row % LQ;
+      float merged = -INFINITY;
+      for (int w = 0; w < NUM_WARPS; w++) merged = max(merged, staged_max[w * STAGED_ROWS + r]);
+      float value = 0.0f;
+      for (int w = 0; w < NUM_WARPS; w++)
+        value += staged_acc[STAGED(w * STAGED_ROWS + r, e)] * merge_factor(staged_max[w * STAGED_ROWS + r], merged);
+      part_acc[(out_row * BLOCKS + block) * DV + e] = value;
+      if (e == 0) {
+        float total = 0.0f;
+        for (int w = 0; w < NUM_WARPS; w++) total += staged_sum[w * STAGED_ROWS + r] * merge_factor(staged_max[w * STAGED_ROWS + r], merged);
+        part_max[out_row * BLOCKS + block] = merged;
+        part_sum[out_row * BLOCKS + block] = total;
+      }
+    }
+  };
+#if STAGE_BUFFERS == 2
+  // SIMD groups that have staged into each buffer, counted over the run (buffer b's n-th block is
+  // staged when its count reaches NUM_WARPS * n).
+  THREADGROUP int staged_count[2];
+  if ((int)nv_thread.x < 2) staged_count[nv_thread.x] = 0;
+  threadgroup_barrier();
+#endif
   uint4 k_next[2][K_PIECES], v_next[4][V_PIECES];
   int loaded = -1;  // the block whose first tile k_next and v_next hold (PREFETCH)
   for (int block = first_block; block < block_stop; block++) {
@@ -245,9 +277,19 @@ INLINE int line_start(const DEVICE int* block_tables, int batch, int max_blocks,
 
     // The SIMD groups' partials through threadgroup memory (a row's weight sum over its four lanes
     // first; C's element (row, 2c + j) of tile 8i + e is value 8 * (8i + 2c + j) + e, at STAGED;
-    // rows past the head's are not written), then merged in SIMD-group order into the block's
-    // partial, each thread computing the merge factors of the rows it writes.
-    const int buffer = STAGE_BUFFERS == 2 ? (block - first_block) % 2 : 0;
+    // rows past the head's are not written), merged by `merge_block`.
+    // Two buffers: no SIMD group waits for the others at a block's end. It merges its share of the
+    // previous block once every SIMD group has staged that one (by then, almost always), then
+    // stages this one and counts itself in. A buffer is reused two blocks later, when every SIMD
+    // group has counted itself into the block between, so has merged its share of this one.
+    // One buffer: stage, barrier, merge, barrier.
+    const int position = block - first_block, buffer = STAGE_BUFFERS == 2 ? position % 2 : 0;
+#if STAGE_BUFFERS == 2
+    if (position > 0) {
+      wait_count(&staged_count[1 - buffer], NUM_WARPS * ((position - 1) / 2 + 1));
+      merge_block(block - 1, 1 - buffer);
+    }
+#endif
     THREADGROUP_PTR float* staged_acc = shared_acc + buffer * NUM_WARPS * STAGED_ROWS * DV;
     THREADGROUP_PTR float* staged_max = shared_max + buffer * NUM_WARPS * STAGED_ROWS;
     THREADGROUP_PTR float* staged_sum = shared_sum + buffer * NUM_WARPS * STAGED_ROWS;
@@ -268,23 +310,18 @@ INLINE int line_start(const DEVICE int* block_tables, int batch, int max_blocks,
 #pragma unroll
           for (int e = 0; e < 8; e++) staged_acc[STAGED(slot, 8 * (8 * i + 2 * c + j) + e)] = out_frag[8 * i + e][2 * r + j];
     }
+#if STAGE_BUFFERS == 2
+    simd_arrive(&staged_count[buffer]);
+#else
     threadgroup_barrier();
-    const int rows_here = min(16, GQA * LQ - first_row);
-    for (int index = (int)nv_thread.x; index < rows_here * DV; index += NUM_WARPS * 32) {
-      const int r = index / DV, e = index % DV, row = first_row + r;
-      const int out_row = (batch * HQ + kv_head * GQA + row / LQ) * LQ + row % LQ;
-      float merged = -INFINITY;
-      for (int w = 0; w < NUM_WARPS; w++) merged = max(merged, staged_max[w * STAGED_ROWS + r]);
-      float value = 0.0f;
-      for (int w = 0; w < NUM_WARPS; w++)
-        value += staged_acc[STAGED(w * STAGED_ROWS + r, e)] * merge_factor(staged_max[w * STAGED_ROWS + r], merged);
-      part_acc[(out_row * BLOCKS + block) * DV + e] = value;
-      if (e == 0) {
-        float total = 0.0f;
-        for (int w = 0; w < NUM_WARPS; w++) total += staged_sum[w * STAGED_ROWS + r] * merge_factor(staged_max[w * STAGED_ROWS + r], merged);
-        part_max[out_row * BLOCKS + block] = merged;
-        part_sum[out_row * BLOCKS + block] = total;
-      }
-    }
-    if (STAGE_BUFFERS == 1) threadgroup_barrier();  // one buffer: read before the next block writes it
+    merge_block(block, 0);
+    threadgroup_barrier();  // read before the next block writes it
+#endif
   }
+#if STAGE_BUFFERS == 2
+  if (block_stop > first_block) {  // the last block's merge
+    const int last = block_stop - 1 - first_block;
+    wait_count(&staged_count[last % 2], NUM_WARPS * (last / 2 + 1));
+    merge_block(block_stop - 1, last % 2);
+  }
+#endif
