@@ -51,10 +51,11 @@ if _given("--launch"): LAUNCH = _given("--launch")
 grouped = "--grouped" in sys.argv
 
 
-def block_groups(b: int, hq: int, hkv: int, blocks: int) -> int:
-    """The plan's threadgroups per (item, key head, row group) for a large batch (`--grouped`)."""
+def block_groups(b: int, hq: int, hkv: int, blocks: int, warps: int) -> int:
+    """The plan's threadgroups per (item, key head, row group) for a large batch (`--grouped`), in
+    threadgroups of the cell's `warps`."""
     if not (matrix and grouped): return 0
-    return matrix_block_groups(hkv * -(-(hq // hkv) // MATRIX_ROWS), b, blocks)
+    return matrix_block_groups(hkv * -(-(hq // hkv) // MATRIX_ROWS), b, blocks, warps=warps)
 print(f"device {Device.DEFAULT}; cells: blocks (1 = one pass) x warps x unroll: device µs per call / K/V TB/s", flush=True)
 shapes = QUICK if quick else SHAPES
 torch_seconds = torch_times([(b, hq, hkv, 128, lk, "bfloat16") for b, hq, hkv, lk in shapes], 5)
@@ -76,7 +77,7 @@ for b, hq, hkv, lk in shapes:
             def attend(q, k, v, passes=passes, blocks=blocks, warps=warps, unroll=unroll):
                 return decode_attention(q, k, v, d ** -0.5, dtype=dtype, backend="cuda", passes=passes, blocks=blocks,
                                         causal=False, window=None, mask=None, sinks=None, warps=warps, unroll=unroll,
-                                        matrix=matrix, block_groups=block_groups(b, hq, hkv, blocks))
+                                        matrix=matrix, block_groups=block_groups(b, hq, hkv, blocks, warps))
             got = attend(*sets[0]).float().numpy()
             worst = max(worst, float(np.abs(got - reference).max() / np.abs(reference).max()))
             seconds = time_jit(attend, sets, 5)

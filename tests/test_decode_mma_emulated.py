@@ -57,6 +57,8 @@ CASES = {  # name: (B, Hq, Hkv, Lq, Lk, D, DV, blocks, warps, options)
     "two_row_groups_f16": (1, 12, 1, 2, 40, 128, 128, 2, 1, {"causal": True, "dtype": dtypes.float16}),
     "rows6_d192": (1, 6, 2, 1, 33, 192, 128, 1, 2, {}),
     "empty_blocks": (1, 4, 1, 1, 20, 64, 64, 4, 2, {}),
+    "eight_warps": (1, 8, 2, 1, 300, 128, 128, 2, 8, {"prefetch": True}),
+    "one_stage_buffer": (1, 32, 2, 1, 200, 128, 128, 4, 4, {"prefetch": True}),  # 16 rows x 4 SIMD groups: one buffer
     "window": (1, 8, 1, 2, 70, 64, 64, 2, 2, {"causal": True, "window": 21}),
     "bool_mask": (2, 8, 2, 1, 45, 64, 64, 2, 1, {"mask": 1}),
     "additive_mask_f16": (1, 8, 2, 2, 37, 64, 64, 1, 2, {"mask": 2, "dtype": dtypes.float16}),
@@ -154,7 +156,8 @@ def test_emulated_matrix_pass_matches_numpy(name):
     assert not np.isnan(part_acc).any()
 
 
-@pytest.mark.parametrize("name, blocks_per_group", [("empty_blocks", 3), ("paged_hostile_prefetch", 4), ("window", 2)])
+@pytest.mark.parametrize("name, blocks_per_group", [("empty_blocks", 3), ("paged_hostile_prefetch", 4), ("window", 2),
+                                                      ("eight_warps", 2), ("one_stage_buffer", 4)])
 def test_emulated_blocks_in_turn_give_the_same_partials(name, blocks_per_group):
     """A threadgroup taking several blocks in turn (a large batch) writes each block's partial with
     the bits of a threadgroup of its own (so a batch item's bits do not depend on its batch)."""

@@ -315,12 +315,15 @@ def _cuda_matrix_route(call: AttentionCall, keys: int, multiprocessors: int | No
                   block_groups=matrix_block_groups(threadgroups, call.batch, blocks, multiprocessors))
 
 
-def matrix_block_groups(threadgroups: int, batch: int, blocks: int, multiprocessors: int | None = None) -> int:
+def matrix_block_groups(threadgroups: int, batch: int, blocks: int, multiprocessors: int | None = None,
+                        warps: int = CUDA_MATRIX_WARPS) -> int:
     """The matrix pass's threadgroups per (batch item, key head, row group) for `threadgroups` per
     item: a large batch runs the same blocks in about one wave of them, each taking its share in
     turn (a block's partial is the same whichever threadgroup computes it, so the bits stay the
-    item's own); 0 where that is one per block."""
-    wave = (multiprocessors or _CUDA_DEFAULT_MULTIPROCESSORS) * _CUDA_MATRIX_RESIDENT_GROUPS
+    item's own); 0 where that is one per block. `warps`: SIMD groups per threadgroup (the resident
+    SIMD groups fill fewer threadgroups of more)."""
+    resident = max(1, _CUDA_MATRIX_RESIDENT_GROUPS * CUDA_MATRIX_WARPS // warps)
+    wave = (multiprocessors or _CUDA_DEFAULT_MULTIPROCESSORS) * resident
     groups = max(1, min(blocks, wave // (threadgroups * batch)))
     return 0 if groups == blocks else groups
 

@@ -45,6 +45,13 @@ CUDA_MATRIX_WARPS = 4
 MERGE_THREADS = 256  # at most, per query row
 
 
+def matrix_staging_bytes(rows: int, value_dim: int, warps: int) -> int:
+    """Threadgroup memory of the matrix pass's staged partials (`sdpa_decode_mma.h`: STAGED_ROWS
+    rows of each SIMD group, in two buffers where two take at most 44 KB)."""
+    one = warps * min(rows, MATRIX_ROWS) * (value_dim + 2) * 4
+    return 2 * one if 2 * one <= 44 * 1024 else one
+
+
 @dataclass(frozen=True)
 class Geometry:
     """How a threadgroup's lanes share key lines and which query rows it serves."""
@@ -231,7 +238,7 @@ def decode_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, *, dtype: DT
             raise ValueError(f"decode_attention: the matrix-unit pass needs CUDA, a 16-bit dtype, D % 32 == 0, DV % 64 == 0 "
                              f"and two passes (got {backend}, {dtype}, D {q.shape[3]}, DV {v.shape[3]}, passes {passes})")
         warps = CUDA_MATRIX_WARPS if warps is None else warps
-        if warps * MATRIX_ROWS * v.shape[3] * 4 > 48 * 1024:
+        if matrix_staging_bytes(q.shape[1] // k.shape[1] * q.shape[2], v.shape[3], warps) > 48 * 1024:
             raise ValueError(f"decode_attention: {warps} SIMD groups' partials of DV {v.shape[3]} exceed 48 KB of threadgroup memory")
     warps = LAUNCHES[backend].warps if warps is None else warps
     unroll = LAUNCHES[backend].unroll if unroll is None else unroll

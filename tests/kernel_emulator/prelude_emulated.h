@@ -4,6 +4,7 @@
 // Threadgroup arrays are statics: threadgroups run one at a time.
 #include <barrier>
 #include <cstring>
+#include <thread>
 
 typedef unsigned int uint;
 typedef unsigned short ushort;
@@ -144,6 +145,15 @@ inline uint pack_pair(float lo, float hi, half) {
   uint word;
   std::memcpy(&word, pair, 4);
   return word;
+}
+// Arrival counts (the CUDA prelude's): the SIMD group's threads meet, then one adds; waiters spin.
+inline void simd_arrive(int* count) {
+  block_sync->warps[threadIdx.x / 32]->arrive_and_wait();
+  if (threadIdx.x % 32 == 0) __atomic_fetch_add(count, 1, __ATOMIC_SEQ_CST);
+}
+inline void wait_count(int* count, int target) {
+  while (__atomic_load_n(count, __ATOMIC_SEQ_CST) < target) std::this_thread::yield();
+  block_sync->warps[threadIdx.x / 32]->arrive_and_wait();
 }
 inline uint low_halves(uint a, uint b) { return (a & 0xFFFFu) | (b << 16); }
 inline uint high_halves(uint a, uint b) { return (a >> 16) | (b & 0xFFFF0000u); }

@@ -74,6 +74,20 @@ INLINE uint pack_pair(float lo, float hi, half) {
   const __half2 pair = __floats2half2_rn(lo, hi);
   return *(const uint*)&pair;
 }
+// Arrival counts in threadgroup memory (CUDA-only kernels: Metal orders threadgroup memory between
+// SIMD groups only at barriers): `simd_arrive` adds the SIMD group to `count` after its earlier
+// threadgroup-memory writes; `wait_count` spins until `count` reaches `target`, and orders the
+// SIMD group's later reads after the writes counted in.
+INLINE void simd_arrive(int* count) {
+  __threadfence_block();
+  __syncwarp();
+  if (threadIdx.x % 32 == 0) atomicAdd(count, 1);
+}
+INLINE void wait_count(int* count, int target) {
+  while (*(volatile int*)count < target) {}
+  __threadfence_block();
+  __syncwarp();
+}
 // The low (high) 16-bit halves of two words, a's in the low half.
 INLINE uint low_halves(uint a, uint b) { return __byte_perm(a, b, 0x5410); }
 INLINE uint high_halves(uint a, uint b) { return __byte_perm(a, b, 0x7632); }

@@ -34,6 +34,12 @@
 // within their 16 by the row and by bit 5 of the column, so that a SIMD group's store of one
 // output fragment (8 rows x 4 columns 16 apart) hits 32 different banks (unswizzled, 2: a 16-way
 // conflict), while a row's 32 consecutive columns stay a permutation of 32 banks for the merge.
+// The rows a threadgroup stages (its real rows), and its staging buffers: two where they fit in
+// 44 KB (of the 48 KB a threadgroup may declare; at DV 128: 4 SIMD groups of 8 rows or fewer, 8 of
+// 4 or fewer), so that a block's merge needs one barrier (the next block stages into the other
+// buffer, and its own barrier comes after every thread's merge of this one).
+#define STAGED_ROWS (GQA * LQ < 16 ? GQA * LQ : 16)
+#define STAGE_BUFFERS (2 * NUM_WARPS * STAGED_ROWS * (DV + 2) * 4 <= 44 * 1024 ? 2 : 1)
 #define STAGED(slot, col) ((slot) * DV + ((col) ^ ((2 * ((slot) & 7)) | (((col) >> 5) & 1))))
 #define V_PIECES (DV / 64)  // 16-byte pieces of a value line per lane
 #define K_STEPS (D / 16)    // mma steps of the scores
@@ -105,9 +111,41 @@ INLINE int line_start(const DEVICE int* block_tables, int batch, int max_blocks,
     }
   }
 
-  THREADGROUP float shared_acc[NUM_WARPS * 16 * DV];
-  THREADGROUP float shared_max[NUM_WARPS * 16], shared_sum[NUM_WARPS * 16], shared_factor[NUM_WARPS * 16];
+  THREADGROUP float shared_acc[STAGE_BUFFERS * NUM_WARPS * STAGED_ROWS * DV];
+  THREADGROUP float shared_max[STAGE_BUFFERS * NUM_WARPS * STAGED_ROWS], shared_sum[STAGE_BUFFERS * NUM_WARPS * STAGED_ROWS];
   const int first_block = (int)nv_group.z * blocks_per_group, block_stop = min(BLOCKS, first_block + blocks_per_group);
+  // This thread's share of block `block`'s merge: the SIMD groups' staged partials in `buffer`, in
+  // SIMD-group order, into the block's partial (each thread computes the merge factors of the rows
+  // it writes; which thread merges a value does not change its arithmetic).
+  const int rows_here = min(16, GQA * LQ - first_row);
+  auto merge_block = [&](int block, int buffer) {
+    const THREADGROUP_PTR float* staged_acc = shared_acc + buffer * NUM_WARPS * STAGED_ROWS * DV;
+    const THREADGROUP_PTR float* staged_max = shared_max + buffer * NUM_WARPS * STAGED_ROWS;
+    const THREADGROUP_PTR float* staged_sum = shared_sum + buffer * NUM_WARPS * STAGED_ROWS;
+    for (int index = (int)nv_thread.x; index < rows_here * DV; index += NUM_WARPS * 32) {
+      const int r = index / DV, e = index % DV, row = first_row + r;
+      const int out_row = (batch * HQ + kv_head * GQA + row / LQ) * LQ + row % LQ;
+      float merged = -INFINITY;
+      for (int w = 0; w < NUM_WARPS; w++) merged = max(merged, staged_max[w * STAGED_ROWS + r]);
+      float value = 0.0f;
+      for (int w = 0; w < NUM_WARPS; w++)
+        value += staged_acc[STAGED(w * STAGED_ROWS + r, e)] * merge_factor(staged_max[w * STAGED_ROWS + r], merged);
+      part_acc[(out_row * BLOCKS + block) * DV + e] = value;
+      if (e == 0) {
+        float total = 0.0f;
+        for (int w = 0; w < NUM_WARPS; w++) total += staged_sum[w * STAGED_ROWS + r] * merge_factor(staged_max[w * STAGED_ROWS + r], merged);
+        part_max[out_row * BLOCKS + block] = merged;
+        part_sum[out_row * BLOCKS + block] = total;
+      }
+    }
+  };
+#if STAGE_BUFFERS == 2
+  // SIMD groups that have staged into each buffer, counted over the run (buffer b's n-th block is
+  // staged when its count reaches NUM_WARPS * n).
+  THREADGROUP int staged_count[2];
+  if ((int)nv_thread.x < 2) staged_count[nv_thread.x] = 0;
+  threadgroup_barrier();
+#endif
   uint4 k_next[2][K_PIECES], v_next[4][V_PIECES];
   int loaded = -1;  // the block whose first tile k_next and v_next hold (PREFETCH)
   for (int block = first_block; block < block_stop; block++) {
@@ -239,48 +277,51 @@ INLINE int line_start(const DEVICE int* block_tables, int batch, int max_blocks,
 
     // The SIMD groups' partials through threadgroup memory (a row's weight sum over its four lanes
     // first; C's element (row, 2c + j) of tile 8i + e is value 8 * (8i + 2c + j) + e, at STAGED;
-    // rows past the head's are not written), then merged in SIMD-group order into the block's partial: each
-    // row's factors once (a thread a row), then the values.
+    // rows past the head's are not written), merged by `merge_block`.
+    // Two buffers: no SIMD group waits for the others at a block's end. It merges its share of the
+    // previous block once every SIMD group has staged that one (by then, almost always), then
+    // stages this one and counts itself in. A buffer is reused two blocks later, when every SIMD
+    // group has counted itself into the block between, so has merged its share of this one.
+    // One buffer: stage, barrier, merge, barrier.
+    const int position = block - first_block, buffer = STAGE_BUFFERS == 2 ? position % 2 : 0;
+#if STAGE_BUFFERS == 2
+    if (position > 0) {
+      wait_count(&staged_count[1 - buffer], NUM_WARPS * ((position - 1) / 2 + 1));
+      merge_block(block - 1, 1 - buffer);
+    }
+#endif
+    THREADGROUP_PTR float* staged_acc = shared_acc + buffer * NUM_WARPS * STAGED_ROWS * DV;
+    THREADGROUP_PTR float* staged_max = shared_max + buffer * NUM_WARPS * STAGED_ROWS;
+    THREADGROUP_PTR float* staged_sum = shared_sum + buffer * NUM_WARPS * STAGED_ROWS;
 #pragma unroll
     for (int r = 0; r < 2; r++) {
       row_sum[r] += simd_shuffle_xor(row_sum[r], 1);
       row_sum[r] += simd_shuffle_xor(row_sum[r], 2);
       if (!row_real[r]) continue;
-      const int slot = warp * 16 + g + 8 * r;
+      const int slot = warp * STAGED_ROWS + g + 8 * r;
       if (c == 0) {
-        shared_max[slot] = row_max[r];
-        shared_sum[slot] = row_sum[r];
+        staged_max[slot] = row_max[r];
+        staged_sum[slot] = row_sum[r];
       }
 #pragma unroll
       for (int i = 0; i < V_PIECES; i++)
 #pragma unroll
         for (int j = 0; j < 2; j++)
 #pragma unroll
-          for (int e = 0; e < 8; e++) shared_acc[STAGED(slot, 8 * (8 * i + 2 * c + j) + e)] = out_frag[8 * i + e][2 * r + j];
+          for (int e = 0; e < 8; e++) staged_acc[STAGED(slot, 8 * (8 * i + 2 * c + j) + e)] = out_frag[8 * i + e][2 * r + j];
     }
+#if STAGE_BUFFERS == 2
+    simd_arrive(&staged_count[buffer]);
+#else
     threadgroup_barrier();
-    if ((int)nv_thread.x < 16 && first_row + (int)nv_thread.x < GQA * LQ) {
-      const int r = (int)nv_thread.x, row = first_row + r;
-      const int out_row = (batch * HQ + kv_head * GQA + row / LQ) * LQ + row % LQ;
-      float merged = -INFINITY;
-      for (int w = 0; w < NUM_WARPS; w++) merged = max(merged, shared_max[w * 16 + r]);
-      float total = 0.0f;
-      for (int w = 0; w < NUM_WARPS; w++) {
-        const float factor = merge_factor(shared_max[w * 16 + r], merged);
-        shared_factor[w * 16 + r] = factor;
-        total += shared_sum[w * 16 + r] * factor;
-      }
-      part_max[out_row * BLOCKS + block] = merged;
-      part_sum[out_row * BLOCKS + block] = total;
-    }
-    threadgroup_barrier();
-    for (int index = (int)nv_thread.x; index < 16 * DV; index += NUM_WARPS * 32) {
-      const int r = index / DV, e = index % DV, row = first_row + r;
-      if (row >= GQA * LQ) break;
-      const int out_row = (batch * HQ + kv_head * GQA + row / LQ) * LQ + row % LQ;
-      float value = 0.0f;
-      for (int w = 0; w < NUM_WARPS; w++) value += shared_acc[STAGED(w * 16 + r, e)] * shared_factor[w * 16 + r];
-      part_acc[(out_row * BLOCKS + block) * DV + e] = value;
-    }
-    threadgroup_barrier();  // threadgroup memory is read before the next block writes it
+    merge_block(block, 0);
+    threadgroup_barrier();  // read before the next block writes it
+#endif
   }
+#if STAGE_BUFFERS == 2
+  if (block_stop > first_block) {  // the last block's merge
+    const int last = block_stop - 1 - first_block;
+    wait_count(&staged_count[last % 2], NUM_WARPS * (last / 2 + 1));
+    merge_block(block_stop - 1, last % 2);
+  }
+#endif
