@@ -36,8 +36,8 @@
 // conflict), while a row's 32 consecutive columns stay a permutation of 32 banks for the merge.
 // The rows a threadgroup stages (its real rows), and its staging buffers: two where they fit in
 // 44 KB (of the 48 KB a threadgroup may declare; at DV 128: 4 SIMD groups of 8 rows or fewer, 8 of
-// 4 or fewer), so that a block's merge needs one barrier (the next block stages into the other
-// buffer, and its own barrier comes after every thread's merge of this one).
+// 4 or fewer), so that no SIMD group waits for the others at a block's end (the block loop's
+// epilogue says how); with one, a block's merge sits between two barriers.
 #define STAGED_ROWS (GQA * LQ < 16 ? GQA * LQ : 16)
 #define STAGE_BUFFERS (2 * NUM_WARPS * STAGED_ROWS * (DV + 2) * 4 <= 44 * 1024 ? 2 : 1)
 #define STAGED(slot, col) ((slot) * DV + ((col) ^ ((2 * ((slot) & 7)) | (((col) >> 5) & 1))))
