@@ -9,7 +9,9 @@ the SIMD groups merged in the threadgroup), over the grouped-query shapes; `--qu
 `--shape B,HQ,HKV,LK` (repeatable) and `--launch WARPS,UNROLL` (repeatable) pick them instead;
 `--grouped` runs the matrix cells' blocks in about one wave of threadgroups, each taking its share
 in turn, as the plan's `block_groups` does for a large batch. Each shape's last
-cell, "plan", is what `fast.plan_attention` picks, timed through `fast.scaled_dot_product_attention`."""
+cell, "plan", is what `fast.plan_attention` picks, timed through `fast.scaled_dot_product_attention`;
+`--l2 A,B,...` adds the plan's launch once per L2 prefetch distance of the matrix pass (rounds of
+tiles ahead, `l2_ahead`: the plan's cell has its own), and `--plan-only` skips the other cells."""
 import contextlib
 import io
 import sys
@@ -49,6 +51,8 @@ def _given(flag: str) -> list[tuple[int, ...]]:
 if _given("--shape"): SHAPES = QUICK = _given("--shape")
 if _given("--launch"): LAUNCH = _given("--launch")
 grouped = "--grouped" in sys.argv
+plan_only = "--plan-only" in sys.argv
+l2_values = _given("--l2")[0] if _given("--l2") else ()
 
 
 def block_groups(b: int, hq: int, hkv: int, blocks: int, warps: int) -> int:
@@ -68,7 +72,7 @@ for b, hq, hkv, lk in shapes:
     with compositions_only():
         reference = fast.scaled_dot_product_attention(*sets[0], d ** -0.5).float().numpy()
     worst = 0.0
-    for warps, unroll in LAUNCH:
+    for warps, unroll in [] if plan_only else LAUNCH:
         for blocks in BLOCKS:
             if matrix:
                 if lk // (blocks * warps) < 64: continue
@@ -82,11 +86,22 @@ for b, hq, hkv, lk in shapes:
             worst = max(worst, float(np.abs(got - reference).max() / np.abs(reference).max()))
             seconds = time_jit(attend, sets, 5)
             cells.append((seconds, f"{blocks}x{warps}x{unroll}: {seconds * 1e6:.1f}/{kv_bytes / seconds / 1e12:.2f}", attend))
-    _, best, best_attend = min(cells, key=lambda cell: cell[0])
     plan = fast.plan_attention(sets[0][0].shape, sets[0][1].shape, sets[0][2].shape, dtype).kernel
-    plan_seconds = time_jit(lambda q, k, v: fast.scaled_dot_product_attention(q, k, v, d ** -0.5), sets, 5)
     plan_name = f"{plan.blocks}/{plan.block_groups or plan.blocks}g" if isinstance(plan, fast.Vector) else type(plan).__name__
-    cells.append((plan_seconds, f"plan {plan_name}: {plan_seconds * 1e6:.1f}/{kv_bytes / plan_seconds / 1e12:.2f}", None))
+    if isinstance(plan, fast.Vector) and plan.matrix:
+        plan_name += f" l2 {plan.l2_ahead}"
+    for l2 in l2_values:  # the plan's launch with another L2 prefetch distance
+        def attend(q, k, v, l2=l2):
+            return decode_attention(q, k, v, d ** -0.5, dtype=dtype, backend="cuda", passes=2, blocks=plan.blocks, causal=False,
+                                    window=None, mask=None, sinks=None, matrix=True, block_groups=plan.block_groups, l2_ahead=l2)
+        got = attend(*sets[0]).float().numpy()
+        worst = max(worst, float(np.abs(got - reference).max() / np.abs(reference).max()))
+        seconds = time_jit(attend, sets, 5)
+        cells.append((seconds, f"l2 {l2}: {seconds * 1e6:.1f}/{kv_bytes / seconds / 1e12:.2f}", attend))
+    def plan_attend(q, k, v): return fast.scaled_dot_product_attention(q, k, v, d ** -0.5)
+    plan_seconds = time_jit(plan_attend, sets, 5)
+    cells.append((plan_seconds, f"plan {plan_name}: {plan_seconds * 1e6:.1f}/{kv_bytes / plan_seconds / 1e12:.2f}", plan_attend))
+    _, best, best_attend = min(cells, key=lambda cell: cell[0])
     torch_s = torch_seconds[(b, hq, hkv, 128, lk, "bfloat16")]
     torch_text = f"{torch_s * 1e6:.1f}/{kv_bytes / torch_s / 1e12:.2f}" if torch_s else "-"
     print(f"B {b} {hq}/{hkv} Lk {lk}: " + "  ".join(c for _, c, _ in cells) + f"  | best {best} | torch {torch_text} | max rel. error {worst:.1e}", flush=True)

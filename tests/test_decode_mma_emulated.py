@@ -52,7 +52,7 @@ def merged(part_acc, part_max, part_sum, rows, partials, dv):
 
 CASES = {  # name: (B, Hq, Hkv, Lq, Lk, D, DV, blocks, warps, options)
     "gqa8": (2, 16, 2, 1, 77, 128, 128, 2, 2, {}),
-    "gqa8_prefetch": (2, 16, 2, 1, 77, 128, 128, 2, 2, {"prefetch": True}),
+    "gqa8_prefetch": (2, 16, 2, 1, 77, 128, 128, 2, 2, {"prefetch": True, "l2_ahead": 2}),
     "gqa4_lq4_causal": (1, 8, 2, 4, 50, 64, 64, 1, 2, {"causal": True}),
     "two_row_groups_f16": (1, 12, 1, 2, 40, 128, 128, 2, 1, {"causal": True, "dtype": dtypes.float16}),
     "rows6_d192": (1, 6, 2, 1, 33, 192, 128, 1, 2, {}),
@@ -64,7 +64,7 @@ CASES = {  # name: (B, Hq, Hkv, Lq, Lk, D, DV, blocks, warps, options)
     "additive_mask_f16": (1, 8, 2, 2, 37, 64, 64, 1, 2, {"mask": 2, "dtype": dtypes.float16}),
     "cache_slice": (2, 8, 2, 1, 29, 64, 64, 2, 2, {"slice": (5, 48)}),
     "paged_hostile": (2, 8, 2, 1, 0, 64, 64, 2, 2, {"paged": 8}),
-    "paged_hostile_prefetch": (2, 8, 2, 1, 0, 64, 64, 4, 2, {"paged": 8, "prefetch": True}),
+    "paged_hostile_prefetch": (2, 8, 2, 1, 0, 64, 64, 4, 2, {"paged": 8, "prefetch": True, "l2_ahead": 3}),
 }
 
 
@@ -134,7 +134,7 @@ def emulated_partials(name: str, blocks_per_group: int = 1):
     if page: ins += [tables, lengths]
     ins.append(np.array(ints, dtype=np.int32))
     spec = DecodeSpec(dtype, d, dv, hq, hkv, lq, 2, blocks, causal, window is not None, mask_kind, False, page, scale,
-                      "ints", warps, 2 if options.get("prefetch") else 1, True)
+                      "ints", warps, 2 if options.get("prefetch") else 1, True, options.get("l2_ahead", 0))
     (name_, text, params), _ = spec.sources("cuda")
     rows = b * hq * lq
     part_acc = np.full(rows * spec.blocks * dv, np.nan, np.float32)

@@ -83,18 +83,19 @@ def test_passes_and_blocks_follow_mlx():
     # CUDA, 4 or more query rows per key head in 16-bit types: the matrix-unit pass, about
     # sqrt(keys / 64) blocks, a power of two, at most 8 resident SIMD groups per multiprocessor for
     # one item (4 per threadgroup).
-    assert plan(1, 32, 8, 1, 1024, 128, target=CUDA).kernel == fast.Vector(2, 4, 2, matrix=True)    # sqrt(16)
-    assert plan(1, 32, 8, 1, 4096, 128, target=CUDA).kernel == fast.Vector(2, 8, 2, matrix=True)    # sqrt(64)
-    assert plan(1, 32, 4, 1, 16384, 128, target=CUDA).kernel == fast.Vector(2, 16, 2, matrix=True)  # sqrt(256)
+    assert plan(1, 32, 8, 1, 1024, 128, target=CUDA).kernel == fast.Vector(2, 4, 2, matrix=True, l2_ahead=2)  # sqrt(16)
+    assert plan(1, 32, 8, 1, 4096, 128, target=CUDA).kernel == fast.Vector(2, 8, 2, matrix=True, l2_ahead=2)  # sqrt(64)
+    assert plan(1, 32, 4, 1, 16384, 128, target=CUDA).kernel == fast.Vector(2, 16, 2, matrix=True, l2_ahead=2)  # sqrt(256)
     assert plan(1, 64, 8, 1, 65536, 128, target=CUDA).kernel == fast.Vector(2, 32, 2, matrix=True)  # sqrt(1024)
     assert plan(1, 32, 4, 1, 1 << 20, 128, target=CUDA).kernel == fast.Vector(2, 64, 2, matrix=True)  # 1056 // 16
     assert plan(1, 32, 8, 1, 1 << 20, 128, target=CUDA).kernel == fast.Vector(2, 32, 2, matrix=True)  # 1056 // 32
-    assert plan(1, 32, 4, 1, 1023, 128, target=CUDA).kernel == fast.Vector(2, 2, 2, matrix=True)    # a power of two
-    assert plan(1, 32, 4, 1, 200, 128, target=CUDA).kernel == fast.Vector(2, 1, 2, matrix=True)
+    assert plan(1, 32, 4, 1, 1023, 128, target=CUDA).kernel == fast.Vector(2, 2, 2, matrix=True, l2_ahead=2)  # a power of two
+    assert plan(1, 32, 4, 1, 200, 128, target=CUDA).kernel == fast.Vector(2, 1, 2, matrix=True, l2_ahead=2)
     assert plan(1, 16, 8, 2, 4096, 128, target=CUDA, mask="causal").kernel.matrix                     # 2 heads x 2 positions
     assert plan(1, 256, 8, 1, 1 << 20, 128, target=CUDA).kernel == fast.Vector(2, 16, 2, matrix=True)  # two row groups
     # A window's keys count, not the cache's.
-    assert plan(1, 32, 8, 1, 65536, 128, target=CUDA, mask="causal", window=1024).kernel == fast.Vector(2, 4, 2, matrix=True)
+    windowed = plan(1, 32, 8, 1, 65536, 128, target=CUDA, mask="causal", window=1024).kernel
+    assert windowed == fast.Vector(2, 4, 2, matrix=True, l2_ahead=2)
     # A batch keeps the blocks (so the bits) of one item, run by about one wave of threadgroups
     # (2 per multiprocessor), each taking its share of the blocks in turn.
     for b in (2, 8, 32):
@@ -104,6 +105,12 @@ def test_passes_and_blocks_follow_mlx():
     assert plan(8, 32, 8, 1, 16384, 128, target=CUDA).kernel == fast.Vector(2, 16, 2, True, 4)         # 264 // 64
     assert plan(32, 32, 4, 1, 16384, 128, target=CUDA).kernel == fast.Vector(2, 16, 2, True, 2)        # 264 // 128
     assert plan(64, 32, 4, 1, 16384, 128, target=CUDA).kernel == fast.Vector(2, 16, 2, True, 1)
+    # The L2 prefetch 2 rounds ahead where the pass launches at most one threadgroup per
+    # multiprocessor (132), none where it launches more (a hint: the batch may change it).
+    assert plan(1, 32, 8, 1, 16384, 128, target=CUDA).kernel.l2_ahead == 2                            # 8 x 16
+    assert plan(1, 32, 8, 1, 65536, 128, target=CUDA).kernel.l2_ahead == 0                            # 8 x 32
+    assert plan(8, 16, 2, 1, 4096, 128, target=CUDA).kernel.l2_ahead == 2                             # 2 x 8 x 8
+    assert plan(8, 32, 8, 1, 4096, 128, target=CUDA).kernel.l2_ahead == 0                             # 8 x 8 x 8
     assert not plan(1, 32, 4, 1, 4096, 128, dtype=f32, target=CUDA).kernel.matrix
     assert not plan(1, 32, 4, 1, 4096, 256, target=CUDA).kernel.matrix                                 # registers
     assert not plan(1, 32, 4, 1, 4096, 192, 128, target=CUDA).kernel.matrix

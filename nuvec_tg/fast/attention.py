@@ -103,7 +103,8 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, 
     if isinstance(plan.kernel, Vector):
         return decode_attention(q, k, v, scale, dtype=dtype, backend=target.backend, passes=plan.kernel.passes,
                                 blocks=plan.kernel.blocks, matrix=plan.kernel.matrix,
-                                block_groups=plan.kernel.block_groups, causal=call.mask == "causal", window=call.window,
+                                block_groups=plan.kernel.block_groups,
+                                l2_ahead=plan.kernel.l2_ahead, causal=call.mask == "causal", window=call.window,
                                 mask=array_mask, sinks=sinks,
                                 composition=lambda q, k, v, m, s: compose(call, q, k, v, scale, m, s, call.q_len))
     symbolic = [n for n in (*q.shape, *k.shape, *v.shape) if not isinstance(n, int)]

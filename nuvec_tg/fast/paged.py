@@ -90,7 +90,8 @@ def paged_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: T
                 return _paged_composition(q, k_pool, v_pool, block_ids, lengths, scale, sinks, window)
             return decode_attention(q, k_cache, v_cache, scale, dtype=dtype, backend=backend, passes=plan.kernel.passes,
                                     blocks=plan.kernel.blocks, matrix=plan.kernel.matrix,
-                                    block_groups=plan.kernel.block_groups, causal=True, window=window, mask=None,
+                                    block_groups=plan.kernel.block_groups,
+                                    l2_ahead=plan.kernel.l2_ahead, causal=True, window=window, mask=None,
                                     sinks=sinks, paged=(block_ids, lengths, block_size), composition=composition)
     return _paged_composition(q.cast(dtype), k_cache.cast(dtype), v_cache.cast(dtype), block_ids, lengths, scale, sinks,
                               window)

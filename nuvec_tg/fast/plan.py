@@ -45,12 +45,14 @@ class Vector:
     """The decode kernels: `passes` 1 (`blocks` 1) or 2 (`blocks` key partitions), `dispatches`
     launches; `matrix`: the first pass on the matrix units (two passes), whose threadgroups
     per (batch item, key head, row group) are `block_groups`, each taking its share of the blocks
-    in turn (0: one per block)."""
+    in turn (0: one per block), and whose SIMD groups ask L2 for their tiles `l2_ahead` rounds
+    ahead (0: not at all; a hint, so it may depend on the batch)."""
     passes: int
     blocks: int
     dispatches: int
     matrix: bool = False
     block_groups: int = 0
+    l2_ahead: int = 0
 
 
 @dataclass(frozen=True)
@@ -294,6 +296,13 @@ _CUDA_MATRIX_MIN_ROWS = 4
 _CUDA_MATRIX_RESIDENT_WARPS = 8
 _CUDA_MATRIX_KEY_SCALE = 64
 _CUDA_MATRIX_RESIDENT_GROUPS = 2
+# Where the pass launches no more threadgroups than there are multiprocessors (B = 1, or a small
+# batch over a short cache), one 4-SIMD-group threadgroup per multiprocessor leaves the loads'
+# latency unhidden, and asking L2 for each SIMD group's tiles 2 rounds ahead (beyond the registers'
+# one) gains 3-17% on the H200; with more, the memory is busy already and it costs 11-12% (B = 1
+# 32/8 Lk 65536: 256 threadgroups). 3 rounds ahead is no better than 2 (`scripts/tune_decode.py
+# --matrix --plan-only --l2 0,2,3`, in `notes/attention_mma.md`). The prefetch changes no bits.
+_CUDA_MATRIX_L2_AHEAD = 2
 
 
 def _cuda_matrix_route(call: AttentionCall, keys: int, multiprocessors: int | None) -> Vector | None:
@@ -310,8 +319,10 @@ def _cuda_matrix_route(call: AttentionCall, keys: int, multiprocessors: int | No
     by_keys = math.isqrt(keys // _CUDA_MATRIX_KEY_SCALE)
     wanted = min(by_warps, by_keys)
     blocks = 1 << (wanted.bit_length() - 1) if wanted > 1 else 1
-    return Vector(passes=2, blocks=blocks, dispatches=2, matrix=True,
-                  block_groups=matrix_block_groups(threadgroups, call.batch, blocks, multiprocessors))
+    block_groups = matrix_block_groups(threadgroups, call.batch, blocks, multiprocessors)
+    launched = threadgroups * call.batch * (block_groups or blocks)
+    return Vector(passes=2, blocks=blocks, dispatches=2, matrix=True, block_groups=block_groups,
+                  l2_ahead=_CUDA_MATRIX_L2_AHEAD if launched <= multiprocessors else 0)
 
 
 def matrix_block_groups(threadgroups: int, batch: int, blocks: int, multiprocessors: int | None = None,

@@ -130,6 +130,7 @@ class DecodeSpec:
     warps: int = NUM_WARPS  # SIMD groups per threadgroup of the first pass
     unroll: int = UNROLL    # key lines (matrix: 16-key tiles) each lane loads before using the first
     matrix: bool = False    # the first pass on the matrix units (`sdpa_decode_mma.h`; CUDA, 16-bit, two passes)
+    l2_ahead: int = 0       # matrix: rounds of tiles ahead that a SIMD group asks L2 for (0: none)
 
     def runtime_names(self) -> list[str]:
         """The integers the first pass reads from its `ints` buffer, in order (known when the graph
@@ -185,7 +186,7 @@ class DecodeSpec:
         params = self.first_pass_params(ctype) + list(length_params)
         if self.matrix:
             defines = dict(common, MMA="mma_bf16" if self.dtype == dtypes.bfloat16 else "mma_f16", ROW_GROUPS=self.row_groups(),
-                           PREFETCH=int(self.unroll > 1), BLOCK_ROUND=16 * self.warps)
+                           PREFETCH=int(self.unroll > 1), L2_AHEAD=self.l2_ahead, BLOCK_ROUND=16 * self.warps)
             programs = [_named(backend, "nuvec_sdpa_decode_mma", ("sdpa_keys.h", "sdpa_decode_mma.h"), defines, params)]
         else:
             shape, size = self.geometry(), self.dtype.itemsize
@@ -218,7 +219,7 @@ def _named(backend: str, stem: str, source: str | tuple[str, ...], defines: dict
 def decode_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, *, dtype: DType, backend: str, passes: int,
                      blocks: int, causal: bool, window: int | None, mask: Tensor | None, sinks: Tensor | None,
                      paged: tuple[Tensor, Tensor, int] | None = None, composition=None, warps: int | None = None,
-                     unroll: int | None = None, matrix: bool = False, block_groups: int = 0) -> Tensor:
+                     unroll: int | None = None, matrix: bool = False, block_groups: int = 0, l2_ahead: int = 0) -> Tensor:
     """Launch the decode kernels; returns `[B, Hq, Lq, DV]` in `dtype`.
 
     q: `[B, Hq, Lq, D]`. Without `paged`, k and v are `[B, Hkv, Lk, D|DV]` (slices of a longer
@@ -231,7 +232,9 @@ def decode_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, *, dtype: DT
     backend's `LAUNCHES` entry). matrix: the first pass on the matrix units (CUDA, float16 or
     bfloat16, D a multiple of 32, DV of 64, two passes; `warps` default `CUDA_MATRIX_WARPS`);
     block_groups: its threadgroups per (batch item, key head, row group), each taking its share of
-    the `blocks` in turn (0: one per block; a block's partial is the same either way).
+    the `blocks` in turn (0: one per block; a block's partial is the same either way); l2_ahead:
+    how many rounds of its 16-key tiles ahead each SIMD group of it asks L2 for (0: none; a hint,
+    which changes no result).
     """
     if matrix:
         if backend != "cuda" or dtype not in (dtypes.float16, dtypes.bfloat16) or q.shape[3] % 32 or v.shape[3] % 64 or passes != 2:
@@ -281,7 +284,8 @@ def decode_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, *, dtype: DT
     # would need a Variable, which TinyJit could not bind), and a jitted step keeps its values.
     ins.append(int_buffer(device, tuple(runtime) or (0,)))
     spec = DecodeSpec(dtype, head_dim, value_dim, q_heads, kv_heads, q_len, passes, blocks, causal, window is not None,
-                      mask_kind, sinks is not None, paged[2] if paged is not None else 0, scale, length, warps, unroll, matrix)
+                      mask_kind, sinks is not None, paged[2] if paged is not None else 0, scale, length, warps, unroll, matrix,
+                      l2_ahead if matrix else 0)
     programs = spec.sources(backend, length_params)
     first_name, first_source, _ = programs[0]
     grid = (kv_heads * spec.row_groups(), batch, -(-blocks // blocks_per_group) if matrix else blocks if passes == 2 else 1)

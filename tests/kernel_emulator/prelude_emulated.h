@@ -171,6 +171,7 @@ inline void async_copy16(void* to, const void* from, bool present) { async_copy(
 inline void async_copy8(void* to, const void* from, bool present) { async_copy(to, from, present, 8); }
 inline void async_copy4(void* to, const void* from, bool present) { async_copy(to, from, present, 4); }
 inline void async_commit() {}
+inline void prefetch_l2(const void*, int) {}  // a hint: nothing to emulate
 #define async_wait(n)
 inline void simd_barrier() { block_sync->warps[threadIdx.x / 32]->arrive_and_wait(); }
 struct TileAcc { float v[4]; };

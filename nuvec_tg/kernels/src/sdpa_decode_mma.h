@@ -25,7 +25,7 @@
 //   8 * i + g) and pairs their halves with byte permutes. The n index of each of the DV / 8 output
 //   tiles is mapped onto those pieces (tile 8 * i + e, column n: value 8 * (8 * i + n) + e).
 //
-// Defines: T, MMA (mma_bf16 or mma_f16), D, DV, HQ, HKV, GQA, LQ, ROW_GROUPS, NUM_WARPS, BLOCKS, PREFETCH,
+// Defines: T, MMA (mma_bf16 or mma_f16), D, DV, HQ, HKV, GQA, LQ, ROW_GROUPS, NUM_WARPS, BLOCKS, PREFETCH, L2_AHEAD,
 // CAUSAL, WINDOW_ON, MASK_KIND (0 none, 1 bool, 2 additive), PAGED, PAGE, SCALE_LOG2E, K_LEN,
 // RUNTIME_INTS (with `blocks_per_group`). D is a multiple of 32 and DV of 64.
 
@@ -148,6 +148,20 @@ INLINE int line_start(const DEVICE int* block_tables, int batch, int max_blocks,
 #endif
   uint4 k_next[2][K_PIECES], v_next[4][V_PIECES];
   int loaded = -1;  // the block whose first tile k_next and v_next hold (PREFETCH)
+#if L2_AHEAD
+  // Deeper than the registers' tile in flight: each SIMD group asks L2 for its own tile L2_AHEAD
+  // rounds ahead (lanes 0-15 a key line each, 16-31 a value line), which costs no register. A
+  // block's keys are whole rounds, so round r ahead is the SIMD group's tile there even in the
+  // next block. The first rounds are asked for here.
+  const int keys_stop = min(k_len, range_start + block_stop * per_block);
+  auto prefetch_tile = [&](int first) {
+    const int key = first + lane % 16;
+    if (key >= keys_stop) return;
+    if (lane < 16) prefetch_l2(k + K_LINE(key), D * (int)sizeof(T));
+    else prefetch_l2(v + V_LINE(key), DV * (int)sizeof(T));
+  };
+  for (int round = 1; round < L2_AHEAD; round++) prefetch_tile(range_start + first_block * per_block + 16 * (warp + NUM_WARPS * round));
+#endif
   for (int block = first_block; block < block_stop; block++) {
     const int key_begin = range_start + block * per_block;
     const int key_end = min(k_len, key_begin + per_block);
@@ -161,6 +175,9 @@ INLINE int line_start(const DEVICE int* block_tables, int batch, int max_blocks,
     // two tiles in flight).
     if (loaded != block) LOAD_TILE(key_begin + 16 * warp, key_end, k_next, v_next)
     for (int first = key_begin + 16 * warp; first < key_end; first += 16 * NUM_WARPS) {
+#if L2_AHEAD
+      prefetch_tile(first + 16 * NUM_WARPS * L2_AHEAD);
+#endif
 #if PREFETCH
       uint4 k_piece[2][K_PIECES], v_piece[4][V_PIECES];
 #pragma unroll
