@@ -303,7 +303,7 @@ _CUDA_MATRIX_RESIDENT_GROUPS = 2
 # latency unhidden, and asking L2 for each SIMD group's tiles 2 rounds ahead (beyond the registers'
 # one) gains 3-17% on the H200; with more, the memory is busy already and it costs 11-12% (B = 1
 # 32/8 Lk 65536: 256 threadgroups). 3 rounds ahead is no better than 2 (`scripts/tune_decode.py
-# --matrix --plan-only --l2 0,2,3`, in `notes/attention_mma.md`). The prefetch changes no bits.
+# --matrix --plan-only --l2 0,2,3`, in `benchmarks/attention_h200.md`). It changes no bits.
 _CUDA_MATRIX_L2_AHEAD = 2
 
 
