@@ -10,11 +10,11 @@ the SIMD groups merged in the threadgroup), over the grouped-query shapes; `--qu
 `--grouped` runs the matrix cells' blocks in about one wave of threadgroups, each taking its share
 in turn, as the plan's `block_groups` does for a large batch. Each shape's last
 cell, "plan", is what `fast.plan_attention` picks, timed through `fast.scaled_dot_product_attention`;
-`--l2 A,B,...` adds the plan's launch once per L2 prefetch distance of the matrix pass (rounds of
-tiles ahead, `l2_ahead`: the plan's cell has its own); `--variant U,L,R` (repeatable) adds the
-plan's launch with U tiles in flight in registers (1 or 2), L2 prefetch L rounds ahead and at
-least R threadgroups resident per multiprocessor (`__launch_bounds__`: registers capped to fit;
-0: no bound), none of which changes a bit; `--plan-only` skips the other cells."""
+`--variant U,L,R` (repeatable) adds the plan's launch with U tiles in flight in registers (1 or
+2), L2 prefetch L rounds ahead (`l2_ahead`) and at least R threadgroups resident per
+multiprocessor (`__launch_bounds__`: registers capped to fit; 0: no bound), none of which changes
+a bit; `--l2 A,B,...` is `--variant 2,A,0 --variant 2,B,0 ...`; `--plan-only` skips the other
+cells."""
 import contextlib
 import io
 import sys
@@ -56,8 +56,8 @@ if _given("--shape"): SHAPES = QUICK = _given("--shape")
 if _given("--launch"): LAUNCH = _given("--launch")
 grouped = "--grouped" in sys.argv
 plan_only = "--plan-only" in sys.argv
-l2_values = _given("--l2")[0] if _given("--l2") else ()
-variants = _given("--variant")
+# The plan's launch with other load scheduling: (tiles in registers, L2 rounds, resident threadgroups).
+variants = [(2, l2, 0) for l2 in (_given("--l2")[0] if _given("--l2") else ())] + _given("--variant")
 resident = {"groups": 0}  # the launch bound the matrix pass is rendered with (0: none)
 _specialise = attention_kernels.specialise
 
@@ -108,14 +108,6 @@ for b, hq, hkv, lk in shapes:
     plan_name = f"{plan.blocks}/{plan.block_groups or plan.blocks}g" if isinstance(plan, fast.Vector) else type(plan).__name__
     if isinstance(plan, fast.Vector) and plan.matrix:
         plan_name += f" l2 {plan.l2_ahead}"
-    for l2 in l2_values:  # the plan's launch with another L2 prefetch distance
-        def attend(q, k, v, l2=l2):
-            return decode_attention(q, k, v, d ** -0.5, dtype=dtype, backend="cuda", passes=2, blocks=plan.blocks, causal=False,
-                                    window=None, mask=None, sinks=None, matrix=True, block_groups=plan.block_groups, l2_ahead=l2)
-        got = attend(*sets[0]).float().numpy()
-        worst = max(worst, float(np.abs(got - reference).max() / np.abs(reference).max()))
-        seconds = time_jit(attend, sets, 5)
-        cells.append((seconds, f"l2 {l2}: {seconds * 1e6:.1f}/{kv_bytes / seconds / 1e12:.2f}", attend))
     for unroll, l2, groups in variants:  # the plan's launch, loads scheduled otherwise
         def attend(q, k, v, unroll=unroll, l2=l2, groups=groups):
             resident["groups"] = groups
