@@ -11,7 +11,10 @@ the SIMD groups merged in the threadgroup), over the grouped-query shapes; `--qu
 in turn, as the plan's `block_groups` does for a large batch. Each shape's last
 cell, "plan", is what `fast.plan_attention` picks, timed through `fast.scaled_dot_product_attention`;
 `--l2 A,B,...` adds the plan's launch once per L2 prefetch distance of the matrix pass (rounds of
-tiles ahead, `l2_ahead`: the plan's cell has its own), and `--plan-only` skips the other cells."""
+tiles ahead, `l2_ahead`: the plan's cell has its own); `--variant U,L,R` (repeatable) adds the
+plan's launch with U tiles in flight in registers (1 or 2), L2 prefetch L rounds ahead and at
+least R threadgroups resident per multiprocessor (`__launch_bounds__`: registers capped to fit;
+0: no bound), none of which changes a bit; `--plan-only` skips the other cells."""
 import contextlib
 import io
 import sys
@@ -25,6 +28,7 @@ from nuvec_tg.bench.common import time_jit, warm_up
 from nuvec_tg import fast
 from nuvec_tg.fast.plan import matrix_block_groups
 from nuvec_tg.kernels import compositions_only
+from nuvec_tg.kernels import attention as attention_kernels
 from nuvec_tg.kernels.attention import MATRIX_ROWS, decode_attention
 
 SHAPES = [(1, 32, 8, 4096), (1, 32, 8, 16384), (1, 32, 8, 65536), (1, 32, 4, 16384), (1, 16, 2, 65536), (1, 64, 8, 16384),
@@ -53,6 +57,20 @@ if _given("--launch"): LAUNCH = _given("--launch")
 grouped = "--grouped" in sys.argv
 plan_only = "--plan-only" in sys.argv
 l2_values = _given("--l2")[0] if _given("--l2") else ()
+variants = _given("--variant")
+resident = {"groups": 0}  # the launch bound the matrix pass is rendered with (0: none)
+_specialise = attention_kernels.specialise
+
+
+def bounded_specialise(backend, name, source, defines, params):
+    """The matrix pass's text with `__launch_bounds__(threads, resident["groups"])` when asked."""
+    text = _specialise(backend, name, source, defines, params)
+    if not resident["groups"] or name != "nuvec_sdpa_decode_mma": return text
+    bound = f"__launch_bounds__({32 * defines['NUM_WARPS']}, {resident['groups']}) "
+    return text.replace("__global__ void ", "__global__ void " + bound, 1)
+
+
+attention_kernels.specialise = bounded_specialise
 
 
 def block_groups(b: int, hq: int, hkv: int, blocks: int, warps: int) -> int:
@@ -98,6 +116,19 @@ for b, hq, hkv, lk in shapes:
         worst = max(worst, float(np.abs(got - reference).max() / np.abs(reference).max()))
         seconds = time_jit(attend, sets, 5)
         cells.append((seconds, f"l2 {l2}: {seconds * 1e6:.1f}/{kv_bytes / seconds / 1e12:.2f}", attend))
+    for unroll, l2, groups in variants:  # the plan's launch, loads scheduled otherwise
+        def attend(q, k, v, unroll=unroll, l2=l2, groups=groups):
+            resident["groups"] = groups
+            try:
+                return decode_attention(q, k, v, d ** -0.5, dtype=dtype, backend="cuda", passes=2, blocks=plan.blocks,
+                                        causal=False, window=None, mask=None, sinks=None, matrix=True, unroll=unroll,
+                                        block_groups=plan.block_groups, l2_ahead=l2)
+            finally:
+                resident["groups"] = 0
+        got = attend(*sets[0]).float().numpy()
+        worst = max(worst, float(np.abs(got - reference).max() / np.abs(reference).max()))
+        seconds = time_jit(attend, sets, 5)
+        cells.append((seconds, f"u{unroll} l2 {l2} r{groups}: {seconds * 1e6:.1f}/{kv_bytes / seconds / 1e12:.2f}", attend))
     def plan_attend(q, k, v): return fast.scaled_dot_product_attention(q, k, v, d ** -0.5)
     plan_seconds = time_jit(plan_attend, sets, 5)
     cells.append((plan_seconds, f"plan {plan_name}: {plan_seconds * 1e6:.1f}/{kv_bytes / plan_seconds / 1e12:.2f}", plan_attend))

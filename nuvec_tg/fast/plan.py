@@ -9,9 +9,11 @@ Routes:
 - `ComposedBlocks(rows)`: the same in blocks of `rows` query rows, each over only the keys it can
   see (its causal prefix, cut to the window), so one block's scores are live at a time. Chosen to
   hold `max_score_bytes`.
-- `Vector(passes, blocks, dispatches, matrix)`: the decode kernels (`Lq <= 8`); two passes split
-  the keys into `blocks` partitions and merge them; `matrix`: the first pass on the matrix units
-  (CUDA only: grouped-query rows, 16-bit K/V; `_cuda_matrix_route`).
+- `Vector(passes, blocks, dispatches, matrix, block_groups, l2_ahead)`: the decode kernels
+  (`Lq <= 8`); two passes split the keys into `blocks` partitions and merge them; `matrix`: the
+  first pass on the matrix units (CUDA only: grouped-query rows, 16-bit K/V;
+  `_cuda_matrix_route`), its threadgroups taking `block_groups` blocks in turn for a large batch
+  and asking L2 for tiles `l2_ahead` rounds ahead where they are few.
 - `Tiled()`: the tiled prefill kernel.
 - `BlockedD512(rows)`: head size 512 in half precision, causal, run in blocks of `rows` rows.
 
@@ -301,7 +303,7 @@ _CUDA_MATRIX_RESIDENT_GROUPS = 2
 # latency unhidden, and asking L2 for each SIMD group's tiles 2 rounds ahead (beyond the registers'
 # one) gains 3-17% on the H200; with more, the memory is busy already and it costs 11-12% (B = 1
 # 32/8 Lk 65536: 256 threadgroups). 3 rounds ahead is no better than 2 (`scripts/tune_decode.py
-# --matrix --plan-only --l2 0,2,3`, in `notes/attention_mma.md`). The prefetch changes no bits.
+# --matrix --plan-only --l2 0,2,3`, in `benchmarks/attention_h200.md`). It changes no bits.
 _CUDA_MATRIX_L2_AHEAD = 2
 
 

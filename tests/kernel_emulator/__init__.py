@@ -2,7 +2,9 @@
 into a shared library whose `run` launches a grid, one threadgroup at a time, each thread an OS
 thread. For checking a kernel's indexing, decoding and arithmetic order where no GPU is present;
 its arithmetic is the rendering's, written out (no contraction), so where a kernel writes every
-multiply-add as fma the results have the CUDA build's bits."""
+multiply-add as fma the results have the CUDA build's bits. The reads it sees by address (the
+asynchronous copies a kernel asks for, and its L2 prefetch hints, which read nothing here) must lie
+inside the launch's buffers: a launch fails its assertion otherwise."""
 from __future__ import annotations
 
 import ctypes
@@ -25,7 +27,10 @@ _CACHE = pathlib.Path(tempfile.gettempdir()) / "nuvec_kernel_emulator"
 _LAUNCHER = """
 #include <thread>
 #include <vector>
-extern "C" void run(void** buffers, int groups, int groups_y, int groups_z, int threads) {
+extern "C" int run(void** buffers, long* sizes, int count, int groups, int groups_y, int groups_z, int threads) {
+  launch_buffer_count = count;
+  for (int i = 0; i < count; i++) launch_buffers[i] = {(const char*)buffers[i], (const char*)buffers[i] + sizes[i]};
+  out_of_bounds_reads = 0;
   for (int g = 0; g < groups * groups_y * groups_z; g++) {
     std::barrier<> all(threads);
     std::vector<std::barrier<>*> warps;
@@ -42,6 +47,7 @@ extern "C" void run(void** buffers, int groups, int groups_y, int groups_z, int 
     for (auto& thread : pool) thread.join();
     for (int w = 0; w < (threads + 31) / 32; w++) delete sync.warps[w];
   }
+  return out_of_bounds_reads;
 }
 """
 
@@ -92,11 +98,15 @@ def build(kernel_text: str, name: str, params: Sequence[Param]):
         return True
     _write_once(library, compile_library)
     run = ctypes.CDLL(str(library)).run
-    run.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
+    run.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_long), ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                    ctypes.c_int, ctypes.c_int]
+    run.restype = ctypes.c_int
 
     def launch(buffers: Sequence[np.ndarray], groups: int, threads: int, groups_y: int = 1, groups_z: int = 1) -> None:
         arrays = [np.ascontiguousarray(b) for b in buffers]
         for given, array in zip(buffers, arrays): assert given is array, "buffers must be contiguous numpy arrays"
         pointers = (ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays])
-        run(pointers, groups, groups_y, groups_z, threads)
+        sizes = (ctypes.c_long * len(arrays))(*[a.nbytes for a in arrays])
+        outside = run(pointers, sizes, len(arrays), groups, groups_y, groups_z, threads)
+        assert outside == 0, f"{name}: {outside} asynchronous copies or L2 prefetches read outside the launch's buffers"
     return launch

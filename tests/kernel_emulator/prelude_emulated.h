@@ -35,6 +35,20 @@ struct Block {
 };
 thread_local Block* block_sync;
 
+// The launch's buffers (set by `run`), so that the reads the emulator can see by address (the
+// asynchronous copies and the L2 prefetch hints) are checked to lie inside one of them; the count
+// of those that do not is read back after the launch.
+struct BufferRange { const char* begin; const char* end; };
+inline BufferRange launch_buffers[32];
+inline int launch_buffer_count = 0;
+inline int out_of_bounds_reads = 0;
+inline void check_read(const void* at, int bytes) {
+  const char* from = (const char*)at;
+  for (int i = 0; i < launch_buffer_count; i++)
+    if (from >= launch_buffers[i].begin && from + bytes <= launch_buffers[i].end) return;
+  __atomic_fetch_add(&out_of_bounds_reads, 1, __ATOMIC_SEQ_CST);
+}
+
 inline void threadgroup_barrier() { block_sync->all->arrive_and_wait(); }
 inline float simd_shuffle_xor(float x, int mask) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -165,13 +179,14 @@ inline uint high_halves(uint a, uint b) { return (a >> 16) | (b & 0xFFFF0000u); 
 // The asynchronous copies, done at once (a kernel missing a barrier after async_wait can still
 // read a stage another thread is writing: the threads are OS threads).
 inline void async_copy(void* to, const void* from, bool present, int bytes) {
+  if (present) check_read(from, bytes);
   if (present) std::memcpy(to, from, bytes); else std::memset(to, 0, bytes);
 }
 inline void async_copy16(void* to, const void* from, bool present) { async_copy(to, from, present, 16); }
 inline void async_copy8(void* to, const void* from, bool present) { async_copy(to, from, present, 8); }
 inline void async_copy4(void* to, const void* from, bool present) { async_copy(to, from, present, 4); }
 inline void async_commit() {}
-inline void prefetch_l2(const void*, int) {}  // a hint: nothing to emulate
+inline void prefetch_l2(const void* at, int bytes) { check_read(at, bytes); }  // a hint: only its range is checked
 #define async_wait(n)
 inline void simd_barrier() { block_sync->warps[threadIdx.x / 32]->arrive_and_wait(); }
 struct TileAcc { float v[4]; };
