@@ -114,26 +114,33 @@ INLINE int line_start(const DEVICE int* block_tables, int batch, int max_blocks,
   THREADGROUP float shared_acc[STAGE_BUFFERS * NUM_WARPS * STAGED_ROWS * DV];
   THREADGROUP float shared_max[STAGE_BUFFERS * NUM_WARPS * STAGED_ROWS], shared_sum[STAGE_BUFFERS * NUM_WARPS * STAGED_ROWS];
   const int first_block = (int)nv_group.z * blocks_per_group, block_stop = min(BLOCKS, first_block + blocks_per_group);
-  // This thread's share of block `block`'s merge: the SIMD groups' staged partials in `buffer`, in
-  // SIMD-group order, into the block's partial (each thread computes the merge factors of the rows
-  // it writes; which thread merges a value does not change its arithmetic).
+  // This SIMD group's share of block `block`'s merge: rows warp, warp + NUM_WARPS, ... of the SIMD
+  // groups' staged partials in `buffer`, merged in SIMD-group order into the block's partial. A
+  // row's merge factors are computed once (a lane per column after that: 32 consecutive columns
+  // are 32 banks, and the stores are whole lines); which SIMD group merges a row does not change
+  // its arithmetic.
   const int rows_here = min(16, GQA * LQ - first_row);
   auto merge_block = [&](int block, int buffer) {
     const THREADGROUP_PTR float* staged_acc = shared_acc + buffer * NUM_WARPS * STAGED_ROWS * DV;
     const THREADGROUP_PTR float* staged_max = shared_max + buffer * NUM_WARPS * STAGED_ROWS;
     const THREADGROUP_PTR float* staged_sum = shared_sum + buffer * NUM_WARPS * STAGED_ROWS;
-    for (int index = (int)nv_thread.x; index < rows_here * DV; index += NUM_WARPS * 32) {
-      const int r = index / DV, e = index % DV, row = first_row + r;
-      const int out_row = (batch * HQ + kv_head * GQA + row / LQ) * LQ + row % LQ;
-      float merged = -INFINITY;
+    for (int r = warp; r < rows_here; r += NUM_WARPS) {
+      const int row = first_row + r, out_row = (batch * HQ + kv_head * GQA + row / LQ) * LQ + row % LQ;
+      float merged = -INFINITY, factor[NUM_WARPS];
+#pragma unroll
       for (int w = 0; w < NUM_WARPS; w++) merged = max(merged, staged_max[w * STAGED_ROWS + r]);
-      float value = 0.0f;
-      for (int w = 0; w < NUM_WARPS; w++)
-        value += staged_acc[STAGED(w * STAGED_ROWS + r, e)] * merge_factor(staged_max[w * STAGED_ROWS + r], merged);
-      part_acc[(out_row * BLOCKS + block) * DV + e] = value;
-      if (e == 0) {
+#pragma unroll
+      for (int w = 0; w < NUM_WARPS; w++) factor[w] = merge_factor(staged_max[w * STAGED_ROWS + r], merged);
+      for (int e = lane; e < DV; e += 32) {
+        float value = 0.0f;
+#pragma unroll
+        for (int w = 0; w < NUM_WARPS; w++) value += staged_acc[STAGED(w * STAGED_ROWS + r, e)] * factor[w];
+        part_acc[(out_row * BLOCKS + block) * DV + e] = value;
+      }
+      if (lane == 0) {
         float total = 0.0f;
-        for (int w = 0; w < NUM_WARPS; w++) total += staged_sum[w * STAGED_ROWS + r] * merge_factor(staged_max[w * STAGED_ROWS + r], merged);
+#pragma unroll
+        for (int w = 0; w < NUM_WARPS; w++) total += staged_sum[w * STAGED_ROWS + r] * factor[w];
         part_max[out_row * BLOCKS + block] = merged;
         part_sum[out_row * BLOCKS + block] = total;
       }
