@@ -5,7 +5,7 @@ writes one translation unit for the Metal shim check (tests/test_metal_check.py 
 one-row default plans.
 Specialisations: modes x widths x groups x dtypes (x and y alike; affine scales float16, bfloat16,
 float32) x 1, 3 and 8 rows, default plans at K = N = 4096 (nvfp4 also at K = 4096 + 16, which
-ends in a half chunk); with --grid, instead, every kernel scripts/tune_qmv.py sweeps."""
+ends in a half chunk; one row also at K = 14336, whose plan has wider columns); with --grid, instead, every kernel scripts/tune_qmv.py sweeps."""
 import itertools
 import os
 import re
@@ -37,7 +37,8 @@ def specialisations(grid: bool = False):
         return
     for (mode, group, bits), x, rows in itertools.product(FORMATS, CTYPES, (1, 3, 8)):
         for scales in (CTYPES if mode == "affine" else ("uchar",)):
-            for k in ((4096, 4096 + 16) if mode == "nvfp4" else (4096,)):
+            # K = 14336 for one row: 2+ steps a SIMD group, where one row takes COLUMNS_PER_WARP_LONG columns.
+            for k in ((4096, 4096 + 16) if mode == "nvfp4" else (4096,)) + ((14336,) if rows == 1 else ()):
                 p = qmv.plan(rows, k, N)
                 for batches in (0, 64):  # the plain product, and the gathered one over 64 weight batches
                     yield (f"{mode} {bits}-bit g{group} x {x} scales {scales} M{rows} K{k} {p} batches {batches}",

@@ -32,6 +32,7 @@ MAX_ROWS = 8                  # rows of x qmv and qvm take (more: qmm, or the co
 CODES_PER_STEP = 32 * 32      # a SIMD group's step: 32 lanes x a chunk of 32 consecutive codes
 # Launch-shape defaults (see `plan`).
 COLUMNS_PER_WARP = 4          # output columns a SIMD group serves for one row of x (each x value serves them all)
+COLUMNS_PER_WARP_LONG = 8     # ... for one row where a SIMD group takes 2 steps or more (x's cost over more codes)
 COLUMNS_PER_WARP_ROWS = 2     # ... for several rows (each decoded code serves every row; registers)
 COLUMN_WARPS = 1              # SIMD groups of a threadgroup that serve different columns
 TARGET_WARPS = 4096           # K is split until about this many SIMD groups run (H200: 132 SMs x 32)
@@ -70,12 +71,17 @@ def k_split_for(k: int, n: int) -> int:
 
 def plan(rows: int, k: int, n: int) -> QmvPlan:
     """The default launch shape. Columns per SIMD group depend on the rows (registers: with 4
-    columns, one row takes 64-72 registers on sm_90, 2-3 rows 100-133) and are at most N; unrolling
-    is at most a SIMD group's steps. Neither changes any row's arithmetic."""
+    columns, one row takes 64-72 registers on sm_90, 2-3 rows 100-133) and are at most N. One row
+    takes COLUMNS_PER_WARP_LONG columns where each SIMD group has 2 steps or more: each x value it
+    loads and widens then serves twice the codes (H200, affine 4-bit, `scripts/tune_qmv.py`:
+    K 4096 N 14336 14.7 -> 13.5 µs, K 14336 N 4096 13.9 -> 13.2), while with one step a SIMD group
+    the wider columns leave too few SIMD groups (K = N = 4096: 6.2 -> 6.5). Unrolling is at most a
+    SIMD group's steps. Neither changes any row's arithmetic."""
     split = k_split_for(k, n)
-    columns = min(COLUMNS_PER_WARP if rows == 1 else COLUMNS_PER_WARP_ROWS, n)
-    unroll = max(1, min(UNROLL, math.ceil(math.ceil(k / CODES_PER_STEP) / split)))
-    return QmvPlan(columns, COLUMN_WARPS, split, unroll)
+    warp_steps = math.ceil(math.ceil(k / CODES_PER_STEP) / split)
+    if rows > 1: columns = COLUMNS_PER_WARP_ROWS
+    else: columns = COLUMNS_PER_WARP_LONG if warp_steps >= 2 else COLUMNS_PER_WARP
+    return QmvPlan(min(columns, n), COLUMN_WARPS, split, max(1, min(UNROLL, warp_steps)))
 
 
 def supported(x_dtype: DType, scales_dtype: DType, out_dtype: DType, rows: int, k: int, n: int) -> bool:
