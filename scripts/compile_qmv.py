@@ -5,7 +5,8 @@ writes one translation unit for the Metal shim check (tests/test_metal_check.py 
 one-row default plans.
 Specialisations: modes x widths x groups x dtypes (x and y alike; affine scales float16, bfloat16,
 float32) x 1, 3 and 8 rows, default plans at K = N = 4096 (nvfp4 also at K = 4096 + 16, which
-ends in a half chunk; one row also at K = 14336, whose plan has wider columns); with --grid, instead, every kernel scripts/tune_qmv.py sweeps."""
+ends in a half chunk; one row also at K = 14336, whose plan has wider columns); with --grid,
+instead, every kernel scripts/tune_qmv.py sweeps."""
 import itertools
 import os
 import re

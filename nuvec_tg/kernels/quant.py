@@ -73,10 +73,11 @@ def plan(rows: int, k: int, n: int) -> QmvPlan:
     """The default launch shape. Columns per SIMD group depend on the rows (registers: with 4
     columns, one row takes 64-72 registers on sm_90, 2-3 rows 100-133) and are at most N. One row
     takes COLUMNS_PER_WARP_LONG columns where each SIMD group has 2 steps or more: each x value it
-    loads and widens then serves twice the codes (H200, affine 4-bit, `scripts/tune_qmv.py`:
-    K 4096 N 14336 14.7 -> 13.5 µs, K 14336 N 4096 13.9 -> 13.2), while with one step a SIMD group
-    the wider columns leave too few SIMD groups (K = N = 4096: 6.2 -> 6.5). Unrolling is at most a
-    SIMD group's steps. Neither changes any row's arithmetic."""
+    loads and widens then serves twice the codes (H200, affine 4-bit, `scripts/tune_qmv.py
+    --one-row` in `benchmarks/quant_h200.md`: K 4096 N 14336 14.1 -> 13.5 µs, K 14336 N 4096
+    13.8 -> 13.3), while with one step a SIMD group the wider columns leave too few SIMD groups
+    (K = N = 4096: 5.9 -> 6.1). Unrolling is at most a SIMD group's steps. Neither changes any
+    row's arithmetic."""
     split = k_split_for(k, n)
     warp_steps = math.ceil(math.ceil(k / CODES_PER_STEP) / split)
     if rows > 1: columns = COLUMNS_PER_WARP_ROWS
