@@ -4,9 +4,10 @@ for M in {1, 4} at (K, N) in {(4096, 4096), (4096, 14336), (14336, 4096)}, affin
 SIMD groups per column set x K split x unroll), each timed as the benchmark times (TinyJit replays
 of COPIES calls over rotated weights, `nuvec_tg.bench.common.time_jit`): device µs per call and
 weight bytes per second, best first, with the default plan marked `*` and the largest error
-against the composition. `--quick`: affine 4-bit, M = 1; `--one-row`: every format, M = 1. The
-defaults in `nuvec_tg/kernels/quant.py` are read off this sweep's output (kept in `benchmarks/`).
-Every kernel is compiled first, in parallel worker processes, into tinygrad's compile cache."""
+against the composition. `--quick`: affine 4-bit, M = 1; `--rows 1` (or `4`, `1,4`): every
+format at those M. The defaults in `nuvec_tg/kernels/quant.py` are read off this sweep's output
+(kept in `benchmarks/`). Every kernel is compiled first, in parallel worker processes, into
+tinygrad's compile cache."""
 import math
 import multiprocessing
 import os
@@ -72,7 +73,8 @@ def main() -> int:
         print(f"tune_qmv: needs a GPU with nuvec_tg's kernels (DEV=CUDA or DEV=METAL), not {Device.DEFAULT}")
         return 2
     formats = ["affine4"] if quick else list(FORMATS)
-    row_counts = (1,) if quick or "--one-row" in sys.argv else (1, 4)
+    row_counts = (1,) if quick else (1, 4)
+    if "--rows" in sys.argv: row_counts = tuple(int(r) for r in sys.argv[sys.argv.index("--rows") + 1].split(","))
     cases = [(fmt, rows, k, n) for fmt in formats for k, n in SHAPES for rows in row_counts]
 
     def kernel_source(fmt, rows, k, n, p):

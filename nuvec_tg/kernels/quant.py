@@ -74,7 +74,7 @@ def plan(rows: int, k: int, n: int) -> QmvPlan:
     columns, one row takes 64-72 registers on sm_90, 2-3 rows 100-133) and are at most N. One row
     takes COLUMNS_PER_WARP_LONG columns where each SIMD group has 2 steps or more: each x value it
     loads and widens then serves twice the codes (H200, affine 4-bit, `scripts/tune_qmv.py
-    --one-row` in `benchmarks/quant_h200.md`: K 4096 N 14336 14.1 -> 13.5 µs, K 14336 N 4096
+    --rows 1` in `benchmarks/quant_h200.md`: K 4096 N 14336 14.1 -> 13.5 µs, K 14336 N 4096
     13.8 -> 13.3), while with one step a SIMD group the wider columns leave too few SIMD groups
     (K = N = 4096: 5.9 -> 6.1). Unrolling is at most a SIMD group's steps. Neither changes any
     row's arithmetic."""
