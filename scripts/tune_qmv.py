@@ -5,9 +5,9 @@ SIMD groups per column set x K split x unroll), each timed as the benchmark time
 of COPIES calls over rotated weights, `nuvec_tg.bench.common.time_jit`): device µs per call and
 weight bytes per second, best first, with the default plan marked `*` and the largest error
 against the composition. `--quick`: affine 4-bit, M = 1; `--rows 1` (or `4`, `1,4`): every
-format at those M. The defaults in `nuvec_tg/kernels/quant.py` are read off this sweep's output
-(kept in `benchmarks/`). Every kernel is compiled first, in parallel worker processes, into
-tinygrad's compile cache."""
+format at those M; `--shape K,N` (repeatable, K a multiple of 64): those shapes instead. The
+defaults in `nuvec_tg/kernels/quant.py` are read off this sweep's output (kept in `benchmarks/`).
+Every kernel is compiled first, in parallel worker processes, into tinygrad's compile cache."""
 import math
 import multiprocessing
 import os
@@ -28,6 +28,8 @@ from nuvec_tg.kernels import compositions_only, kernel_backend  # noqa: E402
 from nuvec_tg.kernels import quant as qmv  # noqa: E402
 
 SHAPES = [(4096, 4096), (4096, 14336), (14336, 4096)]
+if "--shape" in sys.argv:  # --shape K,N (repeatable) instead of the benchmark's three
+    SHAPES = [tuple(int(v) for v in sys.argv[i + 1].split(",")) for i, a in enumerate(sys.argv) if a == "--shape"]
 REPEATS = 5
 # Every plan scripts/compile_qmv.py --grid checks for registers (no spills): one row, four rows.
 PLANS = sorted({qmv.QmvPlan(c, 1, s, u) for c in (2, 4, 8) for s in (1, 2, 4, 8) for u in (1, 2)} |
