@@ -287,9 +287,10 @@ def _cuda_vector_blocks(call: AttentionCall, keys: int, multiprocessors: int | N
 # rows per key head. Its blocks leave the batch size out (an item's bits must not depend on its
 # batch), so one count serves B = 1, which wants many short blocks (one item fills few
 # multiprocessors), and a large batch, which wants few long ones: there every block still costs
-# its epilogue (the SIMD groups' merge through threadgroup memory) and its partial. On the H200 sweep (`scripts/tune_decode.py --matrix [--grouped]`, kept in
-# `benchmarks/attention_h200.md`) the compromise that loses least against PyTorch at either end is
-# about sqrt(keys / _CUDA_MATRIX_KEY_SCALE) blocks (4 at 1024 keys, 8 at 4096, 16 at 16384, 32 at
+# its epilogue (the SIMD groups' merge through threadgroup memory) and its partial. On the H200
+# sweep (`scripts/tune_decode.py --matrix [--grouped]`, kept in `benchmarks/attention_h200.md`) the
+# compromise that loses least against PyTorch at either end is about
+# sqrt(keys / _CUDA_MATRIX_KEY_SCALE) blocks (4 at 1024 keys, 8 at 4096, 16 at 16384, 32 at
 # 65536), a power of two (a growing cache compiles a few specialisations), and no more than fill
 # `_CUDA_MATRIX_RESIDENT_WARPS` SIMD groups per multiprocessor for one item. A large batch runs
 # the same blocks in about one wave of threadgroups (`_CUDA_MATRIX_RESIDENT_GROUPS` per
