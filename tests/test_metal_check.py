@@ -100,13 +100,17 @@ def test_every_gated_delta_metal_specialisation_compiles(tmp_path):
 def qmv_programs():
     """Each qmv specialisation the routing emits, up to sizes: every mode, width and group, x (and
     y) dtype, affine scales dtype, 1-8 rows; K and N at the kernel's boundaries (half chunks, fewer
-    columns than a SIMD group serves, narrower loads), the default plan and a few others."""
+    columns than a SIMD group serves, narrower loads, one row's wide columns), the default plan and a
+    few others."""
     formats = [("affine", g, b) for b in (1, 2, 3, 4, 5, 6, 8) for g in (32, 64, 128)] + [
         ("mxfp4", 32, 4), ("mxfp8", 32, 8), ("nvfp4", 16, 4)]
     float_types = ("float", "half", "bfloat")
     for (mode, group, bits), x, rows in itertools.product(formats, float_types, range(1, 9)):
         for scales in (float_types if mode == "affine" else ("uchar",)):
-            for k, n in ((4096, 4096), (group * 3, 3)) + (((4096 + 16, 14336),) if mode == "nvfp4" else ()):
+            # (9216, 8) at one row: 2 steps a SIMD group after an 8-way K split, so the wide-column plan.
+            shapes = ((4096, 4096), (group * 3, 3)) + (((4096 + 16, 14336),) if mode == "nvfp4" else ()) + (
+                ((9216, 8),) if rows == 1 else ())
+            for k, n in shapes:
                 plans = {qmv.plan(rows, k, n)} | ({qmv.QmvPlan(3, 2, 2, 2)} if rows == 1 and n > 3 else set())
                 for p in plans:
                     for batches in ((0, 3) if rows in (1, 8) else (0,)):  # plain, and gathered over 3 weight batches
