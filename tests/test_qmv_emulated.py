@@ -88,14 +88,16 @@ def test_emulated_qmv_with_scales_of_another_dtype_and_a_column_set_moved_back()
 
 
 def test_default_plans_widen_one_rows_columns_only_where_a_simd_group_takes_two_steps():
-    """One row: 4 columns a SIMD group with one step each, 8 with two or more; several rows: 2. The
-    K split (a row's order) is the same whatever the rows."""
+    """One row: 4 columns a SIMD group with one step each, 8 with two or more; several rows: 4 (at
+    most N). The K split (a row's order) is the same whatever the rows."""
     cases = {(4096, 4096): (4, 4), (4096, 14336): (2, 8), (14336, 4096): (4, 8), (4 * 1024 + 64, 300): (4, 8),
              (1024, 4): (1, 4), (2048, 4096): (2, 4), (8192, 4): (8, 4)}
     for (k, n), (split, columns) in cases.items():
-        one, several = qmv.plan(1, k, n), qmv.plan(4, k, n)
+        one = qmv.plan(1, k, n)
         assert (one.k_split, one.columns_per_warp) == (split, min(columns, n)), (k, n)
-        assert several.k_split == split and several.columns_per_warp == 2, (k, n)
+        for rows in (2, 4, 8):
+            several = qmv.plan(rows, k, n)
+            assert (several.k_split, several.columns_per_warp) == (split, min(4, n)), (k, n, rows)
 
 
 @pytest.mark.parametrize("n, k", [(3, 64), (37, 9 * 1024 + 192)], ids=str)

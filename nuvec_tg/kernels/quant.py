@@ -31,9 +31,8 @@ from .program import CTYPES, Param, int_buffer, launch, prelude, specialise
 MAX_ROWS = 8                  # rows of x qmv and qvm take (more: qmm, or the composition)
 CODES_PER_STEP = 32 * 32      # a SIMD group's step: 32 lanes x a chunk of 32 consecutive codes
 # Launch-shape defaults (see `plan`).
-COLUMNS_PER_WARP = 4          # output columns a SIMD group serves for one row of x (each x value serves them all)
+COLUMNS_PER_WARP = 4          # output columns a SIMD group serves (each x value it loads serves them all)
 COLUMNS_PER_WARP_LONG = 8     # ... for one row where a SIMD group takes 2 steps or more (x's cost over more codes)
-COLUMNS_PER_WARP_ROWS = 2     # ... for several rows (each decoded code serves every row; registers)
 COLUMN_WARPS = 1              # SIMD groups of a threadgroup that serve different columns
 TARGET_WARPS = 4096           # K is split until about this many SIMD groups run (H200: 132 SMs x 32)
 MAX_K_SPLIT = 8               # SIMD groups that share a set of columns, each a slice of K's steps
@@ -70,18 +69,18 @@ def k_split_for(k: int, n: int) -> int:
 
 
 def plan(rows: int, k: int, n: int) -> QmvPlan:
-    """The default launch shape. Columns per SIMD group depend on the rows (registers: with 4
-    columns, one row takes 64-72 registers on sm_90, 2-3 rows 100-133) and are at most N. One row
-    takes COLUMNS_PER_WARP_LONG columns where each SIMD group has 2 steps or more: each x value it
-    loads and widens then serves twice the codes (H200, affine 4-bit, `scripts/tune_qmv.py
-    --rows 1` in `benchmarks/quant_h200.md`: K 4096 N 14336 14.1 -> 13.5 µs, K 14336 N 4096
-    13.8 -> 13.3), while with one step a SIMD group the wider columns leave too few SIMD groups
-    (K = N = 4096: 5.9 -> 6.1). Unrolling is at most a SIMD group's steps. Neither changes any
-    row's arithmetic."""
+    """The default launch shape; columns per SIMD group are at most N. Every row count takes
+    COLUMNS_PER_WARP columns, and one row COLUMNS_PER_WARP_LONG where each SIMD group has 2 steps or
+    more: the x values a lane loads and widens (and sums, for the bias) then serve more codes.
+    H200, `scripts/tune_qmv.py --rows 1` and `--rows 4` in `benchmarks/quant_h200.md`, affine
+    4-bit, µs: one row at K 4096 N 14336 14.1 -> 13.5 with 8 columns, K 14336 N 4096 13.8 -> 13.3,
+    while with one step a SIMD group the wider columns leave too few SIMD groups (K = N = 4096:
+    5.9 -> 6.1); four rows 36.3 -> 25.8 and 36.4 -> 25.6 with 4 columns against 2 (and 2 and 8
+    rows alike; at 8 rows and float x a lane holds 204 registers, no spills). Unrolling is at most
+    a SIMD group's steps. Neither changes any row's arithmetic."""
     split = k_split_for(k, n)
     warp_steps = math.ceil(math.ceil(k / CODES_PER_STEP) / split)
-    if rows > 1: columns = COLUMNS_PER_WARP_ROWS
-    else: columns = COLUMNS_PER_WARP_LONG if warp_steps >= 2 else COLUMNS_PER_WARP
+    columns = COLUMNS_PER_WARP_LONG if rows == 1 and warp_steps >= 2 else COLUMNS_PER_WARP
     return QmvPlan(min(columns, n), COLUMN_WARPS, split, max(1, min(UNROLL, warp_steps)))
 
 
