@@ -107,9 +107,9 @@ def qmv_programs():
     float_types = ("float", "half", "bfloat")
     for (mode, group, bits), x, rows in itertools.product(formats, float_types, range(1, 9)):
         for scales in (float_types if mode == "affine" else ("uchar",)):
-            # (9216, 8) at one row: 2 steps a SIMD group after an 8-way K split, so the wide-column plan.
+            # (4096, 14336) at one row: 2 steps a SIMD group and enough of them, so the wide-column plan.
             shapes = ((4096, 4096), (group * 3, 3)) + (((4096 + 16, 14336),) if mode == "nvfp4" else ()) + (
-                ((9216, 8),) if rows == 1 else ())
+                ((4096, 14336),) if rows == 1 else ())
             for k, n in shapes:
                 plans = {qmv.plan(rows, k, n)} | ({qmv.QmvPlan(3, 2, 2, 2)} if rows == 1 and n > 3 else set())
                 for p in plans:

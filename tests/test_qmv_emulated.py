@@ -87,11 +87,13 @@ def test_emulated_qmv_with_scales_of_another_dtype_and_a_column_set_moved_back()
         assert np.abs(got - want).max() <= 1e-5 * max(np.abs(want).max(), 1.0)
 
 
-def test_default_plans_widen_one_rows_columns_only_where_a_simd_group_takes_two_steps():
-    """One row: 4 columns a SIMD group with one step each, 8 with two or more; several rows: 4 (at
-    most N). The K split (a row's order) is the same whatever the rows."""
-    cases = {(4096, 4096): (4, 4), (4096, 14336): (2, 8), (14336, 4096): (4, 8), (4 * 1024 + 64, 300): (4, 8),
-             (1024, 4): (1, 4), (2048, 4096): (2, 4), (8192, 4): (8, 4)}
+def test_default_plans_split_k_and_widen_one_rows_columns_where_enough_simd_groups_run():
+    """The K split keeps 2 steps a SIMD group unless few SIMD groups run; one row takes 8 columns a
+    SIMD group where each has 2 steps or more and at least 1536 SIMD groups run, otherwise 4; several
+    rows take 4 (at most N). The K split (a row's order) is the same whatever the rows."""
+    cases = {(4096, 4096): (2, 4), (4096, 6144): (2, 8), (4096, 14336): (2, 8), (14336, 4096): (4, 8),
+             (8192, 8192): (2, 8), (4096, 1024): (4, 4), (2048, 2048): (2, 4), (2048, 4096): (1, 4),
+             (4 * 1024 + 64, 300): (4, 4), (1024, 4): (1, 4), (8192, 4): (8, 4)}
     for (k, n), (split, columns) in cases.items():
         one = qmv.plan(1, k, n)
         assert (one.k_split, one.columns_per_warp) == (split, min(columns, n)), (k, n)

@@ -33,8 +33,10 @@ CODES_PER_STEP = 32 * 32      # a SIMD group's step: 32 lanes x a chunk of 32 co
 # Launch-shape defaults (see `plan`).
 COLUMNS_PER_WARP = 4          # output columns a SIMD group serves (each x value it loads serves them all)
 COLUMNS_PER_WARP_LONG = 8     # ... for one row where a SIMD group takes 2 steps or more (x's cost over more codes)
+LONG_COLUMNS_MIN_WARPS = 1536 # ... and where that still leaves this many SIMD groups (H200: about 12 an SM)
 COLUMN_WARPS = 1              # SIMD groups of a threadgroup that serve different columns
-TARGET_WARPS = 4096           # K is split until about this many SIMD groups run (H200: 132 SMs x 32)
+TARGET_WARPS = 4096           # K is split until about this many SIMD groups run (H200: 132 SMs x 32) ...
+FEW_WARPS = 1024              # ... leaving each 2 steps or more, unless fewer than this many SIMD groups run
 MAX_K_SPLIT = 8               # SIMD groups that share a set of columns, each a slice of K's steps
 UNROLL = 1                    # steps whose weight loads a lane issues together (at most its step count)
 _MODES = {"affine": 0, "mxfp4": 1, "mxfp8": 2, "nvfp4": 3}
@@ -59,28 +61,38 @@ class QmvPlan:
 
 
 def k_split_for(k: int, n: int) -> int:
-    """SIMD groups per set of columns: a power of two, at most MAX_K_SPLIT and K's step count,
-    enough for about TARGET_WARPS SIMD groups. A function of K and N only (a row's order)."""
+    """SIMD groups per set of columns: a power of two, at most MAX_K_SPLIT and K's step count. K is
+    split in two while fewer than TARGET_WARPS SIMD groups run and each would keep 2 steps or more;
+    a launch of fewer than FEW_WARPS SIMD groups is split down to one step a SIMD group. H200,
+    affine 4-bit, `scripts/tune_qmv.py --quick --rows 1,4 --shape ...` in `benchmarks/quant_h200.md`
+    (µs, one row / four rows): K = N = 4096 5.9 / 9.9 at a split of 4 (one step each) against
+    5.8 / 9.3 at 2, K 4096 N 6144 8.3 / 13.4 against 7.7 / 12.7; while K 4096 N 1024 (256 column
+    sets) wants its split of 4 (2.8 / 4.5 against 3.5 / 4.9 at 2) and K = N = 2048 its 2 (2.9 / 3.8
+    against 3.5 / 4.2 at 1). A function of K and N only (a row's order)."""
     steps = math.ceil(k / CODES_PER_STEP)
     column_sets = math.ceil(n / COLUMNS_PER_WARP)
     split = 1
-    while split * 2 <= min(MAX_K_SPLIT, steps) and column_sets * split < TARGET_WARPS: split *= 2
+    while (split * 2 <= min(MAX_K_SPLIT, steps) and column_sets * split < TARGET_WARPS
+           and (math.ceil(steps / (split * 2)) >= 2 or column_sets * split < FEW_WARPS)):
+        split *= 2
     return split
 
 
 def plan(rows: int, k: int, n: int) -> QmvPlan:
     """The default launch shape; columns per SIMD group are at most N. Every row count takes
-    COLUMNS_PER_WARP columns, and one row COLUMNS_PER_WARP_LONG where each SIMD group has 2 steps or
-    more: the x values a lane loads and widens (and sums, for the bias) then serve more codes.
-    H200, `scripts/tune_qmv.py --rows 1` and `--rows 4` in `benchmarks/quant_h200.md`, affine
-    4-bit, µs: one row at K 4096 N 14336 14.1 -> 13.5 with 8 columns, K 14336 N 4096 13.8 -> 13.3,
-    while with one step a SIMD group the wider columns leave too few SIMD groups (K = N = 4096:
-    5.9 -> 6.1); four rows 36.3 -> 25.8 and 36.4 -> 25.6 with 4 columns against 2 (and 2 and 8
-    rows alike; at 8 rows and float x a lane holds 204 registers, no spills). Unrolling is at most
-    a SIMD group's steps. Neither changes any row's arithmetic."""
+    COLUMNS_PER_WARP columns. One row takes COLUMNS_PER_WARP_LONG where each SIMD group has 2 steps
+    or more and at least LONG_COLUMNS_MIN_WARPS SIMD groups still run: the x values a lane loads and
+    widens (and sums, for the bias) then serve more codes. H200, `scripts/tune_qmv.py` in
+    `benchmarks/quant_h200.md`, affine 4-bit, one row, µs: K 4096 N 14336 14.1 -> 13.5 with 8
+    columns, K 14336 N 4096 13.8 -> 13.3, K 4096 N 6144 7.7 -> 7.4 (1536 SIMD groups), K = N = 8192
+    15.2 -> 14.5; but K = N = 4096 (1024 SIMD groups) 5.8 -> 6.1 and K = N = 2048 (one step each)
+    2.9 -> 3.0. Four rows 36.3 -> 25.8 and 36.4 -> 25.6 with 4 columns against 2 (and 2 and 8 rows
+    alike; at 8 rows and float x a lane holds 204 registers, no spills). Unrolling is at most a SIMD
+    group's steps. Neither changes any row's arithmetic."""
     split = k_split_for(k, n)
     warp_steps = math.ceil(math.ceil(k / CODES_PER_STEP) / split)
-    columns = COLUMNS_PER_WARP_LONG if rows == 1 and warp_steps >= 2 else COLUMNS_PER_WARP
+    long_rows = warp_steps >= 2 and math.ceil(n / COLUMNS_PER_WARP_LONG) * split >= LONG_COLUMNS_MIN_WARPS
+    columns = COLUMNS_PER_WARP_LONG if rows == 1 and long_rows else COLUMNS_PER_WARP
     return QmvPlan(min(columns, n), COLUMN_WARPS, split, max(1, min(UNROLL, warp_steps)))
 
 
