@@ -92,7 +92,7 @@ def test_default_plans_split_k_and_widen_one_rows_columns_where_enough_simd_grou
     SIMD group where each has 2 steps or more and at least 1536 SIMD groups run, otherwise 4; several
     rows take 4 (at most N). The K split (a row's order) is the same whatever the rows."""
     cases = {(4096, 4096): (2, 4), (4096, 6144): (2, 8), (4096, 14336): (2, 8), (14336, 4096): (4, 8),
-             (8192, 8192): (2, 8), (4096, 1024): (4, 4), (2048, 2048): (2, 4), (2048, 4096): (1, 4),
+             (8192, 8192): (2, 8), (4096, 1024): (4, 4), (2048, 2048): (2, 4), (2048, 4096): (2, 4), (2048, 8192): (1, 4),
              (4 * 1024 + 64, 300): (4, 4), (1024, 4): (1, 4), (8192, 4): (8, 4)}
     for (k, n), (split, columns) in cases.items():
         one = qmv.plan(1, k, n)

@@ -36,7 +36,7 @@ COLUMNS_PER_WARP_LONG = 8     # ... for one row where a SIMD group takes 2 steps
 LONG_COLUMNS_MIN_WARPS = 1536 # ... and where that still leaves this many SIMD groups (H200: about 12 an SM)
 COLUMN_WARPS = 1              # SIMD groups of a threadgroup that serve different columns
 TARGET_WARPS = 4096           # K is split until about this many SIMD groups run (H200: 132 SMs x 32) ...
-FEW_WARPS = 1024              # ... leaving each 2 steps or more, unless fewer than this many SIMD groups run
+FEW_WARPS = 2048              # ... leaving each 2 steps or more, unless fewer than this many SIMD groups run
 MAX_K_SPLIT = 8               # SIMD groups that share a set of columns, each a slice of K's steps
 UNROLL = 1                    # steps whose weight loads a lane issues together (at most its step count)
 _MODES = {"affine": 0, "mxfp4": 1, "mxfp8": 2, "nvfp4": 3}
@@ -66,9 +66,11 @@ def k_split_for(k: int, n: int) -> int:
     a launch of fewer than FEW_WARPS SIMD groups is split down to one step a SIMD group. H200,
     affine 4-bit, `scripts/tune_qmv.py --quick --rows 1,4 --shape ...` in `benchmarks/quant_h200.md`
     (µs, one row / four rows): K = N = 4096 5.9 / 9.9 at a split of 4 (one step each) against
-    5.8 / 9.3 at 2, K 4096 N 6144 8.3 / 13.4 against 7.7 / 12.7; while K 4096 N 1024 (256 column
-    sets) wants its split of 4 (2.8 / 4.5 against 3.5 / 4.9 at 2) and K = N = 2048 its 2 (2.9 / 3.8
-    against 3.5 / 4.2 at 1). A function of K and N only (a row's order)."""
+    5.8 / 9.3 at 2, K 4096 N 6144 8.3 / 13.4 against 7.7 / 12.7; while where few SIMD groups run
+    one step each is faster: K 4096 N 1024 (256 column sets) 2.8 / 4.5 at a split of 4 against
+    3.5 / 4.9 at 2, K = N = 2048 2.9 / 3.8 at 2 against 3.5 / 4.2 at 1, K 2048 N 4096 (1024 column
+    sets) 4.2 / 6.4 at 2 against 4.5 / 6.5 at 1; and K 2048 N 8192 (2048) wants no split (6.0 / 9.4
+    against 6.1 / 10.4). A function of K and N only (a row's order)."""
     steps = math.ceil(k / CODES_PER_STEP)
     column_sets = math.ceil(n / COLUMNS_PER_WARP)
     split = 1
