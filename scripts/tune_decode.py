@@ -6,7 +6,8 @@ threadgroup), each timed as the benchmark times (TinyJit replays of calls over r
 
 `--matrix`: the matrix-unit first pass instead (cells: key blocks x SIMD groups x tiles in flight,
 the SIMD groups merged in the threadgroup), over the grouped-query shapes; `--quick` fewer shapes;
-`--shape B,HQ,HKV,LK` (repeatable) and `--launch WARPS,UNROLL` (repeatable) pick them instead;
+`--shape B,HQ,HKV,LK` (repeatable), `--launch WARPS,UNROLL` (repeatable) and `--blocks A,B,...`
+pick them instead;
 `--grouped` runs the matrix cells' blocks in about one wave of threadgroups, each taking its share
 in turn, as the plan's `block_groups` does for a large batch. Each shape's last
 cell, "plan", is what `fast.plan_attention` picks, timed through `fast.scaled_dot_product_attention`;
@@ -54,6 +55,7 @@ def _given(flag: str) -> list[tuple[int, ...]]:
 
 if _given("--shape"): SHAPES = QUICK = _given("--shape")
 if _given("--launch"): LAUNCH = _given("--launch")
+if _given("--blocks"): BLOCKS = list(_given("--blocks")[0])
 grouped = "--grouped" in sys.argv
 plan_only = "--plan-only" in sys.argv
 # The plan's launch with other load scheduling: (tiles in registers, L2 rounds, resident threadgroups).
