@@ -2,7 +2,9 @@
 D 128, bfloat16: 4 blocks one per threadgroup against 16 blocks taken 4 at a time by the same
 number of threadgroups (the plan's batch-invariant blocks): what the grouped launch loses.
 `ncu --clock-control none -k regex:nuvec_sdpa_decode --section SpeedOfLight --section WarpStateStats
-python3 scripts/profile_decode.py` (each launch twice, the first warming caches and compiles)."""
+python3 scripts/profile_decode.py` (each launch twice, the first warming caches and compiles).
+`--shape B,HQ,HKV,LK --cells BLOCKS:GROUPS,...` launches those cells of that shape instead (GROUPS:
+the plan's `block_groups`, 0 for one threadgroup a block)."""
 import os
 import sys
 
@@ -13,6 +15,16 @@ from tinygrad import dtypes  # noqa: E402
 
 from nuvec_tg.bench.attention import kv_sets  # noqa: E402
 from nuvec_tg.kernels.attention import decode_attention  # noqa: E402
+
+if "--shape" in sys.argv:
+    b, hq, hkv, lk = (int(n) for n in sys.argv[sys.argv.index("--shape") + 1].split(","))
+    cells = [tuple(int(n) for n in cell.split(":")) for cell in sys.argv[sys.argv.index("--cells") + 1].split(",")]
+    q, k, v = kv_sets(np.random.default_rng(0), b, hq, hkv, lk, 128, dtypes.bfloat16)[0]
+    for blocks, block_groups in cells:
+        for _ in range(2):
+            decode_attention(q, k, v, 128 ** -0.5, dtype=dtypes.bfloat16, backend="cuda", passes=2, blocks=blocks, causal=False,
+                             window=None, mask=None, sinks=None, warps=4, unroll=2, matrix=True, block_groups=block_groups).realize()
+    sys.exit(0)
 
 q, k, v = kv_sets(np.random.default_rng(0), 8, 32, 8, 16384, 128, dtypes.bfloat16)[0]
 for blocks, block_groups in ((4, 0), (16, 4)):  # B = 8
