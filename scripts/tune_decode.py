@@ -15,7 +15,10 @@ cell, "plan", is what `fast.plan_attention` picks, timed through `fast.scaled_do
 2), L2 prefetch L rounds ahead (`l2_ahead`) and at least R threadgroups resident per
 multiprocessor (`__launch_bounds__`: registers capped to fit; 0: no bound), none of which changes
 a bit; `--l2 A,B,...` is `--variant 2,A,0 --variant 2,B,0 ...`; `--plan-only` skips the other
-cells."""
+cells. `--probe stores,merge,staging` (any of them) renders every matrix pass without that part of
+the block epilogue for all but a threadgroup's last block (its partial's global stores, the merge
+of the SIMD groups' partials, their staging in threadgroup memory): wrong results (the error column
+says so), a measurement of what a block boundary costs."""
 import contextlib
 import io
 import sys
@@ -64,10 +67,30 @@ resident = {"groups": 0}  # the launch bound the matrix pass is rendered with (0
 _specialise = attention_kernels.specialise
 
 
+# `--probe`: the epilogue's parts, as (text, text without it for all but the last block).
+PROBES = {
+    "stores": [("        part_acc[(out_row * BLOCKS + block) * DV + e] = value;",
+                "        if (block == block_stop - 1) part_acc[(out_row * BLOCKS + block) * DV + e] = value;"),
+               ("        part_max[out_row * BLOCKS + block] = merged;\n        part_sum[out_row * BLOCKS + block] = total;",
+                "        if (block == block_stop - 1) { part_max[out_row * BLOCKS + block] = merged; "
+                "part_sum[out_row * BLOCKS + block] = total; }")],
+    "merge": [("      merge_block(block - 1, 1 - buffer);", "      if (false) merge_block(block - 1, 1 - buffer);"),
+              ("    merge_block(block, 0);\n", "    if (block == block_stop - 1) merge_block(block, 0);\n")],
+    "staging": [("      if (!row_real[r]) continue;", "      if (!row_real[r] || block != block_stop - 1) continue;")],
+}
+probes = [name for given in sys.argv[sys.argv.index("--probe") + 1:][:1] for name in given.split(",")] if "--probe" in sys.argv else []
+
+
 def bounded_specialise(backend, name, source, defines, params):
-    """The matrix pass's text with `__launch_bounds__(threads, resident["groups"])` when asked."""
+    """The matrix pass's text with `__launch_bounds__(threads, resident["groups"])` when asked, and
+    without the `--probe` parts."""
     text = _specialise(backend, name, source, defines, params)
-    if not resident["groups"] or name != "nuvec_sdpa_decode_mma": return text
+    if name != "nuvec_sdpa_decode_mma": return text
+    for probe in probes:
+        for before, after in PROBES[probe]:
+            assert before in text, f"--probe {probe}: the kernel's text has changed"
+            text = text.replace(before, after)
+    if not resident["groups"]: return text
     bound = f"__launch_bounds__({32 * defines['NUM_WARPS']}, {resident['groups']}) "
     return text.replace("__global__ void ", "__global__ void " + bound, 1)
 
