@@ -65,8 +65,8 @@ def k_split_for(k: int, n: int) -> int:
     split in two while fewer than TARGET_WARPS SIMD groups run and each would keep 2 steps or more;
     a launch of fewer than FEW_WARPS SIMD groups is split down to one step a SIMD group. H200,
     affine 4-bit, `scripts/tune_qmv.py --quick --rows 1,4 --shape ...` in `benchmarks/quant_h200.md`
-    (µs, one row / four rows): K = N = 4096 5.9 / 9.9 at a split of 4 (one step each) against
-    5.8 / 9.3 at 2, K 4096 N 6144 8.3 / 13.4 against 7.7 / 12.7; while where few SIMD groups run
+    (µs, one row / four rows): K = N = 4096 6.0 / 10.7 at a split of 4 (one step each) against
+    5.8 / 9.6 at 2, K 4096 N 6144 8.3 / 13.4 against 7.7 / 12.7; while where few SIMD groups run
     one step each is faster: K 4096 N 1024 (256 column sets) 2.8 / 4.5 at a split of 4 against
     3.5 / 4.9 at 2, K = N = 2048 2.9 / 3.8 at 2 against 3.5 / 4.2 at 1, K 2048 N 4096 (1024 column
     sets) 4.2 / 6.4 at 2 against 4.5 / 6.5 at 1; and K 2048 N 8192 (2048) wants no split (6.0 / 9.4
