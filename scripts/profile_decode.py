@@ -16,24 +16,16 @@ from tinygrad import dtypes  # noqa: E402
 from nuvec_tg.bench.attention import kv_sets  # noqa: E402
 from nuvec_tg.kernels.attention import decode_attention  # noqa: E402
 
+# (B, Hq, Hkv, Lk) and its launches (blocks, block_groups): at B = 8, 4 blocks one per threadgroup
+# against the plan's 16 taken 4 at a time; at B = 1 the plan's 16 blocks, one per threadgroup (128
+# threadgroups of 4 SIMD groups).
+RUNS = [((8, 32, 8, 16384), [(4, 0), (16, 4)]), ((1, 32, 8, 16384), [(16, 0)])]
 if "--shape" in sys.argv:
-    b, hq, hkv, lk = (int(n) for n in sys.argv[sys.argv.index("--shape") + 1].split(","))
-    cells = [tuple(int(n) for n in cell.split(":")) for cell in sys.argv[sys.argv.index("--cells") + 1].split(",")]
+    RUNS = [(tuple(int(n) for n in sys.argv[sys.argv.index("--shape") + 1].split(",")),
+             [tuple(int(n) for n in cell.split(":")) for cell in sys.argv[sys.argv.index("--cells") + 1].split(",")])]
+for (b, hq, hkv, lk), cells in RUNS:
     q, k, v = kv_sets(np.random.default_rng(0), b, hq, hkv, lk, 128, dtypes.bfloat16)[0]
     for blocks, block_groups in cells:
         for _ in range(2):
             decode_attention(q, k, v, 128 ** -0.5, dtype=dtypes.bfloat16, backend="cuda", passes=2, blocks=blocks, causal=False,
                              window=None, mask=None, sinks=None, warps=4, unroll=2, matrix=True, block_groups=block_groups).realize()
-    sys.exit(0)
-
-q, k, v = kv_sets(np.random.default_rng(0), 8, 32, 8, 16384, 128, dtypes.bfloat16)[0]
-for blocks, block_groups in ((4, 0), (16, 4)):  # B = 8
-    for _ in range(2):
-        decode_attention(q, k, v, 128 ** -0.5, dtype=dtypes.bfloat16, backend="cuda", passes=2, blocks=blocks, causal=False,
-                         window=None, mask=None, sinks=None, warps=4, unroll=2, matrix=True, block_groups=block_groups).realize()
-
-# B = 1: the plan's 16 blocks, one per threadgroup (128 threadgroups of 4 SIMD groups).
-q, k, v = kv_sets(np.random.default_rng(0), 1, 32, 8, 16384, 128, dtypes.bfloat16)[0]
-for _ in range(2):
-    decode_attention(q, k, v, 128 ** -0.5, dtype=dtypes.bfloat16, backend="cuda", passes=2, blocks=16, causal=False,
-                     window=None, mask=None, sinks=None, warps=4, unroll=2, matrix=True, block_groups=0).realize()

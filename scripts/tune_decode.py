@@ -78,10 +78,10 @@ PROBES = {
               ("    merge_block(block, 0);\n", "    if (block == block_stop - 1) merge_block(block, 0);\n")],
     "staging": [("      if (!row_real[r]) continue;", "      if (!row_real[r] || block != block_stop - 1) continue;")],
 }
-probes = [name for given in sys.argv[sys.argv.index("--probe") + 1:][:1] for name in given.split(",")] if "--probe" in sys.argv else []
+probes = sys.argv[sys.argv.index("--probe") + 1].split(",") if "--probe" in sys.argv else []
 
 
-def bounded_specialise(backend, name, source, defines, params):
+def tuned_specialise(backend, name, source, defines, params):
     """The matrix pass's text with `__launch_bounds__(threads, resident["groups"])` when asked, and
     without the `--probe` parts."""
     text = _specialise(backend, name, source, defines, params)
@@ -95,7 +95,7 @@ def bounded_specialise(backend, name, source, defines, params):
     return text.replace("__global__ void ", "__global__ void " + bound, 1)
 
 
-attention_kernels.specialise = bounded_specialise
+attention_kernels.specialise = tuned_specialise
 
 
 def block_groups(b: int, hq: int, hkv: int, blocks: int, warps: int) -> int:
