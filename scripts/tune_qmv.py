@@ -5,9 +5,12 @@ SIMD groups per column set x K split x unroll), each timed as the benchmark time
 of COPIES calls over rotated weights, `nuvec_tg.bench.common.time_jit`): device µs per call and
 weight bytes per second, best first, with the default plan marked `*` and the largest error
 against the composition. `--quick`: affine 4-bit, M = 1; `--rows 1` (or `4`, `1,4`): every
-format at those M; `--shape K,N` (repeatable, K a multiple of 64): those shapes instead. The
+format at those M; `--shape K,N` (repeatable, K a multiple of 64): those shapes instead;
+`--column-warps W`: only the default plan and the default with W column SIMD groups a threadgroup
+(which changes no bit), timed in turn 3 times (an A/B within one run). The
 defaults in `nuvec_tg/kernels/quant.py` are read off this sweep's output (kept in `benchmarks/`).
 Every kernel is compiled first, in parallel worker processes, into tinygrad's compile cache."""
+import dataclasses
 import math
 import multiprocessing
 import os
@@ -35,6 +38,10 @@ REPEATS = 5
 PLANS = sorted({qmv.QmvPlan(c, 1, s, u) for c in (2, 4, 8) for s in (1, 2, 4, 8) for u in (1, 2)} |
                {qmv.QmvPlan(c, 1, s, 1) for c in (1, 2, 4) for s in (1, 2, 4, 8)} |
                {qmv.QmvPlan(4, 2, 2, 1), qmv.QmvPlan(4, 4, 1, 1), qmv.QmvPlan(2, 4, 2, 1)}, key=str)
+
+
+COLUMN_WARPS_AB = int(sys.argv[sys.argv.index("--column-warps") + 1]) if "--column-warps" in sys.argv else 0
+AB_ROUNDS = 3
 
 
 def plans(rows: int, k: int) -> list[qmv.QmvPlan]:
@@ -84,7 +91,11 @@ def main() -> int:
         scales_dtype = dtypes.bfloat16 if mode == "affine" else dtypes.uint8
         return qmv.source(backend, dtypes.bfloat16, scales_dtype, dtypes.bfloat16, mode=mode, group_size=group, bits=bits,
                           rows=rows, k=k, n=n, qmv_plan=p)[1]
-    precompile(sorted({kernel_source(*case, p) for case in cases for p in plans(case[1], case[2])}))
+    def case_plans(rows, k, n):
+        if not COLUMN_WARPS_AB: return plans(rows, k)
+        default = qmv.plan(rows, k, n)
+        return [default, dataclasses.replace(default, column_warps=COLUMN_WARPS_AB)] * AB_ROUNDS
+    precompile(sorted({kernel_source(*case, p) for case in cases for p in case_plans(case[1], case[2], case[3])}))
     torch_seconds = {(rows, k, n): time_torch(rows, k, n, REPEATS) for _, rows, k, n in cases}
     print(f"device {Device.DEFAULT}; cells: columns x column SIMD groups x K split x unroll: device µs per call / weight "
           "TB/s (* the default plan)", flush=True)
@@ -108,7 +119,7 @@ def main() -> int:
                     want = quant.quantized_matmul(xs[0], first).float().numpy()
                 default = qmv.plan(rows, k, n)
                 cells = []
-                for p in plans(rows, k):
+                for p in case_plans(rows, k, n):
                     def product(x, weight, scales, biases=None, p=p):
                         return qmv.qmv(x, weight, scales, biases, mode=mode, group_size=group, bits=bits,
                                        out_dtype=dtypes.bfloat16, backend=backend, qmv_plan=p)
@@ -117,7 +128,7 @@ def main() -> int:
                     mark = "*" if p == default else ""
                     label = f"{mark}{p.columns_per_warp}x{p.column_warps}x{p.k_split}x{p.unroll}"
                     cells.append((seconds, f"{label}: {seconds * 1e6:.1f}/{moved / seconds / 1e12:.2f}", error))
-                cells.sort()
+                if not COLUMN_WARPS_AB: cells.sort()
                 torch_s = torch_seconds[(rows, k, n)]
                 torch_text = f"{torch_s * 1e6:.1f} µs" if torch_s else "-"
                 print(f"{fmt} M{rows} K{k} N{n} ({moved / 1e6:.1f} MB): " + "  ".join(c for _, c, _ in cells) +

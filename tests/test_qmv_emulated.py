@@ -90,21 +90,24 @@ def test_emulated_qmv_with_scales_of_another_dtype_and_a_column_set_moved_back()
 def test_default_plans_split_k_and_widen_one_rows_columns_where_enough_simd_groups_run():
     """The K split keeps 2 steps a SIMD group unless few SIMD groups run; one row takes 8 columns a
     SIMD group where each has 2 steps or more and at least 1536 SIMD groups run, otherwise 4; several
-    rows take 4 (at most N). The K split (a row's order) is the same whatever the rows."""
+    rows take 4 (at most N). One row at 4 columns with K split in 2 or less puts two column sets in
+    a threadgroup where N has two. The K split (a row's order) is the same whatever the rows."""
     cases = {(4096, 4096): (2, 4), (4096, 6144): (2, 8), (4096, 14336): (2, 8), (14336, 4096): (4, 8),
              (8192, 8192): (2, 8), (4096, 1024): (4, 4), (2048, 2048): (2, 4), (2048, 4096): (2, 4), (2048, 8192): (1, 4),
              (4 * 1024 + 64, 300): (4, 4), (1024, 4): (1, 4), (8192, 4): (8, 4)}
     for (k, n), (split, columns) in cases.items():
         one = qmv.plan(1, k, n)
         assert (one.k_split, one.columns_per_warp) == (split, min(columns, n)), (k, n)
+        assert one.column_warps == (2 if columns == 4 and split <= 2 and n >= 8 else 1), (k, n)
         for rows in (2, 4, 8):
             several = qmv.plan(rows, k, n)
-            assert (several.k_split, several.columns_per_warp) == (split, min(4, n)), (k, n, rows)
+            assert (several.k_split, several.columns_per_warp, several.column_warps) == (split, min(4, n), 1), (k, n, rows)
 
 
-@pytest.mark.parametrize("n, k", [(3, 64), (37, 9 * 1024 + 192)], ids=str)
+@pytest.mark.parametrize("n, k", [(3, 64), (37, 9 * 1024 + 192), (33, 2 * 1024 + 64)], ids=str)
 def test_emulated_qmv_with_the_default_plans_at_their_boundaries(n, k):
-    """Fewer columns than a SIMD group serves; K split in 8 with a part step, a column set moved back."""
+    """Fewer columns than a SIMD group serves; K split in 8 with a part step, a column set moved back;
+    one row with two column sets a threadgroup, the last set moved back (33 columns: 9 sets)."""
     rng = np.random.default_rng(0x9AB)
     w = random(rng, (n, k), dtypes.float32, "CPU")[0]
     qw = quant.quantize(w, 64, 4)

@@ -34,7 +34,8 @@ CODES_PER_STEP = 32 * 32      # a SIMD group's step: 32 lanes x a chunk of 32 co
 COLUMNS_PER_WARP = 4          # output columns a SIMD group serves (each x value it loads serves them all)
 COLUMNS_PER_WARP_LONG = 8     # ... for one row where a SIMD group takes 2 steps or more (x's cost over more codes)
 LONG_COLUMNS_MIN_WARPS = 1536 # ... and where that still leaves this many SIMD groups (H200: about 12 an SM)
-COLUMN_WARPS = 1              # SIMD groups of a threadgroup that serve different columns
+COLUMN_WARPS = 1              # SIMD groups of a threadgroup that serve different columns ...
+COLUMN_WARPS_ONE_ROW = 2      # ... for one row at COLUMNS_PER_WARP columns, K split in 2 or less
 TARGET_WARPS = 4096           # K is split until about this many SIMD groups run (H200: 132 SMs x 32) ...
 FEW_WARPS = 2048              # ... leaving each 2 steps or more, unless fewer than this many SIMD groups run
 MAX_K_SPLIT = 8               # SIMD groups that share a set of columns, each a slice of K's steps
@@ -89,13 +90,18 @@ def plan(rows: int, k: int, n: int) -> QmvPlan:
     columns, K 14336 N 4096 13.8 -> 13.3, K 4096 N 6144 7.7 -> 7.4 (1536 SIMD groups), K = N = 8192
     15.2 -> 14.5; but K = N = 4096 (1024 SIMD groups) 5.8 -> 6.1 and K = N = 2048 (one step each)
     2.9 -> 3.0. Four rows 36.3 -> 25.8 and 36.4 -> 25.6 with 4 columns against 2 (and 2 and 8 rows
-    alike; at 8 rows and float x a lane holds 204 registers, no spills). Unrolling is at most a SIMD
-    group's steps. Neither changes any row's arithmetic."""
+    alike; at 8 rows and float x a lane holds 204 registers, no spills). One row at 4 columns with
+    K split in 2 or less puts two column sets in a threadgroup (`scripts/tune_qmv.py --quick --rows 1
+    --column-warps 2`, the two interleaved 3 times, mean µs): K = N = 4096 6.6 -> 6.4, K 2048 N 8192
+    6.6 -> 6.2, K 2048 N 512 3.2 -> 2.9, K = N = 2048 3.6 -> 3.5; not at a split of 4 (K 4096
+    N 1024 2.7 -> 2.8) nor at 8 columns (K 4096 N 14336 13.9 -> 14.3, K = N = 5120 9.0 -> 10.8).
+    Unrolling is at most a SIMD group's steps. None of these changes any row's arithmetic."""
     split = k_split_for(k, n)
     warp_steps = math.ceil(math.ceil(k / CODES_PER_STEP) / split)
     long_rows = warp_steps >= 2 and math.ceil(n / COLUMNS_PER_WARP_LONG) * split >= LONG_COLUMNS_MIN_WARPS
-    columns = COLUMNS_PER_WARP_LONG if rows == 1 and long_rows else COLUMNS_PER_WARP
-    return QmvPlan(min(columns, n), COLUMN_WARPS, split, max(1, min(UNROLL, warp_steps)))
+    columns = min(COLUMNS_PER_WARP_LONG if rows == 1 and long_rows else COLUMNS_PER_WARP, n)
+    paired = rows == 1 and columns == COLUMNS_PER_WARP and split <= 2 and n >= 2 * columns
+    return QmvPlan(columns, COLUMN_WARPS_ONE_ROW if paired else COLUMN_WARPS, split, max(1, min(UNROLL, warp_steps)))
 
 
 def supported(x_dtype: DType, scales_dtype: DType, out_dtype: DType, rows: int, k: int, n: int) -> bool:
