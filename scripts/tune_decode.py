@@ -18,7 +18,11 @@ a bit; `--l2 A,B,...` is `--variant 2,A,0 --variant 2,B,0 ...`; `--plan-only` sk
 cells. `--probe stores,merge,staging` (any of them) renders every matrix pass without that part of
 the block epilogue for all but a threadgroup's last block (its partial's global stores, the merge
 of the SIMD groups' partials, their staging in threadgroup memory): wrong results (the error column
-says so), a measurement of what a block boundary costs."""
+says so), a measurement of what a block boundary costs; `writes` drops only the partials' global
+stores (the merge still computed). Probes that change no bit: `stream` (K/V loaded evict-first),
+`keep` and `discard` (the partials stored evict-last, their L2 lines dropped after the merge pass),
+`release` and `mbarrier` (the arrival counts without a sequentially consistent fence, or hardware
+barrier objects instead). `benchmarks/attention_h200.md` has what each measured."""
 import contextlib
 import io
 import sys
