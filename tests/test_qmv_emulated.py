@@ -92,13 +92,14 @@ def test_default_plans_split_k_and_widen_one_rows_columns_where_enough_simd_grou
     SIMD group where each has 2 steps or more and at least 1536 SIMD groups run, otherwise 4; several
     rows take 4 (at most N). One row at 4 columns with K split in 2 or less puts two column sets in
     a threadgroup where N has two. The K split (a row's order) is the same whatever the rows."""
-    cases = {(4096, 4096): (2, 4), (4096, 6144): (2, 8), (4096, 14336): (2, 8), (14336, 4096): (4, 8),
-             (8192, 8192): (2, 8), (4096, 1024): (4, 4), (2048, 2048): (2, 4), (2048, 4096): (2, 4), (2048, 8192): (1, 4),
-             (4 * 1024 + 64, 300): (4, 4), (1024, 4): (1, 4), (8192, 4): (8, 4)}
-    for (k, n), (split, columns) in cases.items():
+    # (K, N): (K split, one row's columns, one row's column sets a threadgroup)
+    cases = {(4096, 4096): (2, 4, 2), (4096, 6144): (2, 8, 1), (4096, 14336): (2, 8, 1), (14336, 4096): (4, 8, 1),
+             (8192, 8192): (2, 8, 1), (4096, 1024): (4, 4, 1), (2048, 2048): (2, 4, 2), (2048, 4096): (2, 4, 2),
+             (2048, 8192): (1, 4, 2), (4 * 1024 + 64, 300): (4, 4, 1), (1024, 4): (1, 4, 1), (8192, 4): (8, 4, 1),
+             (1024, 7): (1, 4, 1), (1024, 8): (1, 4, 2)}
+    for (k, n), (split, columns, column_warps) in cases.items():
         one = qmv.plan(1, k, n)
-        assert (one.k_split, one.columns_per_warp) == (split, min(columns, n)), (k, n)
-        assert one.column_warps == (2 if columns == 4 and split <= 2 and n >= 8 else 1), (k, n)
+        assert (one.k_split, one.columns_per_warp, one.column_warps) == (split, min(columns, n), column_warps), (k, n)
         for rows in (2, 4, 8):
             several = qmv.plan(rows, k, n)
             assert (several.k_split, several.columns_per_warp, several.column_warps) == (split, min(4, n), 1), (k, n, rows)
