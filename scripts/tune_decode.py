@@ -71,7 +71,8 @@ resident = {"groups": 0}  # the launch bound the matrix pass is rendered with (0
 _specialise = attention_kernels.specialise
 
 
-# `--probe`: the epilogue's parts, as (text, text without it for all but the last block).
+# `--probe`: edits to the matrix pass's text, as (text, replacement). The first four drop a part of
+# the block epilogue for all but a threadgroup's last block (wrong results); the rest change no bit.
 PROBES = {
     "stores": [("        part_acc[(out_row * BLOCKS + block) * DV + e] = value;",
                 "        if (block == block_stop - 1) part_acc[(out_row * BLOCKS + block) * DV + e] = value;"),
@@ -81,11 +82,37 @@ PROBES = {
     "merge": [("      merge_block(block - 1, 1 - buffer);", "      if (false) merge_block(block - 1, 1 - buffer);"),
               ("    merge_block(block, 0);\n", "    if (block == block_stop - 1) merge_block(block, 0);\n")],
     "staging": [("      if (!row_real[r]) continue;", "      if (!row_real[r] || block != block_stop - 1) continue;")],
+    # the stores alone: the merge still computes every value (a store under a condition that never
+    # holds, which the compiler cannot drop), only the writes are gone
+    "writes": [("        part_acc[(out_row * BLOCKS + block) * DV + e] = value;",
+                "        if (block == block_stop - 1 || value == 1.2345e-30f) part_acc[(out_row * BLOCKS + block) * DV + e] = value;"),
+               ("        part_max[out_row * BLOCKS + block] = merged;\n        part_sum[out_row * BLOCKS + block] = total;",
+                "        if (block == block_stop - 1 || total == 1.2345e-30f) { part_max[out_row * BLOCKS + block] = merged; "
+                "part_sum[out_row * BLOCKS + block] = total; }")],
+    # cache policy: K/V loaded evict-first (ld.global.cs); the partials stored evict-last
+    "stream": [("K_PIECE[h][j] = k_line[4 * j + c];", "K_PIECE[h][j] = __ldcs(k_line + 4 * j + c);"),
+               ("V_PIECE[l][i] = v_line[8 * i + g];", "V_PIECE[l][i] = __ldcs(v_line + 8 * i + g);")],
+    "keep": [("        part_acc[(out_row * BLOCKS + block) * DV + e] = value;",
+              "        store_keep(&part_acc[(out_row * BLOCKS + block) * DV + e], value);")],
+    # synchronisation: arrivals counted by a release reduction and awaited by acquire loads (the
+    # arrival's MEMBAR.SC.CTA becomes MEMBAR.ALL.CTA), or a hardware barrier object per staging
+    # buffer (every thread arrives, release; waits by phase parity, acquire): no fence at all
+    "release": [("simd_arrive(&", "simd_arrive_release(&"), ("wait_count(&", "wait_count_acquire(&")],
+    "mbarrier": [("THREADGROUP int staged_count[2];\n  if ((int)nv_thread.x < 2) staged_count[nv_thread.x] = 0;",
+                  "THREADGROUP unsigned long long staged_bar[2];\n  if ((int)nv_thread.x < 2) asm volatile(\"mbarrier.init.shared::cta.b64 [%0], %1;\" :: "
+                  "\"r\"((unsigned)__cvta_generic_to_shared(&staged_bar[nv_thread.x])), \"r\"(32 * NUM_WARPS) : \"memory\");"),
+                 ("wait_count(&staged_count[1 - buffer], NUM_WARPS * ((position - 1) / 2 + 1));",
+                  "mbar_wait(&staged_bar[1 - buffer], ((position - 1) / 2) & 1);"),
+                 ("simd_arrive(&staged_count[buffer]);", "mbar_arrive(&staged_bar[buffer]);"),
+                 ("wait_count(&staged_count[last % 2], NUM_WARPS * (last / 2 + 1));", "mbar_wait(&staged_bar[last % 2], (last / 2) & 1);")],
 }
-# Cache-policy probes, which change no bit: `stream` loads K/V evict-first (ld.global.cs), `keep`
-# stores the partials evict-last, `discard` drops the partials' L2 lines once the merge pass has
-# read them (discard.global.L2: no write-back to DRAM).
-CACHE_HELPERS = """
+# ... and to the merge pass's: `discard` drops the partials' L2 lines once read (discard.global.L2:
+# never written back to DRAM).
+MERGE_PROBES = {"discard": [("  threadgroup_barrier();\n  float merged = -INFINITY;",
+                             "  threadgroup_barrier();\n  discard_lines(part_acc + row * BLOCKS * DV, BLOCKS * DV * 4, local_id, THREADS);\n"
+                             "  float merged = -INFINITY;")]}
+# The functions the probes call, put before a probed kernel's text.
+PROBE_HELPERS = """
 INLINE void store_keep(float* at, float value) {
   unsigned long long policy;
   asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
@@ -95,25 +122,6 @@ INLINE void discard_lines(const void* at, int bytes, int first, int step) {
   if (((unsigned long long)at & 127) != 0) return;
   for (int line = first; line < bytes / 128; line += step) asm volatile("discard.global.L2 [%0], 128;" :: "l"((const char*)at + 128 * line) : "memory");
 }
-"""
-PROBES.update({
-    # the stores alone: the merge still computes every value (a store under a condition that never
-    # holds, which the compiler cannot drop), only the writes are gone
-    "writes": [("        part_acc[(out_row * BLOCKS + block) * DV + e] = value;",
-                "        if (block == block_stop - 1 || value == 1.2345e-30f) part_acc[(out_row * BLOCKS + block) * DV + e] = value;"),
-               ("        part_max[out_row * BLOCKS + block] = merged;\n        part_sum[out_row * BLOCKS + block] = total;",
-                "        if (block == block_stop - 1 || total == 1.2345e-30f) { part_max[out_row * BLOCKS + block] = merged; "
-                "part_sum[out_row * BLOCKS + block] = total; }")],
-    "stream": [("K_PIECE[h][j] = k_line[4 * j + c];", "K_PIECE[h][j] = __ldcs(k_line + 4 * j + c);"),
-               ("V_PIECE[l][i] = v_line[8 * i + g];", "V_PIECE[l][i] = __ldcs(v_line + 8 * i + g);")],
-    "keep": [("        part_acc[(out_row * BLOCKS + block) * DV + e] = value;",
-              "        store_keep(&part_acc[(out_row * BLOCKS + block) * DV + e], value);")],
-})
-# Synchronisation probes, which change no bit: `release` counts arrivals with a release reduction
-# and waits with acquire loads (the arrival's MEMBAR.SC.CTA becomes MEMBAR.ALL.CTA); `mbarrier`
-# uses a hardware barrier object per staging buffer (every thread arrives, release; waits by phase
-# parity, acquire): no fence at all.
-SYNC_HELPERS = """
 INLINE void simd_arrive_release(int* count) {
   __syncwarp();
   if (threadIdx.x % 32 == 0) asm volatile("red.release.cta.shared::cta.add.u32 [%0], 1;" :: "r"((unsigned)__cvta_generic_to_shared(count)) : "memory");
@@ -131,40 +139,21 @@ INLINE void mbar_wait(unsigned long long* bar, int parity) {
   do { asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }" : "=r"(done) : "r"((unsigned)__cvta_generic_to_shared(bar)), "r"(parity) : "memory"); } while (!done);
 }
 """
-PROBES.update({
-    "release": [("simd_arrive(&", "simd_arrive_release(&"), ("wait_count(&", "wait_count_acquire(&")],
-    "mbarrier": [("THREADGROUP int staged_count[2];\n  if ((int)nv_thread.x < 2) staged_count[nv_thread.x] = 0;",
-                  "THREADGROUP unsigned long long staged_bar[2];\n  if ((int)nv_thread.x < 2) asm volatile(\"mbarrier.init.shared::cta.b64 [%0], %1;\" :: "
-                  "\"r\"((unsigned)__cvta_generic_to_shared(&staged_bar[nv_thread.x])), \"r\"(32 * NUM_WARPS) : \"memory\");"),
-                 ("wait_count(&staged_count[1 - buffer], NUM_WARPS * ((position - 1) / 2 + 1));",
-                  "mbar_wait(&staged_bar[1 - buffer], ((position - 1) / 2) & 1);"),
-                 ("simd_arrive(&staged_count[buffer]);", "mbar_arrive(&staged_bar[buffer]);"),
-                 ("wait_count(&staged_count[last % 2], NUM_WARPS * (last / 2 + 1));", "mbar_wait(&staged_bar[last % 2], (last / 2) & 1);")],
-})
-MERGE_PROBES = {"discard": [("  threadgroup_barrier();\n  float merged = -INFINITY;",
-                             "  threadgroup_barrier();\n  discard_lines(part_acc + row * BLOCKS * DV, BLOCKS * DV * 4, local_id, THREADS);\n"
-                             "  float merged = -INFINITY;")]}
 probes = sys.argv[sys.argv.index("--probe") + 1].split(",") if "--probe" in sys.argv else []
 
 
 def tuned_specialise(backend, name, source, defines, params):
-    """The matrix pass's text with `__launch_bounds__(threads, resident["groups"])` when asked, and
-    without the `--probe` parts."""
+    """The decode kernels' text with the `--probe` edits, and the matrix pass's with
+    `__launch_bounds__(threads, resident["groups"])` when asked."""
     text = _specialise(backend, name, source, defines, params)
-    if name == "nuvec_sdpa_merge":
-        for probe in probes:
-            for before, after in MERGE_PROBES.get(probe, []):
-                assert before in text, f"--probe {probe}: the merge kernel's text has changed"
-                text = text.replace(before, after)
-        return (CACHE_HELPERS + text) if "discard" in probes else text
-    if name != "nuvec_sdpa_decode_mma": return text
-    if "keep" in probes: text = CACHE_HELPERS + text
-    if "release" in probes or "mbarrier" in probes: text = SYNC_HELPERS + text
+    edits = {"nuvec_sdpa_decode_mma": PROBES, "nuvec_sdpa_merge": MERGE_PROBES}.get(name)
+    if edits is None: return text
     for probe in probes:
-        for before, after in PROBES.get(probe, []):
-            assert before in text, f"--probe {probe}: the kernel's text has changed"
+        for before, after in edits.get(probe, []):
+            assert before in text, f"--probe {probe}: {name}'s text has changed"
             text = text.replace(before, after)
-    if not resident["groups"]: return text
+    if probes: text = PROBE_HELPERS + text
+    if name != "nuvec_sdpa_decode_mma" or not resident["groups"]: return text
     bound = f"__launch_bounds__({32 * defines['NUM_WARPS']}, {resident['groups']}) "
     return text.replace("__global__ void ", "__global__ void " + bound, 1)
 
