@@ -4,7 +4,8 @@ benchmark's decode rows (`DEV=CUDA python3 scripts/read_ceiling.py`): for each f
 a thread's loads issued before any is used, coalesced, nothing else) timed exactly as the benchmark
 times a product (`bench.common.time_jit`: TinyJit replays of COPIES calls over rotated buffers), the
 fastest of a few launch shapes. No product over those bytes can beat it under that method; the
-table beside it says what 75% of peak bandwidth and 3x PyTorch's dense bfloat16 matvec ask. CUDA."""
+table beside it says what 75% of peak bandwidth (`bench.common.PEAK_BANDWIDTH`) and 3x PyTorch's
+dense bfloat16 matvec ask. CUDA."""
 import os
 import sys
 
@@ -12,13 +13,12 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from tinygrad import Device, Tensor, dtypes  # noqa: E402
 
-from nuvec_tg.bench.common import COPIES, rotations, time_jit, warm_up  # noqa: E402
+from nuvec_tg.bench.common import COPIES, rotations, start_table, time_jit  # noqa: E402
 from nuvec_tg.bench.quant import FORMATS, time_torch, weight_bytes  # noqa: E402
 from nuvec_tg.kernels import kernel_backend  # noqa: E402
 from nuvec_tg.kernels.program import launch, prelude  # noqa: E402
 
 SHAPES = [(4096, 4096), (4096, 14336), (14336, 4096)]
-PEAK = 4.8e12  # H200 HBM3e, bytes per second
 REPEATS = 5
 
 # Each thread XORs READS 16-byte pieces a threadgroup's width apart; the result is written only if
@@ -60,17 +60,18 @@ def main() -> int:
         print(f"read_ceiling: needs CUDA, not {Device.DEFAULT}")
         return 2
     torch_seconds = {(k, n): time_torch(1, k, n, REPEATS) for k, n in SHAPES}
-    warm_up()
-    print("| format | K | N | MB | read-only µs | TB/s | % peak | loads x threads | 75% of peak µs | torch bf16 µs | 3x torch µs |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    _, peak = start_table("A kernel that only reads each M = 1 row's bytes", "timed as `bench quant` times a product",
+                          ["format", "K", "N", "MB", "read-only µs", "TB/s", "% peak", "loads x threads", "75% of peak µs",
+                           "torch bf16 µs", "3x torch µs"])
     for fmt in FORMATS:
         for k, n in SHAPES:
             moved = weight_bytes(fmt, k, n)
             seconds, shape = read_seconds(moved)
             torch_s = torch_seconds[(k, n)]
             torch_cells = f"{torch_s * 1e6:.1f} | {torch_s * 1e6 / 3:.1f}" if torch_s else "- | -"
+            peak_cells = f"{moved / seconds / peak:.0%} | {shape} | {moved / (0.75 * peak) * 1e6:.1f}" if peak else f"- | {shape} | -"
             print(f"| {fmt} | {k} | {n} | {moved / 1e6:.1f} | {seconds * 1e6:.1f} | {moved / seconds / 1e12:.2f} | "
-                  f"{moved / seconds / PEAK:.0%} | {shape} | {moved / (0.75 * PEAK) * 1e6:.1f} | {torch_cells} |", flush=True)
+                  f"{peak_cells} | {torch_cells} |", flush=True)
     return 0
 
 
