@@ -8,7 +8,8 @@
     built.
 - The dtype that reductions and transcendental math run in (`compute_dtype`), and the lowest
     finite value of each float dtype.
-- Which hand-written kernel backend, if any, a tensor's device has (`kernel_backend`).
+- The gathers and scatters tinygrad lacks (`take_rows`, `put_rows`), and `zero_after`, which
+    orders blocks of work.
 """
 from __future__ import annotations
 
@@ -25,6 +26,15 @@ INTEGER_DTYPES: tuple[DType, ...] = SIGNED_DTYPES + UNSIGNED_DTYPES
 SUPPORTED_DTYPES: tuple[DType, ...] = (dtypes.bool,) + INTEGER_DTYPES + FLOAT_DTYPES
 
 _SIGNED_OF_SIZE = {d.itemsize: d for d in SIGNED_DTYPES}
+
+
+_NAMES = {getattr(dtypes, name): name for name in ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32",
+                                                  "uint64", "float16", "bfloat16", "float32", "float64")}
+
+
+def dtype_name(dtype: DType) -> str:
+    """`dtype`'s name as numpy and MLX spell it (`float16`, `bfloat16`, `float64`, ...)."""
+    return _NAMES.get(dtype, dtype.name)
 
 
 def concrete(dtype: DType) -> DType:
@@ -204,15 +214,3 @@ def zero_after(before: Tensor, dtype: DType = dtypes.float32) -> Tensor:
     unsigned = {2: dtypes.uint16, 4: dtypes.uint32, 8: dtypes.uint64}[before.dtype.itemsize]
     bits = before.flatten()[0].bitcast(unsigned)
     return ((bits >> (8 * before.dtype.itemsize - 1)) >> 1).cast(dtype).detach()
-
-
-# ---- devices ---------------------------------------------------------------------------------
-
-def kernel_backend(device: str | Tensor) -> str | None:
-    """`"metal"` or `"cuda"` when nuvec_tg has hand-written kernels for the device, else None.
-
-    `device` is a tinygrad device name (`"METAL"`, `"CUDA:1"`, `"CPU"`) or a tensor on it.
-    """
-    name = device.device if isinstance(device, Tensor) else device
-    if not isinstance(name, str): return None  # a tensor sharded over several devices
-    return {"METAL": "metal", "CUDA": "cuda"}.get(name.split(":")[0].upper())

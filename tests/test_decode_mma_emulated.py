@@ -3,7 +3,6 @@
 partials, merged in float64, against numpy attention, across the kernel's boundaries (rows past
 a head's group, two row groups, key counts off the 16-key tile, empty blocks, causal rows, windows,
 masks, slices of a longer cache, paged pools with hostile tables)."""
-import math
 import zlib
 
 import numpy as np
@@ -76,7 +75,6 @@ def emulated_partials(name: str, blocks_per_group: int = 1):
     rng = np.random.default_rng(zlib.crc32(name.encode()))  # hash() of a str changes per process
     scale = d ** -0.5
     q_bits = to_bits(rng.standard_normal((b, hq, lq, d)), dtype)
-    group = hq // hkv
     causal = options.get("causal", False)
     window = options.get("window")
     mask_kind = options.get("mask", 0)
@@ -135,12 +133,12 @@ def emulated_partials(name: str, blocks_per_group: int = 1):
     ins.append(np.array(ints, dtype=np.int32))
     spec = DecodeSpec(dtype, d, dv, hq, hkv, lq, 2, blocks, causal, window is not None, mask_kind, False, page, scale,
                       "ints", warps, 2 if options.get("prefetch") else 1, True, options.get("l2_ahead", 0))
-    (name_, text, params), _ = spec.sources("cuda")
+    first_pass, _ = spec.programs("cuda")
     rows = b * hq * lq
     part_acc = np.full(rows * spec.blocks * dv, np.nan, np.float32)
     part_max = np.full(rows * spec.blocks, np.nan, np.float32)
     part_sum = np.full(rows * spec.blocks, np.nan, np.float32)
-    build(text, name_, params)([part_acc, part_max, part_sum] + ins, hkv * spec.row_groups(), warps * 32, b,
+    build(first_pass)([part_acc, part_max, part_sum] + ins, hkv * spec.row_groups(), warps * 32, b,
                                -(-blocks // blocks_per_group))
     want = reference(from_bits(q_bits, dtype), from_bits(k_bits, dtype), from_bits(v_bits, dtype), scale, visible, bias)
     return (part_acc, part_max, part_sum), want, dtype

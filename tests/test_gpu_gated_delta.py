@@ -13,7 +13,7 @@ from reference import random
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not GPU_DEVICES, reason="no GPU")]
 gpu = GPU_DEVICES[0] if GPU_DEVICES else None
 SHAPES = [(1, 1, 2, 4, 128, 128), (1, 9, 2, 4, 128, 64), (1, 3, 16, 32, 128, 128), (2, 5, 1, 2, 64, 48), (1, 4, 4, 4, 32, 17),
-          (1, 17, 2, 4, 64, 32)]  # the seeds', then one past the decode launch shape (launch_shape)
+          (1, 17, 2, 4, 64, 32)]  # the seeds', then one past the decode launch (`kernels.gated_delta.plan`)
 PAIRS = [(dtypes.float32, dtypes.float32), (dtypes.bfloat16, dtypes.float32), (dtypes.float16, dtypes.float32),
          (dtypes.bfloat16, dtypes.bfloat16)]
 TOL = {dtypes.float32: 2e-4, dtypes.float16: 4e-3, dtypes.bfloat16: 3e-2}

@@ -10,15 +10,18 @@ import pytest
 from tinygrad import dtypes
 
 from nuvec_tg.fast.plan import PlanTarget, Vector, plan_call, validate_attention
+from nuvec_tg.kernels import gated_delta
 from nuvec_tg.kernels import quant as qmv
 from nuvec_tg.kernels.attention import DecodeSpec
-from nuvec_tg.kernels.program import KERNEL_DTYPES, Param, prelude
+from nuvec_tg.kernels.program import FAMILIES, KERNEL_DTYPES, Param, prelude
 
 SHIM = pathlib.Path(__file__).parent / "metal_shim"
 COMPILER = next((c for c in ("clang++", "clang++-22", "clang++-21", "clang++-20", "clang++-19", "clang++-18", "g++")
                  if shutil.which(c)), None)
 pytestmark = pytest.mark.skipif(COMPILER is None, reason="no C++ compiler")
 HEADS = [(64, 64), (96, 96), (128, 128), (256, 256), (512, 512), (192, 128), (96, 64)]
+# The dialect's names of the dtypes (uint8: the floating-point modes' scale codes).
+DTYPES = {"float": dtypes.float32, "half": dtypes.float16, "bfloat": dtypes.bfloat16, "uchar": dtypes.uint8}
 # (query heads, key heads, query rows): every grouping up to the vector kernels' 32 rows.
 GROUPS = [(hq, 1, lq) for hq in (1, 2, 4, 8, 16, 32) for lq in range(1, 9) if hq * lq <= 32]
 
@@ -44,7 +47,7 @@ def planned_specs():
 
 def test_the_shim_rejects_a_planted_error(tmp_path):
     spec = planned_specs()[0]
-    name, text, _ = spec.sources("metal", [Param("length", "scalar")])[0]
+    text = spec.programs("metal", [Param("length", "scalar")])[0].text
     for planted in (text.replace("simd_shuffle_xor", "simd_shufle_xor", 1), text.replace("float score", "float3x score", 1)):
         source = tmp_path / "bad.metal"
         source.write_text(prelude("metal") + planted)
@@ -58,9 +61,9 @@ def test_every_planned_metal_specialisation_compiles(tmp_path):
     assert len(specs) > 100
     units, current = [], []
     for i, spec in enumerate(specs):
-        for name, text, _ in spec.sources("metal", [Param("length", "scalar")]):
-            defined = [line.split()[1] for line in text.splitlines() if line.startswith("#define ")]
-            current.append(f"namespace spec{i}_{name} {{\n{text}\n}}\n" + "".join(f"#undef {d}\n" for d in defined))
+        for program in spec.programs("metal", [Param("length", "scalar")]):
+            defined = [line.split()[1] for line in program.text.splitlines() if line.startswith("#define ")]
+            current.append(f"namespace spec{i}_{program.name} {{\n{program.text}\n}}\n" + "".join(f"#undef {d}\n" for d in defined))
         if len(current) >= 150: units.append(current); current = []
     units.append(current)
     for n, unit in enumerate(units):
@@ -86,14 +89,13 @@ def _check_metal(tmp_path, texts: list[str], per_unit: int = 150):
 
 
 def test_every_gated_delta_metal_specialisation_compiles(tmp_path):
-    from nuvec_tg.kernels import gated_delta
     texts = []
     for (dk, dv), activation, state, gate, mode, steps in itertools.product(
             [(128, 128), (64, 48), (32, 17), (96, 64)], KERNEL_DTYPES, KERNEL_DTYPES, (dtypes.float32, dtypes.bfloat16),
             ("final", "steps", "slots"), (1, 512)):
         types = dict(q=activation, k=activation, v=activation, g=gate, beta=activation, state=state,
                      storage=dtypes.float16 if mode == "steps" else state)
-        texts.append(gated_delta.program("metal", types, mode, dk, dv, 2, 4, *gated_delta.launch_shape(steps))[1])
+        texts.append(gated_delta.program("metal", types, mode, dk, dv, 2, 4, gated_delta.plan(steps)).text)
     _check_metal(tmp_path, texts)
 
 
@@ -114,12 +116,12 @@ def qmv_programs():
                 plans = {qmv.plan(rows, k, n)} | ({qmv.QmvPlan(3, 2, 2, 2)} if rows == 1 and n > 3 else set())
                 for p in plans:
                     for batches in ((0, 3) if rows in (1, 8) else (0,)):  # plain, and gathered over 3 weight batches
-                        yield qmv.program("metal", x_ctype=x, scales_ctype=scales, out_ctype=x, mode=mode, group_size=group,
-                                          bits=bits, rows=rows, k=k, n=n, qmv_plan=p, batches=batches)[0]
+                        yield qmv.qmv_program("metal", DTYPES[x], DTYPES[scales], DTYPES[x], mode=mode, group_size=group,
+                                              bits=bits, rows=rows, k=k, n=n, qmv_plan=p, batches=batches).text
 
 
 def test_every_qmv_metal_specialisation_compiles(tmp_path):
-    texts = [text.replace("nuvec_qmv(", f"nuvec_qmv_{i}(") for i, text in enumerate(qmv_programs())]
+    texts = list(qmv_programs())
     assert len(texts) > 1000
     _check_metal(tmp_path, texts, per_unit=400)
 
@@ -131,9 +133,8 @@ def test_every_qvm_metal_specialisation_compiles(tmp_path):
     for i, ((mode, group, bits), x, rows, k) in enumerate(itertools.product(formats, ("float", "half", "bfloat"), (1, 3, 8),
                                                                            (4096, 100))):
         n = 4096 if k == 4096 else 3 * group   # nvfp4: 48, a half chunk
-        text, _ = qmv.qvm_program("metal", x_ctype=x, scales_ctype=x if mode == "affine" else "uchar", out_ctype=x, mode=mode,
-                                  group_size=group, bits=bits, rows=rows, k=k, n=n)
-        texts.append(text.replace("nuvec_qvm(", f"nuvec_qvm_{i}("))
+        texts.append(qmv.qvm_program("metal", DTYPES[x], DTYPES[x if mode == "affine" else "uchar"], DTYPES[x], mode=mode,
+                                     group_size=group, bits=bits, rows=rows, k=k, n=n).text)
     _check_metal(tmp_path, texts, per_unit=400)
 
 
@@ -144,8 +145,13 @@ def test_every_qmm_metal_specialisation_compiles(tmp_path):
     for (mode, group, bits), x, k, gather in itertools.product(formats, ("half", "bfloat"), (4096, 4096 + 16), (False, True)):
         if k % group: continue
         for scales in ((x, "float") if mode == "affine" else ("uchar",)):
-            text, _ = qmv.qmm_program("metal", x_ctype=x, scales_ctype=scales, out_ctype=x, mode=mode, group_size=group,
-                                      bits=bits, k=k, gather=gather)
-            texts.append(text.replace("nuvec_qmm(", f"nuvec_qmm_{len(texts)}("))
+            texts.append(qmv.qmm_program("metal", DTYPES[x], DTYPES[scales], DTYPES[x], mode=mode, group_size=group,
+                                         bits=bits, k=k, gather=gather).text)
     assert len(texts) > 180
     _check_metal(tmp_path, texts, per_unit=200)
+
+
+def test_every_metal_family_is_checked():
+    """A new kernel family lands with its Metal specialisations in this file."""
+    checked = {"nuvec_sdpa_decode", "nuvec_sdpa_merge", "nuvec_gated_delta", "nuvec_qmv", "nuvec_qvm", "nuvec_qmm"}
+    assert {f.stem for f in FAMILIES if "metal" in f.backends} == checked

@@ -5,7 +5,7 @@ from tinygrad import Tensor, dtypes
 
 from nuvec_tg import fast
 from attention_reference import attention_reference
-from reference import assert_close, random, round_to, values
+from reference import assert_close, round_to, values
 
 TOL = {dtypes.float32: 1e-4, dtypes.float16: 1e-2, dtypes.bfloat16: 5e-2}
 

@@ -7,7 +7,6 @@ import pytest
 from tinygrad import Tensor, dtypes
 
 from nuvec_tg import fast
-from nuvec_tg.fast.plan import gpu_class_from_name
 
 bf16, f16, f32 = dtypes.bfloat16, dtypes.float16, dtypes.float32
 METAL = {c: fast.PlanTarget("metal", c) for c in "pgsd"}
@@ -206,11 +205,17 @@ def test_plans_are_pure_across_threads_and_processes():
     assert out.splitlines() == first
 
 
-def test_gpu_classes_from_metal_device_names():
-    assert gpu_class_from_name("Apple M2 Ultra") == "d"
-    assert gpu_class_from_name("Apple M3 Max") == "s"
-    assert gpu_class_from_name("Apple M1 Pro") == "g" and gpu_class_from_name("Apple M4") == "g"
-    assert gpu_class_from_name("Apple A17 Pro GPU") == "g" and gpu_class_from_name("Apple A16 GPU") == "p"
+def test_a_plan_says_why_no_kernel_runs():
+    assert plan(1, 8, 2, 1, 512, 128, target=CUDA).reason == ""
+    assert plan(1, 8, 2, 1, 512, 128, target=CPU).reason == "the target has no kernels"
+    assert plan(1, 8, 2, 1, 512, 80, target=CUDA).reason == "head sizes D 80 / DV 80 have no decode kernel"
+    assert plan(1, 8, 2, 1, 512, 128, dtype=dtypes.float64, target=CUDA).reason == "float64 has no kernel"
+    assert plan(1, 32, 1, 2, 512, 128, target=CUDA).reason == "64 query rows per key head (the decode kernels take at most 32)"
+    assert plan(1, 8, 2, 4, 3, 128, target=CUDA).reason == "more queries (4) than keys (3)"
+    assert plan(1, 8, 2, 512, 512, 128, target=CUDA).reason == "the tiled kernel has not landed"
+    assert plan(1, 8, 2, 0, 512, 128, target=CUDA).reason.startswith("nothing to attend")
+    assert plan(0, 8, 2, 1, 512, 128, target=CUDA).kernel == fast.Composed()   # an empty batch launches nothing
+    assert "MLX's rule" in plan(1, 8, 1, 2, 2048, 512, target=METAL["g"]).reason
 
 
 q, k, v = (1, 4, 5, 8), (1, 2, 9, 8), (1, 2, 9, 8)

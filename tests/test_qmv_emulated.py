@@ -12,7 +12,6 @@ from nuvec_tg.kernels import quant as qmv
 from reference import random
 
 pytestmark = pytest.mark.skipif(COMPILER is None, reason="no C++ compiler")
-CTYPES = {dtypes.float32: "float", dtypes.float16: "half", dtypes.bfloat16: "bfloat"}
 TOL = {dtypes.float32: 1e-5, dtypes.float16: 2e-3, dtypes.bfloat16: 1.6e-2}
 
 
@@ -39,12 +38,11 @@ def emulated_qmv(x: np.ndarray, qw, dtype, plan: qmv.QmvPlan) -> np.ndarray:
     """y's raw values from the emulated kernel for raw x `[M, K]` in `dtype`."""
     rows, k = x.shape
     n = qw.weight.shape[0]
-    scales_ctype = CTYPES.get(qw.scales.dtype, "uchar")
-    text, params = qmv.program("cuda", x_ctype=CTYPES[dtype], scales_ctype=scales_ctype, out_ctype=CTYPES[dtype], mode=qw.mode,
+    kernel = qmv.qmv_program("cuda", dtype, qw.scales.dtype, dtype, mode=qw.mode,
                                group_size=qw.group_size, bits=qw.bits, rows=rows, k=k, n=n, qmv_plan=plan)
     y = np.zeros((rows, n), dtype=x.dtype)
     buffers = [y, x, raw(qw.weight), raw(qw.scales)] + ([raw(qw.biases)] if qw.biases is not None else [])
-    build(text, "nuvec_qmv", params)(buffers, plan.groups(n), plan.threads)
+    build(kernel)(buffers, plan.groups(n), plan.threads)
     return y
 
 
@@ -142,11 +140,10 @@ def test_emulated_qvm_matches_the_composition_and_keeps_one_row_bits(mode, group
 
     def emulated(rows_of_x: np.ndarray) -> np.ndarray:
         rows = rows_of_x.shape[0]
-        text, params = qmv.qvm_program("cuda", x_ctype=CTYPES[dtype], scales_ctype=CTYPES.get(qw.scales.dtype, "uchar"),
-                                       out_ctype=CTYPES[dtype], mode=mode, group_size=group, bits=bits, rows=rows, k=k, n=n)
+        kernel = qmv.qvm_program("cuda", dtype, qw.scales.dtype, dtype, mode=mode, group_size=group, bits=bits, rows=rows, k=k, n=n)
         y = np.full((rows, n), 7, dtype=x.dtype)   # not zeros: every column must be written
         buffers = [y, rows_of_x, raw(qw.weight), raw(qw.scales)] + ([raw(qw.biases)] if qw.biases is not None else [])
-        build(text, "nuvec_qvm", params)(buffers, -(-n // qmv.QVM_COLUMNS), 32 * qmv.qvm_split(k))
+        build(kernel)(buffers, -(-n // qmv.QVM_COLUMNS), 32 * qmv.qvm_split(k))
         return y
     assert qmv.qvm_split(k) == 4
     alone = [emulated(x[r:r + 1]) for r in range(8)]
@@ -171,12 +168,11 @@ def test_emulated_gather_qmv_keeps_one_row_bits_and_zeros_unpicked_entries(mode,
     picks = np.array([2, 0, -1, 3, 2, 1], dtype=np.int32)  # sorted or not, two hostile
     x = raw(random(rng, (len(picks), rows, k), dtype, "CPU")[0].realize())
     plan = qmv.plan(rows, k, n)
-    text, params = qmv.program("cuda", x_ctype=CTYPES[dtype], scales_ctype=CTYPES.get(qw.scales.dtype, "uchar"),
-                               out_ctype=CTYPES[dtype], mode=mode, group_size=group, bits=bits, rows=rows, k=k, n=n,
+    kernel = qmv.qmv_program("cuda", dtype, qw.scales.dtype, dtype, mode=mode, group_size=group, bits=bits, rows=rows, k=k, n=n,
                                qmv_plan=plan, batches=batches)
     y = np.full((len(picks), rows, n), 7, dtype=x.dtype)  # not zeros: the kernel must write every entry
     buffers = [y, x, raw(qw.weight), raw(qw.scales)] + ([raw(qw.biases)] if qw.biases is not None else []) + [picks]
-    build(text, "nuvec_qmv", params)(buffers, plan.groups(n), plan.threads, groups_y=len(picks))
+    build(kernel)(buffers, plan.groups(n), plan.threads, groups_y=len(picks))
     for p, pick in enumerate(picks.tolist()):
         if not 0 <= pick < batches:
             assert not as_float(y[p], dtype).any(), p
@@ -192,12 +188,11 @@ def emulated_qmm(x: np.ndarray, qw, dtype) -> np.ndarray:
     """y's raw values from the emulated qmm for raw x `[M, K]` in `dtype` (16-bit)."""
     rows, k = x.shape
     n = qw.weight.shape[0]
-    text, params = qmv.qmm_program("cuda", x_ctype=CTYPES[dtype], scales_ctype=CTYPES.get(qw.scales.dtype, "uchar"),
-                                   out_ctype=CTYPES[dtype], mode=qw.mode, group_size=qw.group_size, bits=qw.bits, k=k)
+    kernel = qmv.qmm_program("cuda", dtype, qw.scales.dtype, dtype, mode=qw.mode, group_size=qw.group_size, bits=qw.bits, k=k)
     y = np.full((rows, n), 0xFFFF, dtype=x.dtype)  # NaN patterns: an output the kernel misses shows
     buffers = [y, x, raw(qw.weight), raw(qw.scales)] + ([raw(qw.biases)] if qw.biases is not None else [])
     buffers.append(np.array([rows, n, k], dtype=np.int32))
-    build(text, "nuvec_qmm", params)(buffers, -(-n // qmv.QMM_COLUMNS), qmv.QMM_THREADS, -(-rows // qmv.QMM_ROWS))
+    build(kernel)(buffers, -(-n // qmv.QMM_COLUMNS), qmv.QMM_THREADS, -(-rows // qmv.QMM_ROWS))
     return y
 
 
@@ -231,12 +226,11 @@ def test_emulated_gathered_qmm_takes_each_rows_batch(mode, group, bits, dtype):
     picks = np.sort(rng.integers(0, batches, rows)).astype(np.int32)
     picks[:3], picks[-2:] = -1, batches + 2          # hostile, at both ends (still sorted)
     picks[100:110] = rng.integers(0, batches, 10)    # an unsorted stretch
-    text, params = qmv.qmm_program("cuda", x_ctype=CTYPES[dtype], scales_ctype=CTYPES.get(qw.scales.dtype, "uchar"),
-                                   out_ctype=CTYPES[dtype], mode=mode, group_size=group, bits=bits, k=k, gather=True)
+    kernel = qmv.qmm_program("cuda", dtype, qw.scales.dtype, dtype, mode=mode, group_size=group, bits=bits, k=k, gather=True)
     y = np.full((rows, n), 0xFFFF, dtype=np.uint16)
     buffers = [y, raw(x_tensor), raw(qw.weight), raw(qw.scales)] + ([raw(qw.biases)] if qw.biases is not None else [])
     buffers += [picks, np.array([rows, n, k, batches], dtype=np.int32)]
-    build(text, "nuvec_qmm", params)(buffers, -(-n // qmv.QMM_COLUMNS), qmv.QMM_THREADS, -(-rows // qmv.QMM_ROWS))
+    build(kernel)(buffers, -(-n // qmv.QMM_COLUMNS), qmv.QMM_THREADS, -(-rows // qmv.QMM_ROWS))
     got = as_float(y, dtype)
     for batch in range(batches):
         one = quant.QuantizedWeight(*(None if t is None else t[batch].contiguous() for t in (qw.weight, qw.scales, qw.biases)),

@@ -1,10 +1,10 @@
-"""nuvec_tg.tensor: MLX's promotion, dtype classes, lowest finite values, kernel backends."""
+"""nuvec_tg.tensor: MLX's promotion, dtype classes, lowest finite values, broadcasting."""
 import numpy as np
 import pytest
 from tinygrad import Tensor, dtypes
 
 from nuvec_tg.tensor import (FLOAT_DTYPES, INTEGER_DTYPES, SUPPORTED_DTYPES, broadcast_shape, is_floating, is_integer,
-                             kernel_backend, lowest_finite, promote_types)
+                             lowest_finite, promote_types)
 
 d = dtypes
 # Rows of MLX's promotion table (mlx/dtype.cpp), for the dtypes tinygrad has.
@@ -54,13 +54,6 @@ def test_lowest_finite_values():
         assert Tensor([lowest_finite(t)], device="CPU", dtype=d.float64).cast(t).cast(d.float64).item() == lowest_finite(t)
     with pytest.raises(TypeError):
         lowest_finite(d.int32)
-
-
-def test_kernel_backends():
-    assert kernel_backend("METAL") == "metal"
-    assert kernel_backend("CUDA:1") == "cuda"
-    assert kernel_backend("CPU") is None and kernel_backend("NULL") is None
-    assert kernel_backend(Tensor([1.0], device="CPU")) is None
 
 
 def test_broadcast_shape():

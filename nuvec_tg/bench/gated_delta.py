@@ -12,7 +12,7 @@ from tinygrad import Device, Tensor, dtypes
 
 from .. import fast
 from ..kernels import compositions_only, kernels_enabled
-from ..tensor import kernel_backend
+from ..kernels import kernel_backend
 from .common import COPIES, cuda_torch, optional_us, part_of, rate_cells, release_torch, rotations, start_table, time_jit, \
     torch_graph_seconds
 

@@ -1,4 +1,4 @@
-"""Fused operations for LLMs on tinygrad Tensors (see DESIGN.md for the contract of each)."""
+"""Fused operations for LLMs on tinygrad Tensors (`docs/design.md` gives the contract of each)."""
 from .attention import scaled_dot_product_attention
 from .conv import causal_conv1d_slots, depthwise_conv1d
 from .gated_delta import gated_delta, gated_delta_slots, gated_delta_steps

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from tinygrad import Tensor, dtypes
 
-from ..tensor import check, check_floating, check_number, check_tensor, compute_dtype, promote_types, zero_after
-from ..kernels import debug
+from .. import kernels
 from ..kernels.attention import decode_attention
-from .plan import (AttentionCall, BlockedD512, ComposedBlocks, Tiled, Vector, block_bounds, plan_call, target_for_device,
-                   validate_attention)
+from ..tensor import check, check_floating, check_number, check_tensor, compute_dtype, dtype_name, promote_types, zero_after
+from .plan import NO_KERNELS, AttentionCall, AttentionPlan, BlockedD512, ComposedBlocks, Vector, block_bounds, plan_call, \
+    target_for_device, validate_attention
 
 
 def _block_mask(call: AttentionCall, mask: Tensor, start: int, end: int, lo: int, hi: int) -> Tensor:
@@ -96,24 +96,27 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, 
     call = validate_attention(op, q.shape, k.shape, v.shape, dtype, mask, sinks, window, max_score_bytes)
     target = target_for_device(q.device)
     plan = plan_call(call, target, op)
-    debug(f"{op} {tuple(q.shape)} x {tuple(k.shape)} {dtype.name} on {q.device}: {plan}")
-    if call.q_len == 0 or call.k_len == 0:
+    report_plan(op, f"{tuple(q.shape)} x {tuple(k.shape)} {dtype_name(dtype)}", q.device, plan)
+    if 0 in (call.batch, call.q_heads, call.q_len, call.k_len):
         return Tensor.zeros(call.batch, call.q_heads, call.q_len, call.v_head_dim, dtype=dtype, device=q.device)
     array_mask = mask if isinstance(mask, Tensor) else None
     if isinstance(plan.kernel, Vector):
-        return decode_attention(q, k, v, scale, dtype=dtype, backend=target.backend, passes=plan.kernel.passes,
-                                blocks=plan.kernel.blocks, matrix=plan.kernel.matrix,
-                                block_groups=plan.kernel.block_groups,
-                                l2_ahead=plan.kernel.l2_ahead, causal=call.mask == "causal", window=call.window,
-                                mask=array_mask, sinks=sinks,
+        return decode_attention(q, k, v, scale, plan.kernel, dtype=dtype, backend=target.backend,
+                                causal=call.mask == "causal", window=call.window, mask=array_mask, sinks=sinks,
                                 composition=lambda q, k, v, m, s: compose(call, q, k, v, scale, m, s, call.q_len))
     symbolic = [n for n in (*q.shape, *k.shape, *v.shape) if not isinstance(n, int)]
     check(not symbolic, op, "a symbolic size (a bound variable) runs only on the decode kernels (METAL or CUDA, "
                             f"at most 8 queries); this call's plan is {plan.kernel}")
-    if isinstance(plan.kernel, Tiled):
-        debug("the tiled kernel has not landed: the composition runs")
     rows = plan.kernel.rows if isinstance(plan.kernel, (ComposedBlocks, BlockedD512)) else call.q_len
     return compose(call, q, k, v, scale, array_mask, sinks, rows)
+
+
+def report_plan(op: str, description: str, device: str, plan: AttentionPlan) -> None:
+    """Say under NUVEC_DEBUG which program runs an attention call, and why a composition does."""
+    if not kernels.debugging(): return
+    where = f"{op} {description} on {device}: {plan.kernel}"
+    if isinstance(plan.kernel, Vector): kernels.debug(f"{where}, the decode kernels")
+    else: kernels.debug(f"{where}, composition ({kernels.unavailable(device) if plan.reason == NO_KERNELS else plan.reason})")
 
 
 def compose_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, mask: Tensor | None, sinks: Tensor | None) -> Tensor:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from tinygrad import Tensor, dtypes
 
+from .. import kernels
 from ..tensor import check, check_floating, check_int, check_integer, check_tensor, promote_types, put_rows, take_rows
 
 
@@ -38,6 +39,7 @@ def depthwise_conv1d(x: Tensor, w: Tensor, stride: int = 1, padding: int = 0, di
     span = dilation * (w.shape[1] - 1) + 1
     padded = x.shape[1] + 2 * padding
     check(padded >= span, op, f"the padded input ({padded}) is shorter than the filter's span ({span})")
+    kernels.composition(op, f"{tuple(x.shape)} on {x.device}")
     dtype = promote_types(x.dtype, w.dtype)
     x = x.cast(dtype).pad((None, (padding, padding), None)) if padding else x.cast(dtype)
     return _convolve(x, w.cast(dtype), stride, dilation, (padded - span) // stride + 1)
@@ -61,6 +63,7 @@ def causal_conv1d_slots(x: Tensor, w: Tensor, pool: Tensor, slots: Tensor, silu:
           and pool.ndim == 3 and tuple(pool.shape[1:]) == (taps - 1, x.shape[2]) and tuple(slots.shape) == (x.shape[0],), op,
           f"x must be [B, L, C], w [C, K, 1], pool [slots, K - 1, C] and slots [B], got {tuple(x.shape)}, "
           f"{tuple(w.shape)}, {tuple(pool.shape)} and {tuple(slots.shape)}")
+    kernels.composition(op, f"{tuple(x.shape)} on {x.device}")
     batch, length, _ = x.shape
     places = pool.shape[0]
     valid = ((slots >= 0) & (slots < places)).reshape(batch, 1, 1)

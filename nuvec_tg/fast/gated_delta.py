@@ -16,9 +16,9 @@ from __future__ import annotations
 from tinygrad import Tensor, dtypes
 from tinygrad.dtype import DType
 
-from ..kernels import debug, kernels_enabled
+from .. import kernels
 from ..kernels import gated_delta as kernel
-from ..tensor import check, check_floating, check_integer, check_tensor, is_floating, kernel_backend, take_rows, put_rows
+from ..tensor import check, check_floating, check_integer, check_tensor, is_floating, take_rows, put_rows
 
 
 def _check(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor | None = None) -> tuple[int, ...]:
@@ -41,12 +41,11 @@ def _check(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, st
     return b, t, hk, hv, dk, dv
 
 
-def _kernel_backend(op: str, q: Tensor, tensors: tuple[Tensor, ...], storage: DType | None = None) -> str | None:
-    """The backend whose kernel runs this call (METAL or CUDA, kernels on, dtypes and Dk it takes), or None."""
-    backend = kernel_backend(q.device) if kernels_enabled() else None
-    if backend is not None and not kernel.supported(*tensors, key_dim=q.shape[3], storage=storage): backend = None
-    debug(f"{op} {tuple(q.shape)} on {q.device}: {'the ' + backend + ' kernel' if backend else 'the composition'}")
-    return backend
+def _kernel_backend(op: str, q: Tensor, v: Tensor, tensors: tuple[Tensor, ...], storage: DType | None = None) -> str | None:
+    """The backend whose kernel runs this call, or None (the composition)."""
+    types = tuple(t.dtype for t in tensors) + ((storage,) if storage is not None else ())
+    return kernels.choose(op, f"{tuple(q.shape)} on {q.device}", q.device, "gated_delta",
+                          lambda backend: kernel.unsupported(types, q.shape[0], q.shape[1], v.shape[2], q.shape[3], v.shape[3]))
 
 
 def _arithmetic_dtype(*tensors: Tensor) -> DType:
@@ -100,7 +99,7 @@ def gated_delta(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state:
     the final state in state's dtype)`.
     """
     _check("gated_delta", q, k, v, g, beta, state)
-    backend = _kernel_backend("gated_delta", q, (q, k, v, g, beta, state))
+    backend = _kernel_backend("gated_delta", q, v, (q, k, v, g, beta, state))
     if backend is not None:
         return kernel.gated_delta_kernel(q, k, v, g, beta, state, backend=backend,
                                          composition=lambda *x: _recurrence(*x, None))
@@ -120,7 +119,7 @@ def gated_delta_steps(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, 
     storage = state.dtype if storage is None else storage
     if not is_floating(storage):
         raise TypeError(f"{op}: storage must be a float dtype, got {storage}")
-    backend = _kernel_backend(op, q, (q, k, v, g, beta, state), storage)
+    backend = _kernel_backend(op, q, v, (q, k, v, g, beta, state), storage)
     if backend is not None:
         return kernel.gated_delta_kernel(q, k, v, g, beta, state, backend=backend, storage=storage,
                                          composition=lambda *x: _recurrence(*x, storage))
@@ -148,7 +147,7 @@ def gated_delta_slots(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, 
     check(tuple(slots.shape) == (b,), op, f"slots must be [{b}], got shape {tuple(slots.shape)}")
     check_floating(op, "pool", pool.dtype)
     check_integer(op, "slots", slots.dtype)
-    backend = _kernel_backend(op, q, (q, k, v, g, beta, pool))
+    backend = _kernel_backend(op, q, v, (q, k, v, g, beta, pool))
     if backend is not None: return kernel.gated_delta_kernel(q, k, v, g, beta, pool, backend=backend, slots=slots)
     places = pool.shape[0]
     valid = (slots >= 0) & (slots < places)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from tinygrad import Tensor, dtypes
 
+from .. import kernels
 from ..tensor import check, check_floating, check_int, check_tensor, promote_types
 
 
@@ -21,6 +22,7 @@ def moe_route(probs: Tensor, k: int, normalize: bool = False) -> tuple[Tensor, T
     experts = probs.shape[-1]
     check_int(op, "k", k)
     check(1 <= k <= experts, op, f"k must be in 1..={experts} for probabilities of shape {tuple(probs.shape)}")
+    kernels.composition(op, f"{tuple(probs.shape)} on {probs.device}")
     # Each expert's place in the stable ascending order: how many come before it.
     mine, other = probs.unsqueeze(-1), probs.unsqueeze(-2)                      # [..., E, 1], [..., 1, E]
     index = Tensor.arange(experts, dtype=dtypes.int32)
@@ -44,5 +46,6 @@ def weighted_sum(x: Tensor, w: Tensor) -> Tensor:
     check_floating(op, "w", w.dtype)
     check(x.ndim >= 2 and tuple(w.shape) == tuple(x.shape[:-1]), op,
           f"x must be [..., k, D] and w [..., k], got {tuple(x.shape)} and {tuple(w.shape)}")
+    kernels.composition(op, f"{tuple(x.shape)} on {x.device}")
     dtype = promote_types(x.dtype, w.dtype)
     return (x.cast(dtype) * w.cast(dtype).unsqueeze(-1)).sum(-2)

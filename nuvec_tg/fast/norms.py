@@ -9,6 +9,7 @@ from __future__ import annotations
 from tinygrad import Tensor
 from tinygrad.dtype import DType
 
+from .. import kernels
 from ..tensor import (broadcast_shape, check, check_floating, check_number, check_tensor, check_weight,
                       compute_dtype, promote_types)
 
@@ -39,6 +40,7 @@ def rms_norm(x: Tensor, weight: Tensor | None = None, eps: float = 1e-5) -> Tens
     check_tensor("rms_norm", "x", x)
     dtype = _norm_dtype("rms_norm", x.shape, x.dtype, weight=weight)
     eps = check_number("rms_norm", "eps", eps)
+    kernels.composition("rms_norm", f"{tuple(x.shape)} on {x.device}")
     y = _rms_normalized(x, dtype, eps)
     return y if weight is None else y * weight.cast(dtype)
 
@@ -53,6 +55,7 @@ def layer_norm(x: Tensor, weight: Tensor | None = None, bias: Tensor | None = No
     check_tensor("layer_norm", "x", x)
     dtype = _norm_dtype("layer_norm", x.shape, x.dtype, weight=weight, bias=bias)
     eps = check_number("layer_norm", "eps", eps)
+    kernels.composition("layer_norm", f"{tuple(x.shape)} on {x.device}")
     xf = x.cast(dtype).cast(compute_dtype(dtype))
     centred = xf - xf.mean(-1, keepdim=True)
     y = (centred * ((centred * centred).mean(-1, keepdim=True) + eps).rsqrt()).cast(dtype)
@@ -75,6 +78,7 @@ def add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor | None = None,
     h_dtype = promote_types(x.dtype, residual.dtype)
     _norm_dtype("add_rms_norm", shape, h_dtype, weight=weight)
     check_number("add_rms_norm", "eps", eps)
+    kernels.composition("add_rms_norm", f"{shape} on {x.device}")
     h = x.cast(h_dtype) + residual.cast(h_dtype)
     return h, rms_norm(h, weight, eps)
 
@@ -106,6 +110,7 @@ def residual_rms_norm(h: Tensor, x: Tensor, weight: Tensor, eps: float, scale: T
         check(isinstance(next, tuple) and len(next) == 2, op, "next must be a (weight, eps) pair")
         _norm_dtype(op, shape, s_dtype, next_weight=next[0])
         check_number(op, "next eps", next[1])
+    kernels.composition(op, f"{shape} on {h.device}")
     s = h.cast(s_dtype) + rms_norm(x, weight, eps).cast(s_dtype)
     if isinstance(scale, Tensor): s = s * scale.reshape(()).cast(s_dtype)
     elif scale is not None: s = s * scale

@@ -12,13 +12,11 @@ from __future__ import annotations
 
 from tinygrad import Tensor, dtypes
 
-from ..tensor import (check, check_floating, check_int, check_integer, check_number, check_tensor, promote_types, put_rows,
-                      take_rows)
-from ..kernels import attention_backend, debug
-from ..kernels.attention import decode_attention
-from ..kernels.program import KERNEL_DTYPES
-from .attention import compose_attention
-from .plan import AttentionCall, Vector, plan_call, target_for_device
+from .. import kernels
+from ..kernels.attention import decode_attention, paged_unsupported
+from ..tensor import check, check_floating, check_integer, check_number, check_tensor, dtype_name, promote_types, put_rows, take_rows
+from .attention import compose_attention, report_plan
+from .plan import AttentionPlan, Composed, Vector, plan_call, target_for_device, validate_attention
 
 
 def _check_pool(op: str, what: str, pool: Tensor) -> None:
@@ -66,33 +64,24 @@ def paged_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: T
     check(tuple(lengths.shape) == (batch,), op, f"lengths must be [{batch}], got shape {tuple(lengths.shape)}")
     check_integer(op, "lengths", lengths.dtype)
     check_number(op, "scale", scale)
-    if sinks is not None:
-        check_tensor(op, "sinks", sinks)
-        check(sinks.ndim == 1 and sinks.shape[0] == q_heads, op, f"sinks must be [{q_heads}], got shape {tuple(sinks.shape)}")
-        check_floating(op, "sinks", sinks.dtype)
-    if window is not None: check_int(op, "window", window, 1)
     dtype = promote_types(promote_types(q.dtype, k_cache.dtype), v_cache.dtype)
-    if sinks is not None and promote_types(sinks.dtype, dtype) != dtype:
-        raise TypeError(f"{op}: sinks must promote to {dtype}, got {sinks.dtype}")
+    capacity = block_tables.shape[1] * block_size
+    cache_shape = (batch, kv_heads, capacity, head_dim)
+    call = validate_attention(op, q.shape, cache_shape, cache_shape, dtype, "causal", sinks, window, None)
 
     block_ids = block_tables.cast(dtypes.int64).clip(0, blocks - 1).cast(dtypes.int32)
-    capacity = block_tables.shape[1] * block_size
     lengths = lengths.cast(dtypes.int64).clip(0, capacity).cast(dtypes.int32)
-    backend = attention_backend(q.device)
-    if backend is not None and dtype in KERNEL_DTYPES and q_len <= 8 and head_dim in (64, 128, 256, 512) \
-            and block_size & (block_size - 1) == 0 and capacity > 0:
-        call = AttentionCall(batch, q_heads, kv_heads, q_len, capacity, head_dim, head_dim, dtype, "causal",
-                             sinks is not None, window, None)
-        plan = plan_call(call, target_for_device(q.device), op)
-        debug(f"{op} {tuple(q.shape)} over {tuple(k_cache.shape)} pages {dtype.name}: {plan}")
-        if isinstance(plan.kernel, Vector):
-            def composition(q, k_pool, v_pool, _mask, sinks):
-                return _paged_composition(q, k_pool, v_pool, block_ids, lengths, scale, sinks, window)
-            return decode_attention(q, k_cache, v_cache, scale, dtype=dtype, backend=backend, passes=plan.kernel.passes,
-                                    blocks=plan.kernel.blocks, matrix=plan.kernel.matrix,
-                                    block_groups=plan.kernel.block_groups,
-                                    l2_ahead=plan.kernel.l2_ahead, causal=True, window=window, mask=None,
-                                    sinks=sinks, paged=(block_ids, lengths, block_size), composition=composition)
+    target = target_for_device(q.device)
+    plan = plan_call(call, target, op)
+    if isinstance(plan.kernel, Vector) and (reason := paged_unsupported(head_dim, block_size)) is not None:
+        plan = AttentionPlan(Composed(), 0, 0, False, reason)
+    report_plan(op, f"{tuple(q.shape)} over {tuple(k_cache.shape)} pages {dtype_name(dtype)}", q.device, plan)
+    if isinstance(plan.kernel, Vector):
+        def composition(q, k_pool, v_pool, _mask, sinks):
+            return _paged_composition(q, k_pool, v_pool, block_ids, lengths, scale, sinks, window)
+        return decode_attention(q, k_cache, v_cache, scale, plan.kernel, dtype=dtype, backend=target.backend, causal=True,
+                                window=call.window, mask=None, sinks=sinks, paged=(block_ids, lengths, block_size),
+                                composition=composition)
     return _paged_composition(q.cast(dtype), k_cache.cast(dtype), v_cache.cast(dtype), block_ids, lengths, scale, sinks,
                               window)
 
@@ -137,6 +126,7 @@ def paged_write(cache: Tensor, new: Tensor, slots: Tensor) -> Tensor:
           f"slots must have new's leading shape {tuple(new.shape[:-2])}, got {tuple(slots.shape)}")
     check_integer(op, "slots", slots.dtype)
     check_floating(op, "new", new.dtype)
+    kernels.composition(op, f"{tuple(new.shape)} into {tuple(cache.shape)} on {cache.device}")
     rows = cache.permute(0, 2, 1, 3).reshape(blocks * block_size, heads, head_dim)
     rows = put_rows(rows, new.reshape(-1, heads, head_dim), slots.reshape(-1))
     return rows.reshape(blocks, block_size, heads, head_dim).permute(0, 2, 1, 3)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from tinygrad import Tensor, dtypes
 
+from .. import kernels
 from ..tensor import check, check_floating, check_int, check_integer, check_number, check_tensor, check_weight, compute_dtype
 from .norms import rms_norm
 from .paged import paged_write
@@ -84,6 +85,7 @@ def rope(x: Tensor, dims: int, *, traditional: bool = False, base: float | None 
     Returns a tensor of `x`'s shape and dtype.
     """
     _check_rope(x, dims, base, scale, offset, freqs)
+    kernels.composition("rope", f"{tuple(x.shape)} on {x.device}")
     half = dims // 2
     acc = compute_dtype(x.dtype)
     angles = (_positions(x, offset) * float(scale)).unsqueeze(-1) * _inverse_frequencies(dims, base, freqs, x.device)
@@ -167,12 +169,13 @@ def norm_rope(x: Tensor, weight: Tensor | None, eps: float, rotation: Rotation, 
     normalisation. rotation: a `Rotation`. offset: the position of row 0 (an int, or an integer
     tensor of one element). cache: `[B, H, S, D]` with `S >= offset + L`.
     Returns the rotated rows `[B, H, L, D]`, or with a cache the cache with them at
-    `offset..offset+L-1` (read through the result; see `DESIGN.md`'s in-place contract).
+    `offset..offset+L-1` (read through the result: `docs/design.md`, the in-place contract).
     """
     op = "norm_rope"
     check_tensor(op, "x", x)
     _check_rotation(op, rotation)
     _check_offset_fits(op, x, offset, cache, "cache")
+    kernels.composition(op, f"{tuple(x.shape)} on {x.device}")
     rotated = rotation.apply(_normalized(op, x, weight, eps), offset)
     return rotated if cache is None else _write_rows(cache, rotated, offset)
 
@@ -200,6 +203,7 @@ def norm_rope_at(x: Tensor, weight: Tensor | None, eps: float, rotation: Rotatio
               f"pool must be [blocks, {x.shape[1]}, block_size, {x.shape[3]}], got shape {tuple(pool.shape)}")
         check(tuple(slots.shape) == (x.shape[0], x.shape[2]), op,
               f"slots must be [{x.shape[0]}, {x.shape[2]}], got shape {tuple(slots.shape)}")
+    kernels.composition(op, f"{tuple(x.shape)} on {x.device}")
     rotated = rotation.apply(_normalized(op, x, weight, eps), positions)
     if pool is None: return rotated
     return paged_write(pool, rotated.transpose(1, 2), slots)
@@ -221,6 +225,7 @@ def norm_rope_kv(x: Tensor, weight: Tensor | None, eps: float, v_eps: float, rot
     _check_offset_fits(op, x, offset, k_cache, "k_cache")
     _check_offset_fits(op, x, offset, v_cache, "v_cache")
     check_number(op, "v_eps", v_eps)
+    kernels.composition(op, f"{tuple(x.shape)} on {x.device}")
     keys = rotation.apply(_normalized(op, x, weight, eps), offset)
     values = rms_norm(x, None, v_eps)
     if k_cache is None: return keys, values

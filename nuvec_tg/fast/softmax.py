@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from tinygrad import Tensor, dtypes
 
+from .. import kernels
 from ..tensor import check, check_floating, check_integer, check_tensor, compute_dtype, normalize_axis
 
 
@@ -35,6 +36,7 @@ def softmax(x: Tensor, axis: int = -1) -> Tensor:
     check(x.ndim >= 1, "softmax", "the input needs at least one dimension, got shape ()")
     check_floating("softmax", "x", x.dtype)
     axis = normalize_axis("softmax", axis, x.ndim)
+    kernels.composition("softmax", f"{tuple(x.shape)} on {x.device}")
     return _softmax(x.cast(compute_dtype(x.dtype)), axis).cast(x.dtype)
 
 
@@ -48,6 +50,7 @@ def logsumexp(x: Tensor, axis: int = -1, keepdims: bool = False) -> Tensor:
     check(x.ndim >= 1, "logsumexp", "the input needs at least one dimension, got shape ()")
     check_floating("logsumexp", "x", x.dtype)
     axis = normalize_axis("logsumexp", axis, x.ndim)
+    kernels.composition("logsumexp", f"{tuple(x.shape)} on {x.device}")
     out = _logsumexp(x.cast(compute_dtype(x.dtype)), axis).cast(x.dtype)
     return out if keepdims else out.squeeze(axis)
 
@@ -67,6 +70,7 @@ def cross_entropy(logits: Tensor, targets: Tensor) -> Tensor:
           f"targets of shape {tuple(targets.shape)} do not match logits of shape {tuple(logits.shape)}")
     check_floating(op, "logits", logits.dtype)
     check_integer(op, "targets", targets.dtype)
+    kernels.composition(op, f"{tuple(logits.shape)} on {logits.device}")
     classes = logits.shape[-1]
     logits = logits.cast(compute_dtype(logits.dtype))
     targets = targets.to(logits.device).cast(dtypes.int64)

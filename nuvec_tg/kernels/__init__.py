@@ -1,26 +1,40 @@
 """Hand-written Metal / CUDA programs and the mechanism that injects them into tinygrad's graph.
 
-- `attention_backend(device)`: the backend whose attention kernels run on a device, or None
-  (CPU and other devices; any device while kernels are turned off).
+This package is the one home of what decides whether a kernel can run at all:
+- `kernel_backend(device)`: `"metal"` or `"cuda"` when the device has nuvec_tg's kernels;
+  `active_backend(device)` the same while kernels are on.
 - `NUVEC_KERNELS=0` in the environment, or `with compositions_only():`, turns every kernel off:
   the operations then build their compositions (the tests compare the two on one device).
-- `NUVEC_DEBUG=1` prints, for every fused call, its plan and the kernels it launched;
-  `record_launches()` collects the same as `(kernel, specialisation)` pairs for tests.
+- `multiprocessors(device)` (CUDA) and `gpu_class(device)` (Metal): what the launch plans read.
+- `choose(op, description, device, kernel, unsupported)`: the backend that runs an operation's
+  kernel, or None for the composition; with `NUVEC_DEBUG=1` it prints which, and why not.
+- `record_launches()` collects `(program, label)` for every launch built, for tests.
+
+The kernels themselves know nothing of the operations: `program.py` is the mechanism, and each
+family's module (`attention.py`, `gated_delta.py`, `quant.py`) its sources, checks and plan.
 """
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
-from typing import Iterator
+from typing import Callable, Iterator
 
-from ..tensor import kernel_backend
+from tinygrad import Device, Tensor
+
 from . import program
 
-# The backends whose decode attention programs are built and tested. (The tiled prefill kernel
-# has not landed: a `Tiled` plan runs the composition, and says so under NUVEC_DEBUG.)
-ATTENTION_BACKENDS: frozenset[str] = frozenset({"cuda", "metal"})
-
 _disabled_depth = 0
+
+
+def kernel_backend(device: str | Tensor) -> str | None:
+    """`"metal"` or `"cuda"` when nuvec_tg has hand-written kernels for the device, else None.
+
+    `device` is a tinygrad device name (`"METAL"`, `"CUDA:1"`, `"CPU"`) or a tensor on it.
+    """
+    name = device.device if isinstance(device, Tensor) else device
+    if not isinstance(name, str): return None  # a tensor sharded over several devices
+    return {"METAL": "metal", "CUDA": "cuda"}.get(name.split(":")[0].upper())
 
 
 def kernels_enabled() -> bool:
@@ -39,24 +53,81 @@ def compositions_only() -> Iterator[None]:
         _disabled_depth -= 1
 
 
-def attention_backend(device: str) -> str | None:
-    """The backend (`"metal"`, `"cuda"`) whose attention kernels run on `device`, or None."""
-    backend = kernel_backend(device)
-    return backend if backend in ATTENTION_BACKENDS and kernels_enabled() else None
+def active_backend(device: str | Tensor) -> str | None:
+    """The backend whose kernels run on `device` now: its `kernel_backend` while kernels are on."""
+    return kernel_backend(device) if kernels_enabled() else None
+
+
+def unavailable(device: str | Tensor) -> str:
+    """Why no kernel runs on `device` (where `active_backend` is None)."""
+    name = device.device if isinstance(device, Tensor) else device
+    if kernel_backend(device) is None: return f"{name} has no kernels"
+    return "kernels are off (NUVEC_KERNELS=0 or compositions_only())"
+
+
+@functools.cache
+def multiprocessors(device: str) -> int | None:
+    """A CUDA device's multiprocessor count (None where it cannot be read)."""
+    try:
+        import ctypes
+        from tinygrad.runtime.autogen import cuda
+        count = ctypes.c_int()
+        cuda.cuDeviceGetAttribute(ctypes.byref(count), cuda.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, Device[device].cu_device)
+        return count.value or None
+    except Exception:  # noqa: BLE001 - unknown: the plans take their default
+        return None
+
+
+def gpu_class_from_name(name: str) -> str:
+    """MLX's GPU class from a Metal device's name: `d` Ultra, `s` Max, `g` other Macs (M-series), `p` phones and tablets."""
+    if "Ultra" in name: return "d"
+    if "Max" in name: return "s"
+    if name.startswith("Apple M") or "Pro" in name: return "g"
+    return "p"
+
+
+@functools.cache
+def gpu_class(device: str) -> str:
+    """A Metal device's MLX GPU class (`gpu_class_from_name`; `g` where the name cannot be read)."""
+    try:
+        from tinygrad.runtime.ops_metal import from_ns_str
+        return gpu_class_from_name(from_ns_str(Device[device].sysdevice.name()))
+    except Exception:  # noqa: BLE001 - an unreadable name plans as the base class
+        return "g"
+
+
+def debugging() -> bool:
+    """Whether `NUVEC_DEBUG` is set (to anything but 0)."""
+    return os.environ.get("NUVEC_DEBUG", "0") != "0"
+
+
+def debug(message: str) -> None:
+    """Print `message` when `NUVEC_DEBUG` is set."""
+    if debugging(): print(f"nuvec_tg: {message}")
+
+
+def choose(op: str, description: str, device: str | Tensor, kernel: str,
+           unsupported: Callable[[str], str | None] = lambda backend: None) -> str | None:
+    """The backend whose `kernel` runs `op` on `device`, or None for the composition: None where
+    the device has no active backend or `unsupported(backend)` gives a reason. Under NUVEC_DEBUG
+    prints `op description: the <kernel> kernel` or `...: composition (<reason>)`."""
+    backend = active_backend(device)
+    reason = unavailable(device) if backend is None else unsupported(backend)
+    if debugging(): debug(f"{op} {description}: " + (f"the {kernel} kernel" if reason is None else f"composition ({reason})"))
+    return backend if reason is None else None
+
+
+def composition(op: str, description: str) -> None:
+    """Say under NUVEC_DEBUG that `op` runs its composition because it has no kernel."""
+    if debugging(): debug(f"{op} {description}: composition ({op} has no kernel)")
 
 
 @contextlib.contextmanager
 def record_launches() -> Iterator[list[tuple[str, str]]]:
-    """Collect `(kernel name, specialisation)` for every kernel launch built inside the block."""
+    """Collect `(program name, label)` for every kernel launch built inside the block."""
     launches: list[tuple[str, str]] = []
-    program._listeners.append(launches)
+    program.launch_listeners.append(launches)
     try:
         yield launches
     finally:
-        program._listeners.remove(launches)
-
-
-def debug(message: str) -> None:
-    """Print `message` when `NUVEC_DEBUG` is set (to anything but 0)."""
-    if os.environ.get("NUVEC_DEBUG", "0") != "0":
-        print(f"nuvec_tg: {message}")
+        program.launch_listeners.remove(launches)

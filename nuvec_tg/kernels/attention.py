@@ -14,16 +14,15 @@ plan's `block_groups` for a large batch), writing each block's partial.
 """
 from __future__ import annotations
 
-import hashlib
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 from tinygrad import Tensor, dtypes
 from tinygrad.dtype import DType
 from tinygrad.uop.ops import Ops, UOp
 
-from .program import CTYPES, Param, chunks, int_buffer, launch, prelude, specialise
+from .program import CTYPES, Backward, Family, Param, Program, chunks, int_buffer, launch
 
 
 @dataclass(frozen=True)
@@ -33,7 +32,7 @@ class Launch:
     unroll: int
 
 
-# Per backend. CUDA's from the H200 sweep (scripts/tune_decode.py): 8 warps with 2 lines in flight
+# Per backend. CUDA's from the H200 sweep (tools/tune_decode.py): 8 warps with 2 lines in flight
 # beat 4 lines (registers: fewer resident SIMD groups); Metal keeps MLX's 4 SIMD groups.
 CUDA_LAUNCH = Launch(warps=8, unroll=2)
 METAL_LAUNCH = Launch(warps=4, unroll=2)
@@ -76,6 +75,160 @@ def geometry(head_dim: int, value_dim: int, dtype: DType, query_rows: int, warps
            and warps * rows * 2 * value_dim * 4 <= 32 * 1024):
         rows *= 2
     return Geometry(lanes, features, values, rows, query_rows // rows)
+
+
+@dataclass(frozen=True)
+class Vector:
+    """The decode kernels' launch (the attention plan's `Vector` route): `passes` 1 (`blocks` 1)
+    or 2 (`blocks` key partitions, then a merge), `dispatches` launches; `matrix`: the first pass
+    on the matrix units (two passes), whose threadgroups per (batch item, key head, row group) are
+    `block_groups`, each taking its share of the blocks in turn (0: one per block), and whose SIMD
+    groups ask L2 for their tiles `l2_ahead` rounds ahead (0: not at all; a hint, so it may depend
+    on the batch)."""
+    passes: int
+    blocks: int
+    dispatches: int
+    matrix: bool = False
+    block_groups: int = 0
+    l2_ahead: int = 0
+
+
+# What the decode kernels take: these (D, DV) pairs, at most 8 query rows per sequence, and at most
+# 32 query rows (grouped heads x query positions) per key head.
+DECODE_HEADS = frozenset({(d, d) for d in (64, 96, 128, 256, 512)} | {(192, 128), (96, 64)})
+MAX_QUERIES = 8
+MAX_ROWS_PER_KEY_HEAD = 32
+
+
+def decode_unsupported(head_dim: int, value_dim: int, q_len: int, k_len: int, group: int) -> str | None:
+    """Why the decode kernels do not take a call (None when they do): `group` query heads per key
+    head, `q_len` queries over `k_len` keys."""
+    if (head_dim, value_dim) not in DECODE_HEADS: return f"head sizes D {head_dim} / DV {value_dim} have no decode kernel"
+    if q_len > MAX_QUERIES: return f"{q_len} queries (the decode kernels take at most {MAX_QUERIES})"
+    if q_len > k_len: return f"more queries ({q_len}) than keys ({k_len})"
+    if q_len * group > MAX_ROWS_PER_KEY_HEAD:
+        return f"{q_len * group} query rows per key head (the decode kernels take at most {MAX_ROWS_PER_KEY_HEAD})"
+    return None
+
+
+def paged_unsupported(head_dim: int, page: int) -> str | None:
+    """Why the decode kernels do not read a paged pool of `page`-position blocks and head size D
+    (None when they do): D 64, 128, 256 or 512 (K and V alike), `page` a power of two."""
+    if head_dim not in (64, 128, 256, 512): return f"paged head size {head_dim} (the kernels page 64, 128, 256, 512)"
+    if page & (page - 1): return f"a block size of {page} (the kernels page powers of two)"
+    return None
+
+
+def decode_plan(backend: str, *, batch: int, kv_heads: int, group: int, q_len: int, keys: int, head_dim: int,
+                value_dim: int, dtype: DType, gpu_class: str | None = None, multiprocessors: int | None = None) -> Vector:
+    """The decode kernels' launch for a call they take (`decode_unsupported`): `keys` the most keys
+    a query sees (a window's reach), `gpu_class` Metal's (MLX's rules), `multiprocessors` CUDA's.
+    On CUDA, 16-bit heads of at least `_CUDA_MATRIX_MIN_ROWS` query rows per key head take the
+    matrix-unit first pass (`_cuda_matrix_launch`), others the vector kernel's key blocks
+    (`_cuda_vector_blocks`). No key-block count depends on the batch: a batch item's bits must not
+    depend on the batch it runs in."""
+    if backend == "cuda":
+        matrix = _cuda_matrix_launch(batch, kv_heads, group * q_len, keys, head_dim, value_dim, dtype, multiprocessors)
+        if matrix is not None: return matrix
+        blocks = _cuda_vector_blocks(kv_heads, group * q_len, keys, head_dim, value_dim, dtype, multiprocessors)
+        return Vector(passes=1, blocks=1, dispatches=1) if blocks == 1 else Vector(passes=2, blocks=blocks, dispatches=2)
+    gpu_class = gpu_class or "g"
+    two_pass = (gpu_class in ("d", "s") and keys >= 1024) or (group > 1 and keys >= 4096)
+    if not two_pass: return Vector(passes=1, blocks=1, dispatches=1)
+    return Vector(passes=2, blocks=_metal_blocks(gpu_class, group * q_len, keys), dispatches=2)
+
+
+def _metal_blocks(gpu_class: str, queries: int, keys: int) -> int:
+    """MLX's key partitions for the two-pass kernel: `queries` = grouped heads x query rows."""
+    if gpu_class == "s":
+        if keys > 1024 and queries > 4:
+            return 128 if keys <= 8192 else 256 if keys <= 32768 else 512 if keys <= 65536 else 1024
+        return 64
+    if gpu_class == "d":
+        if queries <= 2 and keys > 8192: return 256
+        if queries >= 6 and keys >= 65536: return 1024
+        if queries >= 6 and keys >= 16384: return 512
+        return 128
+    return 64 if queries >= 4 else 32
+
+
+# The vector first pass on CUDA keeps about this many SIMD groups resident per multiprocessor
+# (their registers allow 16 on the H200: 127 per thread at a group of 4 heads).
+_CUDA_RESIDENT_WARPS = 16
+_CUDA_MIN_BLOCK_KEYS = 64  # fewer keys per block and the merge costs more than the split saves
+CUDA_DEFAULT_MULTIPROCESSORS = 132
+
+
+def _power_of_two_at_most(wanted: int) -> int:
+    """The largest power of two not above `wanted` (1 for anything below 2)."""
+    return 1 << (wanted.bit_length() - 1) if wanted > 1 else 1
+
+
+def _cuda_vector_blocks(kv_heads: int, rows: int, keys: int, head_dim: int, value_dim: int, dtype: DType,
+                        multiprocessors: int | None) -> int:
+    """Key blocks of the vector kernel on CUDA (`rows`: query rows per key head): enough
+    threadgroups for one wave of resident SIMD groups for one batch item, no block under
+    `_CUDA_MIN_BLOCK_KEYS` keys, a power of two (a growing cache compiles a few specialisations,
+    not one per length). 1 is a single pass. Read off the H200 sweep (`tools/tune_decode.py`,
+    `benchmarks/attention_h200.md`)."""
+    shape = geometry(head_dim, value_dim, dtype, rows, CUDA_LAUNCH.warps)
+    threadgroups = kv_heads * shape.row_groups
+    resident = (multiprocessors or CUDA_DEFAULT_MULTIPROCESSORS) * _CUDA_RESIDENT_WARPS
+    return _power_of_two_at_most(min(resident // (threadgroups * CUDA_LAUNCH.warps), keys // _CUDA_MIN_BLOCK_KEYS))
+
+
+# The matrix-unit first pass on CUDA (`src/sdpa_decode_mma.h`): taken from this many query rows
+# per key head. Its blocks leave the batch size out, so one count serves B = 1, which wants many
+# short blocks (one item fills few multiprocessors), and a large batch, which wants few long ones
+# (every block costs its epilogue and its partial): about sqrt(keys / _CUDA_MATRIX_KEY_SCALE)
+# blocks, a power of two, and no more than fill `_CUDA_MATRIX_RESIDENT_WARPS` SIMD groups per
+# multiprocessor for one item. A large batch runs the same blocks in about one wave of
+# threadgroups (`_CUDA_MATRIX_RESIDENT_GROUPS` per multiprocessor), each taking its share in turn.
+# Where the pass launches no more threadgroups than there are multiprocessors, asking L2 for each
+# SIMD group's tiles `_CUDA_MATRIX_L2_AHEAD` rounds ahead hides the loads' latency (it changes no
+# bits). All read off the H200 sweep (`tools/tune_decode.py --matrix`, `benchmarks/attention_h200.md`).
+_CUDA_MATRIX_MIN_ROWS = 4
+_CUDA_MATRIX_RESIDENT_WARPS = 8
+_CUDA_MATRIX_KEY_SCALE = 64
+_CUDA_MATRIX_RESIDENT_GROUPS = 2
+_CUDA_MATRIX_L2_AHEAD = 2
+
+
+def _cuda_matrix_launch(batch: int, kv_heads: int, rows: int, keys: int, head_dim: int, value_dim: int, dtype: DType,
+                        multiprocessors: int | None) -> Vector | None:
+    """The matrix-unit decode pass, when the call fits it: float16 or bfloat16, head sizes up to
+    128 (D a multiple of 32, DV of 64: the registers of two tiles in flight), at least
+    `_CUDA_MATRIX_MIN_ROWS` query rows per key head to fill the mma's rows."""
+    if (dtype not in (dtypes.float16, dtypes.bfloat16) or head_dim % 32 or value_dim % 64 or head_dim > 128
+            or value_dim > 128 or rows < _CUDA_MATRIX_MIN_ROWS):
+        return None
+    multiprocessors = multiprocessors or CUDA_DEFAULT_MULTIPROCESSORS
+    threadgroups = kv_heads * -(-rows // MATRIX_ROWS)
+    by_warps = multiprocessors * _CUDA_MATRIX_RESIDENT_WARPS // (threadgroups * CUDA_MATRIX_WARPS)
+    blocks = _power_of_two_at_most(min(by_warps, math.isqrt(keys // _CUDA_MATRIX_KEY_SCALE)))
+    block_groups = matrix_block_groups(threadgroups, batch, blocks, multiprocessors)
+    launched = threadgroups * batch * (block_groups or blocks)
+    return Vector(passes=2, blocks=blocks, dispatches=2, matrix=True, block_groups=block_groups,
+                  l2_ahead=_CUDA_MATRIX_L2_AHEAD if launched <= multiprocessors else 0)
+
+
+def matrix_block_groups(threadgroups: int, batch: int, blocks: int, multiprocessors: int | None = None,
+                        warps: int = CUDA_MATRIX_WARPS) -> int:
+    """The matrix pass's threadgroups per (batch item, key head, row group) for `threadgroups` per
+    item: a large batch runs the same blocks in about one wave of them, each taking its share in
+    turn (a block's partial is the same whichever threadgroup computes it, so the bits stay the
+    item's own); 0 where that is one per block. `warps`: SIMD groups per threadgroup (the resident
+    SIMD groups fill fewer threadgroups of more)."""
+    resident = max(1, _CUDA_MATRIX_RESIDENT_GROUPS * CUDA_MATRIX_WARPS // warps)
+    wave = (multiprocessors or CUDA_DEFAULT_MULTIPROCESSORS) * resident
+    groups = max(1, min(blocks, wave // (threadgroups * batch)))
+    return 0 if groups == blocks else groups
+
+
+DECODE = Family("nuvec_sdpa_decode", ("sdpa_keys.h", "sdpa_decode.h"), decode_unsupported, decode_plan)
+DECODE_MATRIX = Family("nuvec_sdpa_decode_mma", ("sdpa_keys.h", "sdpa_decode_mma.h"), decode_unsupported, decode_plan,
+                       backends=("cuda",))
+MERGE = Family("nuvec_sdpa_merge", ("sdpa_merge.h",), decode_unsupported, decode_plan)
 
 
 @dataclass(frozen=True)
@@ -172,8 +325,8 @@ class DecodeSpec:
         if self.page: ins += [Param("block_tables", "in", "int"), Param("lengths", "in", "int")]
         return outs + ins + [Param("ints", "in", "int")]
 
-    def sources(self, backend: str, length_params: Sequence[Param] = ()) -> list[tuple[str, str, list[Param]]]:
-        """`(program name, source without the prelude, parameters)` for each pass."""
+    def programs(self, backend: str, length_params: Sequence[Param] = ()) -> list[Program]:
+        """The program of each pass: the first (or only) pass, then the merge."""
         ctype = CTYPES[self.dtype]
         # What both first passes take; each adds its own layout.
         common = dict(T=ctype, D=self.head_dim, DV=self.value_dim, HQ=self.q_heads, HKV=self.kv_heads,
@@ -187,7 +340,7 @@ class DecodeSpec:
         if self.matrix:
             defines = dict(common, MMA="mma_bf16" if self.dtype == dtypes.bfloat16 else "mma_f16", ROW_GROUPS=self.row_groups(),
                            PREFETCH=int(self.unroll > 1), L2_AHEAD=self.l2_ahead, BLOCK_ROUND=16 * self.warps)
-            programs = [_named(backend, "nuvec_sdpa_decode_mma", ("sdpa_keys.h", "sdpa_decode_mma.h"), defines, params)]
+            programs = [DECODE_MATRIX.program(backend, defines, params)]
         else:
             shape, size = self.geometry(), self.dtype.itemsize
             defines = dict(common, ROWS=shape.rows, ROW_GROUPS=shape.row_groups, TPK=shape.lanes_per_key,
@@ -195,7 +348,7 @@ class DecodeSpec:
                            TWO_PASS=int(self.passes == 2), SINKS=int(self.sinks), BLOCK_ROUND=1,
                            **chunks("K", self.head_dim * size, shape.features_per_lane * size),
                            **chunks("V", self.value_dim * size, shape.values_per_lane * size))
-            programs = [_named(backend, "nuvec_sdpa_decode", ("sdpa_keys.h", "sdpa_decode.h"), defines, params)]
+            programs = [DECODE.program(backend, defines, params)]
         if self.passes == 2:
             merge_params = [Param("out", "out", ctype), Param("part_acc", "in", "float"), Param("part_max", "in", "float"),
                             Param("part_sum", "in", "float")]
@@ -204,47 +357,35 @@ class DecodeSpec:
             merge_params += [Param(f"unused_{p.name}", "in", p.ctype) for p in params if p.kind == "in"]
             merge_defines = dict(T=ctype, DV=self.value_dim, HQ=self.q_heads, LQ=self.q_len, BLOCKS=self.blocks,
                                  SINKS=int(self.sinks), THREADS=self.merge_threads(), SPLITS=self.merge_splits())
-            programs.append(_named(backend, "nuvec_sdpa_merge", "sdpa_merge.h", merge_defines, merge_params))
+            programs.append(MERGE.program(backend, merge_defines, merge_params))
         return programs
 
 
-def _named(backend: str, stem: str, source: str | tuple[str, ...], defines: dict,
-           params: list[Param]) -> tuple[str, str, list[Param]]:
-    """A program name per specialisation (tinygrad keys runtimes by name) and its source."""
-    text = specialise(backend, stem, source, defines, params)
-    name = f"{stem}_{hashlib.sha256(text.encode()).hexdigest()[:12]}"
-    return name, text.replace(f"{stem}(", f"{name}("), params
-
-
-def decode_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, *, dtype: DType, backend: str, passes: int,
-                     blocks: int, causal: bool, window: int | None, mask: Tensor | None, sinks: Tensor | None,
-                     paged: tuple[Tensor, Tensor, int] | None = None, composition=None, warps: int | None = None,
-                     unroll: int | None = None, matrix: bool = False, block_groups: int = 0, l2_ahead: int = 0) -> Tensor:
-    """Launch the decode kernels; returns `[B, Hq, Lq, DV]` in `dtype`.
+def decode_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, vector: Vector, *, dtype: DType, backend: str,
+                     causal: bool, window: int | None, mask: Tensor | None, sinks: Tensor | None,
+                     paged: tuple[Tensor, Tensor, int] | None = None, composition: Callable | None = None,
+                     shape: Launch | None = None) -> Tensor:
+    """Launch the decode kernels as `vector` (the plan's launch) says; returns `[B, Hq, Lq, DV]` in `dtype`.
 
     q: `[B, Hq, Lq, D]`. Without `paged`, k and v are `[B, Hkv, Lk, D|DV]` (slices of a longer
     cache are read in place); with `paged = (block_tables int32 [B, M], lengths int32 [B],
     page)`, k and v are pools `[blocks, Hkv, page, D|DV]` and the queries are each sequence's last
     positions. mask: bool or additive in `dtype`, broadcastable to `[B, Hq, Lq, Lk]`.
     composition: `(q, k, v, mask, sinks) -> out`, the same attention from tensor operations on
-    the call's own (logical) inputs: the kernels' backward is its gradient. warps, unroll: the
-    first pass's SIMD groups per threadgroup and key lines in flight per lane (default: the
-    backend's `LAUNCHES` entry). matrix: the first pass on the matrix units (CUDA, float16 or
-    bfloat16, D a multiple of 32, DV of 64, two passes; `warps` default `CUDA_MATRIX_WARPS`);
-    block_groups: its threadgroups per (batch item, key head, row group), each taking its share of
-    the `blocks` in turn (0: one per block; a block's partial is the same either way); l2_ahead:
-    how many rounds of its 16-key tiles ahead each SIMD group of it asks L2 for (0: none; a hint,
-    which changes no result).
+    the call's own (logical) inputs: the kernels' backward is its gradient. shape: the first
+    pass's SIMD groups per threadgroup and key lines (matrix: 16-key tiles) in flight per lane
+    (default: the backend's `LAUNCHES` entry, `CUDA_MATRIX_WARPS` SIMD groups for the matrix pass);
+    tuning passes others, which change no bit.
     """
+    matrix, passes, blocks = vector.matrix, vector.passes, vector.blocks
+    if shape is None: shape = Launch(CUDA_MATRIX_WARPS, LAUNCHES[backend].unroll) if matrix else LAUNCHES[backend]
+    warps, unroll = shape.warps, shape.unroll
     if matrix:
         if backend != "cuda" or dtype not in (dtypes.float16, dtypes.bfloat16) or q.shape[3] % 32 or v.shape[3] % 64 or passes != 2:
             raise ValueError(f"decode_attention: the matrix-unit pass needs CUDA, a 16-bit dtype, D % 32 == 0, DV % 64 == 0 "
                              f"and two passes (got {backend}, {dtype}, D {q.shape[3]}, DV {v.shape[3]}, passes {passes})")
-        warps = CUDA_MATRIX_WARPS if warps is None else warps
         if matrix_staging_bytes(q.shape[1] // k.shape[1] * q.shape[2], v.shape[3], warps) > 48 * 1024:
             raise ValueError(f"decode_attention: {warps} SIMD groups' partials of DV {v.shape[3]} exceed 48 KB of threadgroup memory")
-    warps = LAUNCHES[backend].warps if warps is None else warps
-    unroll = LAUNCHES[backend].unroll if unroll is None else unroll
     batch, q_heads, q_len, head_dim = q.shape
     kv_heads, value_dim = k.shape[1], v.shape[3]
     device = q.device
@@ -254,8 +395,11 @@ def decode_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, *, dtype: DT
     length_scalars: list[UOp] = []
     length_params: list[Param] = []
     length = "ints"
+    key_of = value_of = _whole
     if paged is None:
-        key_view, value_view = cache_view(k.cast(dtype)), cache_view(v.cast(dtype))
+        keys, values = k.cast(dtype), v.cast(dtype)
+        key_view, value_view = cache_view(keys), cache_view(values)
+        key_of, value_of = _logical(key_view, keys), _logical(value_view, values)
         ins += [key_view.base, value_view.base]
         runtime += [key_view.offset, value_view.offset, kv_heads * key_view.capacity * head_dim,
                     key_view.capacity * head_dim, kv_heads * value_view.capacity * value_dim,
@@ -274,76 +418,56 @@ def decode_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, *, dtype: DT
         ins.append(mask.cast(dtypes.uint8) if mask_kind == 1 else mask.cast(dtype))
         runtime += strides
     if sinks is not None: ins.append(sinks.cast(dtype))
+    backward = _backward(composition, tuple(ins), key_of, value_of, mask_kind, sinks is not None)
     if paged is not None: ins += [block_tables, lengths]
     if window is not None: runtime.append(window)
     if length == "ints" and paged is None: runtime.append(k.shape[2])
     if matrix:  # each threadgroup's share of the blocks (block_groups threadgroups, or one per block)
-        blocks_per_group = -(-blocks // max(1, min(block_groups or blocks, blocks)))
+        blocks_per_group = -(-blocks // max(1, min(vector.block_groups or blocks, blocks)))
         runtime.append(blocks_per_group)
-    # The integers travel in a small buffer: one program serves every value (a scalar parameter
-    # would need a Variable, which TinyJit could not bind), and a jitted step keeps its values.
     ins.append(int_buffer(device, tuple(runtime) or (0,)))
     spec = DecodeSpec(dtype, head_dim, value_dim, q_heads, kv_heads, q_len, passes, blocks, causal, window is not None,
                       mask_kind, sinks is not None, paged[2] if paged is not None else 0, scale, length, warps, unroll, matrix,
-                      l2_ahead if matrix else 0)
-    programs = spec.sources(backend, length_params)
-    first_name, first_source, _ = programs[0]
+                      vector.l2_ahead if matrix else 0)
+    programs = spec.programs(backend, length_params)
     grid = (kv_heads * spec.row_groups(), batch, -(-blocks // blocks_per_group) if matrix else blocks if passes == 2 else 1)
     label = (f"{backend} {dtype.name} D{head_dim}/{value_dim} gqa{q_heads // kv_heads} Lq{q_len} passes{passes} blocks{blocks}"
              + (" matrix" if matrix else ""))
-    logical = _logical_inputs(k, v, paged)
-    ctype_prelude = prelude(backend)
-    rows = batch * q_heads * q_len
+    out = Tensor.empty(batch, q_heads, q_len, value_dim, dtype=dtype, device=device)
     if passes == 1:
-        out = Tensor.empty(batch, q_heads, q_len, value_dim, dtype=dtype, device=device)
-        backward = _backward(composition, logical, first_input=1, mask=mask_kind, sinks=sinks is not None)
-        return launch(first_name, ctype_prelude + first_source, device, [out], ins, length_scalars, grid, (warps * 32, 1, 1),
-                      grad_fxn=backward, label=label)[0]
-    partials = launch(first_name, ctype_prelude + first_source, device,
+        return launch(programs[0], device, [out], ins, grid, warps * 32, scalars=length_scalars, backward=backward,
+                      label=label)[0]
+    rows = batch * q_heads * q_len
+    partials = launch(programs[0], device,
                       [Tensor.empty(rows * blocks * value_dim, dtype=dtypes.float32, device=device),
                        Tensor.empty(rows * blocks, dtype=dtypes.float32, device=device),
                        Tensor.empty(rows * blocks, dtype=dtypes.float32, device=device)],
-                      ins, length_scalars, grid, (warps * 32, 1, 1), label=label)
-    merge_name, merge_source, _ = programs[1]
+                      ins, grid, warps * 32, scalars=length_scalars, label=label)
+    # The first pass's inputs ride along, unread, so that the merge's backward reaches them.
     merge_ins = list(partials) + ([ins[3 + (mask_kind > 0)]] if sinks is not None else []) + ins
-    out = Tensor.empty(batch, q_heads, q_len, value_dim, dtype=dtype, device=device)
-    backward = _backward(composition, logical, first_input=1 + len(merge_ins) - len(ins), mask=mask_kind,
-                         sinks=sinks is not None)
-    return launch(merge_name, ctype_prelude + merge_source, device, [out], merge_ins, [], (rows, 1, 1),
-                  (spec.merge_threads(), 1, 1), grad_fxn=backward, label=label)[0]
+    return launch(programs[1], device, [out], merge_ins, (rows, 1, 1), spec.merge_threads(), backward=backward, label=label)[0]
 
 
-def _logical_inputs(k: Tensor, v: Tensor, paged) -> tuple:
-    """How the composition sees K and V from the kernel's arguments: the slice of a cache view, or
-    the pools themselves (paged)."""
-    if paged is not None: return (lambda base: base, lambda base: base)
-    def view(t: Tensor):
-        found = cache_view(t)
-        if found.base is t: return lambda base: base
-        return lambda base: base[:, :, found.offset:found.offset + t.shape[2]]
-    return view(k), view(v)
-
-
-def _backward(composition, logical, first_input: int, mask: int, sinks: bool):
-    """The kernel call's backward: the gradient of `composition` on detached copies of its inputs
-    (q, k, v at `first_input`, then the mask and the sinks), None for everything else."""
+def _backward(composition: Callable | None, inputs: tuple[Tensor, ...], key_of: Callable, value_of: Callable, mask_kind: int,
+              sinks: bool) -> Backward | None:
+    """The kernels' backward: the gradient of `composition(q, k, v, mask, sinks)` in q, k, v and the
+    sinks, from the call's inputs `(q, k or its cache, v or its cache[, mask][, sinks])`; `key_of`
+    and `value_of` give the call's keys and values from what the kernel reads, and a boolean mask
+    (passed as bytes) is read back as bool."""
     if composition is None: return None
-    key_of, value_of = logical
 
-    def grad_fxn(gradient, call):
-        def argument(index: int) -> Tensor: return Tensor(call.src[1 + index]).detach()
-        q, k_base, v_base = (argument(first_input + i) for i in range(3))
-        at = first_input + 3
-        mask_tensor = None
-        if mask:
-            mask_tensor = argument(at) != 0 if mask == 1 else argument(at)
-            at += 1
-        sinks_tensor = argument(at) if sinks else None
-        out = composition(q, key_of(k_base), value_of(v_base), mask_tensor, sinks_tensor)
-        targets = [q, k_base, v_base] + ([sinks_tensor] if sinks else [])
-        grads = out.gradient(*targets, gradient=Tensor(gradient))
-        result: list = [None] * (len(call.src) - 1)
-        for index, grad in zip([first_input, first_input + 1, first_input + 2] + ([at] if sinks else []), grads):
-            result[index] = grad.uop
-        return tuple(result)
-    return grad_fxn
+    def composed(q: Tensor, k_base: Tensor, v_base: Tensor, *rest: Tensor) -> Tensor:
+        mask = None if not mask_kind else rest[0] != 0 if mask_kind == 1 else rest[0]
+        return composition(q, key_of(k_base), value_of(v_base), mask, rest[-1] if sinks else None)
+    return Backward("scaled_dot_product_attention", composed, inputs, wrt=(0, 1, 2) + ((len(inputs) - 1,) if sinks else ()))
+
+
+def _whole(base: Tensor) -> Tensor:
+    return base
+
+
+def _logical(view: CacheView, t: Tensor) -> Callable[[Tensor], Tensor]:
+    """How the composition sees `t` (K or V in the call's dtype) from the kernel's argument: the
+    argument itself, or the slice of the cache it views."""
+    if view.base is t: return _whole
+    return lambda base: base[:, :, view.offset:view.offset + t.shape[2]]

@@ -1,19 +1,32 @@
-"""The one mechanism that turns a kernel source into a node of tinygrad's lazy graph.
+"""The one place a kernel is called: how a kernel source becomes a node of tinygrad's lazy graph.
 
-A kernel source (`src/*.h`) holds helper functions, then a line `/* kernel */`, then the body.
-`render` puts the backend's prelude (the shared dialect: `simd_sum`, `simd_shuffle_xor`,
-`THREADGROUP`, `threadgroup_barrier()`, `DEVICE`, `to_float`, `from_float`, and the bit-level
-helpers `bits_to_float`, `half2_bits_to_float2`, `mask_or`), the specialising
-`#define`s and the helpers before a signature it writes for the backend from the parameter list;
-the body sees its buffers and scalars by name, and `nv_group` / `nv_thread` (the threadgroup's
-and the thread's index). `launch` compiles a rendering once per device (tinygrad's compiler
-caches by source) and adds the program to the graph as one CALL: inputs may be lazy (tinygrad
-realises them first), outputs feed further lazy operations, scalars are bound `int32` Variables
-(so a jitted step recompiles nothing when they change), and the backward is `grad_fxn`'s.
+A kernel family (`Family`) is a stem and its source files in `src/`: helper-only files, then the
+kernel's own, which holds helper functions, a line `/* kernel */`, then the body. With it the
+family's module keeps its `unsupported(...)` (why the kernel does not take a call, or None) and its
+launch-shape plan. `Family.program(backend, defines, params)` specialises it: the `#define`s, the
+helpers, a signature written for the backend from the parameter list, then the body, under a name
+made once here from the stem and a hash of the text (tinygrad keys its runtimes by name). The
+body sees its buffers and scalars by name, and `nv_group` / `nv_thread` (the threadgroup's and the
+thread's index); the backend's prelude (`src/prelude_{backend}.h`, then `src/common.h`) supplies
+the shared dialect (`simd_sum`, `simd_shuffle_xor`, `THREADGROUP`, `threadgroup_barrier()`,
+`DEVICE`, `to_float`, `from_float`, `bits_to_float`, `half2_bits_to_float2`, `mask_or`).
+
+`launch(program, ...)` compiles a program once per device (tinygrad's compiler caches by source)
+and adds it to the graph as one CALL: inputs may be lazy (tinygrad realises them first), outputs
+feed further lazy operations, scalars are bound `int32` Variables (a jitted step recompiles
+nothing when they change). Its backward (`Backward`) is the gradient of the composition the
+operation passes, on the call's own inputs (MLX's `Custom::vjp`): every kernel is differentiable
+through its definition, built here once.
+
+It builds the CALL itself rather than through tinygrad 0.14's `Tensor.custom_kernel`: that gives
+the program a global-buffer placeholder for every argument (no slot for a bound Variable, which
+the decode kernels' symbolic key count needs) and returns every argument, inputs included, as an
+output, while CUDAGraph builds its dependency edges from the program's declared outputs and inputs.
 """
 from __future__ import annotations
 
 import functools
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
@@ -24,6 +37,13 @@ from tinygrad.uop.ops import KernelInfo, Ops, ProgramInfo, UOp
 
 SOURCE_DIR = Path(__file__).parent / "src"
 BODY_MARKER = "/* kernel */"
+BACKENDS = ("cuda", "metal")
+
+# The element types a kernel takes and their names in the dialect (both preludes name them alike).
+CTYPES = {dtypes.float16: "half", dtypes.bfloat16: "bfloat", dtypes.float32: "float"}
+KERNEL_DTYPES = tuple(CTYPES)
+
+_CHUNK_TYPES = {16: "uint4", 8: "uint2", 4: "uint", 2: "ushort"}
 
 
 @dataclass(frozen=True)
@@ -43,22 +63,8 @@ def _source(filename: str) -> str:
 def prelude(backend: str) -> str:
     """The backend's half of the dialect (`src/prelude_{backend}.h`), then the helpers common to
     every backend (`src/common.h`)."""
-    if backend not in ("cuda", "metal"): raise ValueError(f"render: unknown backend {backend!r}")
+    if backend not in BACKENDS: raise ValueError(f"prelude: unknown backend {backend!r}")
     return _source(f"prelude_{backend}.h") + _source("common.h")
-
-
-@functools.lru_cache(maxsize=1024)
-def int_buffer(device: str, values: tuple[int, ...]) -> Tensor:
-    """A realized int32 buffer of `values` (a kernel's runtime integers), made once: a call reuses
-    it rather than copying host memory to the device each time (and a jitted step finds it made)."""
-    return Tensor(list(values), dtype=dtypes.int32, device=device).realize()
-
-
-# The element types a kernel takes and their names in the dialect (both preludes name them alike).
-CTYPES = {dtypes.float16: "half", dtypes.bfloat16: "bfloat", dtypes.float32: "float"}
-KERNEL_DTYPES = tuple(CTYPES)
-
-_CHUNK_TYPES = {16: "uint4", 8: "uint2", 4: "uint", 2: "ushort"}
 
 
 def chunks(which: str, line_bytes: int, lane_bytes: int) -> dict[str, object]:
@@ -70,33 +76,76 @@ def chunks(which: str, line_bytes: int, lane_bytes: int) -> dict[str, object]:
     return {f"CHUNK_{which}": _CHUNK_TYPES[width], f"{which}_CHUNKS": lane_bytes // width}
 
 
-def specialise(backend: str, name: str, source: str | tuple[str, ...], defines: dict[str, object],
-               params: Sequence[Param]) -> str:
-    """Kernel `name` from `source` (a file in `src/`, or several: helper-only files, then the
-    kernel's) for `backend`, without the prelude: the `#define`s, the helpers, the signature
-    written from `params`, and the body."""
-    files = (source,) if isinstance(source, str) else source
-    helpers, body = _source(files[-1]).split(BODY_MARKER)
-    helpers = "".join(_source(f) for f in files[:-1]) + helpers
-    define_lines = "".join(f"#define {key} {value}\n" for key, value in defines.items())
+def _signature(backend: str, name: str, params: Sequence[Param]) -> str:
+    """The kernel's signature for `backend`, and the lines binding `nv_group` / `nv_thread`."""
     if backend == "cuda":
-        def param(i: int, p: Param) -> str:
+        def param(p: Param) -> str:
             if p.kind == "scalar": return f"const int {p.name}"
             return f"{'const ' if p.kind == 'in' else ''}{p.ctype}* __restrict__ {p.name}"
-        signature = (f'extern "C" __global__ void {name}({", ".join(param(i, p) for i, p in enumerate(params))}) {{\n'
-                     "  const uint3 nv_group = blockIdx, nv_thread = threadIdx;\n")
-    else:
-        def param(i: int, p: Param) -> str:
-            if p.kind == "scalar": return f"constant int& {p.name} [[buffer({i})]]"
-            return f"device {'const ' if p.kind == 'in' else ''}{p.ctype}* {p.name} [[buffer({i})]]"
-        signature = (f"kernel void {name}({', '.join(param(i, p) for i, p in enumerate(params))}, "
-                     "uint3 nv_group [[threadgroup_position_in_grid]], uint3 nv_thread [[thread_position_in_threadgroup]]) {\n")
-    return f"{define_lines}{helpers}\n{signature}{body}}}\n"
+        return (f'extern "C" __global__ void {name}({", ".join(param(p) for p in params)}) {{\n'
+                "  const uint3 nv_group = blockIdx, nv_thread = threadIdx;\n")
+    def metal_param(i: int, p: Param) -> str:
+        if p.kind == "scalar": return f"constant int& {p.name} [[buffer({i})]]"
+        return f"device {'const ' if p.kind == 'in' else ''}{p.ctype}* {p.name} [[buffer({i})]]"
+    return (f"kernel void {name}({', '.join(metal_param(i, p) for i, p in enumerate(params))}, "
+            "uint3 nv_group [[threadgroup_position_in_grid]], uint3 nv_thread [[thread_position_in_threadgroup]]) {\n")
 
 
-def render(backend: str, name: str, source: str, defines: dict[str, object], params: Sequence[Param]) -> str:
-    """The full program text of kernel `name`: the prelude, then `specialise(...)`."""
-    return f"{prelude(backend)}\n{specialise(backend, name, source, defines, params)}"
+@dataclass(frozen=True)
+class Program:
+    """One specialisation of a family for one backend: its unique `name`, its `text` (the
+    defines, helpers, signature and body, without the prelude) and its parameters. `backend`
+    None: a program in the device's own language, without the dialect (the mechanism's tests)."""
+    name: str
+    text: str
+    params: tuple[Param, ...]
+    backend: str | None
+
+    @property
+    def source(self) -> str:
+        """The whole program: the prelude, then the text."""
+        return self.text if self.backend is None else f"{prelude(self.backend)}\n{self.text}"
+
+
+# Every family, in the order their modules define them (the Metal syntax check covers each).
+FAMILIES: list[Family] = []
+
+
+@dataclass(frozen=True)
+class Family:
+    """A kernel family: the `stem` its programs are named after, its `sources` in `src/`
+    (helper-only files, then the kernel's own), `unsupported(...)` (why the kernel does not take a
+    call: a reason, or None when it does), `plan(...)` (its launch shape from plain sizes), and the
+    backends it is written for. The defines and parameters of a specialisation are what its
+    module's `*_program` function passes to `program`."""
+    stem: str
+    sources: tuple[str, ...]
+    unsupported: Callable[..., str | None]
+    plan: Callable[..., object]
+    backends: tuple[str, ...] = BACKENDS
+
+    def __post_init__(self) -> None:
+        FAMILIES.append(self)
+
+    def program(self, backend: str, defines: dict[str, object], params: Sequence[Param]) -> Program:
+        """The family specialised by `defines` for `backend`, with the signature of `params` (in
+        launch order: outputs, inputs, then scalars), named `<stem>_<hash of its text>`."""
+        if backend not in self.backends: raise ValueError(f"{self.stem}: no {backend} kernel (only {', '.join(self.backends)})")
+        helpers, body = _source(self.sources[-1]).split(BODY_MARKER)
+        helpers = "".join(_source(f) for f in self.sources[:-1]) + helpers
+        define_lines = "".join(f"#define {key} {value}\n" for key, value in defines.items())
+        text = f"{define_lines}{helpers}\n{_signature(backend, self.stem, params)}{body}}}\n"
+        name = f"{self.stem}_{hashlib.sha256(text.encode()).hexdigest()[:12]}"
+        return Program(name, text.replace(f"{self.stem}(", f"{name}("), tuple(params), backend)
+
+
+@functools.lru_cache(maxsize=1024)
+def int_buffer(device: str, values: tuple[int, ...]) -> Tensor:
+    """A realized int32 buffer of `values` (a kernel's runtime integers), made once: a call reuses
+    it rather than copying host memory to the device each time (and a jitted step finds it made).
+    The integers travel in a buffer rather than as scalars: one program serves every value, and
+    TinyJit keeps a buffer's values where it could not bind a Variable."""
+    return Tensor(list(values), dtype=dtypes.int32, device=device).realize()
 
 
 @functools.cache
@@ -104,35 +153,96 @@ def _compiled(device: str, source: str) -> bytes:
     return Device[device].renderer.compiler.compile_cached(source)
 
 
-# What `record_launches` collects: (kernel name, specialisation) per launch built.
-_listeners: list[list[tuple[str, str]]] = []
+@dataclass(frozen=True)
+class Backward:
+    """How a kernel call differentiates: `composition(*inputs)` computes the call's outputs (one
+    tensor, or a tuple in the order of the call's outputs) from tensor operations; `inputs` are
+    tensors the call reads (the very objects passed in its `ins`); the gradients of `inputs[i]`
+    for `i` in `wrt` reach the call's arguments. `op` names the operation in errors."""
+    op: str
+    composition: Callable[..., Tensor | tuple[Tensor, ...]]
+    inputs: tuple[Tensor, ...]
+    wrt: tuple[int, ...]
 
 
-def launch(name: str, source: str, device: str, outs: Sequence[Tensor], ins: Sequence[Tensor], scalars: Sequence[UOp],
-           global_size: tuple[int, int, int], local_size: tuple[int, int, int],
-           grad_fxn: Callable | None = None, label: str = "", in_place: bool = False) -> list[Tensor]:
-    """Add program `name` (`source`, already rendered) to the graph; returns `outs` after it ran.
+def _match_gradients(op: str, gradients: list[Tensor], outputs: Sequence[Tensor]) -> list[int]:
+    """Which output each gradient belongs to. tinygrad passes only the gradients that exist, in
+    output order but without saying whose: with all of them that order says; otherwise by shape
+    (then dtype), and a gradient that fits two outputs is ambiguous."""
+    if len(gradients) == len(outputs): return list(range(len(outputs)))
+    matched = []
+    for gradient in gradients:
+        fits = [i for i, out in enumerate(outputs) if tuple(out.shape) == tuple(gradient.shape)]
+        if len(fits) > 1: fits = [i for i in fits if outputs[i].dtype == gradient.dtype]
+        if len(fits) != 1:
+            raise ValueError(f"{op}: a gradient of one output of a kernel whose outputs share a shape is ambiguous; "
+                             "run with nuvec_tg.kernels.compositions_only()")
+        matched.append(fits[0])
+    return matched
+
+
+def _grad_fxn(backward: Backward, positions: list[int]) -> Callable:
+    """The CALL's backward: `backward.composition` on detached copies of the call's arguments at
+    `positions` (those of `backward.inputs`), differentiated by tinygrad."""
+    def grad_fxn(*arguments, call=None):
+        *gradients, call = arguments if call is None else (*arguments, call)
+        args = [Tensor(call.src[1 + p]).detach() for p in positions]
+        result = backward.composition(*args)
+        outputs = result if isinstance(result, tuple) else (result,)
+        gradients = [Tensor(g) for g in gradients]
+        owners = _match_gradients(backward.op, gradients, outputs)
+        # One target per distinct argument: a tensor passed twice gets its whole gradient once.
+        targets: dict[UOp, tuple[int, Tensor]] = {}
+        for i in backward.wrt: targets.setdefault(args[i].uop, (positions[i], args[i]))
+        tensors = [t for _, t in targets.values()]
+        if len(gradients) == 1:
+            grads = outputs[owners[0]].gradient(*tensors, gradient=gradients[0])
+        else:
+            loss = sum((outputs[o].cast(dtypes.float32) * g.cast(dtypes.float32)).sum() for o, g in zip(owners, gradients))
+            grads = loss.gradient(*tensors)
+        result_grads: list = [None] * (len(call.src) - 1)
+        for (position, target), grad in zip(targets.values(), grads):
+            result_grads[position] = grad.cast(target.dtype).uop
+        return tuple(result_grads)
+    return grad_fxn
+
+
+# What `record_launches` collects: (program name, label) per launch built.
+launch_listeners: list[list[tuple[str, str]]] = []
+
+
+def launch(program: Program, device: str, outs: Sequence[Tensor], ins: Sequence[Tensor], grid: tuple[int, int, int],
+           threads: int, *, scalars: Sequence[UOp] = (), backward: Backward | None = None, label: str = "",
+           in_place: bool = False) -> list[Tensor]:
+    """Add `program` to the graph on `device`, over a grid of `grid` threadgroups of `threads`
+    threads; returns `outs` after it ran.
 
     outs: buffers the program writes (whole buffers: a view would be written as a copy); ins:
     tensors it reads (anything not a plain buffer, a reshape or a prefix slice is copied first);
-    scalars: bound int32 Variables, in the order of the scalar parameters. tinygrad runs the call
-    once per realize that needs one of its outputs, so several outputs are best realized together
-    (`Tensor.realize(a, b)`); `in_place` (an output is an existing buffer the program updates)
-    realizes them all now, so that the update is applied once.
+    scalars: bound int32 Variables, in the order of the scalar parameters. backward: how the call
+    differentiates (None: it does not). tinygrad runs the call once per realize that needs one of
+    its outputs, so several outputs are best realized together (`Tensor.realize(a, b)`);
+    `in_place` (an output is an existing buffer the program updates) realizes them all now, so
+    that the update is applied once. label: what `record_launches` and NUVEC_DEBUG show.
     """
-    lib = _compiled(device, source)
+    lib = _compiled(device, program.source)
     tensors = list(outs) + list(ins)
     count = len(tensors)
     params = [UOp.placeholder_like(t.uop, i).base for i, t in enumerate(tensors)]
     variables = [UOp.param(count + k, (v := s.unbind()[0]).dtype, (), vmin_vmax=(v.vmin, v.vmax), name=v.expr,
                            addrspace=AddrSpace.ALU) for k, s in enumerate(scalars)]
-    sink = UOp.sink(*params, *variables, arg=KernelInfo(name=name))
-    info = ProgramInfo(name=name, global_size=tuple(global_size), local_size=tuple(local_size), vars=tuple(variables),
+    sink = UOp.sink(*params, *variables, arg=KernelInfo(name=program.name))
+    info = ProgramInfo(name=program.name, global_size=tuple(grid), local_size=(threads, 1, 1), vars=tuple(variables),
                        globals=tuple(range(count)), outs=tuple(range(len(outs))), ins=tuple(range(len(outs), count)))
-    program = UOp(Ops.PROGRAM, src=(sink, UOp(Ops.LINEAR, src=(*sink.src, sink)), UOp(Ops.SOURCE, arg=source),
-                                    UOp(Ops.BINARY, arg=lib)), arg=info)
-    call = program.call(*[t.uop for t in tensors], *scalars, grad_fxn=grad_fxn)
-    for listener in _listeners: listener.append((name, label))
+    program_uop = UOp(Ops.PROGRAM, src=(sink, UOp(Ops.LINEAR, src=(*sink.src, sink)), UOp(Ops.SOURCE, arg=program.source),
+                                        UOp(Ops.BINARY, arg=lib)), arg=info)
+    grad_fxn = None
+    if backward is not None:
+        indices = [next((i for i, t in enumerate(ins) if t is given), None) for given in backward.inputs]
+        if None in indices: raise ValueError(f"{backward.op}: a backward's inputs must be tensors the call reads")
+        grad_fxn = _grad_fxn(backward, [len(outs) + i for i in indices])
+    call = program_uop.call(*[t.uop for t in tensors], *scalars, grad_fxn=grad_fxn)
+    for listener in launch_listeners: listener.append((program.name, label))
     results = [Tensor(t.uop.after(call)) for t in outs]
     if in_place: Tensor.realize(*results)
     return results

@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from tinygrad import Tensor, dtypes
 from tinygrad.dtype import DType
 
-from ..kernels import debug, kernels_enabled
+from .. import kernels
 from ..kernels import quant as qmv_kernel
-from ..tensor import check, check_floating, check_tensor, kernel_backend, promote_types
+from ..tensor import check, check_floating, check_tensor, promote_types
 from . import floating
 
 GROUP_SIZES = (32, 64, 128)
@@ -69,7 +69,7 @@ def _format(op: str, mode: str, group_size: int | None, bits: int | None) -> tup
     return group_size, bits
 
 
-def _check_global_scale(op: str, mode: str, global_scale: Tensor | None, entries: int = 1) -> None:
+def check_global_scale(op: str, mode: str, global_scale: Tensor | None, entries: int = 1) -> None:
     """nvfp4's global scale: float32, `entries` values (one, or one per expert of a gather)."""
     if global_scale is None: return
     check(mode == "nvfp4", op, f"Global scale is only supported for 'nvfp4' quantization, not {mode!r}")
@@ -111,7 +111,7 @@ def quantize(w: Tensor, group_size: int | None = None, bits: int | None = None, 
     check_tensor(op, "w", w)
     check_floating(op, "w", w.dtype)
     check(mode == "affine" or w.dtype != dtypes.float64, op, f"{mode} takes float32, float16 or bfloat16 weights, not float64")
-    _check_global_scale(op, mode, global_scale)
+    check_global_scale(op, mode, global_scale)
     check(w.ndim >= 2, op, f"w must have at least 2 dimensions, got shape {tuple(w.shape)}")
     check(w.shape[-1] % group_size == 0, op,
           f"the last dimension ({w.shape[-1]}) must be a multiple of the group size {group_size}")
@@ -141,11 +141,12 @@ def quantize(w: Tensor, group_size: int | None = None, bits: int | None = None, 
     return QuantizedWeight(packed, scale.squeeze(-1).cast(w.dtype), bias.squeeze(-1).cast(w.dtype), mode, group_size, bits)
 
 
-def _check_weight(op: str, qw: QuantizedWeight) -> None:
+def check_weight(op: str, qw: QuantizedWeight) -> None:
+    """Check that `qw` is a well-formed `QuantizedWeight` (format, dtypes, shapes of its parts)."""
     if not isinstance(qw, QuantizedWeight):
         raise TypeError(f"{op}: expected a QuantizedWeight, got {type(qw).__name__}")
     _format(op, qw.mode, qw.group_size, qw.bits)
-    _check_global_scale(op, qw.mode, qw.global_scale)
+    check_global_scale(op, qw.mode, qw.global_scale)
     check_tensor(op, "weight", qw.weight)
     check_tensor(op, "scales", qw.scales)
     if qw.weight.dtype != dtypes.uint32:
@@ -167,7 +168,7 @@ def _check_weight(op: str, qw: QuantizedWeight) -> None:
           f"{tuple(qw.weight.shape)} with group size {qw.group_size} and {qw.bits} bits, got {', '.join(map(str, given))}")
 
 
-def _dense(qw: QuantizedWeight, dtype: DType, global_scale: Tensor | None = None) -> Tensor:
+def dense_weights(qw: QuantizedWeight, dtype: DType, global_scale: Tensor | None = None) -> Tensor:
     """The weights `[..., N, K]` in `dtype` (computed in float32, rounded once to `dtype`).
     global_scale: nvfp4's, broadcastable to the scales `[..., N, K / group]` (default: qw's own)."""
     codes = unpack_codes(qw.weight, qw.bits)
@@ -185,9 +186,9 @@ def dequantize(qw: QuantizedWeight, dtype: DType | None = None) -> Tensor:
     """The dense weights `[..., N, K]` of `qw`, in `dtype` (default: the scales' dtype; bfloat16
     for the floating-point modes, as MLX)."""
     op = "dequantize"
-    _check_weight(op, qw)
+    check_weight(op, qw)
     if dtype is not None: check_floating(op, "dtype", dtype)
-    return _dense(qw, dtype or (qw.scales.dtype if qw.mode == "affine" else dtypes.bfloat16))
+    return dense_weights(qw, dtype or (qw.scales.dtype if qw.mode == "affine" else dtypes.bfloat16))
 
 
 def quantized_matmul(x: Tensor, qw: QuantizedWeight, transpose: bool = True) -> Tensor:
@@ -201,7 +202,7 @@ def quantized_matmul(x: Tensor, qw: QuantizedWeight, transpose: bool = True) -> 
     op = "quantized_matmul"
     check_tensor(op, "x", x)
     check_floating(op, "x", x.dtype)
-    _check_weight(op, qw)
+    check_weight(op, qw)
     check(qw.mode == "affine" or x.dtype != dtypes.float64, op,
           f"{qw.mode} weights take float32, float16 or bfloat16 activations, not float64")
     check(qw.global_scale is None, op, "a global scale is not supported (dequantize the weights instead)")
@@ -212,51 +213,24 @@ def quantized_matmul(x: Tensor, qw: QuantizedWeight, transpose: bool = True) -> 
           f"({'transposed' if transpose else 'not transposed'}), got shape {tuple(x.shape)}")
     dtype = promote_types(x.dtype, qw.scales.dtype) if qw.mode == "affine" else x.dtype
     rows_of_x = math.prod(x.shape[:-1])
-    backend = kernel_backend(x.device) if kernels_enabled() else None
     outputs = rows if transpose else columns
-    if (backend is not None and qw.weight.ndim == 2 and x.dtype != dtypes.float64
-            and qmv_kernel.supported(x.dtype, qw.scales.dtype, dtype, rows_of_x, inner, outputs)):
-        kernel = qmv_kernel.qmv if transpose else qmv_kernel.qvm
-        debug(f"{op} {tuple(x.shape)} x {qw.mode} {qw.bits}-bit {tuple(qw.weight.shape)} on {x.device}: "
-              f"the {'qmv' if transpose else 'qvm'} kernel")
-        out = kernel(x.cast(dtype).reshape(rows_of_x, inner), qw.weight, qw.scales, qw.biases, mode=qw.mode,
+    kernel, reason = qmv_kernel.product_route(dtype, qw.scales.dtype, dtype, rows_of_x, inner, outputs, transpose=transpose,
+                                              batched=qw.weight.ndim != 2)
+    backend = kernels.choose(op, f"{tuple(x.shape)} x {qw.mode} {qw.bits}-bit {tuple(qw.weight.shape)} on {x.device}",
+                             x.device, kernel, lambda backend: reason)
+    if backend is not None:
+        launch = {"qmv": qmv_kernel.qmv, "qvm": qmv_kernel.qvm, "qmm": qmv_kernel.qmm}[kernel]
+        out = launch(x.cast(dtype).reshape(rows_of_x, inner), qw.weight, qw.scales, qw.biases, mode=qw.mode,
                      group_size=qw.group_size, bits=qw.bits, out_dtype=dtype, backend=backend,
-                     grad_fxn=product_backward(_dense_product(qw, dtype, transpose), qw.biases is not None, qw.mode))
+                     composition=_dense_product(qw, dtype, transpose))
         return out.reshape(*x.shape[:-1], outputs)
-    if (backend is not None and transpose and qw.weight.ndim == 2
-            and qmv_kernel.qmm_supported(dtype, qw.scales.dtype, dtype, rows_of_x, inner, outputs)):
-        debug(f"{op} {tuple(x.shape)} x {qw.mode} {qw.bits}-bit {tuple(qw.weight.shape)} on {x.device}: the qmm kernel")
-        product = _dense_product(qw, dtype, transpose)
-        out = qmv_kernel.qmm(x.cast(dtype).reshape(rows_of_x, inner), qw.weight, qw.scales, qw.biases, mode=qw.mode,
-                             group_size=qw.group_size, bits=qw.bits, out_dtype=dtype, backend=backend,
-                             grad_fxn=product_backward(lambda x, w, s, b, _sizes: product(x, w, s, b), qw.biases is not None,
-                                                       qw.mode))
-        return out.reshape(*x.shape[:-1], outputs)
-    dense = _dense(qw, dtype)
+    dense = dense_weights(qw, dtype)
     return x.cast(dtype) @ (dense.transpose(-1, -2) if transpose else dense)
 
 
 def _dense_product(qw: QuantizedWeight, dtype: DType, transpose: bool):
     """`(x, weight, scales, biases) -> x · w(ᵀ)` through the dense weights, as the composition."""
     def product(x: Tensor, weight: Tensor, scales: Tensor, biases: Tensor | None) -> Tensor:
-        dense = _dense(QuantizedWeight(weight, scales, biases, qw.mode, qw.group_size, qw.bits), dtype)
+        dense = dense_weights(QuantizedWeight(weight, scales, biases, qw.mode, qw.group_size, qw.bits), dtype)
         return x @ (dense.transpose(-1, -2) if transpose else dense)
     return product
-
-
-def product_backward(product, has_biases: bool, mode: str):
-    """A quantized product kernel's backward (qmv, qvm, qmm, gather_qmv): the gradient of the
-    composition `product(x, weight, scales, biases, *rest)` in x (argument 1) and, for affine
-    weights, in the scales and biases (arguments 3 and 4), on detached copies of the call's
-    arguments `(y, x, weight, scales[, biases], *rest)`."""
-    def grad_fxn(gradient, call):
-        x, weight, scales, *rest = (Tensor(u).detach() for u in call.src[2:])
-        biases = rest.pop(0) if has_biases else None
-        out = product(x, weight, scales, biases, *rest)
-        targets = [x] + ([scales, biases] if mode == "affine" else [])
-        grads = out.gradient(*targets, gradient=Tensor(gradient))
-        result: list = [None] * (len(call.src) - 1)
-        for index, grad in zip([1, 3, 4], grads):
-            result[index] = grad.uop
-        return tuple(result)
-    return grad_fxn

@@ -17,11 +17,10 @@ import math
 
 from tinygrad import Tensor, dtypes
 
-from ..kernels import debug, kernels_enabled
+from .. import kernels
 from ..kernels import quant as qmv_kernel
-from ..tensor import broadcast_shape, check, check_floating, check_integer, check_tensor, kernel_backend, promote_types, \
-    take_rows
-from .affine import QuantizedWeight, _check_global_scale, _check_weight, _dense, product_backward
+from ..tensor import broadcast_shape, check, check_floating, check_integer, check_tensor, promote_types, take_rows
+from .affine import QuantizedWeight, check_global_scale, check_weight, dense_weights
 
 
 def _indices(op: str, name: str, given: Tensor | None, batch: tuple[int, ...], device: str) -> Tensor:
@@ -62,6 +61,7 @@ def gather_mm(a: Tensor, b: Tensor, lhs_indices: Tensor | None = None, rhs_indic
     check_floating(op, "b", b.dtype)
     check(a.ndim >= 2 and b.ndim >= 2, op, f"a and b must have at least 2 dimensions, got {tuple(a.shape)} and {tuple(b.shape)}")
     check(a.shape[-1] == b.shape[-2], op, f"a's last dimension ({a.shape[-1]}) must equal b's second to last ({b.shape[-2]})")
+    kernels.composition(op, f"{tuple(a.shape)} x {tuple(b.shape)} on {a.device}")
     dtype = promote_types(a.dtype, b.dtype)
     b_flat = b.cast(dtype).reshape(-1, *b.shape[-2:])
     return _gather(op, a.cast(dtype), tuple(b.shape[:-2]), lhs_indices, rhs_indices,
@@ -80,10 +80,10 @@ def gather_qmm(x: Tensor, qw: QuantizedWeight, lhs_indices: Tensor | None = None
     op = "gather_qmm"
     check_tensor(op, "x", x)
     check_floating(op, "x", x.dtype)
-    _check_weight(op, qw)
+    check_weight(op, qw)
     check(qw.global_scale is None, op, "pass nvfp4's per-batch global scale as global_scale=, not inside the weight")
     batches = tuple(qw.weight.shape[:-2])
-    _check_global_scale(op, qw.mode, global_scale, entries=math.prod(batches))
+    check_global_scale(op, qw.mode, global_scale, entries=math.prod(batches))
     check(global_scale is None or lhs_indices is not None or rhs_indices is not None, op,
           "a global scale cannot be used without indices")
     rows, columns = qw.weight.shape[-2], qw.columns
@@ -102,32 +102,26 @@ def gather_qmm(x: Tensor, qw: QuantizedWeight, lhs_indices: Tensor | None = None
                                  None if biases is None else take_rows(biases, picks), qw.mode, qw.group_size, qw.bits)
         # each chosen batch's own global scale, broadcast over its scales [P, N, groups]
         scale = None if scale_per_batch is None else take_rows(scale_per_batch, picks).reshape(-1, 1, 1)
-        dense = _dense(chosen, dtype, scale)
+        dense = dense_weights(chosen, dtype, scale)
         return x_rows.cast(dtype) @ (dense.transpose(-1, -2) if transpose else dense)
 
     def product(x_rows: Tensor, picks: Tensor) -> Tensor:
-        backend = kernel_backend(x.device) if kernels_enabled() else None
         entries, m = x_rows.shape[0], x_rows.shape[1]
-        if (backend is not None and transpose and sorted_indices and global_scale is None and weight.shape[0] > 0
-                and qmv_kernel.grouped_gather(entries, m, weight.shape[0])
-                and qmv_kernel.qmm_supported(dtype, qw.scales.dtype, dtype, entries * m, columns, rows)):
-            debug(f"{op} {entries} sorted entries of {m} x {columns} x {qw.mode} {qw.bits}-bit {tuple(qw.weight.shape)}: "
-                  "the gathered qmm kernel")
-            row_picks = picks.reshape(-1, 1).expand(entries, m).reshape(-1)
-
-            def composed_rows(x_flat, weight, scales, biases, row_picks, _sizes):
-                return composed(x_flat.reshape(-1, 1, columns), weight, scales, biases, row_picks).reshape(-1, rows)
-            out = qmv_kernel.qmm(x_rows.cast(dtype).reshape(entries * m, columns), weight, scales, biases, mode=qw.mode,
-                                 group_size=qw.group_size, bits=qw.bits, out_dtype=dtype, backend=backend, picks=row_picks,
-                                 grad_fxn=product_backward(composed_rows, biases is not None, qw.mode))
-            return out.reshape(entries, m, rows)
-        if (backend is not None and transpose and global_scale is None and x.dtype != dtypes.float64
-                and 0 < entries <= qmv_kernel.MAX_ENTRIES and weight.shape[0] > 0
-                and qmv_kernel.supported(x.dtype, qw.scales.dtype, dtype, m, columns, rows)):
-            debug(f"{op} {entries} entries of {m} x {columns} x {qw.mode} {qw.bits}-bit {tuple(qw.weight.shape)}: "
-                  "the gather_qmv kernel")
+        kernel, reason = qmv_kernel.gather_route(dtype, qw.scales.dtype, dtype, entries, m, columns, rows, weight.shape[0],
+                                                 transpose=transpose, sorted_indices=sorted_indices,
+                                                 global_scale=global_scale is not None)
+        backend = kernels.choose(op, f"{entries} entries of {m} x {columns} x {qw.mode} {qw.bits}-bit {tuple(qw.weight.shape)} "
+                                 f"on {x.device}", x.device, kernel, lambda backend: reason)
+        if backend is None: return composed(x_rows, weight, scales, biases, picks)
+        if kernel == "gather_qmv":
             return qmv_kernel.gather_qmv(x_rows.cast(dtype), weight, scales, biases, picks, mode=qw.mode,
                                          group_size=qw.group_size, bits=qw.bits, out_dtype=dtype, backend=backend,
-                                         grad_fxn=product_backward(composed, biases is not None, qw.mode))
-        return composed(x_rows, weight, scales, biases, picks)
+                                         composition=composed)
+        # the gathered qmm: every entry's single row with its own weight batch, sorted by batch
+        def composed_rows(x_flat, weight, scales, biases, row_picks):
+            return composed(x_flat.reshape(-1, 1, columns), weight, scales, biases, row_picks).reshape(-1, rows)
+        out = qmv_kernel.qmm(x_rows.cast(dtype).reshape(entries * m, columns), weight, scales, biases, mode=qw.mode,
+                             group_size=qw.group_size, bits=qw.bits, out_dtype=dtype, backend=backend,
+                             picks=picks.reshape(-1, 1).expand(entries, m).reshape(-1), composition=composed_rows)
+        return out.reshape(entries, m, rows)
     return _gather(op, x, batches, lhs_indices, rhs_indices, product)

@@ -18,7 +18,7 @@ from typing import Sequence
 
 import numpy as np
 
-from nuvec_tg.kernels.program import SOURCE_DIR, Param
+from nuvec_tg.kernels.program import SOURCE_DIR, Program
 
 HERE = pathlib.Path(__file__).parent
 COMPILER = next((c for c in ("clang++-19", "clang++", "clang++-20", "clang++-18", "g++") if shutil.which(c)), None)
@@ -78,10 +78,11 @@ def _precompiled_headers() -> list[str]:
     return ["-include-pch", str(pch)] if built else []
 
 
-def build(kernel_text: str, name: str, params: Sequence[Param]):
-    """A shared library running `kernel_text` (a CUDA rendering without the prelude, kernel
-    `name`, buffer parameters `params`); returns its `run(buffers, groups, threads, groups_y=1, groups_z=1)`
-    (a grid of groups x groups_y x groups_z threadgroups)."""
+def build(program: Program):
+    """A shared library running `program` (a CUDA specialisation); returns its
+    `run(buffers, groups, threads, groups_y=1, groups_z=1)` (a grid of groups x groups_y x groups_z
+    threadgroups)."""
+    name, kernel_text, params = program.name, program.text, program.params
     arguments = ", ".join(f"({'const ' if p.kind == 'in' else ''}{p.ctype}*)buffers[{i}]" for i, p in enumerate(params))
     source = ((HERE / "prelude_emulated.h").read_text() + (SOURCE_DIR / "common.h").read_text() +
               kernel_text.replace('extern "C" ', "") + _LAUNCHER.replace("KERNEL", name).replace("ARGUMENTS", arguments))
