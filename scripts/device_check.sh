@@ -3,7 +3,7 @@
 # then the benchmark. Output goes to $OUT (or ./device_out) so that it comes back.
 # Usage: bash scripts/device_check.sh [tests|bench|tune|all] [pytest args...]
 # BENCHMARKS picks the benchmarks (default: attention gated_delta quant), BENCH_ARGS adds options;
-# TUNE picks the sweep for `tune` (default: decode, i.e. scripts/tune_decode.py; qmv: scripts/tune_qmv.py).
+# TUNE picks the sweep for `tune` (default: decode, i.e. tools/tune_decode.py; qmv: tools/tune_qmv.py).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-device_out}
@@ -25,6 +25,6 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
   done
 fi
 if [ "$what" = tune ]; then
-  python3 "scripts/tune_${TUNE:-decode}.py" ${TUNE_ARGS:-} 2>&1 | tee "$out/tune_${TUNE:-decode}.log" || status=1
+  python3 "tools/tune_${TUNE:-decode}.py" ${TUNE_ARGS:-} 2>&1 | tee "$out/tune_${TUNE:-decode}.log" || status=1
 fi
 exit $status

@@ -1,12 +1,12 @@
-"""Render every qmv specialisation and compile it (no GPU needed): `python scripts/compile_qmv.py cuda`
+"""Render every qmv specialisation and compile it (no GPU needed): `python tools/compile_qmv.py cuda`
 compiles each for sm_90 with nvcc (`-Xptxas -v`) and reports registers and spills; `... metal`
 writes one translation unit for the Metal shim check (tests/test_metal_check.py does the same);
-`CUOBJDUMP=... python scripts/compile_qmv.py sass` counts the main loop's SASS instructions of the
+`CUOBJDUMP=... python tools/compile_qmv.py sass` counts the main loop's SASS instructions of the
 one-row default plans.
 Specialisations: modes x widths x groups x dtypes (x and y alike; affine scales float16, bfloat16,
 float32) x 1, 3 and 8 rows, default plans at K = N = 4096 (nvfp4 also at K = 4096 + 16, which
 ends in a half chunk; one row also at K = 14336, whose plan has wider columns); with --grid,
-instead, every kernel scripts/tune_qmv.py sweeps."""
+instead, every kernel tools/tune_qmv.py sweeps."""
 import itertools
 import os
 import re
@@ -14,44 +14,45 @@ import subprocess
 import sys
 import tempfile
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from nuvec_tg.kernels import quant as qmv  # noqa: E402
-from nuvec_tg.kernels.program import prelude  # noqa: E402
+from tinygrad import dtypes
 
-CTYPES = ("half", "bfloat", "float")
+from nuvec_tg.kernels import quant as qmv
+from nuvec_tg.kernels.program import prelude
+
+DTYPES = (dtypes.float16, dtypes.bfloat16, dtypes.float32)
 N = 4096
 FORMATS = [("affine", g, b) for b in (1, 2, 3, 4, 5, 6, 8) for g in (32, 64, 128)] + [
     ("mxfp4", 32, 4), ("mxfp8", 32, 8), ("nvfp4", 16, 4)]
 
 
 def specialisations(grid: bool = False):
-    """(label, `quant.program` arguments) for each specialisation: the default plans over every
-    format, dtype and row count, or (grid) the kernels scripts/tune_qmv.py sweeps."""
+    """(label, `qmv_program` arguments) for each specialisation: the default plans over every
+    format, dtype and row count, or (grid) the kernels tools/tune_qmv.py sweeps."""
     if grid:
         from tune_qmv import FORMATS as TUNED, SHAPES, plans
         for fmt, (k, n), rows in itertools.product(TUNED, SHAPES, (1, 4)):
             mode, group, bits = TUNED[fmt]
-            scales = "bfloat" if mode == "affine" else "uchar"
+            scales = dtypes.bfloat16 if mode == "affine" else dtypes.uint8
             for p in plans(rows, k):
-                yield (f"{fmt} M{rows} K{k} N{n} {p}", dict(x_ctype="bfloat", scales_ctype=scales, out_ctype="bfloat", mode=mode,
-                                                            group_size=group, bits=bits, rows=rows, k=k, n=n, qmv_plan=p))
+                yield (f"{fmt} M{rows} K{k} N{n} {p}", dict(x_dtype=dtypes.bfloat16, scales_dtype=scales, out_dtype=dtypes.bfloat16,
+                                                            mode=mode, group_size=group, bits=bits, rows=rows, k=k, n=n, qmv_plan=p))
         return
-    for (mode, group, bits), x, rows in itertools.product(FORMATS, CTYPES, (1, 3, 8)):
-        for scales in (CTYPES if mode == "affine" else ("uchar",)):
+    for (mode, group, bits), x, rows in itertools.product(FORMATS, DTYPES, (1, 3, 8)):
+        for scales in (DTYPES if mode == "affine" else (dtypes.uint8,)):
             # K = 14336 for one row: 2+ steps a SIMD group, where one row takes COLUMNS_PER_WARP_LONG columns.
             for k in ((4096, 4096 + 16) if mode == "nvfp4" else (4096,)) + ((14336,) if rows == 1 else ()):
                 p = qmv.plan(rows, k, N)
                 for batches in (0, 64):  # the plain product, and the gathered one over 64 weight batches
-                    yield (f"{mode} {bits}-bit g{group} x {x} scales {scales} M{rows} K{k} {p} batches {batches}",
-                           dict(x_ctype=x, scales_ctype=scales, out_ctype=x, mode=mode, group_size=group, bits=bits, rows=rows,
+                    yield (f"{mode} {bits}-bit g{group} x {x.name} scales {scales.name} M{rows} K{k} {p} batches {batches}",
+                           dict(x_dtype=x, scales_dtype=scales, out_dtype=x, mode=mode, group_size=group, bits=bits, rows=rows,
                                 k=k, n=N, qmv_plan=p, batches=batches))
 
 
 def unit(backend: str, specs) -> str:
     parts = []
     for i, (_, kwargs) in enumerate(specs):
-        text, _ = qmv.program(backend, **kwargs)
-        text = text.replace("nuvec_qmv(", f"nuvec_qmv_{i}(")
+        program = qmv.qmv_program(backend, **kwargs)
+        text = program.text.replace(f"{program.name}(", f"nuvec_qmv_{i}(")  # one name per position, duplicates apart
         defined = [line.split()[1].split("(")[0] for line in text.splitlines() if line.startswith("#define ")]
         parts.append(f"namespace spec{i} {{\n{text}}}\n" + "".join(f"#undef {d}\n" for d in defined))
     return prelude(backend) + "\n".join(parts)
@@ -107,13 +108,12 @@ def loop_histogram(spec, cuobjdump: str) -> tuple[int, dict[str, int]]:
 
 if __name__ == "__main__":
     backend = sys.argv[1] if len(sys.argv) > 1 else "cuda"
-    sys.path.insert(0, os.path.dirname(__file__))
     if backend == "sass":  # main-loop instruction counts of the one-row default plans, K = N = 4096
         cuobjdump = os.environ.get("CUOBJDUMP", "cuobjdump")
         for mode, group, bits in (("affine", 64, 4), ("affine", 64, 8), ("mxfp4", 32, 4)):
             p = qmv.plan(1, 4096, N)
-            spec = (mode, dict(x_ctype="bfloat", scales_ctype="bfloat" if mode == "affine" else "uchar", out_ctype="bfloat",
-                               mode=mode, group_size=group, bits=bits, rows=1, k=4096, n=N, qmv_plan=p))
+            spec = (mode, dict(x_dtype=dtypes.bfloat16, scales_dtype=dtypes.bfloat16 if mode == "affine" else dtypes.uint8,
+                               out_dtype=dtypes.bfloat16, mode=mode, group_size=group, bits=bits, rows=1, k=4096, n=N, qmv_plan=p))
             count, counts = loop_histogram(spec, cuobjdump)
             codes = 32 * p.columns_per_warp * p.unroll
             print(f"{mode} {bits}-bit g{group} M1 {p}: {count} instructions per lane step of {codes} codes "

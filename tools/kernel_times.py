@@ -1,5 +1,5 @@
 """Device time of each kernel of one decode-attention call (tinygrad's DEBUG=2 timings), for
-telling kernel time from launch overhead: `DEBUG=2 python3 scripts/kernel_times.py`."""
+telling kernel time from launch overhead: `DEBUG=2 python3 tools/kernel_times.py`."""
 import numpy as np
 from tinygrad import Tensor, dtypes
 

@@ -2,19 +2,17 @@
 D 128, bfloat16: 4 blocks one per threadgroup against 16 blocks taken 4 at a time by the same
 number of threadgroups (the plan's batch-invariant blocks): what the grouped launch loses.
 `ncu --clock-control none -k regex:nuvec_sdpa_decode --section SpeedOfLight --section WarpStateStats
-python3 scripts/profile_decode.py` (each launch twice, the first warming caches and compiles).
+python3 tools/profile_decode.py` (each launch twice, the first warming caches and compiles).
 `--shape B,HQ,HKV,LK --cells BLOCKS:GROUPS,...` launches those cells of that shape instead (GROUPS:
 the plan's `block_groups`, 0 for one threadgroup a block)."""
-import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-import numpy as np  # noqa: E402
-from tinygrad import dtypes  # noqa: E402
+import numpy as np
+from tinygrad import dtypes
 
-from nuvec_tg.bench.attention import kv_sets  # noqa: E402
-from nuvec_tg.kernels.attention import decode_attention  # noqa: E402
+from nuvec_tg.bench.attention import kv_sets
+from nuvec_tg.kernels.attention import Launch, Vector, decode_attention
 
 # (B, Hq, Hkv, Lk) and its launches (blocks, block_groups): at B = 8, 4 blocks one per threadgroup
 # against the plan's 16 taken 4 at a time; at B = 1 the plan's 16 blocks, one per threadgroup (128
@@ -27,5 +25,5 @@ for (b, hq, hkv, lk), cells in RUNS:
     q, k, v = kv_sets(np.random.default_rng(0), b, hq, hkv, lk, 128, dtypes.bfloat16)[0]
     for blocks, block_groups in cells:
         for _ in range(2):
-            decode_attention(q, k, v, 128 ** -0.5, dtype=dtypes.bfloat16, backend="cuda", passes=2, blocks=blocks, causal=False,
-                             window=None, mask=None, sinks=None, warps=4, unroll=2, matrix=True, block_groups=block_groups).realize()
+            decode_attention(q, k, v, 128 ** -0.5, Vector(2, blocks, 2, True, block_groups), dtype=dtypes.bfloat16,
+                             backend="cuda", causal=False, window=None, mask=None, sinks=None, shape=Launch(4, 2)).realize()

@@ -1,16 +1,13 @@
 """Quantized-product launches for a profiler: the qmv at M = 1 (affine 4-bit in groups of 64, x
 bfloat16) for the benchmark's three (K, N), twice each (the first compiles).
 `ncu --clock-control none -k regex:nuvec_qmv --section SpeedOfLight --section WarpStateStats
-python3 scripts/profile_quant.py`."""
-import os
-import sys
+python3 tools/profile_quant.py`."""
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-import numpy as np  # noqa: E402
-from tinygrad import Tensor, dtypes  # noqa: E402
+import numpy as np
+from tinygrad import Tensor, dtypes
 
-from nuvec_tg import quant  # noqa: E402
+from nuvec_tg import quant
 
 rng = np.random.default_rng(0)
 for k, n in ((4096, 4096), (4096, 14336), (14336, 4096)):

@@ -2,7 +2,7 @@
 `scaled_dot_product_attention` runs (cuDNN off, as the benchmark has it), their grids and times,
 at B = 1 and 8 (32/8 query/key heads, Lk 16384, D 128, bfloat16), to compare its key splitting
 with ours (`ncu --metrics gpu__time_duration.sum,launch__grid_size,launch__block_size
-python3 scripts/profile_torch_decode.py`)."""
+python3 tools/profile_torch_decode.py`)."""
 import sys
 
 import torch

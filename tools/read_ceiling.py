@@ -1,22 +1,19 @@
 """What the memory system gives a kernel that only reads, at the byte counts of the quantized
-benchmark's decode rows (`DEV=CUDA python3 scripts/read_ceiling.py`): for each format and shape of
+benchmark's decode rows (`DEV=CUDA python3 tools/read_ceiling.py`): for each format and shape of
 `python -m nuvec_tg.bench quant` at M = 1, a kernel that reads the same bytes (16-byte loads, all of
 a thread's loads issued before any is used, coalesced, nothing else) timed exactly as the benchmark
 times a product (`bench.common.time_jit`: TinyJit replays of COPIES calls over rotated buffers), the
 fastest of a few launch shapes. No product over those bytes can beat it under that method; the
 table beside it says what 75% of peak bandwidth (`bench.common.PEAK_BANDWIDTH`) and 3x PyTorch's
 dense bfloat16 matvec ask. CUDA."""
-import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from tinygrad import Device, Tensor, dtypes
 
-from tinygrad import Device, Tensor, dtypes  # noqa: E402
-
-from nuvec_tg.bench.common import COPIES, rotations, start_table, time_jit  # noqa: E402
-from nuvec_tg.bench.quant import FORMATS, time_torch, weight_bytes  # noqa: E402
-from nuvec_tg.kernels import kernel_backend  # noqa: E402
-from nuvec_tg.kernels.program import launch, prelude  # noqa: E402
+from nuvec_tg.bench.common import COPIES, rotations, start_table, time_jit
+from nuvec_tg.bench.quant import FORMATS, time_torch, weight_bytes
+from nuvec_tg.kernels import kernel_backend
+from nuvec_tg.kernels.program import Program, launch, prelude
 
 SHAPES = [(4096, 4096), (4096, 14336), (14336, 4096)]
 REPEATS = 5
@@ -49,8 +46,8 @@ def read_seconds(moved: int) -> tuple[float, str]:
         text = prelude("cuda") + f"#define READS {reads}\n#define PIECES {pieces}\n" + READ_PROBE.replace("NAME", name)
 
         def probe(buffer, name=name, text=text, reads=reads, threads=threads):
-            return launch(name, text, buffer.device, [Tensor.empty(1, dtype=dtypes.uint32)], [buffer], [],
-                          (-(-pieces // (threads * reads)), 1, 1), (threads, 1, 1))[0]
+            return launch(Program(name, text, (), None), buffer.device, [Tensor.empty(1, dtype=dtypes.uint32)], [buffer],
+                          (-(-pieces // (threads * reads)), 1, 1), threads)[0]
         best = min(best, (time_jit(probe, calls, REPEATS), f"{reads} x {threads}"))
     return best
 

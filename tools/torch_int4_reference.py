@@ -1,17 +1,15 @@
 """PyTorch's own 4-bit weight-only product on CUDA, as a reference for what a 4-bit decode product
-reaches on this GPU (`python3 scripts/torch_int4_reference.py`, PyTorch with CUDA needed; tinygrad
+reaches on this GPU (`python3 tools/torch_int4_reference.py`, PyTorch with CUDA needed; tinygrad
 is only used for the shared timing helpers' constants). `torch._weight_int4pack_mm` (tinygemm:
 4-bit codes, groups of 64, a bfloat16 scale and zero per group, x bfloat16) for M in {1, 4} at
 the benchmark's three (K, N), each timed as `nuvec_tg.bench quant` times PyTorch (a CUDA graph of
 COPIES calls over rotated weights, best of REPEATS): µs per call, weight TB/s (codes, scales and
 zeros read once: the bytes of nuvec_tg's affine 4-bit format) and the share of peak, with the
 largest error against the same weights dequantized and multiplied densely."""
-import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from nuvec_tg.bench.common import COPIES, PEAK_BANDWIDTH, cuda_torch, rotations, torch_graph_seconds  # noqa: E402
+from nuvec_tg.bench.common import COPIES, PEAK_BANDWIDTH, cuda_torch, rotations, torch_graph_seconds
 
 SHAPES = [(4096, 4096), (4096, 14336), (14336, 4096)]
 GROUP = 64

@@ -1,4 +1,4 @@
-"""Sweep the qmv kernel's launch shapes on the device (`DEV=CUDA python3 scripts/tune_qmv.py [--quick]`):
+"""Sweep the qmv kernel's launch shapes on the device (`DEV=CUDA python3 tools/tune_qmv.py [--quick]`):
 for M in {1, 4} at (K, N) in {(4096, 4096), (4096, 14336), (14336, 4096)}, affine 4-bit and 8-bit
 (groups of 64) and mxfp4 weights (x bfloat16), every plan in `plans` (columns per SIMD group x
 SIMD groups per column set x K split x unroll), each timed as the benchmark times (TinyJit replays
@@ -13,28 +13,26 @@ Every kernel is compiled first, in parallel worker processes, into tinygrad's co
 import dataclasses
 import math
 import multiprocessing
-import os
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-import numpy as np  # noqa: E402
-from tinygrad import Device, Tensor, dtypes  # noqa: E402
-from tinygrad.helpers import diskcache_put  # noqa: E402
+import numpy as np
+from tinygrad import Device, Tensor, dtypes
+from tinygrad.helpers import diskcache_put
 
-from nuvec_tg import quant  # noqa: E402
-from nuvec_tg.bench.common import COPIES, rotations, time_jit, warm_up  # noqa: E402
-from nuvec_tg.bench.quant import FORMATS, time_torch, weight_bytes  # noqa: E402
-from nuvec_tg.kernels import compositions_only, kernel_backend  # noqa: E402
-from nuvec_tg.kernels import quant as qmv  # noqa: E402
+from nuvec_tg import quant
+from nuvec_tg.bench.common import COPIES, rotations, time_jit, warm_up
+from nuvec_tg.bench.quant import FORMATS, time_torch, weight_bytes
+from nuvec_tg.kernels import compositions_only, kernel_backend
+from nuvec_tg.kernels import quant as qmv
 
 SHAPES = [(4096, 4096), (4096, 14336), (14336, 4096)]
 if "--shape" in sys.argv:  # --shape K,N (repeatable) instead of the benchmark's three
     SHAPES = [tuple(int(v) for v in sys.argv[i + 1].split(",")) for i, a in enumerate(sys.argv) if a == "--shape"]
 REPEATS = 5
-# Every plan scripts/compile_qmv.py --grid checks for registers (no spills): one row, four rows.
+# Every plan tools/compile_qmv.py --grid checks for registers (no spills): one row, four rows.
 PLANS = sorted({qmv.QmvPlan(c, 1, s, u) for c in (2, 4, 8) for s in (1, 2, 4, 8) for u in (1, 2)} |
                {qmv.QmvPlan(c, 1, s, 1) for c in (1, 2, 4) for s in (1, 2, 4, 8)} |
                {qmv.QmvPlan(4, 2, 2, 1), qmv.QmvPlan(4, 4, 1, 1), qmv.QmvPlan(2, 4, 2, 1)}, key=str)
@@ -89,8 +87,8 @@ def main() -> int:
     def kernel_source(fmt, rows, k, n, p):
         mode, group, bits = FORMATS[fmt]
         scales_dtype = dtypes.bfloat16 if mode == "affine" else dtypes.uint8
-        return qmv.source(backend, dtypes.bfloat16, scales_dtype, dtypes.bfloat16, mode=mode, group_size=group, bits=bits,
-                          rows=rows, k=k, n=n, qmv_plan=p)[1]
+        return qmv.qmv_program(backend, dtypes.bfloat16, scales_dtype, dtypes.bfloat16, mode=mode, group_size=group, bits=bits,
+                               rows=rows, k=k, n=n, qmv_plan=p).source
     def case_plans(rows, k, n):
         if not COLUMN_WARPS_AB: return plans(rows, k)
         default = qmv.plan(rows, k, n)
