@@ -1,0 +1,470 @@
+"""Small cases over every kernel family and its specialisation axes, for compute-sanitizer.
+
+`scripts/device_check.sh sanitize` runs this script under memcheck, racecheck and initcheck; the
+GPU test files take too long there. Each case builds one call through the public API
+(`nuvec_tg.fast`, `nuvec_tg.quant`) on `Device.DEFAULT`, realizes it, checks which kernel
+families launched (`record_launches`; a family is a launch's name less its hash), and compares
+the result with the composition (`compositions_only()`) loosely: memory safety is the
+sanitizer's business, but a wrong result fails loudly too. Where hostile inputs leave a result
+unspecified (two sequences naming one slot), only its finiteness is checked. The expected
+families are CUDA's plan: on CUDA they must be exactly those; on METAL (MLX's plan, no matrix
+pass) only whether some launched; on a device without kernels (CPU) none may, and both runs are
+the composition.
+
+Covered (shapes small, specialisations few: under memcheck every launch is slow, and nvrtc's
+compiles dominate the time):
+- decode attention: one pass, two passes, the matrix-unit pass (16-bit, grouped rows, several
+  block groups for a large batch); no mask, causal, window, boolean and additive masks, sinks;
+  grouped heads; Lq 1-8; head sizes 64, 128, 256 and 96/64; Lk 1, 7, 8, 130, 1000; slices of a
+  longer cache read in place; a symbolic length (a bound Variable; on a device without kernels,
+  where the API refuses one, the concrete length); no queries, no keys, no batch.
+- paged attention: block tables with entries below 0 and past the pool, lengths past the
+  capacity and negative, a length shorter than the queries, one sequence, block sizes 16 and 32,
+  the three decode passes; no batch.
+- gated delta rule: final state, every step's state (another storage dtype), the slot pool in
+  place with slots negative, past the pool and duplicated; T 0, 1, 5 and 17 (the other launch
+  shape); Dk 32, 64, 128; Dv not a multiple of a threadgroup's rows; grouped Hv.
+- qmv: 1, 3 and 8 rows (and a 1-D x) in every mode (affine 2, 3, 4, 8 bits; mxfp4, mxfp8,
+  nvfp4), K not a multiple of a SIMD step (split across two SIMD groups), N not a multiple of a
+  SIMD group's columns or below them; qvm; gather_qmv with expert and row indices out of range
+  (negative, >= E, 2^31 - 1) and one entry; qmm at M 9, 65, 130 (not multiples of the 64-row
+  tile), N 100, batch axes, nvfp4's half chunk; the sorted gathered qmm with out-of-range experts;
+  no rows, no columns, no entries.
+
+Usage (from the repository root):
+    DEV=CUDA PYTHONPATH=. python3 tools/sanitize_cases.py [-k SUBSTR ...] [--list]
+    bash scripts/device_check.sh sanitize        # the same under the three sanitizer tools
+    CC=.venv/bin/tinygrad-cc DEV=CPU PYTHONPATH=. .venv/bin/python tools/sanitize_cases.py
+Prints a line per case and `N cases passed`; exits non-zero when a case fails.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+import time
+import traceback
+import zlib
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+from tinygrad import Device, Tensor, UOp, dtypes
+from tinygrad.dtype import DType
+
+from nuvec_tg import fast, quant
+from nuvec_tg.kernels import compositions_only, record_launches
+
+DEVICE = Device.DEFAULT
+# The backend whose kernels the calls build here: None on devices without kernels, or with them off.
+BACKEND = None if os.environ.get("NUVEC_KERNELS", "1") == "0" else \
+    {"CUDA": "cuda", "METAL": "metal"}.get(DEVICE.split(":")[0].upper())
+# Relative to max(|composition|, 1) over the output: loose, the sanitizer looks for worse.
+TOLERANCE = {dtypes.float32: 1e-3, dtypes.float16: 1e-2, dtypes.bfloat16: 6e-2}
+INT32_MAX = 2**31 - 1
+SHORT = {dtypes.float32: "f32", dtypes.float16: "f16", dtypes.bfloat16: "bf16"}
+
+DECODE_ONE_PASS = ("nuvec_sdpa_decode",)
+DECODE_TWO_PASSES = ("nuvec_sdpa_decode", "nuvec_sdpa_merge")
+MATRIX = ("nuvec_sdpa_decode_mma", "nuvec_sdpa_merge")
+GATED_DELTA = ("nuvec_gated_delta",)
+QMV, QVM, QMM = ("nuvec_qmv",), ("nuvec_qvm",), ("nuvec_qmm",)
+NONE: tuple[str, ...] = ()
+
+# A call's results: (label, tensor, where the contract leaves values unspecified or None).
+Outputs = list[tuple[str, Tensor, np.ndarray | None]]
+# A case's set-up makes its inputs once; the call it returns runs the API on them (`kernels`:
+# whether this run may build kernels, which a symbolic length needs).
+Setup = Callable[[np.random.Generator], Callable[[bool], Outputs]]
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    kernels: tuple[str, ...]  # the families CUDA's plan launches
+    setup: Setup
+
+
+# ---- inputs ----------------------------------------------------------------------------------
+
+def uniform(rng: np.random.Generator, shape, dtype: DType, low: float = -1.0, high: float = 1.0) -> Tensor:
+    return Tensor(rng.uniform(low, high, shape).astype(np.float32), device=DEVICE).cast(dtype).realize()
+
+
+def integers(values) -> Tensor:
+    return Tensor(np.asarray(values, np.int32), device=DEVICE).realize()
+
+
+def as_numpy(t: Tensor) -> np.ndarray:
+    """A tensor's values as float64, 16-bit ones through their bits (tinygrad folds a lazy cast
+    down to half and back up into nothing)."""
+    if t.numel() == 0: return np.zeros(t.shape)
+    if t.dtype == dtypes.float16: return t.bitcast(dtypes.uint16).numpy().view(np.float16).astype(np.float64)
+    if t.dtype == dtypes.bfloat16:
+        return (t.bitcast(dtypes.uint16).numpy().astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    return t.numpy().astype(np.float64)
+
+
+# ---- attention -------------------------------------------------------------------------------
+
+def attention(b: int, hq: int, hkv: int, lq: int, lk: int, d: int, dv: int, dtype: DType, *, mask: str | None = None,
+              window: int | None = None, sinks: bool = False, cache: tuple[int, int] | None = None,
+              symbolic: bool = False) -> Setup:
+    """`scaled_dot_product_attention` over random inputs. mask: None, "causal", "bool" or
+    "additive"; cache: (start, capacity): K and V the keys `start..start + lk` of a longer cache;
+    symbolic: that slice's end a bound Variable where kernels run."""
+    def setup(rng):
+        start, capacity = cache or (0, lk)
+        q = uniform(rng, (b, hq, lq, d), dtype)
+        k_cache, v_cache = uniform(rng, (b, hkv, capacity, d), dtype), uniform(rng, (b, hkv, capacity, dv), dtype)
+        options: dict = {}
+        if mask == "causal": options["mask"] = "causal"
+        if mask == "bool": options["mask"] = Tensor(rng.uniform(size=(b, 1, lq, lk)) > 0.3, device=DEVICE).realize()
+        if mask == "additive": options["mask"] = uniform(rng, (1, hq, lq, lk), dtype, -2.0, 2.0)
+        if window is not None: options["window"] = window
+        if sinks: options["sinks"] = uniform(rng, (hq,), dtype)
+
+        def run(kernels: bool) -> Outputs:
+            end = start + lk
+            if symbolic and kernels: end = UOp.variable(f"keys_{capacity}", 1, capacity, dtype=dtypes.int32).bind(end)
+            k, v = (k_cache, v_cache) if cache is None else (k_cache[:, :, start:end], v_cache[:, :, start:end])
+            return [("out", fast.scaled_dot_product_attention(q, k, v, d ** -0.5, **options), None)]
+        return run
+    return setup
+
+
+def paged(hq: int, hkv: int, lq: int, d: int, page: int, table: list[list[int]], pool_blocks: int, lengths: list[int],
+          dtype: DType, *, window: int | None = None, sinks: bool = False) -> Setup:
+    """`paged_attention` of `len(table)` sequences over pools of `pool_blocks` blocks of `page` positions."""
+    def setup(rng):
+        b = len(table)
+        q = uniform(rng, (b, hq, lq, d), dtype)
+        k_pool, v_pool = (uniform(rng, (pool_blocks, hkv, page, d), dtype) for _ in range(2))
+        tables = integers(np.asarray(table or [[0]], np.int32)[:b])  # [B, max_blocks]; 0 x 1 for no batch
+        lens, sink_values = integers(lengths), uniform(rng, (hq,), dtype) if sinks else None
+
+        def run(kernels: bool) -> Outputs:
+            out = fast.paged_attention(q, k_pool, v_pool, tables, lens, d ** -0.5, window=window, sinks=sink_values)
+            return [("out", out, None)]
+        return run
+    return setup
+
+
+# Capacity 4 * 16 = 64 (one pass), entries below 0 and past the 5-block pool.
+HOSTILE_TABLE = [[0, 1005, -5, INT32_MAX], [3, 4, -1, 2]]
+
+ATTENTION = [
+    # one pass: fewer than 128 keys (CUDA's blocks hold 64 keys at least), few rows per key head
+    Case("sdpa one-pass f32 D64 B2 Lk7", DECODE_ONE_PASS, attention(2, 4, 4, 1, 7, 64, 64, dtypes.float32)),
+    Case("sdpa one-pass bf16 D128 one row Lk1 causal", DECODE_ONE_PASS,
+         attention(1, 1, 1, 1, 1, 128, 128, dtypes.bfloat16, mask="causal")),
+    Case("sdpa one-pass f16 D256 Lq2 Lk7 bool", DECODE_ONE_PASS,
+         attention(1, 2, 2, 2, 7, 256, 256, dtypes.float16, mask="bool")),
+    Case("sdpa one-pass f32 D64 Lq8 Lk8 causal", DECODE_ONE_PASS,
+         attention(1, 2, 2, 8, 8, 64, 64, dtypes.float32, mask="causal")),
+    # two passes: 128 keys or more
+    Case("sdpa two-pass f16 D128 Lk1000 causal sinks", DECODE_TWO_PASSES,
+         attention(1, 2, 2, 1, 1000, 128, 128, dtypes.float16, mask="causal", sinks=True)),
+    Case("sdpa two-pass f32 D256 gqa4 Lq3 Lk130 bool", DECODE_TWO_PASSES,
+         attention(1, 8, 2, 3, 130, 256, 256, dtypes.float32, mask="bool")),
+    Case("sdpa two-pass f16 D256 Lk130 additive", DECODE_TWO_PASSES,
+         attention(1, 4, 4, 1, 130, 256, 256, dtypes.float16, mask="additive")),
+    Case("sdpa two-pass bf16 D64 Lq2 Lk1000 window200", DECODE_TWO_PASSES,
+         attention(1, 1, 1, 2, 1000, 64, 64, dtypes.bfloat16, mask="causal", window=200)),
+    Case("sdpa two-pass f32 D96/64 gqa2 Lq5 Lk130 causal sinks", DECODE_TWO_PASSES,
+         attention(1, 2, 1, 5, 130, 96, 64, dtypes.float32, mask="causal", sinks=True)),
+    # the matrix-unit pass: 16-bit, at least 4 rows per key head, D % 32 == 0, DV % 64 == 0, D <= 128
+    Case("sdpa matrix f16 D64 gqa8 Lk7", MATRIX, attention(1, 8, 1, 1, 7, 64, 64, dtypes.float16)),
+    Case("sdpa matrix bf16 D128 gqa4 Lq8 Lk130 window50 sinks", MATRIX,
+         attention(1, 4, 1, 8, 130, 128, 128, dtypes.bfloat16, mask="causal", window=50, sinks=True)),
+    Case("sdpa matrix f16 D128 gqa8 B2 Lk1000 bool", MATRIX,
+         attention(2, 16, 2, 1, 1000, 128, 128, dtypes.float16, mask="bool")),
+    Case("sdpa matrix bf16 D64 Lq4 Lk130 additive sinks", MATRIX,
+         attention(1, 4, 4, 4, 130, 64, 64, dtypes.bfloat16, mask="additive", sinks=True)),
+    Case("sdpa matrix f16 D96/64 gqa4 Lk1000 causal", MATRIX,
+         attention(1, 8, 2, 1, 1000, 96, 64, dtypes.float16, mask="causal")),
+    # 17 items x 8 key heads: more threadgroups than a wave, so each takes both blocks in turn
+    Case("sdpa matrix block groups f16 D64 B17 gqa4 Lk1000", MATRIX,
+         attention(17, 32, 8, 1, 1000, 64, 64, dtypes.float16)),
+    # K and V read in place from a longer cache, at an offset and as a prefix; symbolic lengths
+    Case("sdpa cache slice f32 D64 keys 3..133 of 200", DECODE_TWO_PASSES,
+         attention(1, 2, 2, 1, 130, 64, 64, dtypes.float32, cache=(3, 200))),
+    Case("sdpa matrix cache prefix f16 D128 gqa4 130 of 300", MATRIX,
+         attention(1, 8, 2, 1, 130, 128, 128, dtypes.float16, mask="causal", cache=(0, 300))),
+    Case("sdpa symbolic length f16 D128 130 of 300", DECODE_TWO_PASSES,
+         attention(1, 2, 2, 1, 130, 128, 128, dtypes.float16, cache=(0, 300), symbolic=True)),
+    # planned for 300 keys (2 blocks), run over 20: a block without keys
+    Case("sdpa matrix symbolic length bf16 D64 gqa4 20 of 300", MATRIX,
+         attention(1, 4, 1, 1, 20, 64, 64, dtypes.bfloat16, cache=(0, 300), symbolic=True)),
+    # empty
+    Case("sdpa no queries", NONE, attention(1, 2, 2, 0, 7, 64, 64, dtypes.float32)),
+    Case("sdpa no keys", NONE, attention(1, 2, 2, 1, 0, 64, 64, dtypes.float32)),
+    Case("sdpa no batch", DECODE_ONE_PASS, attention(0, 2, 2, 1, 7, 64, 64, dtypes.float32)),
+    # paged
+    Case("paged one-pass f32 D64 page16 hostile table, lengths past capacity and negative", DECODE_ONE_PASS,
+         paged(4, 2, 1, 64, 16, HOSTILE_TABLE, 5, [65, -3], dtypes.float32)),
+    # lengths 2^31 - 1 (clamped to 160) and 1: the second block of the second sequence holds no key
+    Case("paged two-pass bf16 D128 page32 hostile table, lengths 2^31-1 and 1", DECODE_TWO_PASSES,
+         paged(2, 2, 1, 128, 32, [[1, 0, 7, -2, 3], [4, 4, 4, 4, 4]], 6, [INT32_MAX, 1], dtypes.bfloat16)),
+    Case("paged matrix f16 D64 page16 gqa8 window50 sinks hostile", MATRIX,
+         paged(16, 2, 1, 64, 16, [[0, 1, 2, 3, 4, 5, 6, 7, 8], [8, 7, 6, -1, 99, 3, 2, 1, 0]], 9, [0, 140],
+               dtypes.float16, window=50, sinks=True)),
+    Case("paged matrix f16 D128 page16 gqa4 two blocks hostile", MATRIX,
+         paged(8, 2, 1, 128, 16, [[(5 * i) % 9 - 1 for i in range(20)], [i % 7 for i in range(20)]], 7, [300, -1],
+               dtypes.float16)),
+    Case("paged matrix bf16 D128 page32 one sequence Lq3 length 2", MATRIX,
+         paged(4, 1, 3, 128, 32, [[2, 0, 1]], 4, [2], dtypes.bfloat16)),
+    Case("paged one-pass f32 D256 page16 one sequence length 7", DECODE_ONE_PASS,
+         paged(2, 2, 1, 256, 16, [[1, 2]], 3, [7], dtypes.float32)),
+    Case("paged no batch", DECODE_ONE_PASS, paged(4, 2, 1, 64, 16, [], 3, [], dtypes.float32)),
+]
+
+
+# ---- the gated delta rule --------------------------------------------------------------------
+
+def gated(b: int, t: int, hk: int, hv: int, dk: int, dv: int, dtype: DType, state_dtype: DType, *,
+          variant: str = "final", storage: DType | None = None, slots: list[int] | None = None,
+          pool_size: int = 0) -> Setup:
+    """A `gated_delta` call ("final"), `gated_delta_steps` ("steps", in `storage`) or
+    `gated_delta_slots` ("slots": `slots` into a pool of `pool_size`, updated in place)."""
+    def setup(rng):
+        q = uniform(rng, (b, t, hk, dk), dtype)
+        keys = rng.uniform(-1, 1, (b, t, hk, dk))
+        keys /= np.maximum(np.linalg.norm(keys, axis=-1, keepdims=True), 1e-6)  # unit keys: the rule is stable
+        k = Tensor(keys.astype(np.float32), device=DEVICE).cast(dtype).realize()
+        v = uniform(rng, (b, t, hv, dv), dtype)
+        g, beta = uniform(rng, (b, t, hv), state_dtype, 0.75, 0.95), uniform(rng, (b, t, hv), dtype, 0.3, 0.7)
+        if variant != "slots":
+            state = uniform(rng, (b, hv, dv, dk), state_dtype)
+
+            def run(kernels: bool) -> Outputs:
+                if variant == "final":
+                    y, s = fast.gated_delta(q, k, v, g, beta, state)
+                    return [("y", y, None), ("state", s, None)]
+                y, states = fast.gated_delta_steps(q, k, v, g, beta, state, storage=storage)
+                return [("y", y, None), ("states", states, None)]
+            return run
+        pool_values = rng.uniform(-1, 1, (pool_size, hv, dv, dk)).astype(np.float32)
+        live = [s for s in slots if 0 <= s < pool_size]
+        shared = {s for s in live if live.count(s) > 1}  # two sequences racing for one slot
+        y_unspecified = np.zeros((b, t, hv, dv), bool)
+        y_unspecified[[i for i, s in enumerate(slots) if s in shared]] = True
+        pool_unspecified = np.zeros((pool_size, hv, dv, dk), bool)
+        pool_unspecified[sorted(shared)] = True
+        slot_tensor = integers(slots)
+
+        def run(kernels: bool) -> Outputs:
+            pool = Tensor(pool_values, device=DEVICE).cast(state_dtype).realize()  # a fresh pool: the kernel updates it
+            y, updated = fast.gated_delta_slots(q, k, v, g, beta, pool, slot_tensor)
+            return [("y", y, y_unspecified), ("pool", updated, pool_unspecified)]
+        return run
+    return setup
+
+
+GATED = [
+    Case("gated_delta final f32 T1 Dk32 Dv17 Hv4/Hk2", GATED_DELTA,
+         gated(1, 1, 2, 4, 32, 17, dtypes.float32, dtypes.float32)),
+    Case("gated_delta final bf16/f32 B2 T5 Dk64 Dv33 Hv2/Hk1", GATED_DELTA,
+         gated(2, 5, 1, 2, 64, 33, dtypes.bfloat16, dtypes.float32)),
+    Case("gated_delta final f16 T5 Dk128 Dv16", GATED_DELTA, gated(1, 5, 2, 2, 128, 16, dtypes.float16, dtypes.float16)),
+    Case("gated_delta final f32 T17 Dk32 Dv9 (the prefill launch shape)", GATED_DELTA,
+         gated(1, 17, 1, 2, 32, 9, dtypes.float32, dtypes.float32)),
+    Case("gated_delta_steps f32 T5 Dk128 Dv20 Hv4/Hk2 storage bf16", GATED_DELTA,
+         gated(1, 5, 2, 4, 128, 20, dtypes.float32, dtypes.float32, variant="steps", storage=dtypes.bfloat16)),
+    Case("gated_delta_steps bf16 T1 Dk32 Dv8", GATED_DELTA,
+         gated(1, 1, 1, 1, 32, 8, dtypes.bfloat16, dtypes.bfloat16, variant="steps")),
+    Case("gated_delta_slots f32 T1 Dk64 slots 2, -1, 3 (past the pool), 0", GATED_DELTA,
+         gated(4, 1, 1, 2, 64, 8, dtypes.float32, dtypes.float32, variant="slots", slots=[2, -1, 3, 0], pool_size=3)),
+    Case("gated_delta_slots bf16/f32 T5 Dk128 Hv4/Hk2 slots 1, 1 (duplicate), 7, -2^31", GATED_DELTA,
+         gated(4, 5, 2, 4, 128, 16, dtypes.bfloat16, dtypes.float32, variant="slots", slots=[1, 1, 7, -2**31],
+               pool_size=4)),
+    Case("gated_delta no steps", GATED_DELTA, gated(1, 0, 1, 1, 32, 8, dtypes.float32, dtypes.float32)),
+]
+
+
+# ---- quantized products ----------------------------------------------------------------------
+
+def quantized(rng: np.random.Generator, shape, dtype: DType, mode: str, group: int, bits: int) -> quant.QuantizedWeight:
+    """Weights of dense `shape` `[..., rows, columns]` (packed along the columns) in `mode`'s layout,
+    every code drawn at random (e4m3 elements all but NaN's two codes), scales near 1 (affine: in
+    `dtype`). Drawn, not `quantize`d: quantizing compiles a long composition, and draws fewer
+    distinct codes."""
+    *lead, rows, columns = shape
+    if mode == "mxfp8":
+        codes = rng.integers(0, 256, (*lead, rows, columns), dtype=np.uint8)
+        codes[(codes & 0x7F) == 0x7F] ^= 1  # e4m3 (fn) has no infinity; 0x7F and 0xFF are NaN
+        words = codes.view(np.uint32)       # four codes a word, the first in the low byte
+    else:
+        words = rng.integers(0, 2**32, (*lead, rows, columns * bits // 32), dtype=np.uint32)
+    words = Tensor(words, device=DEVICE).realize()
+    groups = (*lead, rows, columns // group)
+    if mode == "affine":
+        scales = uniform(rng, groups, dtype, 0.5 / 2**bits, 1.5 / 2**bits)
+        return quant.QuantizedWeight(words, scales, uniform(rng, groups, dtype, -0.5, 0.5), mode, group, bits)
+    # e8m0 scales 2^-6 .. 2^-1 (sums of mxfp8's values up to 448 stay within float16); e4m3 0.125 .. 1.75
+    scale_codes = rng.integers(121, 127, groups) if mode != "nvfp4" else rng.integers(0x20, 0x3F, groups)
+    return quant.QuantizedWeight(words, integers(scale_codes).cast(dtypes.uint8).realize(), None, mode, group, bits)
+
+
+def product(mode: str, group: int, bits: int, x_shape: tuple[int, ...], n: int, dtype: DType, *,
+            transpose: bool = True) -> Setup:
+    """`quantized_matmul(x, w)` for x of `x_shape` (K its last size) and w `[n, K]` (`[K, n]` untransposed)."""
+    def setup(rng):
+        k = x_shape[-1]
+        qw = quantized(rng, (n, k) if transpose else (k, n), dtype, mode, group, bits)
+        x = uniform(rng, x_shape, dtype)
+        return lambda kernels: [("y", quant.quantized_matmul(x, qw, transpose=transpose), None)]
+    return setup
+
+
+def gather(mode: str, group: int, bits: int, x_shape: tuple[int, int, int], experts: int, n: int, dtype: DType,
+           lhs: list[int] | None, rhs: list[int], *, sorted_indices: bool = False) -> Setup:
+    """`gather_qmm(x, w, lhs, rhs)` over `experts` weights `[n, K]`."""
+    def setup(rng):
+        qw = quantized(rng, (experts, n, x_shape[-1]), dtype, mode, group, bits)
+        x = uniform(rng, x_shape, dtype)
+        left, right = (None if lhs is None else integers(lhs)), integers(rhs)
+        return lambda kernels: [("y", quant.gather_qmm(x, qw, left, right, sorted_indices=sorted_indices), None)]
+    return setup
+
+
+def fmt(mode: str, group: int, bits: int) -> str:
+    return f"affine{bits} g{group}" if mode == "affine" else mode
+
+
+def sorted_experts(rng: np.random.Generator, experts: int, entries: int) -> list[int]:
+    """`entries` expert indices in order, led by a negative one and ending past the experts."""
+    return [-1, *sorted(rng.integers(0, experts, entries - 4).tolist()), experts, experts + 5, INT32_MAX]
+
+
+# qmv's K: a SIMD step (1024 codes) and a part, split across two SIMD groups; N = 13: not a
+# multiple of a SIMD group's 4 columns. (mode, group, bits, dtype, rows)
+QMV_FORMATS = [("affine", 32, 2, dtypes.float32, (1, 8)), ("affine", 64, 3, dtypes.bfloat16, (1, 3)),
+               ("affine", 64, 4, dtypes.float16, (1, 3, 8)), ("affine", 128, 8, dtypes.float32, (1, 8)),
+               ("mxfp4", 32, 4, dtypes.bfloat16, (1, 3)), ("mxfp8", 32, 8, dtypes.float16, (1, 8)),
+               ("nvfp4", 16, 4, dtypes.bfloat16, (1, 3))]
+QUANT = [Case(f"qmv {fmt(mode, group, bits)} {SHORT[dtype]} M{rows} K{1024 + 3 * group} N13", QMV,
+              product(mode, group, bits, (rows, 1024 + 3 * group), 13, dtype))
+         for mode, group, bits, dtype, row_counts in QMV_FORMATS for rows in row_counts] + [
+    Case("qmv affine4 g64 f32 1-D x K320 N3 (fewer columns than a SIMD group's)", QMV,
+         product("affine", 64, 4, (320,), 3, dtypes.float32)),
+    Case("qmv no rows", NONE, product("affine", 64, 4, (0, 320), 13, dtypes.float32)),
+    Case("qmv no columns", NONE, product("affine", 32, 4, (2, 64), 0, dtypes.float32)),
+    # qvm: N past a threadgroup's 256 columns and not a multiple of them; K 300 over 4 SIMD groups
+    Case("qvm affine4 g64 f32 M1 K300 N448", QVM, product("affine", 64, 4, (1, 300), 448, dtypes.float32, transpose=False)),
+    Case("qvm affine3 g32 bf16 M5 K300 N352", QVM, product("affine", 32, 3, (5, 300), 352, dtypes.bfloat16, transpose=False)),
+    Case("qvm mxfp4 f16 M8 K300 N352", QVM, product("mxfp4", 32, 4, (8, 300), 352, dtypes.float16, transpose=False)),
+    Case("qvm nvfp4 bf16 M3 K300 N304", QVM, product("nvfp4", 16, 4, (3, 300), 304, dtypes.bfloat16, transpose=False)),
+    Case("qvm no rows", NONE, product("affine", 64, 4, (0, 300), 448, dtypes.float32, transpose=False)),
+    # gather_qmv: row and expert indices out of range give zeros
+    Case("gather_qmv affine4 g64 f32 M2 E4 hostile experts and rows", QMV,
+         gather("affine", 64, 4, (3, 2, 320), 4, 13, dtypes.float32, [0, 0, 1, 2, 2, -1, 7], [0, 1, 1, 3, -2, 0, 4])),
+    Case("gather_qmv mxfp4 bf16 M1 E3 experts -1, 3, 2^31-1", QMV,
+         gather("mxfp4", 32, 4, (4, 1, 320), 3, 13, dtypes.bfloat16, None, [2, -1, 3, INT32_MAX])),
+    Case("gather_qmv nvfp4 f16 M1 E3 sorted few rows", QMV,
+         gather("nvfp4", 16, 4, (5, 1, 272), 3, 13, dtypes.float16, None, [0, 0, 1, 2, 3], sorted_indices=True)),
+    Case("gather_qmv affine8 g32 f32 one entry", QMV,
+         gather("affine", 32, 8, (1, 1, 320), 3, 13, dtypes.float32, None, [2])),
+    Case("gather_qmm no entries", NONE, gather("affine", 64, 4, (2, 1, 320), 3, 13, dtypes.float32, [], [])),
+    # qmm: M not a multiple of the 64-row tile, N = 100 not a multiple of the 64-column tile
+    *[Case(f"qmm affine4 g64 bf16 M{m} K320 N100", QMM, product("affine", 64, 4, (m, 320), 100, dtypes.bfloat16))
+      for m in (9, 65, 130)],
+    Case("qmm affine3 g32 f16 M65 K320 N100", QMM, product("affine", 32, 3, (65, 320), 100, dtypes.float16)),
+    Case("qmm affine8 g128 f16 M9 K384 N100", QMM, product("affine", 128, 8, (9, 384), 100, dtypes.float16)),
+    Case("qmm mxfp8 bf16 M9 K320 N100", QMM, product("mxfp8", 32, 8, (9, 320), 100, dtypes.bfloat16)),
+    Case("qmm mxfp4 bf16 batch 5x13 K320 N100", QMM, product("mxfp4", 32, 4, (5, 13, 320), 100, dtypes.bfloat16)),
+    Case("qmm nvfp4 f16 M130 K272 (a half chunk) N100", QMM, product("nvfp4", 16, 4, (130, 272), 100, dtypes.float16)),
+]
+
+
+def sorted_gather(mode: str, group: int, bits: int, k: int, dtype: DType) -> Setup:
+    """The gathered qmm: 40 single-row entries sorted over 3 experts (more than 8 a batch), with
+    out-of-range experts at both ends."""
+    def setup(rng):
+        return gather(mode, group, bits, (40, 1, k), 3, 100, dtype, None, sorted_experts(rng, 3, 40),
+                      sorted_indices=True)(rng)
+    return setup
+
+
+QUANT += [Case(f"gathered qmm {fmt(mode, group, bits)} {SHORT[dtype]} 40 sorted entries E3, experts out of range, K{k} N100",
+               QMM, sorted_gather(mode, group, bits, k, dtype))
+          for mode, group, bits, k, dtype in (("affine", 64, 4, 320, dtypes.bfloat16),
+                                              ("mxfp4", 32, 4, 320, dtypes.float16), ("nvfp4", 16, 4, 272, dtypes.bfloat16))]
+
+CASES = ATTENTION + GATED + QUANT
+
+
+# ---- running ---------------------------------------------------------------------------------
+
+def family(name: str) -> str:
+    """A launch's kernel family: its name less the specialisation's hash."""
+    return re.sub(r"_[0-9a-f]{12}$", "", name)
+
+
+def check_launches(case: Case, launched: set[str]) -> None:
+    """On CUDA exactly the case's families; on METAL (MLX's plans: other passes, no matrix pass)
+    only whether any launched; on a device without kernels none."""
+    expected = set(case.kernels) if BACKEND else set()
+    same = launched == expected if BACKEND in (None, "cuda") else bool(launched) == bool(expected)
+    assert same, f"launched {sorted(launched) or 'no kernel'}, expected {sorted(expected) or 'none'}"
+
+
+def compare(label: str, got: Tensor, want: Tensor, unspecified: np.ndarray | None) -> float:
+    """Check `got` against the composition's `want`; return the worst error relative to the scale."""
+    assert got.shape == want.shape and got.dtype == want.dtype, \
+        f"{label}: {got.dtype.name}{tuple(got.shape)} against the composition's {want.dtype.name}{tuple(want.shape)}"
+    a, e = as_numpy(got), as_numpy(want)
+    assert np.isfinite(a).all(), f"{label}: {np.size(a) - np.isfinite(a).sum()} values not finite"
+    specified = np.ones(a.shape, bool) if unspecified is None else ~unspecified
+    if not specified.any(): return 0.0
+    scale = max(float(np.abs(e[specified]).max()), 1.0)
+    worst = float(np.abs(a - e)[specified].max()) / scale
+    assert worst <= TOLERANCE[got.dtype], f"{label}: differs from the composition by {worst:.2e} of {scale:.3g}"
+    return worst
+
+
+def run_case(case: Case) -> str:
+    """Run `case` through the kernels and through the composition; return a summary or raise."""
+    rng = np.random.default_rng(zlib.crc32(case.name.encode()))
+    call = case.setup(rng)
+    with record_launches() as launches:
+        got = call(BACKEND is not None)
+        Tensor.realize(*(t for _, t, _ in got))
+    with compositions_only():
+        want = call(False)
+        Tensor.realize(*(t for _, t, _ in want))
+    launched = {family(name) for name, _ in launches}
+    check_launches(case, launched)
+    worst = max((compare(label, g, w, unspecified) for (label, g, unspecified), (_, w, _) in zip(got, want)), default=0.0)
+    return f"{', '.join(sorted(launched)) or 'no kernel'}; worst {worst:.1e}"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--list", action="store_true", help="print the cases and the kernels each expects, run nothing")
+    parser.add_argument("-k", action="append", default=[], metavar="SUBSTR", help="run only cases whose name contains SUBSTR")
+    args = parser.parse_args()
+    cases = [c for c in CASES if not args.k or any(s in c.name for s in args.k)]
+    if args.list:
+        for c in cases: print(f"{c.name}  [{', '.join(c.kernels) or 'no kernel'}]")
+        return 0
+    print(f"{len(cases)} cases on {DEVICE} ({BACKEND or 'no'} kernels)")
+    failed = []
+    start = time.perf_counter()
+    for c in cases:
+        began = time.perf_counter()
+        try:
+            summary = run_case(c)
+            print(f"ok   {time.perf_counter() - began:5.1f}s  {c.name}: {summary}")
+        except Exception as error:  # noqa: BLE001 - every case runs; each failure is reported
+            failed.append(c.name)
+            print(f"FAIL {time.perf_counter() - began:5.1f}s  {c.name}: {type(error).__name__}: {error}")
+            traceback.print_exc(limit=-3, file=sys.stdout)
+    print(f"{len(cases) - len(failed)} cases passed" + (f", {len(failed)} failed: {'; '.join(failed)}" if failed else "")
+          + f" in {time.perf_counter() - start:.0f}s")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
