@@ -91,7 +91,7 @@ INLINE void wait_count(int* count, int target) {
 // A hint (CUDA-only kernels): start bringing `bytes` of device memory at `at` into L2, one 128-byte
 // line per prefetch, with no register or threadgroup memory to hold them, so that a later load
 // finds them there. The range lies inside one buffer. (The bulk prefetch, cp.async.bulk.prefetch,
-// one instruction per range, was slower in the decode pass: notes/attention_mma.md.)
+// one instruction per range, was slower in the decode pass: benchmarks/attention_h200.md.)
 INLINE void prefetch_l2(const void* at, int bytes) {
   for (int line = 0; line < bytes; line += 128) asm volatile("prefetch.global.L2 [%0];" :: "l"((const char*)at + line));
 }

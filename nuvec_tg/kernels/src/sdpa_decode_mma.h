@@ -1,6 +1,7 @@
 // Decode attention on the matrix units: the first pass, for 16-bit K/V (CUDA mma.sync m16n8k16).
 // CUDA only: its fragments are the mma's; Metal keeps the vector pass (MLX's decode uses no
-// simdgroup matrices either; notes/attention_mma.md says what a Metal version would take).
+// simdgroup matrices either; docs/design.md, "Decisions and open questions", says what a Metal
+// version would take).
 //
 // A threadgroup serves one key head, 16 of its query rows (rows `g * LQ + l` over the GQA query
 // heads `g` and positions `l`; rows past the head's GQA * LQ are zeros and write nothing), one
