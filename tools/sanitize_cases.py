@@ -17,7 +17,8 @@ compiles dominate the time):
   block groups for a large batch); no mask, causal, window, boolean and additive masks, sinks;
   grouped heads; Lq 1-8; head sizes 64, 128, 256 and 96/64; Lk 1, 7, 8, 130, 1000; slices of a
   longer cache read in place; a symbolic length (a bound Variable; on a device without kernels,
-  where the API refuses one, the concrete length); no queries, no keys, no batch.
+  where the API refuses one, the concrete length); no queries, no keys, no batch (the empty calls
+  launch nothing: the composition's).
 - paged attention: block tables with entries below 0 and past the pool, lengths past the
   capacity and negative, a length shorter than the queries, one sequence, block sizes 16 and 32,
   the three decode passes; no batch.
@@ -200,7 +201,7 @@ ATTENTION = [
     # empty
     Case("sdpa no queries", NONE, attention(1, 2, 2, 0, 7, 64, 64, dtypes.float32)),
     Case("sdpa no keys", NONE, attention(1, 2, 2, 1, 0, 64, 64, dtypes.float32)),
-    Case("sdpa no batch", DECODE_ONE_PASS, attention(0, 2, 2, 1, 7, 64, 64, dtypes.float32)),
+    Case("sdpa no batch", NONE, attention(0, 2, 2, 1, 7, 64, 64, dtypes.float32)),
     # paged
     Case("paged one-pass f32 D64 page16 hostile table, lengths past capacity and negative", DECODE_ONE_PASS,
          paged(4, 2, 1, 64, 16, HOSTILE_TABLE, 5, [65, -3], dtypes.float32)),
@@ -217,7 +218,7 @@ ATTENTION = [
          paged(4, 1, 3, 128, 32, [[2, 0, 1]], 4, [2], dtypes.bfloat16)),
     Case("paged one-pass f32 D256 page16 one sequence length 7", DECODE_ONE_PASS,
          paged(2, 2, 1, 256, 16, [[1, 2]], 3, [7], dtypes.float32)),
-    Case("paged no batch", DECODE_ONE_PASS, paged(4, 2, 1, 64, 16, [], 3, [], dtypes.float32)),
+    Case("paged no batch", NONE, paged(4, 2, 1, 64, 16, [], 3, [], dtypes.float32)),
 ]
 
 
@@ -279,7 +280,7 @@ GATED = [
     Case("gated_delta_slots bf16/f32 T5 Dk128 Hv4/Hk2 slots 1, 1 (duplicate), 7, -2^31", GATED_DELTA,
          gated(4, 5, 2, 4, 128, 16, dtypes.bfloat16, dtypes.float32, variant="slots", slots=[1, 1, 7, -2**31],
                pool_size=4)),
-    Case("gated_delta no steps", GATED_DELTA, gated(1, 0, 1, 1, 32, 8, dtypes.float32, dtypes.float32)),
+    Case("gated_delta no steps", NONE, gated(1, 0, 1, 1, 32, 8, dtypes.float32, dtypes.float32)),
 ]
 
 
