@@ -80,6 +80,15 @@ for b, hq, hkv, lk in shapes:
     with compositions_only():
         reference = fast.scaled_dot_product_attention(*sets[0], d ** -0.5).float().numpy()
     worst = 0.0
+
+    def measure(label: str, attend) -> None:
+        """Time one cell (and track its largest error against the composition)."""
+        global worst
+        got = attend(*sets[0]).float().numpy()
+        worst = max(worst, float(np.abs(got - reference).max() / np.abs(reference).max()))
+        seconds = time_jit(attend, sets, 5)
+        cells.append((seconds, f"{label}: {seconds * 1e6:.1f}/{kv_bytes / seconds / 1e12:.2f}", attend))
+
     for warps, unroll in [] if plan_only else LAUNCH:
         for blocks in BLOCKS:
             if matrix:
@@ -90,10 +99,7 @@ for b, hq, hkv, lk in shapes:
             def attend(q, k, v, vector=vector, shape=Launch(warps, unroll)):
                 return decode_attention(q, k, v, d ** -0.5, vector, dtype=dtype, backend="cuda", causal=False, window=None,
                                         mask=None, sinks=None, shape=shape)
-            got = attend(*sets[0]).float().numpy()
-            worst = max(worst, float(np.abs(got - reference).max() / np.abs(reference).max()))
-            seconds = time_jit(attend, sets, 5)
-            cells.append((seconds, f"{blocks}x{warps}x{unroll}: {seconds * 1e6:.1f}/{kv_bytes / seconds / 1e12:.2f}", attend))
+            measure(f"{blocks}x{warps}x{unroll}", attend)
     plan = fast.plan_attention(sets[0][0].shape, sets[0][1].shape, sets[0][2].shape, dtype).kernel
     plan_name = f"{plan.blocks}/{plan.block_groups or plan.blocks}g" if isinstance(plan, fast.Vector) else type(plan).__name__
     if isinstance(plan, fast.Vector) and plan.matrix:
@@ -102,10 +108,7 @@ for b, hq, hkv, lk in shapes:
         def attend(q, k, v, vector=Vector(2, plan.blocks, 2, True, plan.block_groups, l2), shape=Launch(CUDA_MATRIX_WARPS, unroll)):
             return decode_attention(q, k, v, d ** -0.5, vector, dtype=dtype, backend="cuda", causal=False, window=None,
                                     mask=None, sinks=None, shape=shape)
-        got = attend(*sets[0]).float().numpy()
-        worst = max(worst, float(np.abs(got - reference).max() / np.abs(reference).max()))
-        seconds = time_jit(attend, sets, 5)
-        cells.append((seconds, f"u{unroll} l2 {l2}: {seconds * 1e6:.1f}/{kv_bytes / seconds / 1e12:.2f}", attend))
+        measure(f"u{unroll} l2 {l2}", attend)
     def plan_attend(q, k, v): return fast.scaled_dot_product_attention(q, k, v, d ** -0.5)
     plan_seconds = time_jit(plan_attend, sets, 5)
     cells.append((plan_seconds, f"plan {plan_name}: {plan_seconds * 1e6:.1f}/{kv_bytes / plan_seconds / 1e12:.2f}", plan_attend))
