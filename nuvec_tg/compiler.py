@@ -47,7 +47,8 @@ def find_clang() -> str | None:
 def missing_clang_message() -> str:
     """What to install (or set) when no clang with `__bf16` is found, for this system."""
     if sys.platform == "darwin":
-        install = "install Xcode 15 or later's command line tools (`xcode-select --install`) or Homebrew's llvm (`brew install llvm`)"
+        install = ("install Xcode 15 or later's command line tools (`xcode-select --install`) "
+                   "or Homebrew's llvm (`brew install llvm`)")
     elif shutil.which("apt-get"):
         install = "install one (`sudo apt-get install clang-19`)"
     else:
