@@ -34,11 +34,33 @@ install_clang() {
     echo "setup: no clang >= 16 found and no apt-get to install one; install clang >= 16 and rerun" >&2
     exit 1
   fi
-  local sudo=""
-  [ "$(id -u)" -eq 0 ] || sudo=sudo
   echo "setup: installing clang-19 for tinygrad's CPU device" >&2
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq clang-19 >/dev/null
+  apt_get update
+  apt_get install -y clang-19
+}
+
+# apt-get as root, quiet. While another apt or dpkg holds a lock it needs (on a fresh machine, often
+# the daily unattended upgrade) it waits, saying so, up to 10 minutes, instead of failing at once:
+# apt-get's own DPkg::Lock::Timeout does not cover `apt-get update`. LC_ALL=C keeps its message
+# in English for the match.
+apt_get() {
+  local sudo="" errors held waited=0
+  [ "$(id -u)" -eq 0 ] || sudo=sudo
+  until errors=$($sudo env LC_ALL=C DEBIAN_FRONTEND=noninteractive apt-get -qq "$@" 2>&1 >/dev/null); do
+    held=$(printf '%s\n' "$errors" | grep -m1 'Could not get lock' | sed 's/^E: //') || true
+    if [ -z "$held" ]; then
+      printf '%s\n' "$errors" >&2
+      return 1
+    fi
+    if [ "$waited" -ge 600 ]; then
+      echo "setup: $held; still held after 10 minutes: let that process finish (or stop it), then rerun" >&2
+      return 1
+    fi
+    [ "$waited" -gt 0 ] || echo "setup: $held; waiting for it to finish (up to 10 minutes)" >&2
+    sleep 5
+    waited=$((waited + 5))
+  done
+  [ -z "$errors" ] || printf '%s\n' "$errors" >&2
 }
 
 find_python() {

@@ -1,9 +1,11 @@
-"""Test set-up: tinygrad's C compiler, and a `device` parameter over the devices present.
+"""Test set-up: tinygrad's C compiler, a `device` parameter over the devices present, and the
+reasons for skipped tests, one line each.
 
 Tests that take a `device` argument run once on tinygrad's CPU device (the compositions; needs
 clang) and once on each GPU tinygrad finds (`METAL`, `CUDA`), those marked `gpu` so that
 `pytest -m gpu` runs only them on a machine without a usable CPU compiler.
 """
+import collections
 import os
 import pathlib
 
@@ -36,3 +38,14 @@ def pytest_generate_tests(metafunc):
         if metafunc.definition.get_closest_marker("float64") is None:
             params += [pytest.param(name, id=name, marks=pytest.mark.gpu) for name in GPU_DEVICES]
         metafunc.parametrize("device", params)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """One line per reason tests were skipped, with their count: pytest's `-rs` prints one per
+    test location (dozens of "no GPU" lines on a machine without one)."""
+    if terminalreporter.hasopt("skipped"):
+        return  # pytest's own list, by location, was asked for
+    reasons = collections.Counter(report.longrepr[2].removeprefix("Skipped: ")
+                                  for report in terminalreporter.stats.get("skipped", []))
+    for reason, count in reasons.most_common():
+        terminalreporter.write_line(f"SKIPPED [{count}] {reason}", yellow=True)

@@ -1,12 +1,17 @@
 """`python -m nuvec_tg.bench {attention,gated_delta,quant} [--quick] [--small] [--repeats N]
 [--markdown FILE] [--part I/N] [--batches B,...]`: nuvec_tg's hot paths on the default device
 beside tinygrad's compositions and PyTorch's (or flash-linear-attention's) kernels, each timed on
-the device, as a markdown table (see each module's docstring for what it measures)."""
+the device, as a markdown table (see each module's docstring for what it measures). The grids are
+meant for a GPU with nuvec_tg's kernels (METAL, CUDA); on another device, such as the CPU, the
+benchmark runs its `--small` shapes."""
 from __future__ import annotations
 
 import argparse
 import sys
 
+from tinygrad import Device
+
+from ..tensor import kernel_backend
 from . import attention, gated_delta, quant
 
 BENCHMARKS = {"attention": attention.run, "gated_delta": gated_delta.run, "quant": quant.run}
@@ -23,6 +28,10 @@ def main() -> None:
                         "(to spread a long grid over several device calls)")
     parser.add_argument("--batches", help="B,...: only these batch sizes (attention, gated_delta; quant: these rows M)")
     args = parser.parse_args()
+    if not args.small and kernel_backend(Device.DEFAULT) is None:  # elsewhere the GPU grid would run for hours
+        print(f"bench: the {args.what} grid is meant for a GPU with nuvec_tg's kernels (METAL, CUDA), not "
+              f"{Device.DEFAULT}: running its --small shapes instead", file=sys.stderr)
+        args.small = True
     lines = BENCHMARKS[args.what](args)
     if args.markdown:
         with open(args.markdown, "w") as f: f.write("\n".join(lines) + "\n")

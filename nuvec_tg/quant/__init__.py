@@ -1,6 +1,7 @@
 """Quantized weights and the products over them: MLX's affine, mxfp4, mxfp8 and nvfp4 formats
 (quantize, dequantize, quantized_matmul) and the gathered products of mixture-of-experts layers
-(gather_qmm, gather_mm), as compositions; the qmv/qmm kernels have not landed."""
+(gather_qmm, gather_mm), as compositions; on METAL and CUDA the products run the qmv, qvm and qmm
+kernels where `nuvec_tg.kernels.quant` says they apply."""
 from .affine import DEFAULTS, MODES, QuantizedWeight, dequantize, quantize, quantized_matmul
 from .gather import gather_mm, gather_qmm
 
