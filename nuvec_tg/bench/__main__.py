@@ -11,7 +11,7 @@ import sys
 
 from tinygrad import Device
 
-from ..tensor import kernel_backend
+from ..kernels import kernel_backend
 from . import attention, gated_delta, quant
 
 BENCHMARKS = {"attention": attention.run, "gated_delta": gated_delta.run, "quant": quant.run}
