@@ -160,14 +160,17 @@ inline uint pack_pair(float lo, float hi, half) {
   std::memcpy(&word, pair, 4);
   return word;
 }
-// Arrival counts (the CUDA prelude's): the SIMD group's threads meet, then one adds; waiters spin.
-inline void simd_arrive(int* count) {
-  block_sync->warps[threadIdx.x / 32]->arrive_and_wait();
-  if (threadIdx.x % 32 == 0) __atomic_fetch_add(count, 1, __ATOMIC_SEQ_CST);
+// Staging barriers (the CUDA prelude's mbarrier): bits 0-15 the threads a phase waits for, bits
+// 16-31 those arrived, bits 32 and up the completed phases. The last thread to arrive clears the
+// arrivals and completes the phase (no thread arrives again before its phase has completed).
+inline void stage_barrier_init(unsigned long long* bar, int threads) { __atomic_store_n(bar, (unsigned long long)threads, __ATOMIC_SEQ_CST); }
+inline void stage_arrive(unsigned long long* bar) {
+  const unsigned long long before = __atomic_fetch_add(bar, 1ull << 16, __ATOMIC_SEQ_CST);
+  const unsigned long long expected = before & 0xFFFF, arrived = (before >> 16 & 0xFFFF) + 1;
+  if (arrived == expected) __atomic_fetch_add(bar, (1ull << 32) - (arrived << 16), __ATOMIC_SEQ_CST);
 }
-inline void wait_count(int* count, int target) {
-  while (__atomic_load_n(count, __ATOMIC_SEQ_CST) < target) std::this_thread::yield();
-  block_sync->warps[threadIdx.x / 32]->arrive_and_wait();
+inline void stage_wait(unsigned long long* bar, int parity) {
+  while ((__atomic_load_n(bar, __ATOMIC_SEQ_CST) >> 32 & 1) == (unsigned long long)parity) std::this_thread::yield();
 }
 inline uint low_halves(uint a, uint b) { return (a & 0xFFFFu) | (b << 16); }
 inline uint high_halves(uint a, uint b) { return (a >> 16) | (b & 0xFFFF0000u); }

@@ -74,19 +74,26 @@ INLINE uint pack_pair(float lo, float hi, half) {
   const __half2 pair = __floats2half2_rn(lo, hi);
   return *(const uint*)&pair;
 }
-// Arrival counts in threadgroup memory (CUDA-only kernels: Metal orders threadgroup memory between
-// SIMD groups only at barriers): `simd_arrive` adds the SIMD group to `count` after its earlier
-// threadgroup-memory writes; `wait_count` spins until `count` reaches `target`, and orders the
-// SIMD group's later reads after the writes counted in.
-INLINE void simd_arrive(int* count) {
-  __threadfence_block();
-  __syncwarp();
-  if (threadIdx.x % 32 == 0) atomicAdd(count, 1);
+// Staging barriers (CUDA-only kernels: Metal orders threadgroup memory between SIMD groups only at
+// barriers): a hardware barrier object (`mbarrier`, sm_80+) in threadgroup memory that `threads`
+// threads arrive at once per phase. `stage_arrive` releases the thread's earlier threadgroup-memory
+// writes without waiting for anyone; `stage_wait(bar, parity)` returns once the phase of that parity
+// has completed, its writes visible. Unlike a counter and a spin, compute-sanitizer's racecheck
+// sees this ordering.
+INLINE unsigned shared_address(const void* at) { return (unsigned)__cvta_generic_to_shared(at); }
+INLINE void stage_barrier_init(unsigned long long* bar, int threads) {
+  asm volatile("mbarrier.init.shared.b64 [%0], %1;" :: "r"(shared_address(bar)), "r"(threads) : "memory");
 }
-INLINE void wait_count(int* count, int target) {
-  while (*(volatile int*)count < target) {}
-  __threadfence_block();
-  __syncwarp();
+INLINE void stage_arrive(unsigned long long* bar) {
+  asm volatile("{ .reg .b64 state; mbarrier.arrive.shared.b64 state, [%0]; }" :: "r"(shared_address(bar)) : "memory");
+}
+INLINE void stage_wait(unsigned long long* bar, int parity) {
+  unsigned done;
+  do {
+    asm volatile("{ .reg .pred done; mbarrier.test_wait.parity.shared.b64 done, [%1], %2; selp.u32 %0, 1, 0, done; }"
+                 : "=r"(done) : "r"(shared_address(bar)), "r"(parity) : "memory");
+  } while (!done);
+  __syncwarp();  // the SIMD group converged again for the mma that follow
 }
 // A hint (CUDA-only kernels): start bringing `bytes` of device memory at `at` into L2, one 128-byte
 // line per prefetch, with no register or threadgroup memory to hold them, so that a later load

@@ -148,10 +148,10 @@ INLINE int line_start(const DEVICE int* block_tables, int batch, int max_blocks,
     }
   };
 #if STAGE_BUFFERS == 2
-  // SIMD groups that have staged into each buffer, counted over the run (buffer b's n-th block is
-  // staged when its count reaches NUM_WARPS * n).
-  THREADGROUP int staged_count[2];
-  if ((int)nv_thread.x < 2) staged_count[nv_thread.x] = 0;
+  // A staging barrier per buffer, which every thread arrives at once it has staged a block there:
+  // buffer b's n-th block (n from 0) is staged when the barrier's phase n has completed.
+  THREADGROUP unsigned long long staged[2];
+  if ((int)nv_thread.x < 2) stage_barrier_init(&staged[nv_thread.x], 32 * NUM_WARPS);
   threadgroup_barrier();
 #endif
   uint4 k_next[2][K_PIECES], v_next[4][V_PIECES];
@@ -305,13 +305,13 @@ INLINE int line_start(const DEVICE int* block_tables, int batch, int max_blocks,
     // rows past the head's are not written), merged by `merge_block`.
     // Two buffers: no SIMD group waits for the others at a block's end. It merges its share of the
     // previous block once every SIMD group has staged that one (by then, almost always), then
-    // stages this one and counts itself in. A buffer is reused two blocks later, when every SIMD
-    // group has counted itself into the block between, so has merged its share of this one.
+    // stages this one and arrives at its barrier. A buffer is reused two blocks later, when every
+    // SIMD group has arrived at the block between's, so has merged its share of this one.
     // One buffer: stage, barrier, merge, barrier.
     const int position = block - first_block, buffer = STAGE_BUFFERS == 2 ? position % 2 : 0;
 #if STAGE_BUFFERS == 2
     if (position > 0) {
-      wait_count(&staged_count[1 - buffer], NUM_WARPS * ((position - 1) / 2 + 1));
+      stage_wait(&staged[1 - buffer], (position - 1) / 2 % 2);
       merge_block(block - 1, 1 - buffer);
     }
 #endif
@@ -336,7 +336,7 @@ INLINE int line_start(const DEVICE int* block_tables, int batch, int max_blocks,
           for (int e = 0; e < 8; e++) staged_acc[STAGED(slot, 8 * (8 * i + 2 * c + j) + e)] = out_frag[8 * i + e][2 * r + j];
     }
 #if STAGE_BUFFERS == 2
-    simd_arrive(&staged_count[buffer]);
+    stage_arrive(&staged[buffer]);
 #else
     threadgroup_barrier();
     merge_block(block, 0);
@@ -346,7 +346,7 @@ INLINE int line_start(const DEVICE int* block_tables, int batch, int max_blocks,
 #if STAGE_BUFFERS == 2
   if (block_stop > first_block) {  // the last block's merge
     const int last = block_stop - 1 - first_block;
-    wait_count(&staged_count[last % 2], NUM_WARPS * (last / 2 + 1));
+    stage_wait(&staged[last % 2], last / 2 % 2);
     merge_block(block_stop - 1, last % 2);
   }
 #endif
