@@ -2,7 +2,8 @@
 
 The floating-point modes (mxfp4, mxfp8, nvfp4) encode as `floating.py` says; the affine mode:
 
-Per group of `group_size` consecutive values of a row, in float32 (MLX's rule):
+Per group of `group_size` consecutive values of a row, in float32 (MLX's rule; each division
+one IEEE float32 division and each round C's `rint`, ties to even, as MLX's CPU quantize: `exact`):
 
     scale = max((max - min) / (2^bits - 1), 1e-7), its sign chosen so that the larger-magnitude
             end of the group is the edge mapped to code 0 (scale < 0 when that end is the max)
@@ -25,7 +26,7 @@ from tinygrad.dtype import DType
 from .. import kernels
 from ..kernels import quant as qmv_kernel
 from ..tensor import check, check_floating, check_tensor, promote_types
-from . import floating
+from . import exact, floating
 
 GROUP_SIZES = (32, 64, 128)
 BITS = (1, 2, 3, 4, 5, 6, 8)
@@ -84,9 +85,12 @@ def pack_codes(codes: Tensor, bits: int) -> Tensor:
     """Codes `[..., K]` (below 2^bits) as one LSB-first bit stream per row in uint32 words
     `[..., K * bits / 32]` (K * bits must be a multiple of 32)."""
     *lead, columns = codes.shape
-    stream = (codes.cast(dtypes.uint32).unsqueeze(-1) >> Tensor.arange(bits, dtype=dtypes.uint32)) & 1
-    stream = stream.reshape(*lead, columns * bits // 32, 32)
-    return (stream << Tensor.arange(32, dtype=dtypes.uint32)).sum(-1, dtype=dtypes.uint32)
+    stream = (codes.cast(dtypes.uint8).unsqueeze(-1) >> Tensor.arange(bits, dtype=dtypes.uint8)) & 1
+    stream = stream.reshape(*lead, columns * bits // 8, 8)
+    # The stream's bytes, read four at a time as little-endian words (every tinygrad device's
+    # order): a sum of eight terms compiles far faster than one of 32.
+    stream_bytes = (stream << Tensor.arange(8, dtype=dtypes.uint8)).sum(-1, dtype=dtypes.uint8)
+    return stream_bytes.contiguous().bitcast(dtypes.uint32)
 
 
 def unpack_codes(words: Tensor, bits: int) -> Tensor:
@@ -123,22 +127,30 @@ def quantize(w: Tensor, group_size: int | None = None, bits: int | None = None, 
         packed = pack_codes(codes.reshape(*lead, columns), bits)
         return QuantizedWeight(packed, scale_codes.cast(dtypes.uint8), None, mode, group_size, bits, global_scale)
     groups = w.cast(dtypes.float32).reshape(*lead, columns // group_size, group_size)
-    top, bottom = groups.max(-1, keepdim=True), groups.min(-1, keepdim=True)
+    # Stored once each, the group extremes and then the group rule's scales and biases, so that no
+    # later kernel repeats a reduction or a division (per element, or per bit of a code).
+    top, bottom = groups.max(-1, keepdim=True).cat(groups.min(-1, keepdim=True), dim=-1).contiguous().split(1, dim=-1)
     levels = 2 ** bits - 1
-    scale = ((top - bottom) / levels).maximum(1e-7)
+    # Every quotient is MLX's float32 division, rounded once (`exact.divide`), before it is rounded
+    # to an integer as C's rint does (`exact.rint`) or stored.
+    scale = exact.divide(top - bottom, levels).maximum(1e-7)
     if bits == 1:  # MLX's one-bit rule: the group's minimum and its range
         bias = bottom
     else:
-        low_end = bottom.abs() > top.abs()
+        low_end = exact.absolute(bottom) > exact.absolute(top)
         scale = low_end.where(scale, -scale)
         edge = low_end.where(bottom, top)
-        first = (edge / scale).round()
+        first = exact.rint(exact.divide(edge, scale))
         snapped = first == 0
-        scale = snapped.where(scale, edge / first)
+        scale = snapped.where(scale, exact.divide(edge, first))
         bias = snapped.where(0.0, edge)
-    codes = ((groups - bias) / scale).round().clip(0, levels)
-    packed = pack_codes(codes.reshape(*lead, columns).cast(dtypes.uint32), bits)
-    return QuantizedWeight(packed, scale.squeeze(-1).cast(w.dtype), bias.squeeze(-1).cast(w.dtype), mode, group_size, bits)
+    scale, bias = scale.cat(bias, dim=-1).contiguous().split(1, dim=-1)
+    # Clipped to a byte here and to the width when packed: one codes kernel for every width.
+    codes = exact.rint(exact.divide(groups - bias, scale)).clip(0, 255).cast(dtypes.uint8).contiguous()
+    packed = pack_codes(codes.reshape(*lead, columns).minimum(levels), bits)
+    # Stored (tinygrad would fold a later cast back to float32 into this one and keep the unrounded value).
+    scale, bias = (floating.rounded_to(x.squeeze(-1), w.dtype) for x in (scale, bias))
+    return QuantizedWeight(packed, scale, bias, mode, group_size, bits)
 
 
 def check_weight(op: str, qw: QuantizedWeight) -> None:
