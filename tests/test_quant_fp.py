@@ -38,18 +38,14 @@ def test_codes_and_scales_bit_for_bit_with_mlx(mode, dtype_name):
 @pytest.mark.parametrize("dtype_name", list(DTYPES))
 @pytest.mark.parametrize("mode", MODES)
 def test_mlx_weights_dequantize_to_mlx_values(mode, dtype_name):
-    """MLX's codes and scales dequantize to MLX's float32 values and its default bfloat16 bits;
-    with a global scale within one rounding (tinygrad divides by multiplying by a reciprocal,
-    so `g / 2688` may differ from MLX's quotient in its last bit)."""
+    """MLX's codes and scales dequantize to MLX's float32 values (with a global scale, `g / 2688`
+    divided as MLX divides) and, without one, to its default bfloat16 bits."""
     key = f"{mode}_{dtype_name}"
     theirs = quant.QuantizedWeight(Tensor(MLX[f"q_{key}"], device="CPU"), Tensor(MLX[f"s_{key}"], device="CPU"), None,
                                    mode.split("_")[0], *quant.DEFAULTS[mode.split("_")[0]], global_scale(mode))
     got = quant.dequantize(theirs, dtypes.float32).numpy()
-    want = MLX[f"d32_{key}"]
-    if mode.endswith("global"):
-        assert np.all(np.abs(got - want) <= np.spacing(np.abs(want))), key
-        return
-    np.testing.assert_array_equal(got, want, err_msg=key)
+    np.testing.assert_array_equal(got, MLX[f"d32_{key}"], err_msg=key)
+    if mode.endswith("global"): return
     default = quant.dequantize(theirs)
     assert default.dtype == dtypes.bfloat16
     np.testing.assert_array_equal(bf16_bits(default), MLX[f"d16_{key}"], err_msg=key)
