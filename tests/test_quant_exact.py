@@ -36,6 +36,7 @@ def test_divide_rounds_as_ieee_division():
     b[70_008:80_008] = unit[1] * np.float32(2.0 ** 40)
     a[90_008:100_008], b[90_008:100_008] = b[70_008:80_008] * np.float32(2.0 ** 60), a[70_008:80_008] * np.float32(2.0 ** 60)
     a[80_008:90_008] = rng.integers(-2000, 2000, 10_000).astype(np.float32) / np.float32(2)
+    a[100_008:100_016], b[100_008:100_016] = [0, -0.0, 0, -0.0, 0, 0, -0.0, 1], [1e-45, 1e-45, -3e-39, 5.0, -np.inf, 0, np.nan, 1e-45]
     b[80_008:90_008] = rng.integers(1, 256, 10_000).astype(np.float32)
     with np.errstate(all="ignore"):
         want = a / b

@@ -27,14 +27,15 @@ def _significand(magnitude: Tensor) -> tuple[Tensor, Tensor]:
 
 def divide(a: Tensor | float, b: Tensor | float) -> Tensor:
     """`a / b` in float32, rounded once to nearest even as IEEE division (and MLX) rounds it,
-    subnormal quotients included; `a`, `b` broadcast and are taken as float32. Zeros, infinities
-    and NaNs in either operand give tinygrad's own quotient (the same special values)."""
+    subnormal quotients included; `a`, `b` broadcast and are taken as float32. A zero `a` over a
+    finite nonzero `b` is a signed zero; a zero `b` and infinities and NaNs in either operand give
+    tinygrad's own quotient (the same special values)."""
     if not isinstance(a, Tensor): a = b.full_like(a, dtype=dtypes.float32)
     if not isinstance(b, Tensor): b = a.full_like(b, dtype=dtypes.float32)
     a, b = a.cast(dtypes.float32), b.cast(dtypes.float32)
     ua, ub = a.bitcast(dtypes.uint32), b.bitcast(dtypes.uint32)
     magnitude_a, magnitude_b = ua & 0x7FFFFFFF, ub & 0x7FFFFFFF
-    special = (magnitude_a == 0) | (magnitude_a >= _INFINITY) | (magnitude_b == 0) | (magnitude_b >= _INFINITY)
+    special = (magnitude_a >= _INFINITY) | (magnitude_b == 0) | (magnitude_b >= _INFINITY)
     ma, ea = _significand(magnitude_a)
     mb, eb = _significand(magnitude_b)
     # a / b = (ma / mb) * 2^(ea - eb): the integer quotient of ma * 2^25 has 25 or 26 bits, at
@@ -52,6 +53,7 @@ def divide(a: Tensor | float, b: Tensor | float) -> Tensor:
     # the one (none for a subnormal); rounding up to 2^24 carries into the exponent, up to infinity.
     field = (exponent.maximum(-126) + 126).cast(dtypes.uint64) << 23
     magnitude = (exponent > 127).where(_INFINITY, field + kept).cast(dtypes.uint32)
+    magnitude = (magnitude_a == 0).where(0, magnitude)  # (tinygrad's 0 * (1 / b) is NaN for a subnormal b)
     quotient_value = (magnitude | ((ua ^ ub) & 0x80000000)).bitcast(dtypes.float32)
     return special.where(a / b, quotient_value)
 
