@@ -119,6 +119,7 @@ def quantize(w: Tensor, group_size: int | None = None, bits: int | None = None, 
     check(w.ndim >= 2, op, f"w must have at least 2 dimensions, got shape {tuple(w.shape)}")
     check(w.shape[-1] % group_size == 0, op,
           f"the last dimension ({w.shape[-1]}) must be a multiple of the group size {group_size}")
+    kernels.composition(op, f"{tuple(w.shape)} {mode} {bits}-bit on {w.device}")
     *lead, columns = w.shape
     if mode != "affine":
         groups = w.reshape(*lead, columns // group_size, group_size)
@@ -200,6 +201,7 @@ def dequantize(qw: QuantizedWeight, dtype: DType | None = None) -> Tensor:
     op = "dequantize"
     check_weight(op, qw)
     if dtype is not None: check_floating(op, "dtype", dtype)
+    kernels.composition(op, f"{qw.mode} {qw.bits}-bit {tuple(qw.weight.shape)} on {qw.weight.device}")
     return dense_weights(qw, dtype or (qw.scales.dtype if qw.mode == "affine" else dtypes.bfloat16))
 
 
