@@ -2,7 +2,8 @@
 dtype: a digest of each row (eight groups) of our packed words, scales and biases (floating-point
 modes: codes and scale codes, and their dequantized values) against the digest of MLX's own
 (tests/data/mlx_groups.npz, written by scripts/make_mlx_vectors.py from the weights of
-tests/quant_groups.py, rebuilt here)."""
+tests/quant_groups.py, rebuilt here), on the CPU and on each GPU (the integer division of
+`quant/exact.py` on every device)."""
 import numpy as np
 import pytest
 from tinygrad import Tensor, dtypes
@@ -15,12 +16,12 @@ DTYPES = {"float32": dtypes.float32, "float16": dtypes.float16, "bfloat16": dtyp
 BITS = (1, 2, 3, 4, 5, 6, 8)
 
 
-def weight_tensor(group_size: int, dtype_name: str) -> Tensor:
+def weight_tensor(group_size: int, dtype_name: str, device: str) -> Tensor:
     """The weights MLX quantized, checked against the digest of those it saw."""
     bits = weights(group_size, dtype_name)
     assert digest(digest(bits)[None]) == MLX[f"weights_{group_size}_{dtype_name}"], \
         "the rebuilt weights are not those MLX quantized: rerun scripts/make_mlx_vectors.py"
-    return Tensor(bits, device="CPU").bitcast(DTYPES[dtype_name])
+    return Tensor(bits, device=device).bitcast(DTYPES[dtype_name])
 
 
 def raw(t: Tensor) -> Tensor:
@@ -40,8 +41,8 @@ def assert_rows_match(outputs: dict[str, tuple[Tensor, ...]]) -> None:
 
 @pytest.mark.parametrize("dtype_name", list(DTYPES))
 @pytest.mark.parametrize("group_size", (32, 64, 128))
-def test_affine_bit_for_bit_with_mlx(group_size, dtype_name):
-    w = weight_tensor(group_size, dtype_name)
+def test_affine_bit_for_bit_with_mlx(group_size, dtype_name, device):
+    w = weight_tensor(group_size, dtype_name, device)
     outputs = {}
     for bits in BITS:
         qw = quant.quantize(w, group_size, bits)
@@ -50,7 +51,7 @@ def test_affine_bit_for_bit_with_mlx(group_size, dtype_name):
 
 
 @pytest.mark.parametrize("dtype_name", list(DTYPES))
-def test_floating_point_modes_bit_for_bit_with_mlx(dtype_name):
+def test_floating_point_modes_bit_for_bit_with_mlx(dtype_name, device):
     """Codes and scale codes, and their dequantized values: bfloat16 (MLX's default), float32 with
     a global scale (MLX's dtype then)."""
     outputs = {}
@@ -59,12 +60,12 @@ def test_floating_point_modes_bit_for_bit_with_mlx(dtype_name):
         outputs[key] = (qw.weight, qw.scales)
         outputs[f"{key}_dequantized"] = (raw(quant.dequantize(qw, dtypes.float32 if qw.global_scale is not None else None)),)
 
-    w = weight_tensor(32, dtype_name)
+    w = weight_tensor(32, dtype_name, device)
     for mode in ("mxfp4", "mxfp8"):
         add(f"{mode}_{dtype_name}", quant.quantize(w, mode=mode))
-    w = weight_tensor(16, dtype_name)
+    w = weight_tensor(16, dtype_name, device)
     add(f"nvfp4_{dtype_name}", quant.quantize(w, mode="nvfp4"))
     for index, scale in enumerate(MLX["global_scales"]):
-        scale = Tensor([scale], dtype=dtypes.float32, device="CPU")
+        scale = Tensor([scale], dtype=dtypes.float32, device=device)
         add(f"nvfp4_global{index}_{dtype_name}", quant.quantize(w, mode="nvfp4", global_scale=scale))
     assert_rows_match(outputs)
