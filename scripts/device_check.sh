@@ -16,7 +16,8 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 else
   export PYTHONPATH="$PWD"
 fi
-export DEV=${DEV:-CUDA} PYTHONUNBUFFERED=1
+# NUVEC_REQUIRE_GPU: a GPU that fails to open fails the tests (instead of skipping every GPU test).
+export DEV=${DEV:-CUDA} PYTHONUNBUFFERED=1 NUVEC_REQUIRE_GPU=1
 what=${1:-all}; shift || true
 status=0
 if [ "$what" = tests ] || [ "$what" = all ]; then

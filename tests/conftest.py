@@ -17,14 +17,19 @@ if "CC" not in os.environ and _WRAPPER.exists():
 
 
 def _gpu_devices() -> list[str]:
+    """The GPU devices tinygrad opens. With `NUVEC_REQUIRE_GPU=1` (the device check sets it) none
+    opening is an error, not a run of skipped GPU tests that exits 0."""
     from tinygrad import Device
-    found = []
+    found, failures = [], []
     for name in ("METAL", "CUDA"):
         try:
             Device[name]
-        except Exception:  # noqa: BLE001 - any failure to open means the device is absent
+        except Exception as error:  # noqa: BLE001 - any failure to open means the device is absent
+            failures.append(f"{name}: {type(error).__name__}: {error}")
             continue
         found.append(name)
+    if not found and os.environ.get("NUVEC_REQUIRE_GPU", "0") != "0":
+        raise RuntimeError("NUVEC_REQUIRE_GPU is set but no GPU device opened: " + "; ".join(failures))
     return found
 
 

@@ -79,12 +79,9 @@ def test_a_decode_loop_through_the_cache(device):
     cache, reference = start, values(start)
     for step in range(6):
         x = random(rng, (1, 2, 1, 64), dtypes.bfloat16, device)[0]
-        kept = values(cache)
         cache = fast.norm_rope(x, w, 1e-6, rotation, step, cache).realize()
         reference[:, :, step:step + 1] = values(fast.rope(fast.rms_norm(x, w, 1e-6), 64, offset=step))
-        np.testing.assert_array_equal(values(cache), reference)
-        assert kept.shape == reference.shape
-    np.testing.assert_array_equal(values(start), values(start))
+        np.testing.assert_array_equal(values(cache), reference)   # the new row, every other row kept
 
 
 def test_norm_rope_at_positions_and_a_paged_pool(device):
