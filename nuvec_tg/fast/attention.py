@@ -12,7 +12,7 @@ from tinygrad import Tensor, dtypes
 from .. import kernels
 from ..kernels.attention import decode_attention
 from ..tensor import check, check_floating, check_number, check_tensor, compute_dtype, dtype_name, promote_types, zero_after
-from .plan import NO_KERNELS, AttentionCall, AttentionPlan, BlockedD512, ComposedBlocks, Vector, block_bounds, plan_call, \
+from .plan import AttentionCall, AttentionPlan, BlockedD512, ComposedBlocks, Vector, block_bounds, plan_call, \
     target_for_device, validate_attention
 
 
@@ -116,7 +116,7 @@ def report_plan(op: str, description: str, device: str, plan: AttentionPlan) -> 
     if not kernels.debugging(): return
     where = f"{op} {description} on {device}: {plan.kernel}"
     if isinstance(plan.kernel, Vector): kernels.debug(f"{where}, the decode kernels")
-    else: kernels.debug(f"{where}, composition ({kernels.unavailable(device) if plan.reason == NO_KERNELS else plan.reason})")
+    else: kernels.debug(f"{where}, composition ({plan.reason if kernels.active_backend(device) else kernels.unavailable(device)})")
 
 
 def compose_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, mask: Tensor | None, sinks: Tensor | None) -> Tensor:

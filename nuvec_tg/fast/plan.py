@@ -212,9 +212,7 @@ def _vector_route(call: AttentionCall, target: PlanTarget) -> Vector | str:
                        multiprocessors=target.multiprocessors)
 
 
-# Why a composition runs: a target without kernels; the `Tiled` and `BlockedD512` routes until the
-# tiled prefill kernel lands.
-NO_KERNELS = "the target has no kernels"
+# Why the `Tiled` and `BlockedD512` routes run a composition until the tiled prefill kernel lands.
 NO_TILED_KERNEL = "the tiled kernel has not landed"
 
 
@@ -262,7 +260,7 @@ def plan_call(call: AttentionCall, target: PlanTarget, op: str = "plan_attention
     if 0 in (call.batch, call.q_heads, call.q_len, call.k_len):
         return AttentionPlan(Composed(), 0, 0, False, "nothing to attend (an empty batch, head, query or key axis)")
     if target.backend is None:
-        reason = NO_KERNELS
+        reason = "the target has no kernels"
     elif call.dtype not in (dtypes.float16, dtypes.bfloat16, dtypes.float32):
         reason = f"{dtype_name(call.dtype)} has no kernel"
     elif call.q_len <= 8:
