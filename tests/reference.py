@@ -65,6 +65,29 @@ def assert_close(name: str, got, want, tol: float) -> None:
                              f"{got[tuple(i)]} vs {want[tuple(i)]} (tol {tol})")
 
 
+def assert_rows_close(name: str, got, want, tol: float) -> None:
+    """Every row (the last axis) within `tol * max|want row|` of `want`, element by element.
+
+    The kernels' tests use this rather than `assert_close`: their outputs (attention's, a gated
+    delta step's, a product's) can be far below 1 in magnitude, where a floor of 1 would pass an
+    all-zero output or a dropped block. A row that is all zeros in `want` must be zeros in `got`.
+    Non-finite values must match exactly (same infinities, NaN where `want` has NaN)."""
+    got, want = np.asarray(got, dtype=np.float64), np.asarray(want, dtype=np.float64)
+    assert got.shape == want.shape, f"{name}: shape {got.shape} vs {want.shape}"
+    finite = np.isfinite(want)
+    same = (got == want) | (np.isnan(got) & np.isnan(want))
+    assert (same | finite).all(), f"{name}: non-finite values differ"
+    scale = np.where(finite, np.abs(want), 0).max(axis=-1, keepdims=True) if want.ndim else np.abs(want)
+    with np.errstate(invalid="ignore"):
+        close = np.abs(got - want) <= tol * scale
+    bad = ~(same | (close & finite))
+    if bad.any():
+        i = tuple(int(j) for j in np.argwhere(bad)[0])
+        worst = np.nanmax(np.where(bad, np.abs(got - want) / np.maximum(scale, 1e-300), 0))
+        raise AssertionError(f"{name}: {bad.sum()} of {bad.size} elements differ, first at {i}: {got[i]} vs {want[i]} "
+                             f"(tol {tol} of the row's largest |want|; worst {worst:.3g} of it)")
+
+
 def finite_differences(loss, arrays: list[np.ndarray], step: float = 1e-6) -> list[np.ndarray]:
     """Central differences of the scalar function `loss(*arrays)` with respect to every array."""
     grads = []
