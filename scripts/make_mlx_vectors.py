@@ -66,7 +66,7 @@ print(f"wrote {out} ({out.stat().st_size} bytes, MLX {mx.__version__})")
 # Many random groups (tests/quant_groups.py's weights, rebuilt there): one digest per row of MLX's
 # outputs (packed words, then scales, then biases; scales and biases as their dtype's bits), per
 # (mode, bits, group size, dtype), of the floating-point modes' dequantized values (MLX's default
-# dtype: bfloat16, float32 with a global scale), and one digest of each set of weights; written to
+# dtype: bfloat16, float32 with a global scale; every NaN as the dtype's positive quiet NaN), and one digest of each set of weights; written to
 # tests/data/mlx_groups.npz. nvfp4's global scales are such that tinygrad's reciprocal products
 # would miss MLX's 2688 / g (0.37) and g / 2688 (0.00123).
 GLOBAL_SCALES = np.array([0.37, 0.00123], dtype=np.float32)
@@ -82,7 +82,8 @@ def as_bits(x: mx.array) -> np.ndarray:
 def floating_point(key: str, q: mx.array, s: mx.array, **extra) -> None:
     """The digests of a floating-point mode's codes and scale codes, and of their dequantized values."""
     groups[key] = quant_groups.digest(np.array(q), as_bits(s))
-    groups[f"{key}_dequantized"] = quant_groups.digest(as_bits(mx.dequantize(q, s, mode=key.split("_")[0], **extra)))
+    values = mx.dequantize(q, s, mode=key.split("_")[0], **extra)
+    groups[f"{key}_dequantized"] = quant_groups.digest(quant_groups.canonical_nans(as_bits(values), str(values.dtype).split(".")[-1]))
 
 
 for dtype_name in quant_groups.DTYPES:

@@ -116,3 +116,18 @@ def digest(*arrays: np.ndarray) -> np.ndarray:
         for column in array.astype(np.uint64).T:
             state = (state ^ column) * np.uint64(0x100000001B3)
     return (state ^ (state >> np.uint64(32))).astype(np.uint32)
+
+
+# Each float dtype's bits: (unsigned view, magnitude mask, infinity, the positive quiet NaN).
+_NAN_BITS = {"float32": (np.uint32, 0x7FFFFFFF, 0x7F800000, 0x7FC00000), "float16": (np.uint16, 0x7FFF, 0x7C00, 0x7E00),
+             "bfloat16": (np.uint16, 0x7FFF, 0x7F80, 0x7FC0)}
+
+
+def canonical_nans(bits: np.ndarray, dtype_name: str) -> np.ndarray:
+    """A float array's bits with every NaN made the dtype's positive quiet NaN: which NaN an invalid
+    operation makes is the processor's (x86 sets the sign, ARM and NVIDIA GPUs do not), not MLX's
+    nor ours, so the digests compare NaN where the other has NaN, not its bits."""
+    view, magnitude, infinity, nan = _NAN_BITS[dtype_name]
+    bits = np.asarray(bits).astype(view)
+    return np.where((bits & magnitude) > infinity, view(nan), bits)
+

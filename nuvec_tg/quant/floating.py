@@ -120,14 +120,12 @@ def quantize_groups(groups: Tensor, mode: str, global_scale: Tensor | None) -> t
 def dequantize_groups(codes: Tensor, scale_codes: Tensor, mode: str, global_scale: Tensor | None,
                       dtype: DType) -> Tensor:
     """The values `[..., G, group]` (float32, each a product MLX rounds once to `dtype`) of
-    element codes and scale codes `[..., G]`. global_scale: float32, broadcastable to `[..., G]`."""
+    element codes and scale codes `[..., G]`. global_scale: float32, broadcastable to `[..., G]`.
+    A zero code times an infinite e8m0 scale is NaN, in the bits the device makes (as MLX's is)."""
     _, bits, _, scale_format = FORMATS[mode]
     if scale_format == "e8m0":
         scale = rounded_to(exact.power_of_two(scale_codes.cast(dtypes.int32) - 127), dtype).cast(dtypes.float32)
     else:
         scale = decode_e4m3(scale_codes)
         if global_scale is not None: scale = scale * exact.divide(global_scale, NVFP4_GLOBAL)
-    values = (decode_e2m1(codes) if bits == 4 else decode_e4m3(codes)) * scale.unsqueeze(-1)
-    if dtype != dtypes.bfloat16: return values
-    # MLX converts every NaN (zero times an infinite e8m0 scale) to bfloat16's 0x7FC0; tinygrad keeps the sign.
-    return ((values.bitcast(dtypes.uint32) & 0x7FFFFFFF) > 0x7F800000).where(float("nan"), values)
+    return (decode_e2m1(codes) if bits == 4 else decode_e4m3(codes)) * scale.unsqueeze(-1)
