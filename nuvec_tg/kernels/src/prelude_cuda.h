@@ -90,8 +90,13 @@ INLINE void stage_arrive(unsigned long long* bar) {
 INLINE void stage_wait(unsigned long long* bar, int parity) {
   unsigned done;
   do {
+#if __CUDA_ARCH__ >= 900  // try_wait: the hardware suspends the thread a while rather than it spinning
+    asm volatile("{ .reg .pred done; mbarrier.try_wait.parity.shared::cta.b64 done, [%1], %2; selp.u32 %0, 1, 0, done; }"
+                 : "=r"(done) : "r"(shared_address(bar)), "r"(parity) : "memory");
+#else
     asm volatile("{ .reg .pred done; mbarrier.test_wait.parity.shared.b64 done, [%1], %2; selp.u32 %0, 1, 0, done; }"
                  : "=r"(done) : "r"(shared_address(bar)), "r"(parity) : "memory");
+#endif
   } while (!done);
   __syncwarp();  // the SIMD group converged again for the mma that follow
 }
