@@ -1,11 +1,14 @@
 """The benchmarks run end to end on tiny shapes (`--small`) on the CPU: every row is written; and
-`python -m nuvec_tg.bench` picks those shapes by itself off a GPU with nuvec_tg's kernels."""
+`python -m nuvec_tg.bench` picks those shapes by itself off a GPU with nuvec_tg's kernels. The
+clocks are warmed after the capture, right before the timed replays."""
 import argparse
 import sys
 
 import pytest
+from tinygrad import Tensor
 from tinygrad.helpers import Context
 
+from nuvec_tg.bench import common
 from nuvec_tg.bench.__main__ import BENCHMARKS, main
 
 
@@ -27,3 +30,14 @@ def test_the_grid_is_small_off_a_gpu(default, small, monkeypatch, capsys):
         main()
     assert runs[0].small is small
     assert ("meant for a GPU" in capsys.readouterr().err) is small
+
+
+def test_time_jit_warms_the_clocks_after_the_capture_and_before_timing(monkeypatch):
+    """The function runs for the JIT's first call and its capture, then the clocks are warmed, then the timed replays."""
+    events = []
+    timed = common.device_seconds
+    monkeypatch.setattr(common, "warm_up", lambda: events.append("warm"))
+    monkeypatch.setattr(common, "device_seconds", lambda run: events.append("time") or timed(run))
+    x = Tensor([1.0, 2.0]).realize()
+    assert common.time_jit(lambda a: events.append("trace") or a * 2, [(x,)], repeats=2) > 0
+    assert events == ["trace", "trace", "warm", "time", "time"]

@@ -23,7 +23,7 @@ from tinygrad import Device, Tensor, dtypes
 from tinygrad.helpers import diskcache_put
 
 from nuvec_tg import quant
-from nuvec_tg.bench.common import COPIES, rotations, time_jit, warm_up
+from nuvec_tg.bench.common import COPIES, rotations, time_jit
 from nuvec_tg.bench.quant import FORMATS, time_torch, weight_bytes
 from nuvec_tg.kernels import compositions_only, kernel_backend
 from nuvec_tg.kernels import quant as qmv
@@ -97,7 +97,6 @@ def main() -> int:
     torch_seconds = {(rows, k, n): time_torch(rows, k, n, REPEATS) for _, rows, k, n in cases}
     print(f"device {Device.DEFAULT}; cells: columns x column SIMD groups x K split x unroll: device µs per call / weight "
           "TB/s (* the default plan)", flush=True)
-    warm_up()
     rng = np.random.default_rng(0)
     for fmt in formats:
         mode, group, bits = FORMATS[fmt]

@@ -1,8 +1,10 @@
-"""What the benchmarks share: the device's name and peak bandwidth, warming its clocks, device
-timing of TinyJit replays and of PyTorch CUDA graphs, and the table's header line."""
+"""What the benchmarks share: the device's name and peak bandwidth, warming the clocks before every
+timed measurement, device timing of TinyJit replays and of PyTorch CUDA graphs, and the table's
+header line."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import os
 import subprocess
@@ -15,6 +17,7 @@ from tinygrad.helpers import Context
 PEAK_BANDWIDTH = {"NVIDIA H200": 4.8e12, "NVIDIA H100 80GB HBM3": 3.35e12}
 COPIES = 16                  # independent calls per timed replay, so that launches, not Python, set the pace
 ROTATION_BYTES = 256 << 20   # the calls of a replay read at least this much: 4x the largest L2 caches
+WARM_SECONDS = 0.2           # device work right before each timed measurement: compiles and captures idle the GPU for seconds
 
 
 def device_name() -> str:
@@ -39,14 +42,38 @@ def rotations(call_bytes: int) -> int:
     return max(1, min(COPIES, -(-ROTATION_BYTES // max(call_bytes, 1))))
 
 
-def warm_up(seconds: float = 0.5) -> None:
-    """Keep the device busy for a moment so that its clocks are up before anything is timed (an
-    idle GPU runs its first microseconds of work at a fraction of its clock). Not on the CPU."""
-    if Device.DEFAULT in ("CPU", "PYTHON"): return
-    a = Tensor.rand(4096, 4096, dtype=dtypes.float16).realize()
+def is_gpu() -> bool:
+    """Whether tinygrad's default device is a GPU (not the CPU or the Python emulator)."""
+    return Device.DEFAULT not in ("CPU", "PYTHON")
+
+
+def warm_up(seconds: float = WARM_SECONDS) -> None:
+    """Keep the device busy with tinygrad's matmuls for a moment so that its clocks are up when
+    timing starts (an idle GPU runs its first microseconds of work at a fraction of its clock).
+    Not on the CPU."""
+    if not is_gpu(): return
+    step = _warm_step()
     end = time.perf_counter() + seconds
-    while time.perf_counter() < end: (a @ a.T).realize()
+    while time.perf_counter() < end: step()
     Device[Device.DEFAULT].synchronize()
+
+
+@functools.cache
+def _warm_step() -> Callable[[], Tensor]:
+    """A jitted 4096 x 4096 float16 matmul: replays cost the host little, so the GPU stays busy."""
+    a = Tensor.rand(4096, 4096, dtype=dtypes.float16).realize()
+    step = TinyJit(lambda x: (x @ x.T).realize())
+    return lambda: step(a)
+
+
+def warm_up_torch(seconds: float = WARM_SECONDS) -> None:
+    """`warm_up` for PyTorch's side, with PyTorch's matmuls (tinygrad must not open the GPU before
+    PyTorch's measurements end: `attention.torch_times`)."""
+    import torch
+    a = torch.rand(4096, 4096, device="cuda", dtype=torch.float16)
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end: a @ a.T
+    torch.cuda.synchronize()
 
 
 def device_seconds(run: Callable[[], object]) -> float:
@@ -60,7 +87,7 @@ def device_seconds(run: Callable[[], object]) -> float:
 
 def time_jit(fn: Callable[..., Tensor], calls: Sequence[tuple[Tensor, ...]], repeats: int) -> float:
     """Device seconds per call of `fn(*call)` (a Tensor or a tuple of them) for the `calls`, all in
-    one TinyJit replay; the best of `repeats` replays."""
+    one TinyJit replay; the best of `repeats` replays, started on warm clocks."""
     unique = list({id(t): t for call in calls for t in call}.values())  # TinyJit takes each buffer once
     position = {id(t): i for i, t in enumerate(unique)}
     layout = [tuple(position[id(t)] for t in call) for call in calls]
@@ -73,14 +100,16 @@ def time_jit(fn: Callable[..., Tensor], calls: Sequence[tuple[Tensor, ...]], rep
             outs += list(result) if isinstance(result, tuple) else [result]
         Tensor.realize(*outs)
         return outs[0]
-    for _ in range(3): step(*unique)
+    for _ in range(3): step(*unique)  # the second call captures, the third replays
     Device[Device.DEFAULT].synchronize()
+    warm_up()  # the compiles and the capture above may have left the GPU idle long enough to clock down
     return min(device_seconds(lambda: step(*unique)) for _ in range(repeats)) / len(calls)
 
 
 def torch_graph_seconds(run: Callable[[], None], calls: int, repeats: int) -> float:
     """Seconds per call of PyTorch's `run()` (which makes `calls` calls), replayed as a CUDA graph
-    (as our calls are by TinyJit: kernel time, not Python's launches); the best of `repeats`."""
+    (as our calls are by TinyJit: kernel time, not Python's launches); the best of `repeats`,
+    started on warm clocks."""
     import torch
     side = torch.cuda.Stream()  # warm up off the default stream before capturing, as PyTorch asks
     side.wait_stream(torch.cuda.current_stream())
@@ -90,6 +119,7 @@ def torch_graph_seconds(run: Callable[[], None], calls: int, repeats: int) -> fl
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph): run()
+    warm_up_torch()  # as in time_jit: after the capture, right before the timed replays
     best = float("inf")
     for _ in range(repeats):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -115,14 +145,15 @@ def release_torch() -> None:
 
 def start_table(what: str, method: str, columns: Sequence[str]) -> tuple[list[str], float | None]:
     """Print a table's caption and header (what, the device, the commit, how it was timed, the
-    peak bandwidth), warm the device up; returns the lines and the peak bandwidth (None unknown)."""
+    peak bandwidth); returns the lines and the peak bandwidth (None unknown). The timers warm the
+    clocks themselves, right before each measurement."""
     name = device_name()
     peak = PEAK_BANDWIDTH.get(name)
-    lines = [f"{what} on {name} ({Device.DEFAULT}), commit {commit()}; {method}; peak bandwidth "
+    lines = [f"{what} on {name} ({Device.DEFAULT}), commit {commit()}; {method}; the GPU's clocks warmed for "
+             f"{WARM_SECONDS} s right before each side's timing; peak bandwidth "
              f"{'%.1f TB/s' % (peak / 1e12) if peak else 'unknown'}.", "",
              "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     print("\n".join(lines), flush=True)
-    warm_up()
     return lines, peak
 
 
