@@ -1,11 +1,15 @@
 """The benchmarks run end to end on tiny shapes (`--small`) on the CPU: every row is written; and
-`python -m nuvec_tg.bench` picks those shapes by itself off a GPU with nuvec_tg's kernels."""
+`python -m nuvec_tg.bench` picks those shapes by itself off a GPU with nuvec_tg's kernels. The
+rotation passes twice the L2 or marks the row; the L2 size comes from a table by name where the
+device does not say; the clocks are warmed after the capture, right before the timed replays."""
 import argparse
 import sys
 
 import pytest
+from tinygrad import Tensor
 from tinygrad.helpers import Context
 
+from nuvec_tg.bench import common
 from nuvec_tg.bench.__main__ import BENCHMARKS, main
 
 
@@ -16,6 +20,9 @@ def test_the_benchmark_writes_its_table(what, capsys):
     assert rows and all(line.count("|") == lines[2].count("|") for line in rows)
     assert all(float(line.split("|")[3 if what == "gated_delta" else 7 if what == "attention" else 5]) > 0 for line in rows)
     assert lines[0] in capsys.readouterr().out
+    # --small caps a replay at 16 calls of a few KB, far under twice any L2: every row says so
+    assert all(line.split("|")[1].strip().endswith(" (L2)") for line in rows)
+    assert "a row marked (L2)" in lines[0] and "16 calls" in lines[0]
 
 
 @pytest.mark.parametrize("default, small", [("CPU", True), ("CUDA", False), ("METAL", False)])
@@ -27,3 +34,46 @@ def test_the_grid_is_small_off_a_gpu(default, small, monkeypatch, capsys):
         main()
     assert runs[0].small is small
     assert ("meant for a GPU" in capsys.readouterr().err) is small
+
+
+MiB = 1 << 20
+
+
+@pytest.mark.parametrize("call_bytes, max_calls, want", [
+    (1 * MiB, 256, common.Rotation(calls=100, sets=100, in_l2=False)),   # B=1 16/2 Lk 1024 bf16 K/V: 100 distinct sets
+    (4 * MiB + 1, 256, common.Rotation(calls=25, sets=25, in_l2=False)),  # 25 sets pass 100 MiB, 24 do not
+    (40 * MiB, 256, common.Rotation(calls=16, sets=3, in_l2=False)),     # 16 calls over 3 sets: 120 MiB between reuses
+    (300 * MiB, 256, common.Rotation(calls=16, sets=1, in_l2=False)),    # one set alone passes twice the L2
+    (1024, 256, common.Rotation(calls=256, sets=256, in_l2=True)),       # capped: 256 KiB in all
+    (1 * MiB, 16, common.Rotation(calls=16, sets=16, in_l2=True)),       # --small's cap
+])
+def test_rotation_passes_twice_the_l2_or_says_it_cannot(call_bytes, max_calls, want):
+    assert common.rotation(call_bytes, 50 * MiB, max_calls) == want
+
+
+def test_rotation_rejects_empty_calls():
+    with pytest.raises(ValueError, match="rotation"):
+        common.rotation(0, 50 * MiB)
+
+
+@pytest.mark.parametrize("name, want", [("NVIDIA H200", (50 * MiB, "NVIDIA H200's")),
+                                        ("Some GPU", (common.DEFAULT_L2_BYTES, "assumed"))])
+def test_l2_size_by_name_where_the_device_does_not_say(name, want, monkeypatch):
+    monkeypatch.setattr(common, "device_name", lambda: name)
+    common.l2_size.cache_clear()
+    try:
+        with Context(DEV="CPU"):  # not CUDA: nothing to read from the device
+            assert common.l2_size() == want
+    finally:
+        common.l2_size.cache_clear()
+
+
+def test_time_jit_warms_the_clocks_after_the_capture_and_before_timing(monkeypatch):
+    """The function runs for the JIT's first call and its capture, then the clocks are warmed, then the timed replays."""
+    events = []
+    timed = common.device_seconds
+    monkeypatch.setattr(common, "warm_up", lambda: events.append("warm"))
+    monkeypatch.setattr(common, "device_seconds", lambda run: events.append("time") or timed(run))
+    x = Tensor([1.0, 2.0]).realize()
+    assert common.time_jit(lambda a: events.append("trace") or a * 2, [(x,)], repeats=2) > 0
+    assert events == ["trace", "trace", "warm", "time", "time"]

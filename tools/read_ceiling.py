@@ -2,7 +2,7 @@
 benchmark's decode rows (`DEV=CUDA python3 tools/read_ceiling.py`): for each format and shape of
 `python -m nuvec_tg.bench quant` at M = 1, a kernel that reads the same bytes (16-byte loads, all of
 a thread's loads issued before any is used, coalesced, nothing else) timed exactly as the benchmark
-times a product (`bench.common.time_jit`: TinyJit replays of COPIES calls over rotated buffers), the
+times a product (`bench.common.time_jit`: TinyJit replays of calls over rotated buffers), the
 fastest of a few launch shapes. No product over those bytes can beat it under that method; the
 table beside it says what 75% of peak bandwidth (`bench.common.PEAK_BANDWIDTH`) and 3x PyTorch's
 dense bfloat16 matvec ask. CUDA."""
@@ -10,7 +10,7 @@ import sys
 
 from tinygrad import Device, Tensor, dtypes
 
-from nuvec_tg.bench.common import COPIES, rotations, start_table, time_jit
+from nuvec_tg.bench.common import rotation, start_table, time_jit
 from nuvec_tg.bench.quant import FORMATS, time_torch, weight_bytes
 from nuvec_tg.kernels import kernel_backend
 from nuvec_tg.kernels.program import Program, launch, prelude
@@ -38,8 +38,9 @@ LAUNCHES = [(reads, threads) for reads in (1, 2, 4, 8) for threads in (256, 512,
 def read_seconds(moved: int) -> tuple[float, str]:
     """Device seconds per call of the fastest read probe over `moved` bytes, and its launch shape."""
     pieces = moved // 16
-    buffers = [Tensor.empty(pieces * 4, dtype=dtypes.uint32).contiguous().realize() for _ in range(rotations(moved))]
-    calls = [(buffers[i % len(buffers)],) for i in range(COPIES)]
+    turn = rotation(moved)
+    buffers = [Tensor.empty(pieces * 4, dtype=dtypes.uint32).contiguous().realize() for _ in range(turn.sets)]
+    calls = [(buffers[i % turn.sets],) for i in range(turn.calls)]
     best = (float("inf"), "")
     for reads, threads in LAUNCHES:
         name = f"nuvec_read_probe_{reads}_{pieces}"

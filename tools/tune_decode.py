@@ -26,7 +26,7 @@ from tinygrad import Device, dtypes
 from tinygrad.helpers import Context
 
 from nuvec_tg.bench.attention import kv_sets, torch_times
-from nuvec_tg.bench.common import time_jit, warm_up
+from nuvec_tg.bench.common import time_jit
 from nuvec_tg import fast
 from nuvec_tg.kernels import compositions_only
 from nuvec_tg.kernels.attention import CUDA_MATRIX_WARPS, MATRIX_ROWS, Launch, Vector, decode_attention, matrix_block_groups
@@ -71,7 +71,6 @@ def block_groups(b: int, hq: int, hkv: int, blocks: int, warps: int) -> int:
 print(f"device {Device.DEFAULT}; cells: blocks (1 = one pass) x warps x unroll: device µs per call / K/V TB/s", flush=True)
 shapes = QUICK if quick else SHAPES
 torch_seconds = torch_times([(b, hq, hkv, 128, lk, "bfloat16") for b, hq, hkv, lk in shapes], 5)
-warm_up()
 for b, hq, hkv, lk in shapes:
     d, dtype = 128, dtypes.bfloat16
     sets = kv_sets(np.random.default_rng(0), b, hq, hkv, lk, d, dtype)

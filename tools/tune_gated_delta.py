@@ -7,7 +7,7 @@ import numpy as np
 from tinygrad import Device
 
 from nuvec_tg import fast
-from nuvec_tg.bench.common import rotations, time_jit, warm_up
+from nuvec_tg.bench.common import rotation, time_jit
 from nuvec_tg.bench.gated_delta import inputs, moved_bytes
 from nuvec_tg.kernels import compositions_only, kernel_backend
 from nuvec_tg.kernels import gated_delta as kernel
@@ -16,12 +16,11 @@ HK, HV, DK, DV = 16, 32, 128, 128
 LAUNCH = [(w, r) for r in (1, 2, 4) for w in (2, 4, 8, 16)]
 BACKEND = kernel_backend(Device.DEFAULT)
 if BACKEND is None: raise SystemExit(f"tune_gated_delta: needs a GPU with nuvec_tg's kernels (DEV=CUDA or DEV=METAL), not {Device.DEFAULT}")
-warm_up()
 rng = np.random.default_rng(0)
 print("cells: SIMD groups per threadgroup x rows per SIMD group: µs / TB/s", flush=True)
 for b, t in [(1, 1), (8, 1), (64, 1), (256, 1), (1, 512)]:
     moved = moved_bytes(b, t, HK, HV, DK, DV)
-    calls = inputs(rng, b, t, HK, HV, DK, DV, rotations(moved))
+    calls = inputs(rng, b, t, HK, HV, DK, DV, rotation(moved))
     if t == 1:
         with compositions_only():
             want = fast.gated_delta(*calls[0])[1].numpy()

@@ -2,7 +2,7 @@
 for M in {1, 4} at (K, N) in {(4096, 4096), (4096, 14336), (14336, 4096)}, affine 4-bit and 8-bit
 (groups of 64) and mxfp4 weights (x bfloat16), every plan in `plans` (columns per SIMD group x
 SIMD groups per column set x K split x unroll), each timed as the benchmark times (TinyJit replays
-of COPIES calls over rotated weights, `nuvec_tg.bench.common.time_jit`): device µs per call and
+of calls over rotated weights, `nuvec_tg.bench.common.rotation` and `time_jit`): device µs per call and
 weight bytes per second, best first, with the default plan marked `*` and the largest error
 against the composition. `--quick`: affine 4-bit, M = 1; `--rows 1` (or `4`, `1,4`): every
 format at those M; `--shape K,N` (repeatable, K a multiple of 64): those shapes instead;
@@ -23,7 +23,7 @@ from tinygrad import Device, Tensor, dtypes
 from tinygrad.helpers import diskcache_put
 
 from nuvec_tg import quant
-from nuvec_tg.bench.common import COPIES, rotations, time_jit, warm_up
+from nuvec_tg.bench.common import rotation, time_jit
 from nuvec_tg.bench.quant import FORMATS, time_torch, weight_bytes
 from nuvec_tg.kernels import compositions_only, kernel_backend
 from nuvec_tg.kernels import quant as qmv
@@ -97,21 +97,21 @@ def main() -> int:
     torch_seconds = {(rows, k, n): time_torch(rows, k, n, REPEATS) for _, rows, k, n in cases}
     print(f"device {Device.DEFAULT}; cells: columns x column SIMD groups x K split x unroll: device µs per call / weight "
           "TB/s (* the default plan)", flush=True)
-    warm_up()
     rng = np.random.default_rng(0)
     for fmt in formats:
         mode, group, bits = FORMATS[fmt]
         for k, n in SHAPES:
             moved = weight_bytes(fmt, k, n)
+            turn = rotation(moved)
             weights = []
-            for _ in range(rotations(moved)):
+            for _ in range(turn.sets):
                 w = Tensor(rng.standard_normal((n, k), dtype=np.float32) * 0.02).cast(dtypes.bfloat16)
                 qw = quant.quantize(w, group, bits, mode=mode)
                 weights.append(tuple(p.contiguous().realize() for p in (qw.weight, qw.scales, qw.biases) if p is not None))
             for rows in row_counts:
                 xs = [Tensor(rng.standard_normal((rows, k), dtype=np.float32)).cast(dtypes.bfloat16).contiguous().realize()
-                      for _ in range(COPIES)]
-                calls = [(xs[i], *weights[i % len(weights)]) for i in range(COPIES)]
+                      for _ in range(turn.calls)]
+                calls = [(xs[i], *weights[i % turn.sets]) for i in range(turn.calls)]
                 first = quant.QuantizedWeight(*weights[0], *([None] if mode != "affine" else []), mode, group, bits)
                 with compositions_only():
                     want = quant.quantized_matmul(xs[0], first).float().numpy()
