@@ -248,8 +248,13 @@ def gather_qmv(x: Tensor, weight: Tensor, scales: Tensor, biases: Tensor | None,
 
 
 # The matrix-matrix kernel (`src/qmm.h`): y = x · wᵀ for more rows than qmv takes (prefill), on the
-# matrix units; tiles of QMM_ROWS x QMM_COLUMNS outputs, 4 SIMD groups each.
-QMM_ROWS, QMM_COLUMNS, QMM_THREADS = 64, 64, 128
+# matrix units; tiles of QMM_ROWS x QMM_COLUMNS outputs in steps of QMM_STEP along K, 4 SIMD groups
+# each. These are the source's BM, BN, BK, TILE_LD and STAGES (`qmm_program` passes them).
+QMM_ROWS, QMM_COLUMNS, QMM_STEP, QMM_THREADS = 64, 64, 32, 128
+QMM_TILE_LD = QMM_STEP + 8  # a tile row's stride (padding: no bank conflicts in the fragment loads)
+# Stage buffers of the copies in flight: 3 steps ahead on CUDA (cp.async); Metal's copies are plain
+# loads, done when issued, so a second buffer (the next step's words) is all staging gives there.
+QMM_STAGES = {"cuda": 4, "metal": 2}
 QMM_DTYPES = (dtypes.float16, dtypes.bfloat16)  # the mma's inputs: x (and the dequantized tiles) in x's type
 
 
@@ -316,7 +321,8 @@ def qmm_program(backend: str, x_dtype: DType, scales_dtype: DType, out_dtype: DT
     batches)). K only picks the width of the weight loads (its rows' alignment). `gather`: each
     row of x with its own weight batch (sorted gathers of `gather_qmm`)."""
     defines = dict(TX=ctype(x_dtype), TS=ctype(scales_dtype), TY=ctype(out_dtype), BITS=bits, GROUP=group_size,
-                   MODE=_MODES[mode], LOAD_WORDS=load_words(bits, k * bits // 32), GATHER=int(gather))
+                   MODE=_MODES[mode], LOAD_WORDS=load_words(bits, k * bits // 32), GATHER=int(gather), BM=QMM_ROWS,
+                   BN=QMM_COLUMNS, BK=QMM_STEP, TILE_LD=QMM_TILE_LD, STAGES=QMM_STAGES[backend])
     params = _params(defines["TY"], defines["TX"], defines["TS"], mode, gather) + [Param("ints", "in", "int")]
     return QMM.program(backend, defines, params)
 
