@@ -50,7 +50,7 @@ def test_the_shim_rejects_a_planted_error(tmp_path):
     text = spec.programs("metal", [Param("length", "scalar")])[0].text
     for planted in (text.replace("simd_shuffle_xor", "simd_shufle_xor", 1), text.replace("float score", "float3x score", 1)):
         source = tmp_path / "bad.metal"
-        source.write_text(prelude("metal") + planted)
+        source.write_text("#define NUVEC_BFLOAT 1\n" + prelude("metal") + planted)
         result = subprocess.run([COMPILER, "-std=c++17", "-fsyntax-only", "-Wno-unknown-attributes", f"-I{SHIM}", "-x", "c++",
                                  str(source)], capture_output=True, text=True)
         assert result.returncode != 0, planted[:200]
@@ -68,7 +68,7 @@ def test_every_planned_metal_specialisation_compiles(tmp_path):
     units.append(current)
     for n, unit in enumerate(units):
         source = tmp_path / f"unit{n}.metal"
-        source.write_text(prelude("metal") + "\n".join(unit))
+        source.write_text("#define NUVEC_BFLOAT 1\n" + prelude("metal") + "\n".join(unit))
         result = subprocess.run([COMPILER, "-std=c++17", "-fsyntax-only", "-Wno-unknown-attributes", f"-I{SHIM}", "-x", "c++",
                                  str(source)], capture_output=True, text=True)
         assert result.returncode == 0, result.stderr[:3000]
@@ -82,7 +82,7 @@ def _check_metal(tmp_path, texts: list[str], per_unit: int = 150):
             defined = [line.split()[1].split("(")[0] for line in text.splitlines() if line.startswith("#define ")]
             unit.append(f"namespace unit{n + i} {{\n{text}\n}}\n" + "".join(f"#undef {d}\n" for d in defined))
         source = tmp_path / f"unit{n}.metal"
-        source.write_text(prelude("metal") + "\n".join(unit))
+        source.write_text("#define NUVEC_BFLOAT 1\n" + prelude("metal") + "\n".join(unit))
         result = subprocess.run([COMPILER, "-std=c++17", "-fsyntax-only", "-Wno-unknown-attributes", f"-I{SHIM}", "-x", "c++",
                                  str(source)], capture_output=True, text=True)
         assert result.returncode == 0, result.stderr[:3000]

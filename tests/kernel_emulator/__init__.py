@@ -84,7 +84,7 @@ def build(program: Program, metal_tiles: bool = False):
     threadgroups). `metal_tiles`: qmm's matrix tiles as Metal has them (`prelude_emulated.h`)."""
     name, kernel_text, params = program.name, program.text, program.params
     arguments = ", ".join(f"({'const ' if p.kind == 'in' else ''}{p.ctype}*)buffers[{i}]" for i, p in enumerate(params))
-    source = (("#define METAL_TILES 1\n" if metal_tiles else "") + (HERE / "prelude_emulated.h").read_text() +
+    source = (("#define METAL_TILES 1\n" if metal_tiles else "") + program.header + (HERE / "prelude_emulated.h").read_text() +
               (SOURCE_DIR / "common.h").read_text() +
               kernel_text.replace('extern "C" ', "") + _LAUNCHER.replace("KERNEL", name).replace("ARGUMENTS", arguments))
     _CACHE.mkdir(exist_ok=True)
