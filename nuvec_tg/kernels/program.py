@@ -14,6 +14,10 @@ whose defines or parameters name `bfloat` starts with `#define NUVEC_BFLOAT 1`; 
 Metal prelude name bfloat (the Metal language has it from 3.1, macOS 14, on), so float16 and
 float32 programs compile on older Metal too.
 
+`Resources` is what one threadgroup asks of the device (threads, threadgroup memory); each family
+states it for its Metal specialisations (`metal_resources`), and `metal_limit_reason` says where
+that exceeds an Apple GPU's limits (the routes then take the composition).
+
 `launch(program, ...)` compiles a program once per device (tinygrad's compiler caches by source)
 and adds it to the graph as one CALL: inputs may be lazy (tinygrad realises them first), outputs
 feed further lazy operations, scalars are bound `int32` Variables (a jitted step recompiles
@@ -115,6 +119,35 @@ class Program:
     def source(self) -> str:
         """The whole program: its header, the prelude, then the text."""
         return self.text if self.backend is None else f"{self.header}{prelude(self.backend)}\n{self.text}"
+
+
+@dataclass(frozen=True)
+class Resources:
+    """What one threadgroup of a program asks of the device: `threads`, and `threadgroup_bytes`,
+    the bytes of its threadgroup arrays, each rounded up to 16 (`threadgroup_array`)."""
+    threads: int
+    threadgroup_bytes: int
+
+
+# An Apple GPU's limits per threadgroup (MTLDevice's maxThreadgroupMemoryLength and
+# maxThreadsPerThreadgroup on every Apple family).
+METAL_LIMITS = Resources(threads=1024, threadgroup_bytes=32768)
+
+
+def threadgroup_array(count: int, itemsize: int) -> int:
+    """The bytes a threadgroup array of `count` elements of `itemsize` bytes takes, rounded up to
+    16 (the unit Metal allocates threadgroup memory in)."""
+    return -(-count * itemsize // 16) * 16
+
+
+def metal_limit_reason(*resources: Resources) -> str | None:
+    """Why programs of these resources (one per pass) cannot run on an Apple GPU, or None."""
+    for r in resources:
+        if r.threadgroup_bytes > METAL_LIMITS.threadgroup_bytes:
+            return f"{r.threadgroup_bytes} bytes of threadgroup memory (Metal allows {METAL_LIMITS.threadgroup_bytes})"
+        if r.threads > METAL_LIMITS.threads:
+            return f"{r.threads} threads per threadgroup (Metal allows {METAL_LIMITS.threads})"
+    return None
 
 
 # Every family, in the order their modules define them (the Metal syntax check covers each).

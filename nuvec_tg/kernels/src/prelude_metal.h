@@ -27,7 +27,8 @@ INLINE float round_bfloat(float x) { return float(bfloat(x)); }
 #endif
 
 // Matrix tiles in threadgroup memory (qmm.h), on simdgroup matrices: the CUDA prelude's
-// vocabulary. Tiles hold floats here (simdgroup_float8x8 runs on every Apple GPU family).
+// vocabulary. Tiles hold floats here (simdgroup_float8x8).
+// Simdgroup matrices need an Apple7 GPU (A14, M1) or later: the routes keep qmm off older ones.
 #define THREADGROUP_PTR threadgroup
 #define MMA_INPUT(T) float
 #define MMA_DIRECT 0  // 16-bit inputs are widened into float tiles first
