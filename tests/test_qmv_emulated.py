@@ -184,16 +184,24 @@ def test_emulated_gather_qmv_keeps_one_row_bits_and_zeros_unpicked_entries(mode,
                                           err_msg=f"entry {p} row {r}")
 
 
-def emulated_qmm(x: np.ndarray, qw, dtype) -> np.ndarray:
-    """y's raw values from the emulated qmm for raw x `[M, K]` in `dtype` (16-bit)."""
+def emulated_qmm(x: np.ndarray, qw, dtype, metal_tiles: bool = False) -> np.ndarray:
+    """y's raw values from the emulated qmm for raw x `[M, K]` in `dtype` (16-bit); `metal_tiles`:
+    with Metal's tiles (`metal_layout`)."""
     rows, k = x.shape
     n = qw.weight.shape[0]
     kernel = qmv.qmm_program("cuda", dtype, qw.scales.dtype, dtype, mode=qw.mode, group_size=qw.group_size, bits=qw.bits, k=k)
     y = np.full((rows, n), 0xFFFF, dtype=x.dtype)  # NaN patterns: an output the kernel misses shows
     buffers = [y, x, raw(qw.weight), raw(qw.scales)] + ([raw(qw.biases)] if qw.biases is not None else [])
     buffers.append(np.array([rows, n, k], dtype=np.int32))
-    build(kernel)(buffers, -(-n // qmv.QMM_COLUMNS), qmv.QMM_THREADS, -(-rows // qmv.QMM_ROWS))
+    build(kernel, metal_tiles)(buffers, -(-n // qmv.QMM_COLUMNS), qmv.QMM_THREADS, -(-rows // qmv.QMM_ROWS))
     return y
+
+
+@pytest.fixture
+def metal_layout(monkeypatch):
+    """qmm's CUDA rendering laid out as its Metal one: Metal's stage count (with `metal_tiles`,
+    the emulator's float tiles and unstaged x complete the Metal layout)."""
+    monkeypatch.setitem(qmv.QMM_STAGES, "cuda", qmv.QMM_STAGES["metal"])
 
 
 QMM_CASES = [("affine", 64, 4, dtypes.bfloat16), ("affine", 32, 3, dtypes.float16), ("affine", 128, 8, dtypes.bfloat16),
@@ -214,11 +222,27 @@ def test_emulated_qmm_matches_the_composition(mode, group, bits, dtype):
     assert np.abs(got - want).max() <= TOL[dtype] * max(np.abs(want).max(), 1.0)
 
 
-@pytest.mark.parametrize("mode, group, bits, dtype", [("affine", 64, 4, dtypes.bfloat16), ("mxfp4", 32, 4, dtypes.float16),
+@pytest.mark.parametrize("mode, group, bits, dtype", [("affine", 64, 4, dtypes.bfloat16), ("affine", 32, 3, dtypes.float16),
                                                       ("nvfp4", 16, 4, dtypes.bfloat16)], ids=str)
-def test_emulated_gathered_qmm_takes_each_rows_batch(mode, group, bits, dtype):
+def test_emulated_qmm_with_metals_layout_matches_the_composition(mode, group, bits, dtype, metal_layout):
+    """qmm as Metal runs it (two stage buffers of packed words, x widened from memory into a float
+    tile, float tiles of w): tails of rows and columns, K over several steps, nvfp4's half chunk."""
+    rng = np.random.default_rng(0x9B6)
+    n, k = 67, 176 if mode == "nvfp4" else 4 * group
+    qw = quantized(random(rng, (n, k), dtype, "CPU")[0], mode, group, bits)
+    x_tensor = random(rng, (70, k), dtype, "CPU")[0].realize()
+    want = quant.quantized_matmul(x_tensor, qw).cast(dtypes.float32).numpy().astype(np.float64)
+    got = as_float(emulated_qmm(raw(x_tensor), qw, dtype, metal_tiles=True), dtype)
+    assert np.abs(got - want).max() <= TOL[dtype] * max(np.abs(want).max(), 1.0)
+
+
+@pytest.mark.parametrize("mode, group, bits, dtype, metal_tiles", [
+    ("affine", 64, 4, dtypes.bfloat16, False), ("mxfp4", 32, 4, dtypes.float16, False), ("nvfp4", 16, 4, dtypes.bfloat16, False),
+    ("affine", 64, 4, dtypes.bfloat16, True)], ids=str)
+def test_emulated_gathered_qmm_takes_each_rows_batch(mode, group, bits, dtype, metal_tiles, monkeypatch):
     """Rows with their own weight batch: sorted runs that cross row tiles, an unsorted stretch (more
-    runs, the same values), picks outside the batches giving zeros."""
+    runs, the same values), picks outside the batches giving zeros; also in Metal's layout."""
+    if metal_tiles: monkeypatch.setitem(qmv.QMM_STAGES, "cuda", qmv.QMM_STAGES["metal"])
     rng = np.random.default_rng(0x9B8)
     batches, n, k, rows = 4, 67, 176 if mode == "nvfp4" else 3 * group, 150
     qw = quantized(random(rng, (batches, n, k), dtype, "CPU")[0], mode, group, bits)
@@ -230,7 +254,7 @@ def test_emulated_gathered_qmm_takes_each_rows_batch(mode, group, bits, dtype):
     y = np.full((rows, n), 0xFFFF, dtype=np.uint16)
     buffers = [y, raw(x_tensor), raw(qw.weight), raw(qw.scales)] + ([raw(qw.biases)] if qw.biases is not None else [])
     buffers += [picks, np.array([rows, n, k, batches], dtype=np.int32)]
-    build(kernel)(buffers, -(-n // qmv.QMM_COLUMNS), qmv.QMM_THREADS, -(-rows // qmv.QMM_ROWS))
+    build(kernel, metal_tiles)(buffers, -(-n // qmv.QMM_COLUMNS), qmv.QMM_THREADS, -(-rows // qmv.QMM_ROWS))
     got = as_float(y, dtype)
     for batch in range(batches):
         one = quant.QuantizedWeight(*(None if t is None else t[batch].contiguous() for t in (qw.weight, qw.scales, qw.biases)),

@@ -13,7 +13,7 @@ from .. import kernels
 from ..kernels.attention import decode_attention
 from ..tensor import check, check_floating, check_number, check_tensor, compute_dtype, dtype_name, promote_types, zero_after
 from .plan import AttentionCall, AttentionPlan, BlockedD512, ComposedBlocks, Vector, block_bounds, plan_call, \
-    target_for_device, validate_attention
+    validate_attention
 
 
 def _block_mask(call: AttentionCall, mask: Tensor, start: int, end: int, lo: int, hi: int) -> Tensor:
@@ -94,7 +94,7 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, 
     scale = check_number(op, "scale", scale)
     dtype = promote_types(promote_types(q.dtype, k.dtype), v.dtype)
     call = validate_attention(op, q.shape, k.shape, v.shape, dtype, mask, sinks, window, max_score_bytes)
-    target = target_for_device(q.device)
+    target = kernels.target(q.device)
     plan = plan_call(call, target, op)
     report_plan(op, f"{tuple(q.shape)} x {tuple(k.shape)} {dtype_name(dtype)}", q.device, plan)
     if 0 in (call.batch, call.q_heads, call.q_len, call.k_len):

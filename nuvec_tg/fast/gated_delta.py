@@ -45,7 +45,8 @@ def _kernel_backend(op: str, q: Tensor, v: Tensor, tensors: tuple[Tensor, ...], 
     """The backend whose kernel runs this call, or None (the composition)."""
     types = tuple(t.dtype for t in tensors) + ((storage,) if storage is not None else ())
     return kernels.choose(op, f"{tuple(q.shape)} on {q.device}", q.device, "gated_delta",
-                          lambda backend: kernel.unsupported(types, q.shape[0], q.shape[1], v.shape[2], q.shape[3], v.shape[3]))
+                          lambda backend: kernel.unsupported(types, q.shape[0], q.shape[1], v.shape[2], q.shape[3], v.shape[3],
+                                                             kernels.target(q.device)))
 
 
 def _arithmetic_dtype(*tensors: Tensor) -> DType:

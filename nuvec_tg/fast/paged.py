@@ -16,7 +16,7 @@ from .. import kernels
 from ..kernels.attention import decode_attention, paged_unsupported
 from ..tensor import check, check_floating, check_integer, check_number, check_tensor, dtype_name, promote_types, put_rows, take_rows
 from .attention import compose_attention, report_plan
-from .plan import AttentionPlan, Composed, Vector, plan_call, target_for_device, validate_attention
+from .plan import AttentionPlan, Composed, Vector, plan_call, validate_attention
 
 
 def _check_pool(op: str, what: str, pool: Tensor) -> None:
@@ -71,7 +71,7 @@ def paged_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: T
 
     block_ids = block_tables.cast(dtypes.int64).clip(0, blocks - 1).cast(dtypes.int32)
     lengths = lengths.cast(dtypes.int64).clip(0, capacity).cast(dtypes.int32)
-    target = target_for_device(q.device)
+    target = kernels.target(q.device)
     plan = plan_call(call, target, op)
     if isinstance(plan.kernel, Vector) and (reason := paged_unsupported(head_dim, block_size)) is not None:
         plan = AttentionPlan(Composed(), 0, 0, False, reason)

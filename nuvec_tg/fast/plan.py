@@ -20,9 +20,11 @@ Routes:
 
 Kernel routes are planned for targets with a kernel backend (`PlanTarget.backend` "metal" or
 "cuda"). On Metal the rules are MLX's, with the GPU class from the device's name (`p` phone, `g`
-base/Pro, `s` Max, `d` Ultra). On CUDA the routes are class `g`'s, but the decode kernels' key
-blocks come from the multiprocessor count. A plan whose route runs a composition says why no
-kernel does (`AttentionPlan.reason`; NUVEC_DEBUG prints it).
+base/Pro, `s` Max, `d` Ultra); bfloat16 takes a kernel only where the Metal language has bfloat
+(`PlanTarget.bfloat`), and a kernel only where its threadgroups fit an Apple GPU's limits. On CUDA
+the routes are class `g`'s, but the decode kernels' key blocks come from the multiprocessor count.
+A plan whose route runs a composition says why no kernel does (`AttentionPlan.reason`;
+NUVEC_DEBUG prints it).
 
 Memory: the composition's score-sized intermediate is `B * Hq * rows * keys` float32 values;
 `scratch_bytes` bounds everything a call allocates beyond its inputs and output.
@@ -35,7 +37,8 @@ from tinygrad import Device, Tensor, dtypes
 from tinygrad.dtype import DType
 
 from .. import kernels
-from ..kernels.attention import Vector, decode_plan, decode_unsupported
+from ..kernels.attention import Vector, decode_metal_resources, decode_plan, decode_unsupported
+from ..kernels.program import metal_limit_reason
 from ..tensor import check, check_floating, check_int, check_tensor, dtype_name, is_floating, promote_types
 
 
@@ -64,13 +67,9 @@ class BlockedD512:
 AttentionKernel = Vector | Tiled | Composed | ComposedBlocks | BlockedD512
 
 
-@dataclass(frozen=True)
-class PlanTarget:
-    """A device class to plan for: `backend` "metal", "cuda" or None (compositions only);
-    `gpu_class` for Metal (`p`, `g`, `s`, `d`; None is `g`); `multiprocessors` for CUDA."""
-    backend: str | None
-    gpu_class: str | None = None
-    multiprocessors: int | None = None
+# A device class to plan for (`kernels.Target`): `PlanTarget(backend, gpu_class, multiprocessors,
+# bfloat, matrix_units)`.
+PlanTarget = kernels.Target
 
 
 @dataclass(frozen=True)
@@ -181,18 +180,6 @@ def validate_attention(op: str, q_shape, k_shape, v_shape, dtype: DType, mask, s
     return AttentionCall(b, hq, hkv, lq, lk, d, dv, dtype, mask_kind, sinks is not None, window, max_score_bytes)
 
 
-# ---- targets ---------------------------------------------------------------------------------
-
-def target_for_device(device: str) -> PlanTarget:
-    """The plan target of a tinygrad device name: its kernel backend (None while kernels are off),
-    its Metal GPU class or its CUDA multiprocessor count."""
-    device = Device.canonicalize(device)
-    backend = kernels.active_backend(device)
-    if backend == "metal": return PlanTarget("metal", kernels.gpu_class(device))
-    if backend == "cuda": return PlanTarget("cuda", multiprocessors=kernels.multiprocessors(device))
-    return PlanTarget(None)
-
-
 # ---- routing ---------------------------------------------------------------------------------
 
 _TILED_HEADS = {(d, d) for d in (64, 72, 80, 96, 128, 192, 256)} | {(96, 64)}
@@ -206,10 +193,15 @@ def _vector_route(call: AttentionCall, target: PlanTarget) -> Vector | str:
     if reason is not None: return reason
     if call.head_dim == 512 and not (call.q_len == 1 and call.group == 8 and call.mask != "array" and call.k_len >= 1024):
         return "head size 512 decodes on the kernel only for one query of 8 grouped heads over 1024+ keys, no array mask (MLX's rule)"
+    if (reason := target.lacks(bfloat=call.dtype == dtypes.bfloat16)) is not None: return reason
     keys = call.k_len if call.window is None else min(call.k_len, call.window + call.q_len - 1)
-    return decode_plan(target.backend, batch=call.batch, kv_heads=call.kv_heads, group=call.group, q_len=call.q_len, keys=keys,
-                       head_dim=call.head_dim, value_dim=call.v_head_dim, dtype=call.dtype, gpu_class=target.gpu_class,
-                       multiprocessors=target.multiprocessors)
+    vector = decode_plan(target.backend, batch=call.batch, kv_heads=call.kv_heads, group=call.group, q_len=call.q_len,
+                         keys=keys, head_dim=call.head_dim, value_dim=call.v_head_dim, dtype=call.dtype,
+                         gpu_class=target.gpu_class, multiprocessors=target.multiprocessors)
+    if target.backend == "metal":
+        resources = decode_metal_resources(call.head_dim, call.v_head_dim, call.dtype, call.group * call.q_len, vector)
+        if (reason := metal_limit_reason(*resources)) is not None: return f"the decode kernels would take {reason}"
+    return vector
 
 
 # Why the `Tiled` and `BlockedD512` routes run a composition until the tiled prefill kernel lands.
@@ -304,9 +296,9 @@ def plan_attention(q_shape, k_shape, v_shape, dtype: DType, *, mask=None, sinks:
         check(device.gpu_class in (None, "p", "g", "s", "d"), op, f"unknown GPU class {device.gpu_class!r}")
         target = device
     else:
-        target = target_for_device(device if device is not None else Device.DEFAULT)
+        target = kernels.target(device if device is not None else Device.DEFAULT)
     return plan_call(call, target, op)
 
 
 __all__ = ["Vector", "Tiled", "Composed", "ComposedBlocks", "BlockedD512", "PlanTarget", "AttentionPlan",
-           "plan_attention", "validate_attention", "plan_call", "block_bounds", "target_for_device"]
+           "plan_attention", "validate_attention", "plan_call", "block_bounds"]

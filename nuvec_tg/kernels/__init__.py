@@ -5,7 +5,10 @@ This package is the one home of what decides whether a kernel can run at all:
   `active_backend(device)` the same while kernels are on.
 - `NUVEC_KERNELS=0` in the environment, or `with compositions_only():`, turns every kernel off:
   the operations then build their compositions (the tests compare the two on one device).
-- `multiprocessors(device)` (CUDA) and `gpu_class(device)` (Metal): what the launch plans read.
+- `multiprocessors(device)` (CUDA) and `gpu_class(device)` (Metal): what the launch plans read;
+  `metal_bfloat()` (the Metal language tinygrad compiles has bfloat) and
+  `metal_matrix_units(device)` (simdgroup matrices): what Metal's routes read. `target(device)`
+  gathers them in a `Target`, what every route and plan takes.
 - `choose(op, description, device, kernel, unsupported)`: the backend that runs an operation's
   kernel, or None for the composition; with `NUVEC_DEBUG=1` it prints which, and why not.
 - `record_launches()` collects `(program, label)` for every launch built, for tests.
@@ -18,6 +21,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import platform
+from dataclasses import dataclass
 from typing import Callable, Iterator
 
 from tinygrad import Device, Tensor
@@ -94,6 +99,73 @@ def gpu_class(device: str) -> str:
         return gpu_class_from_name(from_ns_str(Device[device].sysdevice.name()))
     except Exception:  # noqa: BLE001 - an unreadable name plans as the base class
         return "g"
+
+
+# The Metal languages tinygrad's compiler asks for (`metal_language`) that have bfloat (3.1 on).
+METAL_BFLOAT_LANGUAGES = ("metal3.1", "metal4.0")
+
+
+def metal_language(macos_version: str) -> str:
+    """The Metal language tinygrad 0.14's Metal compiler asks for (its one option, `-std=`) on a
+    macOS version such as "14.5": metal4.0 from macOS 26, metal3.1 from 14, metal3.0 on 13,
+    macos-metal2.0 before (`tinygrad/runtime/ops_metal.py`, `MetalCompiler.compile`)."""
+    major = int(macos_version.split(".")[0])
+    return "metal4.0" if major >= 26 else "metal3.1" if major >= 14 else "metal3.0" if major >= 13 else "macos-metal2.0"
+
+
+@functools.cache
+def metal_bfloat() -> bool:
+    """Whether the Metal language tinygrad compiles kernels in on this machine has bfloat (Metal
+    3.1, macOS 14, and later): tinygrad chooses it from the macOS version alone, so that version
+    decides, without compiling anything. False where the version cannot be read."""
+    try:
+        return metal_language(platform.mac_ver()[0]) in METAL_BFLOAT_LANGUAGES
+    except ValueError:  # not macOS: mac_ver() gives ""
+        return False
+
+
+@functools.cache
+def metal_matrix_units(device: str) -> bool:
+    """Whether a Metal device has simdgroup matrices (the Apple7 family, A14 and M1, and later:
+    `supportsFamily`); False where the device cannot be asked."""
+    try:
+        from tinygrad.runtime.autogen import metal
+        return bool(Device[device].sysdevice.supportsFamily(metal.MTLGPUFamilyApple7))
+    except Exception:  # noqa: BLE001 - unknown: the matrix kernels stay off
+        return False
+
+
+@dataclass(frozen=True)
+class Target:
+    """What the routes and plans read of a device: its kernel `backend` ("metal", "cuda", or None
+    for compositions only); `gpu_class` (Metal: MLX's `p`, `g`, `s`, `d`; None plans as `g`);
+    `multiprocessors` (CUDA); `bfloat`, whether the kernel language has bfloat (CUDA; Metal 3.1
+    and later); `matrix_units`, whether the GPU has the matrix units of the matrix kernels (CUDA's
+    mma; Metal's simdgroup matrices, Apple7 and later)."""
+    backend: str | None
+    gpu_class: str | None = None
+    multiprocessors: int | None = None
+    bfloat: bool = True
+    matrix_units: bool = True
+
+    def lacks(self, *, bfloat: bool = False, matrix_units: bool = False) -> str | None:
+        """Why a kernel that needs bfloat (`bfloat`) or matrix units (`matrix_units`) cannot run on
+        this target, or None."""
+        if bfloat and not self.bfloat: return "bfloat16 kernels need Metal 3.1 (macOS 14) or later"
+        if matrix_units and not self.matrix_units: return "simdgroup matrices need an Apple7 GPU (A14, M1) or later"
+        return None
+
+
+def target(device: str | tuple[str, ...]) -> Target:
+    """The `Target` of a tinygrad device name: its kernel backend while kernels are on (None
+    otherwise, and for a tensor's several devices), and the facts its routes read."""
+    if not isinstance(device, str): return Target(None)
+    device = Device.canonicalize(device)
+    backend = active_backend(device)
+    if backend == "metal":
+        return Target("metal", gpu_class(device), bfloat=metal_bfloat(), matrix_units=metal_matrix_units(device))
+    if backend == "cuda": return Target("cuda", multiprocessors=multiprocessors(device))
+    return Target(None)
 
 
 def debugging() -> bool:

@@ -22,7 +22,7 @@ from tinygrad import Tensor, dtypes
 from tinygrad.dtype import DType
 from tinygrad.uop.ops import Ops, UOp
 
-from .program import CTYPES, Backward, Family, Param, Program, chunks, int_buffer, launch
+from .program import CTYPES, Backward, Family, Param, Program, Resources, chunks, int_buffer, launch, threadgroup_array
 
 
 @dataclass(frozen=True)
@@ -225,6 +225,33 @@ def matrix_block_groups(threadgroups: int, batch: int, blocks: int, multiprocess
     return 0 if groups == blocks else groups
 
 
+def merge_splits(blocks: int, value_dim: int) -> int:
+    """The merge's groups of `DV / 4` threads (float4 pieces of a value row), each over every
+    `splits`-th of the `blocks` blocks: as many as MERGE_THREADS threads hold."""
+    return max(1, min(blocks, MERGE_THREADS // (value_dim // 4)))
+
+
+def merge_threads(blocks: int, value_dim: int) -> int:
+    """The merge's threads per query row: its splits' threads, in whole SIMD groups."""
+    return -(-merge_splits(blocks, value_dim) * (value_dim // 4) // 32) * 32
+
+
+def decode_metal_resources(head_dim: int, value_dim: int, dtype: DType, rows: int, vector: Vector,
+                           warps: int = METAL_LAUNCH.warps) -> tuple[Resources, ...]:
+    """A Metal decode launch's threadgroups, one per program (the vector pass, then the merge for
+    two passes), for `rows` query rows per key head: the first pass keeps each SIMD group's
+    partial rows (`shared_acc`, `shared_max`, `shared_sum` in `sdpa_decode.h`), the merge each
+    split's (`split_max`, `split_sum`, `split_acc` in `sdpa_merge.h`)."""
+    if vector.matrix: raise ValueError("decode_metal_resources: the matrix-unit pass has no Metal kernel")
+    staged = warps * geometry(head_dim, value_dim, dtype, rows, warps).rows
+    first = Resources(warps * 32, threadgroup_array(staged * value_dim, 4) + 2 * threadgroup_array(staged, 4))
+    if vector.passes == 1: return (first,)
+    splits = merge_splits(vector.blocks, value_dim)
+    merge = Resources(merge_threads(vector.blocks, value_dim),
+                      2 * threadgroup_array(splits, 4) + threadgroup_array(splits * value_dim, 4))
+    return first, merge
+
+
 DECODE = Family("nuvec_sdpa_decode", ("sdpa_keys.h", "sdpa_decode.h"), decode_unsupported, decode_plan)
 DECODE_MATRIX = Family("nuvec_sdpa_decode_mma", ("sdpa_keys.h", "sdpa_decode_mma.h"), decode_unsupported, decode_plan,
                        backends=("cuda",))
@@ -307,13 +334,17 @@ class DecodeSpec:
         return -(-rows // MATRIX_ROWS)
 
     def merge_splits(self) -> int:
-        """Groups of `DV / 4` merge threads (float4 pieces of a value row), each over every
-        `splits`-th block."""
-        return max(1, min(self.blocks, MERGE_THREADS // (self.value_dim // 4)))
+        """Groups of `DV / 4` merge threads, each over every `splits`-th block (`merge_splits`)."""
+        return merge_splits(self.blocks, self.value_dim)
 
     def merge_threads(self) -> int:
-        """The merge's threads per query row: its splits, in whole SIMD groups."""
-        return -(-self.merge_splits() * (self.value_dim // 4) // 32) * 32
+        """The merge's threads per query row (`merge_threads`)."""
+        return merge_threads(self.blocks, self.value_dim)
+
+    def metal_resources(self) -> tuple[Resources, ...]:
+        """The threadgroups of `programs("metal")`, one per program (`decode_metal_resources`)."""
+        return decode_metal_resources(self.head_dim, self.value_dim, self.dtype, self.q_heads // self.kv_heads * self.q_len,
+                                      Vector(self.passes, self.blocks, self.passes, self.matrix), self.warps)
 
     def first_pass_params(self, ctype: str) -> list[Param]:
         """The first (or only) pass's buffer parameters, in launch order: outputs, then inputs."""

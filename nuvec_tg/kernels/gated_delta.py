@@ -10,7 +10,8 @@ from typing import Callable
 from tinygrad import Tensor, dtypes
 from tinygrad.dtype import DType
 
-from .program import CTYPES, Backward, Family, Param, Program, chunks, int_buffer, launch
+from . import Target
+from .program import CTYPES, Backward, Family, Param, Program, Resources, chunks, int_buffer, launch, metal_limit_reason
 
 _ROUND = {dtypes.float16: "round_half(x)", dtypes.bfloat16: "round_bfloat(x)", dtypes.float32: "(x)"}
 
@@ -30,14 +31,25 @@ def plan(steps: int) -> Launch:
     return Launch(2, 4) if steps <= 16 else Launch(4, 1)
 
 
-def unsupported(types: tuple[DType, ...], batch: int, steps: int, value_heads: int, key_dim: int, value_dim: int) -> str | None:
-    """Why the kernel does not take a call (None when it does): float16, bfloat16 or float32
-    everywhere (`types`: the inputs', the state's and the steps' storage), Dk a multiple of 32,
-    nothing empty (an empty call is the composition's)."""
+def unsupported(types: tuple[DType, ...], batch: int, steps: int, value_heads: int, key_dim: int, value_dim: int,
+                target: Target) -> str | None:
+    """Why the kernel does not take a call on `target` (None when it does): float16, bfloat16 or
+    float32 everywhere (`types`: the inputs', the state's and the steps' storage), bfloat16 only
+    where the target has bfloat, Dk a multiple of 32, nothing empty (an empty call is the
+    composition's), and on Metal a threadgroup within an Apple GPU's limits."""
     if 0 in (batch, steps, value_heads, value_dim): return "an empty call"
     if key_dim % 32: return f"Dk {key_dim} is not a multiple of 32"
     if any(t not in CTYPES for t in types): return "a float64 input, state or storage"
+    if (reason := target.lacks(bfloat=dtypes.bfloat16 in types)) is not None: return reason
+    if target.backend == "metal" and (reason := metal_limit_reason(metal_resources(plan(steps)))) is not None:
+        return f"its threadgroup would take {reason}"
     return None
+
+
+def metal_resources(shape: Launch) -> Resources:
+    """The kernel's threadgroup on Metal for a launch shape: `shape.warps` SIMD groups and no
+    threadgroup memory (each SIMD group's rows live in its registers)."""
+    return Resources(32 * shape.warps, 0)
 
 
 GATED_DELTA = Family("nuvec_gated_delta", ("gated_delta.h",), unsupported, plan)

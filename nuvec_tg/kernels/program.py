@@ -9,7 +9,14 @@ made once here from the stem and a hash of the text (tinygrad keys its runtimes 
 body sees its buffers and scalars by name, and `nv_group` / `nv_thread` (the threadgroup's and the
 thread's index); the backend's prelude (`src/prelude_{backend}.h`, then `src/common.h`) supplies
 the shared dialect (`simd_sum`, `simd_shuffle_xor`, `THREADGROUP`, `threadgroup_barrier()`,
-`DEVICE`, `to_float`, `from_float`, `bits_to_float`, `half2_bits_to_float2`, `mask_or`).
+`DEVICE`, `to_float`, `from_float`, `bits_to_float`, `half2_bits_to_float2`, `mask_or`). A program
+whose defines or parameters name `bfloat` starts with `#define NUVEC_BFLOAT 1`; only then does the
+Metal prelude name bfloat (the Metal language has it from 3.1, macOS 14, on), so float16 and
+float32 programs compile on older Metal too.
+
+`Resources` is what one threadgroup asks of the device (threads, threadgroup memory); each family
+states it for its Metal specialisations (`metal_resources`), and `metal_limit_reason` says where
+that exceeds an Apple GPU's limits (the routes then take the composition).
 
 `launch(program, ...)` compiles a program once per device (tinygrad's compiler caches by source)
 and adds it to the graph as one CALL: inputs may be lazy (tinygrad realises them first), outputs
@@ -100,11 +107,47 @@ class Program:
     text: str
     params: tuple[Param, ...]
     backend: str | None
+    bfloat: bool = False  # whether the program names bfloat (its defines or parameters)
+
+    @property
+    def header(self) -> str:
+        """What comes before the prelude: `#define NUVEC_BFLOAT 1` where the program needs the
+        dialect's bfloat (the Metal prelude names bfloat only then)."""
+        return "#define NUVEC_BFLOAT 1\n" if self.bfloat else ""
 
     @property
     def source(self) -> str:
-        """The whole program: the prelude, then the text."""
-        return self.text if self.backend is None else f"{prelude(self.backend)}\n{self.text}"
+        """The whole program: its header, the prelude, then the text."""
+        return self.text if self.backend is None else f"{self.header}{prelude(self.backend)}\n{self.text}"
+
+
+@dataclass(frozen=True)
+class Resources:
+    """What one threadgroup of a program asks of the device: `threads`, and `threadgroup_bytes`,
+    the bytes of its threadgroup arrays, each rounded up to 16 (`threadgroup_array`)."""
+    threads: int
+    threadgroup_bytes: int
+
+
+# An Apple GPU's limits per threadgroup (MTLDevice's maxThreadgroupMemoryLength and
+# maxThreadsPerThreadgroup on every Apple family).
+METAL_LIMITS = Resources(threads=1024, threadgroup_bytes=32768)
+
+
+def threadgroup_array(count: int, itemsize: int) -> int:
+    """The bytes a threadgroup array of `count` elements of `itemsize` bytes takes, rounded up to
+    16 (the unit Metal allocates threadgroup memory in)."""
+    return -(-count * itemsize // 16) * 16
+
+
+def metal_limit_reason(*resources: Resources) -> str | None:
+    """Why programs of these resources (one per pass) cannot run on an Apple GPU, or None."""
+    for r in resources:
+        if r.threadgroup_bytes > METAL_LIMITS.threadgroup_bytes:
+            return f"{r.threadgroup_bytes} bytes of threadgroup memory (Metal allows {METAL_LIMITS.threadgroup_bytes})"
+        if r.threads > METAL_LIMITS.threads:
+            return f"{r.threads} threads per threadgroup (Metal allows {METAL_LIMITS.threads})"
+    return None
 
 
 # Every family, in the order their modules define them (the Metal syntax check covers each).
@@ -129,14 +172,16 @@ class Family:
 
     def program(self, backend: str, defines: dict[str, object], params: Sequence[Param]) -> Program:
         """The family specialised by `defines` for `backend`, with the signature of `params` (in
-        launch order: outputs, inputs, then scalars), named `<stem>_<hash of its text>`."""
+        launch order: outputs, inputs, then scalars), named `<stem>_<hash of its text>`. It needs
+        bfloat where a define's value or a parameter's type names it."""
         if backend not in self.backends: raise ValueError(f"{self.stem}: no {backend} kernel (only {', '.join(self.backends)})")
         helpers, body = _source(self.sources[-1]).split(BODY_MARKER)
         helpers = "".join(_source(f) for f in self.sources[:-1]) + helpers
         define_lines = "".join(f"#define {key} {value}\n" for key, value in defines.items())
         text = f"{define_lines}{helpers}\n{_signature(backend, self.stem, params)}{body}}}\n"
         name = f"{self.stem}_{hashlib.sha256(text.encode()).hexdigest()[:12]}"
-        return Program(name, text.replace(f"{self.stem}(", f"{name}("), tuple(params), backend)
+        bfloat = any("bfloat" in str(value) for value in defines.values()) or any(p.ctype == "bfloat" for p in params)
+        return Program(name, text.replace(f"{self.stem}(", f"{name}("), tuple(params), backend, bfloat)
 
 
 @functools.lru_cache(maxsize=1024)

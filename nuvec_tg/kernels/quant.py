@@ -3,8 +3,8 @@
 more rows on the matrix units, over packed weights of any affine width or floating-point mode
 (`src/quant_codes.h`), float32 accumulation.
 
-Which kernel runs (the same rule on METAL and CUDA; `quant/affine.py` and `quant/gather.py` ask,
-anything else is the composition):
+Which kernel runs (the same rule on METAL and CUDA; `quant/affine.py` and `quant/gather.py` ask
+with the device's `kernels.Target`, anything else is the composition):
 - `quantized_matmul` (`product_route`), 2-D weights: up to MAX_ROWS rows of x, `qmv` (transposed)
   or `qvm` (not), any activation type (`qmv_unsupported`); more rows of float16 or bfloat16 and
   transposed, `qmm` (`qmm_unsupported`: float32 activations stay on the composition, the tiles are
@@ -12,6 +12,8 @@ anything else is the composition):
 - `gather_qmm` (`gather_route`), transposed, no global scale: sorted single-row entries averaging
   more than MAX_ROWS rows per weight batch, the gathered `qmm` (`grouped_gather`); otherwise up to
   MAX_ROWS rows per entry, `gather_qmv`.
+- On every route: bfloat16 anywhere needs a target with bfloat, qmm a target with matrix units,
+  and on Metal a kernel's threadgroup (`*_metal_resources`) must fit an Apple GPU's limits.
 
 `plan` picks qmv's launch shape (`QmvPlan`); its defaults are the module constants below, read off
 `tools/tune_qmv.py` on the device. Only `k_split` changes a row's arithmetic order, so
@@ -22,12 +24,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 from tinygrad import Tensor, dtypes
 from tinygrad.dtype import DType
 
 from ..tensor import dtype_name
-from .program import CTYPES, Backward, Family, Param, Program, int_buffer, launch
+from . import Target
+from .program import (CTYPES, Backward, Family, Param, Program, Resources, int_buffer, launch, metal_limit_reason,
+                      threadgroup_array)
 
 MAX_ROWS = 8                  # rows of x qmv and qvm take (more: qmm, or the composition)
 CODES_PER_STEP = 32 * 32      # a SIMD group's step: 32 lanes x a chunk of 32 consecutive codes
@@ -102,12 +107,34 @@ def _dtypes_unsupported(kernel: str, x_dtype: DType, scales_dtype: DType, out_dt
     return None
 
 
-def qmv_unsupported(x_dtype: DType, scales_dtype: DType, out_dtype: DType, rows: int, k: int, n: int) -> str | None:
-    """Why qmv (or qvm) does not take a call (None when it does): it takes 1 to MAX_ROWS rows of
-    half, bfloat or float activations and output, and a non-empty weight of K inputs and N outputs."""
-    if rows > MAX_ROWS: return f"{rows} rows (qmv takes at most {MAX_ROWS})"
+def _target_unsupported(target: Target, types: tuple[DType, ...], metal_resources: Callable[[], Resources],
+                        matrix_units: bool = False) -> str | None:
+    """Why `target` cannot run a kernel over these dtypes: bfloat16 without bfloat, matrix units it
+    lacks, or on Metal a threadgroup (`metal_resources()`) past an Apple GPU's limits."""
+    reason = target.lacks(bfloat=dtypes.bfloat16 in types, matrix_units=matrix_units)
+    if reason is None and target.backend == "metal":
+        if (over := metal_limit_reason(metal_resources())) is not None: reason = f"its threadgroup would take {over}"
+    return reason
+
+
+def qmv_unsupported(x_dtype: DType, scales_dtype: DType, out_dtype: DType, rows: int, k: int, n: int, target: Target,
+                    kernel: str = "qmv") -> str | None:
+    """Why qmv (or, `kernel` "qvm", qvm) does not take a call on `target` (None when it does): it
+    takes 1 to MAX_ROWS rows of half, bfloat or float activations and output, and a non-empty
+    weight of K inputs and N outputs."""
+    if rows > MAX_ROWS: return f"{rows} rows ({kernel} takes at most {MAX_ROWS})"
     if rows == 0 or k == 0 or n == 0: return "an empty product"
-    return _dtypes_unsupported("qmv", x_dtype, scales_dtype, out_dtype)
+    def resources() -> Resources:
+        return qmv_metal_resources(rows, plan(rows, k, n)) if kernel == "qmv" else qvm_metal_resources(rows, k)
+    return (_dtypes_unsupported(kernel, x_dtype, scales_dtype, out_dtype)
+            or _target_unsupported(target, (x_dtype, scales_dtype, out_dtype), resources))
+
+
+def qmv_metal_resources(rows: int, qmv_plan: QmvPlan) -> Resources:
+    """qmv's threadgroup on Metal for `rows` rows of x: the SIMD groups' sums (`partials` in
+    `qmv.h`: K_SPLIT x COLUMN_WARPS x XM x COLUMNS floats)."""
+    return Resources(qmv_plan.threads,
+                     threadgroup_array(qmv_plan.k_split * qmv_plan.column_warps * rows * qmv_plan.columns_per_warp, 4))
 
 
 QMV = Family("nuvec_qmv", ("quant_codes.h", "qmv.h"), qmv_unsupported, plan)
@@ -197,7 +224,19 @@ def qvm_split(k: int) -> int:
     return split
 
 
-QVM = Family("nuvec_qvm", ("quant_codes.h", "qvm.h"), qmv_unsupported, qvm_split)
+def qvm_unsupported(x_dtype: DType, scales_dtype: DType, out_dtype: DType, rows: int, k: int, n: int,
+                    target: Target) -> str | None:
+    """Why qvm does not take a call on `target` (`qmv_unsupported`'s rules, qvm's threadgroup)."""
+    return qmv_unsupported(x_dtype, scales_dtype, out_dtype, rows, k, n, target, kernel="qvm")
+
+
+def qvm_metal_resources(rows: int, k: int) -> Resources:
+    """qvm's threadgroup on Metal for `rows` rows of x and K: `qvm_split(k)` SIMD groups, their
+    sums (`totals` in `qvm.h`: XM x QVM_COLUMNS floats)."""
+    return Resources(32 * qvm_split(k), threadgroup_array(rows * QVM_COLUMNS, 4))
+
+
+QVM = Family("nuvec_qvm", ("quant_codes.h", "qvm.h"), qvm_unsupported, qvm_split)
 
 
 def qvm_program(backend: str, x_dtype: DType, scales_dtype: DType, out_dtype: DType, *, mode: str, group_size: int,
@@ -248,19 +287,38 @@ def gather_qmv(x: Tensor, weight: Tensor, scales: Tensor, biases: Tensor | None,
 
 
 # The matrix-matrix kernel (`src/qmm.h`): y = x · wᵀ for more rows than qmv takes (prefill), on the
-# matrix units; tiles of QMM_ROWS x QMM_COLUMNS outputs, 4 SIMD groups each.
-QMM_ROWS, QMM_COLUMNS, QMM_THREADS = 64, 64, 128
+# matrix units; tiles of QMM_ROWS x QMM_COLUMNS outputs in steps of QMM_STEP along K, 4 SIMD groups
+# each. These are the source's BM, BN, BK, TILE_LD and STAGES (`qmm_program` passes them).
+QMM_ROWS, QMM_COLUMNS, QMM_STEP, QMM_THREADS = 64, 64, 32, 128
+QMM_TILE_LD = QMM_STEP + 8  # a tile row's stride (padding: no bank conflicts in the fragment loads)
+# Stage buffers of the copies in flight: 3 steps ahead on CUDA (cp.async); Metal's copies are plain
+# loads, done when issued, so a second buffer (the next step's words) is all staging gives there.
+QMM_STAGES = {"cuda": 4, "metal": 2}
 QMM_DTYPES = (dtypes.float16, dtypes.bfloat16)  # the mma's inputs: x (and the dequantized tiles) in x's type
 
 
-def qmm_unsupported(x_dtype: DType, scales_dtype: DType, out_dtype: DType, rows: int, k: int, n: int) -> str | None:
-    """Why qmm does not take a call (None when it does): it takes more than MAX_ROWS rows of 16-bit
-    activations (float32 and the few-row products go elsewhere), a non-empty weight, at most 65535
-    row tiles (the grid's axis)."""
+def qmm_unsupported(x_dtype: DType, scales_dtype: DType, out_dtype: DType, rows: int, k: int, n: int, bits: int,
+                    target: Target) -> str | None:
+    """Why qmm does not take a call of `bits`-bit weights on `target` (None when it does): it
+    takes more than MAX_ROWS rows of 16-bit activations (float32 and the few-row products go
+    elsewhere), a non-empty weight, at most 65535 row tiles (the grid's axis), and a target with
+    matrix units."""
     if rows <= MAX_ROWS: return f"{rows} rows (qmm takes more than {MAX_ROWS})"
     if k == 0 or n == 0: return "an empty product"
     if math.ceil(rows / QMM_ROWS) > 65535: return f"{rows} rows (more than 65535 tiles of {QMM_ROWS})"
-    return _dtypes_unsupported("qmm", x_dtype, scales_dtype, out_dtype, QMM_DTYPES)
+    return (_dtypes_unsupported("qmm", x_dtype, scales_dtype, out_dtype, QMM_DTYPES)
+            or _target_unsupported(target, (x_dtype, scales_dtype, out_dtype), lambda: qmm_metal_resources(bits),
+                                   matrix_units=True))
+
+
+def qmm_metal_resources(bits: int) -> Resources:
+    """qmm's threadgroup on Metal for `bits`-bit weights (`qmm.h` without MMA_DIRECT): QMM_STAGES
+    stage buffers of packed words (`w_stage_memory`), the float tiles of w and x (`w_tile_memory`,
+    `x_tile`: QMM_TILE_LD floats a row) and each SIMD group's 16 x 8 float scratch (`out_tile`);
+    x is not staged (it is widened straight into its tile)."""
+    return Resources(QMM_THREADS, threadgroup_array(QMM_STAGES["metal"] * QMM_COLUMNS * bits, 4)
+                     + threadgroup_array(QMM_COLUMNS * QMM_TILE_LD, 4) + threadgroup_array(QMM_ROWS * QMM_TILE_LD, 4)
+                     + threadgroup_array(QMM_THREADS // 32 * 16 * 8, 4))
 
 
 def qmm_plan(rows: int, n: int) -> tuple[int, int]:
@@ -272,17 +330,18 @@ def qmm_plan(rows: int, n: int) -> tuple[int, int]:
 QMM = Family("nuvec_qmm", ("quant_codes.h", "qmm.h"), qmm_unsupported, qmm_plan)
 
 
-def product_route(x_dtype: DType, scales_dtype: DType, out_dtype: DType, rows: int, k: int, n: int, *, transpose: bool,
-                  batched: bool) -> tuple[str, str | None]:
-    """`quantized_matmul`'s kernel for `rows` rows of x against a weight of K inputs and N outputs:
-    `("qmv" | "qvm" | "qmm", reason it cannot run or None)`. Up to MAX_ROWS rows, qmv (transposed)
-    or qvm (not); more, qmm (transposed only); `batched` (weights with batch axes) has no kernel."""
+def product_route(x_dtype: DType, scales_dtype: DType, out_dtype: DType, rows: int, k: int, n: int, *, bits: int,
+                  transpose: bool, batched: bool, target: Target) -> tuple[str, str | None]:
+    """`quantized_matmul`'s kernel on `target` for `rows` rows of x against a `bits`-bit weight of
+    K inputs and N outputs: `("qmv" | "qvm" | "qmm", reason it cannot run or None)`. Up to MAX_ROWS
+    rows, qmv (transposed) or qvm (not); more, qmm (transposed only); `batched` (weights with batch
+    axes) has no kernel."""
     kernel = ("qmv" if transpose else "qvm") if rows <= MAX_ROWS else "qmm"
     if batched: return kernel, "weights with batch axes"
     if kernel == "qmm":
         if not transpose: return kernel, f"{rows} rows of untransposed weights (qvm takes at most {MAX_ROWS})"
-        return kernel, qmm_unsupported(x_dtype, scales_dtype, out_dtype, rows, k, n)
-    return kernel, qmv_unsupported(x_dtype, scales_dtype, out_dtype, rows, k, n)
+        return kernel, qmm_unsupported(x_dtype, scales_dtype, out_dtype, rows, k, n, bits, target)
+    return kernel, qmv_unsupported(x_dtype, scales_dtype, out_dtype, rows, k, n, target, kernel)
 
 
 def grouped_gather(entries: int, rows_per_entry: int, batches: int) -> bool:
@@ -295,19 +354,21 @@ def grouped_gather(entries: int, rows_per_entry: int, batches: int) -> bool:
 
 
 def gather_route(x_dtype: DType, scales_dtype: DType, out_dtype: DType, entries: int, rows: int, k: int, n: int,
-                 batches: int, *, transpose: bool, sorted_indices: bool, global_scale: bool) -> tuple[str, str | None]:
-    """`gather_qmm`'s kernel for `entries` entries of `rows` rows each over `batches` weight
-    batches: `("qmm" | "gather_qmv", reason it cannot run or None)`. Sorted single-row entries
-    averaging more than MAX_ROWS rows a batch (`grouped_gather`), the gathered qmm; otherwise
-    gather_qmv, up to MAX_ROWS rows an entry. Both take transposed weights without a global scale."""
+                 batches: int, *, bits: int, transpose: bool, sorted_indices: bool, global_scale: bool,
+                 target: Target) -> tuple[str, str | None]:
+    """`gather_qmm`'s kernel on `target` for `entries` entries of `rows` rows each over `batches`
+    batches of `bits`-bit weights: `("qmm" | "gather_qmv", reason it cannot run or None)`. Sorted
+    single-row entries averaging more than MAX_ROWS rows a batch (`grouped_gather`), the gathered
+    qmm; otherwise gather_qmv, up to MAX_ROWS rows an entry. Both take transposed weights without a
+    global scale."""
     grouped = sorted_indices and grouped_gather(entries, rows, batches)
     kernel = "qmm" if grouped else "gather_qmv"
     if not transpose: return kernel, "untransposed weights"
     if global_scale: return kernel, "a global scale"
     if batches == 0: return kernel, "no weight batches"
-    if grouped: return kernel, qmm_unsupported(x_dtype, scales_dtype, out_dtype, entries * rows, k, n)
+    if grouped: return kernel, qmm_unsupported(x_dtype, scales_dtype, out_dtype, entries * rows, k, n, bits, target)
     if entries > MAX_ENTRIES: return kernel, f"{entries} entries (more than {MAX_ENTRIES})"
-    return kernel, qmv_unsupported(x_dtype, scales_dtype, out_dtype, rows if entries else 0, k, n)
+    return kernel, qmv_unsupported(x_dtype, scales_dtype, out_dtype, rows if entries else 0, k, n, target)
 
 
 def qmm_program(backend: str, x_dtype: DType, scales_dtype: DType, out_dtype: DType, *, mode: str, group_size: int,
@@ -316,7 +377,8 @@ def qmm_program(backend: str, x_dtype: DType, scales_dtype: DType, out_dtype: DT
     batches)). K only picks the width of the weight loads (its rows' alignment). `gather`: each
     row of x with its own weight batch (sorted gathers of `gather_qmm`)."""
     defines = dict(TX=ctype(x_dtype), TS=ctype(scales_dtype), TY=ctype(out_dtype), BITS=bits, GROUP=group_size,
-                   MODE=_MODES[mode], LOAD_WORDS=load_words(bits, k * bits // 32), GATHER=int(gather))
+                   MODE=_MODES[mode], LOAD_WORDS=load_words(bits, k * bits // 32), GATHER=int(gather), BM=QMM_ROWS,
+                   BN=QMM_COLUMNS, BK=QMM_STEP, TILE_LD=QMM_TILE_LD, STAGES=QMM_STAGES[backend])
     params = _params(defines["TY"], defines["TX"], defines["TS"], mode, gather) + [Param("ints", "in", "int")]
     return QMM.program(backend, defines, params)
 

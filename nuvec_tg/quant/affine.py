@@ -228,8 +228,8 @@ def quantized_matmul(x: Tensor, qw: QuantizedWeight, transpose: bool = True) -> 
     dtype = promote_types(x.dtype, qw.scales.dtype) if qw.mode == "affine" else x.dtype
     rows_of_x = math.prod(x.shape[:-1])
     outputs = rows if transpose else columns
-    kernel, reason = qmv_kernel.product_route(dtype, qw.scales.dtype, dtype, rows_of_x, inner, outputs, transpose=transpose,
-                                              batched=qw.weight.ndim != 2)
+    kernel, reason = qmv_kernel.product_route(dtype, qw.scales.dtype, dtype, rows_of_x, inner, outputs, bits=qw.bits,
+                                              transpose=transpose, batched=qw.weight.ndim != 2, target=kernels.target(x.device))
     backend = kernels.choose(op, f"{tuple(x.shape)} x {qw.mode} {qw.bits}-bit {tuple(qw.weight.shape)} on {x.device}",
                              x.device, kernel, lambda backend: reason)
     if backend is not None:

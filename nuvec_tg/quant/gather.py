@@ -108,8 +108,8 @@ def gather_qmm(x: Tensor, qw: QuantizedWeight, lhs_indices: Tensor | None = None
     def product(x_rows: Tensor, picks: Tensor) -> Tensor:
         entries, m = x_rows.shape[0], x_rows.shape[1]
         kernel, reason = qmv_kernel.gather_route(dtype, qw.scales.dtype, dtype, entries, m, columns, rows, weight.shape[0],
-                                                 transpose=transpose, sorted_indices=sorted_indices,
-                                                 global_scale=global_scale is not None)
+                                                 bits=qw.bits, transpose=transpose, sorted_indices=sorted_indices,
+                                                 global_scale=global_scale is not None, target=kernels.target(x.device))
         backend = kernels.choose(op, f"{entries} entries of {m} x {columns} x {qw.mode} {qw.bits}-bit {tuple(qw.weight.shape)} "
                                  f"on {x.device}", x.device, kernel, lambda backend: reason)
         if backend is None: return composed(x_rows, weight, scales, biases, picks)

@@ -78,13 +78,14 @@ def _precompiled_headers() -> list[str]:
     return ["-include-pch", str(pch)] if built else []
 
 
-def build(program: Program):
+def build(program: Program, metal_tiles: bool = False):
     """A shared library running `program` (a CUDA specialisation); returns its
     `run(buffers, groups, threads, groups_y=1, groups_z=1)` (a grid of groups x groups_y x groups_z
-    threadgroups)."""
+    threadgroups). `metal_tiles`: qmm's matrix tiles as Metal has them (`prelude_emulated.h`)."""
     name, kernel_text, params = program.name, program.text, program.params
     arguments = ", ".join(f"({'const ' if p.kind == 'in' else ''}{p.ctype}*)buffers[{i}]" for i, p in enumerate(params))
-    source = ((HERE / "prelude_emulated.h").read_text() + (SOURCE_DIR / "common.h").read_text() +
+    source = (("#define METAL_TILES 1\n" if metal_tiles else "") + program.header + (HERE / "prelude_emulated.h").read_text() +
+              (SOURCE_DIR / "common.h").read_text() +
               kernel_text.replace('extern "C" ', "") + _LAUNCHER.replace("KERNEL", name).replace("ARGUMENTS", arguments))
     _CACHE.mkdir(exist_ok=True)
     library = _CACHE / f"{hashlib.sha256(source.encode()).hexdigest()[:16]}.so"

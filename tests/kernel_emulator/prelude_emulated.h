@@ -175,10 +175,16 @@ inline void stage_wait(unsigned long long* bar, int parity) {
 inline uint low_halves(uint a, uint b) { return (a & 0xFFFFu) | (b << 16); }
 inline uint high_halves(uint a, uint b) { return (a >> 16) | (b & 0xFFFF0000u); }
 
-// Matrix tiles in threadgroup memory (qmm.h), as the CUDA prelude has them.
+// Matrix tiles in threadgroup memory (qmm.h), as the CUDA prelude has them, or under METAL_TILES
+// as the Metal prelude's simdgroup matrices do: float tiles, x widened into its own (not staged).
 #define THREADGROUP_PTR
+#ifdef METAL_TILES
+#define MMA_INPUT(T) float
+#define MMA_DIRECT 0
+#else
 #define MMA_INPUT(T) T
 #define MMA_DIRECT 1
+#endif
 // The asynchronous copies, done at once (a kernel missing a barrier after async_wait can still
 // read a stage another thread is writing: the threads are OS threads).
 inline void async_copy(void* to, const void* from, bool present, int bytes) {
@@ -192,6 +198,33 @@ inline void async_commit() {}
 inline void prefetch_l2(const void* at, int bytes) { check_read(at, bytes); }  // a hint: only its range is checked
 #define async_wait(n)
 inline void simd_barrier() { block_sync->warps[threadIdx.x / 32]->arrive_and_wait(); }
+#ifdef METAL_TILES
+// A simdgroup matrix belongs to the whole SIMD group: here every lane holds all of it (the lanes
+// load the same elements), and a store writes each element from one lane.
+struct TileAcc { float v[16][8]; };
+inline void tile_zero(TileAcc& acc) { for (auto& row : acc.v) for (float& v : row) v = 0.0f; }
+template <typename T> struct TileA { float v[16][16]; };
+template <typename T> struct TileB { float v[8][16]; };  // B's transpose: 8 rows of 16
+inline void load_tile_a(TileA<float>& tile, const float* a, int lda, int lane) {
+  for (int r = 0; r < 16; r++) for (int c = 0; c < 16; c++) tile.v[r][c] = a[r * lda + c];
+}
+inline void load_tile_b(TileB<float>& tile, const float* b, int ldb, int lane) {
+  for (int r = 0; r < 8; r++) for (int c = 0; c < 16; c++) tile.v[r][c] = b[r * ldb + c];
+}
+inline void tile_mma(TileAcc& acc, const TileA<float>& a, const TileB<float>& b) {
+  for (int i = 0; i < 16; i++)
+    for (int j = 0; j < 8; j++) {
+      float sum = acc.v[i][j];
+      for (int k = 0; k < 16; k++) sum += a.v[i][k] * b.v[j][k];
+      acc.v[i][j] = sum;
+    }
+}
+inline void to_tile(float value, float* at) { *at = value; }
+template <typename T> inline void to_tile2(float low, float high, T* at) { to_tile(low, at); to_tile(high, at + 1); }
+inline void tile_store(const TileAcc& acc, float* out, int ld, int lane) {
+  for (int e = lane; e < 16 * 8; e += 32) out[e / 8 * ld + e % 8] = acc.v[e / 8][e % 8];
+}
+#else
 struct TileAcc { float v[4]; };
 inline void tile_zero(TileAcc& acc) { acc.v[0] = acc.v[1] = acc.v[2] = acc.v[3] = 0.0f; }
 template <typename T> struct TileA { uint r[4]; };
@@ -221,3 +254,4 @@ inline void tile_store(const TileAcc& acc, float* out, int ld, int lane) {
   out[(g + 8) * ld + 2 * c] = acc.v[2];
   out[(g + 8) * ld + 2 * c + 1] = acc.v[3];
 }
+#endif

@@ -1,4 +1,6 @@
-// The Metal side of nuvec_tg's kernel dialect.
+// The Metal side of nuvec_tg's kernel dialect. bfloat is named only under NUVEC_BFLOAT (a program
+// whose types include it defines that first): the Metal language has bfloat from 3.1 (macOS 14) on,
+// so the others compile on Metal 3.0 too.
 #include <metal_stdlib>
 using namespace metal;
 #define DEVICE device
@@ -11,19 +13,22 @@ using namespace metal;
 INLINE float fast_exp2(float x) { return fast::exp2(x); }
 INLINE float to_float(float x) { return x; }
 INLINE float to_float(half x) { return float(x); }
-INLINE float to_float(bfloat x) { return float(x); }
 INLINE float to_float(uchar x) { return float(x); }
 INLINE float bits_to_float(uint bits) { return as_type<float>(bits); }
 INLINE uint mask_or(uint a, uint mask, uint bits) { return (a & mask) | bits; }
 INLINE float2 half2_bits_to_float2(uint bits) { return float2(as_type<half2>(bits)); }  // low half first
 INLINE void from_float(float x, device float* out) { *out = x; }
 INLINE void from_float(float x, device half* out) { *out = half(x); }
-INLINE void from_float(float x, device bfloat* out) { *out = bfloat(x); }
 INLINE float round_half(float x) { return float(half(x)); }
+#ifdef NUVEC_BFLOAT
+INLINE float to_float(bfloat x) { return float(x); }
+INLINE void from_float(float x, device bfloat* out) { *out = bfloat(x); }
 INLINE float round_bfloat(float x) { return float(bfloat(x)); }
+#endif
 
 // Matrix tiles in threadgroup memory (qmm.h), on simdgroup matrices: the CUDA prelude's
-// vocabulary. Tiles hold floats here (simdgroup_float8x8 runs on every Apple GPU family).
+// vocabulary. Tiles hold floats here (simdgroup_float8x8).
+// Simdgroup matrices need an Apple7 GPU (A14, M1) or later: the routes keep qmm off older ones.
 #define THREADGROUP_PTR threadgroup
 #define MMA_INPUT(T) float
 #define MMA_DIRECT 0  // 16-bit inputs are widened into float tiles first

@@ -2,28 +2,32 @@
 // weights (`quant_codes.h`), on the matrix units.
 //
 // A threadgroup of 4 SIMD groups computes a BM x BN tile of y in steps of BK = 32 along K (one
-// chunk of codes per weight row). A step's x tile (BM x BK, as it is) and packed weight words (BN
-// chunks) are copied into one of STAGES buffers of threadgroup memory STAGES - 1 steps ahead
-// (asynchronous copies on CUDA: a step's products wait for no load issued after the step before
-// them). Per step the weights are dequantized from their buffer (scale · code + bias, or the
-// floating-point modes' code · scale; the scale and bias loaded a step ahead) and rounded into a
-// BN x BK tile of MMA_INPUT(TX) (TX on CUDA, as MLX dequantizes into the activations' type; float
-// on Metal, where x's tile is widened too); each SIMD group then multiplies its 32 x 32 quarter as
-// 2 x 4 tiles of 16 x 8 (`tile_mma`, float32 accumulation; each fragment loaded once a step). Rows of x past M, weight rows past N
-// and codes past K (nvfp4: K = 16 mod 32) are zeros in the tiles and nothing is read for them.
+// chunk of codes per weight row). A step's packed weight words (BN chunks) and, where the mma reads
+// x from threadgroup memory as it is (MMA_DIRECT, CUDA), its x tile (BM x BK) are copied into one
+// of STAGES buffers of threadgroup memory STAGES - 1 steps ahead (asynchronous copies on CUDA: a
+// step's products wait for no load issued after the step before them). Per step the weights are
+// dequantized from their buffer (scale · code + bias, or the floating-point modes' code · scale;
+// the scale and bias loaded a step ahead) and rounded into a BN x BK tile of MMA_INPUT(TX) (TX on
+// CUDA, as MLX dequantizes into the activations' type; float on Metal, where each thread widens its
+// pieces of x straight from device memory into x's float tile: Metal's copies are plain loads, so
+// a stage buffer for x would only add a trip through threadgroup memory, and without it the
+// threadgroup fits Metal's 32 KB); each SIMD group then multiplies its 32 x 32 quarter as 2 x 4
+// tiles of 16 x 8 (`tile_mma`, float32 accumulation; each fragment loaded once a step). Rows of x
+// past M, weight rows past N and codes past K (nvfp4: K = 16 mod 32) are zeros in the tiles and
+// nothing is read for them.
 //
 // GATHER: row i of x uses weight batch picks[i] of ints[3] batches (w, scales and biases hold the
 // batches one after another); a tile's rows run in turn by runs of equal picks, so sorted picks
 // (a mixture of experts' rows grouped by expert) cost little more than one batch.
 //
 // Runtime sizes (the `ints` buffer): M, N, K (, the batches). Defines: TX (x; 16-bit), TS, TY,
-// BITS, GROUP, MODE, LOAD_WORDS (words per copy of packed codes), GATHER.
+// BITS, GROUP, MODE, LOAD_WORDS (words per copy of packed codes), GATHER, and the tiles' BM, BN,
+// BK, TILE_LD (row stride of the tiles: padding against bank conflicts in the fragment loads) and
+// STAGES, from `kernels/quant.py` (the grid and the threadgroup's size are computed there too).
 
-#define BM 64
-#define BN 64
-#define BK 32
-#define STAGES 4
-#define TILE_LD (BK + 8)             // row stride of the tiles (padding: no bank conflicts in the fragment loads)
+#if BM != 64 || BN != 64 || BK != 32
+#error "qmm.h: the threads' layout is written for 64 x 64 tiles in steps of 32 (128 threads)"
+#endif
 #define X_STAGE (BM * TILE_LD)       // x values per stage buffer
 #define W_STAGE (BN * BITS)          // packed words per stage buffer (a chunk of 32 codes per weight row)
 #define W_COPIES ((W_STAGE + LOAD_WORDS * 128 - 1) / (LOAD_WORDS * 128))  // copies of packed words a thread issues per step
@@ -36,19 +40,25 @@ typedef MMA_INPUT(TX) TileT;
 #define COPY_WORDS async_copy4
 #endif
 
-// The copies of step STEP into its stage buffer: x's pieces of 8 values in the run's rows (zeros
-// elsewhere; K is a multiple of 8, so a piece is all in or all out) and the weight rows' packed
-// words (nothing past N, past K or for a pick outside the batches), as one group of copies. The
-// sources are the run's per-thread starts (`x_from`, `w_from`, set up before its steps) plus the
-// step's offset.
+// The copies of step STEP into its stage buffer: with MMA_DIRECT, x's pieces of 8 values in the
+// run's rows (zeros elsewhere; K is a multiple of 8, so a piece is all in or all out), and the
+// weight rows' packed words (nothing past N, past K or for a pick outside the batches), as one
+// group of copies. The sources are the run's per-thread starts (`x_from`, `w_from`, set up before
+// its steps) plus the step's offset.
+#if MMA_DIRECT
+#define COPY_X(k_first, stage)                                                                       \
+  _Pragma("unroll") for (int i = 0; i < 2; i++) {                                                    \
+    const bool present = x_row_in[i] && (k_first) + x_column < k_size;                                \
+    async_copy16(x_stages + (stage) * X_STAGE + x_piece_row[i] * TILE_LD + x_column,                  \
+                 present ? x_from[i] + (k_first) : x, present);                                       \
+  }
+#else
+#define COPY_X(k_first, stage)  // x goes straight into its float tile at its step
+#endif
 #define COPY_STEP(STEP)                                                                              \
   {                                                                                                  \
     const int k_first = (STEP) * BK, stage = (STEP) % STAGES;                                         \
-    _Pragma("unroll") for (int i = 0; i < 2; i++) {                                                  \
-      const bool present = x_row_in[i] && k_first + x_column < k_size;                                \
-      async_copy16(x_stages + stage * X_STAGE + x_piece_row[i] * TILE_LD + x_column,                  \
-                   present ? x_from[i] + k_first : x, present);                                       \
-    }                                                                                                \
+    COPY_X(k_first, stage)                                                                           \
     const int chunk_words = k_first + BK <= k_size ? BITS : (k_size - k_first) * BITS / BK;           \
     _Pragma("unroll") for (int copy = 0; copy < W_COPIES; copy++) {                                  \
       const int word = LOAD_WORDS * (thread_id + 128 * copy);                                         \
@@ -83,9 +93,11 @@ typedef MMA_INPUT(TX) TileT;
   const int groups_per_row = k_size / GROUP;
   const int steps = (k_size + BK - 1) / BK;
   // The stage buffers as 16-byte words (the copies' alignment), seen as x values and packed words.
+#if MMA_DIRECT
   THREADGROUP uint4 x_stage_memory[STAGES * X_STAGE * sizeof(TX) / 16];
-  THREADGROUP uint4 w_stage_memory[STAGES * W_STAGE / 4];
   THREADGROUP_PTR TX* x_stages = (THREADGROUP_PTR TX*)x_stage_memory;
+#endif
+  THREADGROUP uint4 w_stage_memory[STAGES * W_STAGE / 4];
   THREADGROUP_PTR uint* w_stages = (THREADGROUP_PTR uint*)w_stage_memory;
   THREADGROUP uint4 w_tile_memory[BN * TILE_LD * sizeof(TileT) / 16];  // 16-byte aligned rows (the fragment loads)
   THREADGROUP_PTR TileT* w_tile = (THREADGROUP_PTR TileT*)w_tile_memory;
@@ -196,12 +208,15 @@ typedef MMA_INPUT(TX) TileT;
 #if MMA_DIRECT
       const THREADGROUP_PTR TileT* x_tile = x_stages + stage * X_STAGE;
 #else
-      // x widened into its float tile (the pieces this thread copied).
+      // This thread's pieces of x, widened from device memory into x's float tile (zeros past the
+      // run's rows or past K). Every SIMD group finished the step before's products at the barrier.
 #pragma unroll
-      for (int i = 0; i < 2; i++)
+      for (int i = 0; i < 2; i++) {
+        const bool present = x_row_in[i] && step * BK + x_column < k_size;
 #pragma unroll
         for (int j = 0; j < 8; j++)
-          x_tile[x_piece_row[i] * TILE_LD + x_column + j] = to_float(x_stages[stage * X_STAGE + x_piece_row[i] * TILE_LD + x_column + j]);
+          x_tile[x_piece_row[i] * TILE_LD + x_column + j] = present ? to_float(x_from[i][step * BK + j]) : 0.0f;
+      }
 #endif
       threadgroup_barrier();
 #pragma unroll

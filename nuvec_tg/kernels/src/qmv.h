@@ -72,6 +72,7 @@ INLINE void load_x8(const DEVICE half* at, THREAD float* xs) {
     xs[2 * i + 1] = pair.y;
   }
 }
+#ifdef NUVEC_BFLOAT  // only where the dialect has bfloat (program.py)
 INLINE void load_x8(const DEVICE bfloat* at, THREAD float* xs) {
   const uint4 raw = *(const DEVICE uint4*)at;
   const uint words[4] = {raw.x, raw.y, raw.z, raw.w};
@@ -81,6 +82,7 @@ INLINE void load_x8(const DEVICE bfloat* at, THREAD float* xs) {
     xs[2 * i + 1] = bits_to_float(words[i] & 0xFFFF0000u);
   }
 }
+#endif
 
 // One chunk of every column and row of x into `sums` [XM][COLUMNS]: `x_chunk` (x's first row at
 // the chunk's first k), `words`
