@@ -4,6 +4,7 @@
 // Threadgroup arrays are statics: threadgroups run one at a time.
 #include <barrier>
 #include <cstring>
+#include <link.h>
 #include <thread>
 
 typedef unsigned int uint;
@@ -20,12 +21,14 @@ struct float4 { float x, y, z, w; };
 #define THREAD
 #define CONSTANT
 #define THREADGROUP static
-#define INLINE inline
-#define __global__
+#define INLINE inline __attribute__((always_inline))  // as CUDA's __forceinline__: a helper's accesses are the kernel's
+#define __global__ __attribute__((noinline))          // the kernel keeps its own frame, below the thread's stack top
 #define __restrict__ __restrict
 #define INFINITY __builtin_inff()
+// The emulator's own helpers, which touch its shared state (the threadgroup's barriers and lane
+// slots): never inlined into a kernel, so that only the kernel's own accesses are checked.
+#define EMULATOR_SIDE __attribute__((noinline))
 
-thread_local uint3 blockIdx, threadIdx;
 struct Block {
   std::barrier<>* all;
   std::barrier<>* warps[32];
@@ -33,28 +36,96 @@ struct Block {
   uint mma_a[1024][4], mma_b[1024][2];  // the fragments of each lane's last mma
   bool votes[1024];
 };
-thread_local Block* block_sync;
+// A thread's place in the grid, its threadgroup, and the top of the stack its kernel runs on.
+struct EmulatedThread {
+  uint3 block, thread;
+  Block* sync;
+  const char* stack_top;
+};
+thread_local EmulatedThread emulated;
+#define blockIdx (emulated.block)
+#define threadIdx (emulated.thread)
+#define block_sync (emulated.sync)
 
-// The launch's buffers (set by `run`), so that the reads the emulator can see by address (the
-// asynchronous copies and the L2 prefetch hints) are checked to lie inside one of them; the count
-// of those that do not is read back after the launch.
+// Where a kernel may read and write. The launch's buffers (set by `run`; a kernel writes only its
+// outputs) and the memory private to the kernel: its thread's stack, the thread's emulator state,
+// and the library's own segments (threadgroup arrays are statics there). Where the compiler can
+// trace them (clang's -fsanitize-coverage=trace-loads,trace-stores over the kernel only), every
+// load and store of the kernel is checked, and the count of those outside is read back after the
+// launch; otherwise the reads the emulator sees by address (the asynchronous copies and the L2
+// prefetch hints) are.
 struct BufferRange { const char* begin; const char* end; };
 inline BufferRange launch_buffers[32];
+inline bool launch_writable[32];
 inline int launch_buffer_count = 0;
-inline int out_of_bounds_reads = 0;
+inline int out_of_bounds_reads = 0, out_of_bounds_writes = 0;
+inline BufferRange library_segments[16];
+inline int library_segment_count = 0;
+inline bool inside(const BufferRange& range, const char* from, int bytes) { return from >= range.begin && from + bytes <= range.end; }
 inline void check_read(const void* at, int bytes) {
   const char* from = (const char*)at;
   for (int i = 0; i < launch_buffer_count; i++)
-    if (from >= launch_buffers[i].begin && from + bytes <= launch_buffers[i].end) return;
+    if (inside(launch_buffers[i], from, bytes)) return;
   __atomic_fetch_add(&out_of_bounds_reads, 1, __ATOMIC_SEQ_CST);
 }
+inline int find_library_segments(dl_phdr_info* info, size_t, void*) {
+  const char* self = (const char*)&launch_buffer_count;
+  bool mine = false;
+  for (int i = 0; i < info->dlpi_phnum; i++) {
+    const ElfW(Phdr)& segment = info->dlpi_phdr[i];
+    const char* begin = (const char*)(info->dlpi_addr + segment.p_vaddr);
+    if (segment.p_type == PT_LOAD && self >= begin && self < begin + segment.p_memsz) mine = true;
+  }
+  if (!mine) return 0;
+  for (int i = 0; i < info->dlpi_phnum && library_segment_count < 16; i++) {
+    const ElfW(Phdr)& segment = info->dlpi_phdr[i];
+    const char* begin = (const char*)(info->dlpi_addr + segment.p_vaddr);
+    if (segment.p_type == PT_LOAD) library_segments[library_segment_count++] = {begin, begin + segment.p_memsz};
+  }
+  return 1;
+}
+inline bool private_memory(const char* at, int bytes) {
+  const char* frame = (const char*)__builtin_frame_address(0);
+  if (at >= frame && at + bytes <= emulated.stack_top) return true;
+  if (at >= (const char*)&emulated && at + bytes <= (const char*)(&emulated + 1)) return true;
+  for (int i = 0; i < library_segment_count; i++)
+    if (inside(library_segments[i], at, bytes)) return true;
+  return false;
+}
+inline void check_access(const void* address, int bytes, bool write) {
+  const char* at = (const char*)address;
+  for (int i = 0; i < launch_buffer_count; i++)
+    if (inside(launch_buffers[i], at, bytes)) {
+      if (write && !launch_writable[i]) break;
+      return;
+    }
+  if (private_memory(at, bytes)) return;
+  __atomic_fetch_add(write ? &out_of_bounds_writes : &out_of_bounds_reads, 1, __ATOMIC_SEQ_CST);
+}
+// The compiler's callbacks for every load and store of the kernel (not themselves traced).
+#define TRACED_ACCESS(BYTES)                                                                       \
+  extern "C" void __sanitizer_cov_load##BYTES(void* at) { check_access(at, BYTES, false); }       \
+  extern "C" void __sanitizer_cov_store##BYTES(void* at) { check_access(at, BYTES, true); }
+TRACED_ACCESS(1)
+TRACED_ACCESS(2)
+TRACED_ACCESS(4)
+TRACED_ACCESS(8)
+TRACED_ACCESS(16)
 
-inline void threadgroup_barrier() { block_sync->all->arrive_and_wait(); }
-inline float simd_shuffle_xor(float x, int mask) {
+EMULATOR_SIDE inline void threadgroup_barrier() { block_sync->all->arrive_and_wait(); }
+EMULATOR_SIDE inline float simd_shuffle_xor(float x, int mask) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   block_sync->lanes[threadIdx.x] = x;
   block_sync->warps[warp]->arrive_and_wait();
   const float other = block_sync->lanes[warp * 32 + (lane ^ mask)];
+  block_sync->warps[warp]->arrive_and_wait();
+  return other;
+}
+EMULATOR_SIDE inline float simd_shuffle(float x, int source) {
+  const int warp = threadIdx.x / 32;
+  block_sync->lanes[threadIdx.x] = x;
+  block_sync->warps[warp]->arrive_and_wait();
+  const float other = block_sync->lanes[warp * 32 + source];
   block_sync->warps[warp]->arrive_and_wait();
   return other;
 }
@@ -86,6 +157,8 @@ inline void from_float(float x, bfloat* out) {  // round to nearest even, as __f
   const ushort top = (ushort)(bits >> 16);
   std::memcpy(out, &top, 2);
 }
+inline float round_half(float x) { return (float)(half)x; }
+inline float round_bfloat(float x) { bfloat b; from_float(x, &b); return to_float(b); }
 inline float bits_to_float(uint bits) { float f; std::memcpy(&f, &bits, 4); return f; }
 inline uint mask_or(uint a, uint mask, uint bits) { return (a & mask) | bits; }
 inline float2 half2_bits_to_float2(uint bits) {
@@ -96,7 +169,7 @@ inline float2 half2_bits_to_float2(uint bits) {
 inline float max(float a, float b) { return a > b ? a : b; }
 inline float min(float a, float b) { return a < b ? a : b; }
 inline float fast_exp2(float x) { return __builtin_exp2f(x); }
-inline bool simd_any(bool x) {
+EMULATOR_SIDE inline bool simd_any(bool x) {
   const int warp = threadIdx.x / 32;
   block_sync->votes[threadIdx.x] = x;
   block_sync->warps[warp]->arrive_and_wait();
@@ -114,7 +187,7 @@ inline float half_bits_to_float(ushort bits, bool bf16) {
   std::memcpy(&h, &bits, 2);
   return (float)h;
 }
-inline void mma_emulated(float* acc, const uint* a, uint b0, uint b1, bool bf16) {
+EMULATOR_SIDE inline void mma_emulated(float* acc, const uint* a, uint b0, uint b1, bool bf16) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   for (int i = 0; i < 4; i++) block_sync->mma_a[threadIdx.x][i] = a[i];
   block_sync->mma_b[threadIdx.x][0] = b0;
@@ -191,7 +264,7 @@ inline void async_copy4(void* to, const void* from, bool present) { async_copy(t
 inline void async_commit() {}
 inline void prefetch_l2(const void* at, int bytes) { check_read(at, bytes); }  // a hint: only its range is checked
 #define async_wait(n)
-inline void simd_barrier() { block_sync->warps[threadIdx.x / 32]->arrive_and_wait(); }
+EMULATOR_SIDE inline void simd_barrier() { block_sync->warps[threadIdx.x / 32]->arrive_and_wait(); }
 struct TileAcc { float v[4]; };
 inline void tile_zero(TileAcc& acc) { acc.v[0] = acc.v[1] = acc.v[2] = acc.v[3] = 0.0f; }
 template <typename T> struct TileA { uint r[4]; };
