@@ -1,6 +1,6 @@
 """Run a kernel's CUDA rendering on the CPU (`prelude_emulated.h`): compiled with a C++20 compiler
-into a shared library whose `run` launches a grid, one threadgroup at a time, each thread an OS
-thread. For checking a kernel's indexing, decoding and arithmetic order where no GPU is present;
+into a shared library whose `run` launches a grid, one threadgroup at a time, each of its threads
+an OS thread (the same ones for every threadgroup). For checking a kernel's indexing, decoding and arithmetic order where no GPU is present;
 its arithmetic is the rendering's, written out (no contraction), so where a kernel writes every
 multiply-add as fma the results have the CUDA build's bits.
 
@@ -42,23 +42,26 @@ extern "C" void run(void** buffers, long* sizes, const int* writable, int count,
   }
   if (library_segment_count == 0) dl_iterate_phdr(find_library_segments, nullptr);
   out_of_bounds_reads = out_of_bounds_writes = 0;
-  for (int g = 0; g < groups * groups_y * groups_z; g++) {
-    std::barrier<> all(threads);
-    std::vector<std::barrier<>*> warps;
-    Block sync{&all, {}, {}};
-    for (int w = 0; w < (threads + 31) / 32; w++) sync.warps[w] = new std::barrier<>(32);
-    std::vector<std::thread> pool;
-    for (int t = 0; t < threads; t++)
-      pool.emplace_back([&, t] {
-        emulated.sync = &sync;
+  // One OS thread per thread of a threadgroup, taking the grid's threadgroups one at a time (all of
+  // them finish one before any starts the next): threadgroup arrays are statics.
+  const int total = groups * groups_y * groups_z;
+  std::barrier<> all(threads);
+  Block sync{&all, {}, {}};
+  for (int w = 0; w < (threads + 31) / 32; w++) sync.warps[w] = new std::barrier<>(32);
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; t++)
+    pool.emplace_back([&, t] {
+      emulated.sync = &sync;
+      emulated.thread = uint3{(uint)t, 0, 0};
+      emulated.stack_top = (const char*)__builtin_frame_address(0);
+      for (int g = 0; g < total; g++) {
         emulated.block = uint3{(uint)(g % groups), (uint)(g / groups % groups_y), (uint)(g / (groups * groups_y))};
-        emulated.thread = uint3{(uint)t, 0, 0};
-        emulated.stack_top = (const char*)__builtin_frame_address(0);
         KERNEL(ARGUMENTS);
-      });
-    for (auto& thread : pool) thread.join();
-    for (int w = 0; w < (threads + 31) / 32; w++) delete sync.warps[w];
-  }
+        all.arrive_and_wait();
+      }
+    });
+  for (auto& thread : pool) thread.join();
+  for (int w = 0; w < (threads + 31) / 32; w++) delete sync.warps[w];
   outside[0] = out_of_bounds_reads;
   outside[1] = out_of_bounds_writes;
 }

@@ -157,6 +157,16 @@ inline void from_float(float x, bfloat* out) {  // round to nearest even, as __f
   const ushort top = (ushort)(bits >> 16);
   std::memcpy(out, &top, 2);
 }
+// A float converted to bfloat by the language (`bfloat(x)`, and what the compiler makes of
+// from_float): a call to this, which not every runtime library has; to nearest even.
+extern "C" bfloat __truncsfbf2(float x) {
+  uint bits;
+  std::memcpy(&bits, &x, 4);
+  bits = (bits & 0x7FFFFFFFu) > 0x7F800000u ? 0x7FC00000u : bits + 0x7FFFu + ((bits >> 16) & 1u);
+  ushort top = (ushort)(bits >> 16);
+  asm("" : "+r"(top));  // opaque: the compiler would fold the rounding back into a call to this very function
+  return __builtin_bit_cast(bfloat, top);
+}
 inline float round_half(float x) { return (float)(half)x; }
 inline float round_bfloat(float x) { bfloat b; from_float(x, &b); return to_float(b); }
 inline float bits_to_float(uint bits) { float f; std::memcpy(&f, &bits, 4); return f; }
