@@ -1,8 +1,9 @@
 """Run a kernel's CUDA rendering on the CPU (`prelude_emulated.h`): compiled with a C++20 compiler
-into a shared library whose `run` launches a grid, one threadgroup at a time, each of its threads
-an OS thread (the same ones for every threadgroup). For checking a kernel's indexing, decoding and arithmetic order where no GPU is present;
-its arithmetic is the rendering's, written out (no contraction), so where a kernel writes every
-multiply-add as fma the results have the CUDA build's bits.
+into a shared library, which the runner library (`runner.cpp`, built once) launches over a grid,
+one threadgroup at a time, each of its threads an OS thread. For checking a kernel's indexing,
+decoding and arithmetic order where no GPU is present; its arithmetic is the rendering's, written
+out (no contraction), so where a kernel writes every multiply-add as fma the results have the
+CUDA build's bits.
 
 A launch fails its assertion when the kernel reads outside the launch's buffers or writes outside
 its outputs (its own stack, threadgroup arrays and thread state aside). With clang
@@ -13,6 +14,7 @@ function, its helpers inlined); with another compiler only the reads the emulato
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import os
 import pathlib
@@ -30,48 +32,17 @@ COMPILER = next((c for c in ("clang++-19", "clang++", "clang++-20", "clang++-18"
 _CACHE = pathlib.Path(tempfile.gettempdir()) / "nuvec_kernel_emulator"
 _PADDING = 1 << 16  # bytes on either side of a buffer in a launch (a multiple of 16: its alignment stays)
 
-_LAUNCHER = """
-#include <thread>
-#include <vector>
-extern "C" void run(void** buffers, long* sizes, const int* writable, int count, int groups, int groups_y, int groups_z,
-                    int threads, int* outside) {
-  launch_buffer_count = count;
-  for (int i = 0; i < count; i++) {
-    launch_buffers[i] = {(const char*)buffers[i], (const char*)buffers[i] + sizes[i]};
-    launch_writable[i] = writable[i] != 0;
-  }
-  if (library_segment_count == 0) dl_iterate_phdr(find_library_segments, nullptr);
-  out_of_bounds_reads = out_of_bounds_writes = 0;
-  // One OS thread per thread of a threadgroup, taking the grid's threadgroups one at a time (all of
-  // them finish one before any starts the next): threadgroup arrays are statics.
-  const int total = groups * groups_y * groups_z;
-  std::barrier<> all(threads);
-  Block sync{&all, {}, {}};
-  for (int w = 0; w < (threads + 31) / 32; w++) sync.warps[w] = new std::barrier<>(32);
-  std::vector<std::thread> pool;
-  for (int t = 0; t < threads; t++)
-    pool.emplace_back([&, t] {
-      emulated.sync = &sync;
-      emulated.thread = uint3{(uint)t, 0, 0};
-      emulated.stack_top = (const char*)__builtin_frame_address(0);
-      for (int g = 0; g < total; g++) {
-        emulated.block = uint3{(uint)(g % groups), (uint)(g / groups % groups_y), (uint)(g / (groups * groups_y))};
-        KERNEL(ARGUMENTS);
-        all.arrive_and_wait();
-      }
-    });
-  for (auto& thread : pool) thread.join();
-  for (int w = 0; w < (threads + 31) / 32; w++) delete sync.warps[w];
-  outside[0] = out_of_bounds_reads;
-  outside[1] = out_of_bounds_writes;
-}
+# A kernel library's entry: the runner's `run` calls it with the launch's buffers (not traced: its
+# name must not match the kernels', `_trace_flags`).
+_ENTRY = """
+extern "C" void emulated_kernel_entry(void** buffers) { KERNEL(ARGUMENTS); }
 """
 
 
 _FLAGS = ["-std=c++20", "-O1", "-ffp-contract=off", "-fPIC", "-pthread", "-Wno-unknown-pragmas"]
 # clang: every load and store of the kernel function (program names start with nuvec_) traced.
 CHECKS_EVERY_ACCESS = COMPILER is not None and "clang" in COMPILER
-_STD_HEADERS = "#include <barrier>\n#include <cstring>\n#include <link.h>\n#include <thread>\n#include <vector>\n"
+_STD_HEADERS = "#include <cstring>\n#include <thread>\n"
 
 
 def _write_once(path: pathlib.Path, make) -> bool:
@@ -106,6 +77,29 @@ def _precompiled_headers() -> list[str]:
     return ["-include-pch", str(pch)] if built else []
 
 
+@functools.cache
+def _runner():
+    """The runner library (`runner.cpp`: the launch, barriers, exchanges and access checks), built
+    once and loaded where every kernel library finds its symbols; returns its `run`."""
+    source = (HERE / "runner.cpp").read_text().replace('#include "prelude_emulated.h"', (HERE / "prelude_emulated.h").read_text())
+    _CACHE.mkdir(exist_ok=True)
+    library = _CACHE / f"runner-{hashlib.sha256((COMPILER + source).encode()).hexdigest()[:16]}.so"
+
+    def compile_runner(private: pathlib.Path) -> bool:
+        src = private.with_suffix(".cpp")
+        src.write_text(source)
+        result = subprocess.run([COMPILER, *_FLAGS, "-shared", "-o", str(private), str(src)], capture_output=True, text=True)
+        if result.returncode: raise RuntimeError(result.stderr[:4000])
+        src.unlink()
+        return True
+    _write_once(library, compile_runner)
+    run = ctypes.CDLL(str(library), mode=ctypes.RTLD_GLOBAL).run
+    run.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_long), ctypes.POINTER(ctypes.c_int),
+                    ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_int)]
+    run.restype = None
+    return run
+
+
 def build(program: Program):
     """A shared library running `program` (a CUDA specialisation); returns its
     `run(buffers, groups, threads, groups_y=1, groups_z=1)` (a grid of groups x groups_y x groups_z
@@ -113,9 +107,9 @@ def build(program: Program):
     name, kernel_text, params = program.name, program.text, program.params
     arguments = ", ".join(f"({'const ' if p.kind == 'in' else ''}{p.ctype}*)buffers[{i}]" for i, p in enumerate(params))
     source = ((HERE / "prelude_emulated.h").read_text() + (SOURCE_DIR / "common.h").read_text() +
-              kernel_text.replace('extern "C" ', "") + _LAUNCHER.replace("KERNEL", name).replace("ARGUMENTS", arguments))
+              kernel_text.replace('extern "C" ', "") + _ENTRY.replace("KERNEL", name).replace("ARGUMENTS", arguments))
     _CACHE.mkdir(exist_ok=True)
-    library = _CACHE / f"{hashlib.sha256(source.encode()).hexdigest()[:16]}.so"
+    library = _CACHE / f"{hashlib.sha256((COMPILER + ' '.join(_FLAGS + _trace_flags()) + source).encode()).hexdigest()[:16]}.so"
 
     def compile_library(private: pathlib.Path) -> bool:
         src = private.with_suffix(".cpp")
@@ -126,10 +120,8 @@ def build(program: Program):
         src.unlink()
         return True
     _write_once(library, compile_library)
-    run = ctypes.CDLL(str(library)).run
-    run.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_long), ctypes.POINTER(ctypes.c_int), ctypes.c_int,
-                    ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_int)]
-    run.restype = None
+    run = _runner()  # first: the kernel library's undefined symbols are the runner's
+    entry = ctypes.cast(ctypes.CDLL(str(library)).emulated_kernel_entry, ctypes.c_void_p)
     writable = [p.kind == "out" for p in params]
 
     def launch(buffers: Sequence[np.ndarray], groups: int, threads: int, groups_y: int = 1, groups_z: int = 1) -> None:
@@ -142,7 +134,7 @@ def build(program: Program):
         pointers = (ctypes.c_void_p * len(padded))(*[copy.ctypes.data + _PADDING for copy in padded])
         sizes = (ctypes.c_long * len(padded))(*[b.nbytes for b in buffers])
         outside = (ctypes.c_int * 2)()
-        run(pointers, sizes, (ctypes.c_int * len(padded))(*writable), len(padded), groups, groups_y, groups_z, threads, outside)
+        run(entry, pointers, sizes, (ctypes.c_int * len(padded))(*writable), len(padded), groups, groups_y, groups_z, threads, outside)
         for copy, given, out in zip(padded, buffers, writable):
             if out: given.reshape(-1).view(np.uint8)[:] = copy[_PADDING:_PADDING + given.nbytes]
         assert outside[0] == 0 and outside[1] == 0, \

@@ -1,10 +1,10 @@
 // nuvec_tg's kernel dialect on the CPU, for running the CUDA rendering of a kernel in tests: a
 // threadgroup's threads are OS threads, SIMD-group operations and barriers are std::barriers, and
 // simd_sum adds in the CUDA prelude's butterfly order (so results have the CUDA build's bits).
-// Threadgroup arrays are statics: threadgroups run one at a time.
-#include <barrier>
+// Threadgroup arrays are statics: threadgroups run one at a time. What touches the emulator's own
+// state (the launch, barriers, lane slots, the access checks) lives in `runner.cpp`, one library
+// built once, which every kernel's library calls.
 #include <cstring>
-#include <link.h>
 #include <thread>
 
 typedef unsigned int uint;
@@ -25,110 +25,27 @@ struct float4 { float x, y, z, w; };
 #define __global__ __attribute__((noinline))          // the kernel keeps its own frame, below the thread's stack top
 #define __restrict__ __restrict
 #define INFINITY __builtin_inff()
-// The emulator's own helpers, which touch its shared state (the threadgroup's barriers and lane
-// slots): never inlined into a kernel, so that only the kernel's own accesses are checked.
-#define EMULATOR_SIDE __attribute__((noinline))
 
-struct Block {
-  std::barrier<>* all;
-  std::barrier<>* warps[32];
-  float lanes[1024];
-  uint mma_a[1024][4], mma_b[1024][2];  // the fragments of each lane's last mma
-  bool votes[1024];
-};
 // A thread's place in the grid, its threadgroup, and the top of the stack its kernel runs on.
 struct EmulatedThread {
   uint3 block, thread;
-  Block* sync;
+  void* sync;
   const char* stack_top;
 };
-thread_local EmulatedThread emulated;
+extern __thread EmulatedThread emulated;
 #define blockIdx (emulated.block)
 #define threadIdx (emulated.thread)
-#define block_sync (emulated.sync)
 
-// Where a kernel may read and write. The launch's buffers (set by `run`; a kernel writes only its
-// outputs) and the memory private to the kernel: its thread's stack, the thread's emulator state,
-// and the library's own segments (threadgroup arrays are statics there). Where the compiler can
-// trace them (clang's -fsanitize-coverage=trace-loads,trace-stores over the kernel only), every
-// load and store of the kernel is checked, and the count of those outside is read back after the
-// launch; otherwise the reads the emulator sees by address (the asynchronous copies and the L2
-// prefetch hints) are.
-struct BufferRange { const char* begin; const char* end; };
-inline BufferRange launch_buffers[32];
-inline bool launch_writable[32];
-inline int launch_buffer_count = 0;
-inline int out_of_bounds_reads = 0, out_of_bounds_writes = 0;
-inline BufferRange library_segments[16];
-inline int library_segment_count = 0;
-inline bool inside(const BufferRange& range, const char* from, int bytes) { return from >= range.begin && from + bytes <= range.end; }
-inline void check_read(const void* at, int bytes) {
-  const char* from = (const char*)at;
-  for (int i = 0; i < launch_buffer_count; i++)
-    if (inside(launch_buffers[i], from, bytes)) return;
-  __atomic_fetch_add(&out_of_bounds_reads, 1, __ATOMIC_SEQ_CST);
-}
-inline int find_library_segments(dl_phdr_info* info, size_t, void*) {
-  const char* self = (const char*)&launch_buffer_count;
-  bool mine = false;
-  for (int i = 0; i < info->dlpi_phnum; i++) {
-    const ElfW(Phdr)& segment = info->dlpi_phdr[i];
-    const char* begin = (const char*)(info->dlpi_addr + segment.p_vaddr);
-    if (segment.p_type == PT_LOAD && self >= begin && self < begin + segment.p_memsz) mine = true;
-  }
-  if (!mine) return 0;
-  for (int i = 0; i < info->dlpi_phnum && library_segment_count < 16; i++) {
-    const ElfW(Phdr)& segment = info->dlpi_phdr[i];
-    const char* begin = (const char*)(info->dlpi_addr + segment.p_vaddr);
-    if (segment.p_type == PT_LOAD) library_segments[library_segment_count++] = {begin, begin + segment.p_memsz};
-  }
-  return 1;
-}
-inline bool private_memory(const char* at, int bytes) {
-  const char* frame = (const char*)__builtin_frame_address(0);
-  if (at >= frame && at + bytes <= emulated.stack_top) return true;
-  if (at >= (const char*)&emulated && at + bytes <= (const char*)(&emulated + 1)) return true;
-  for (int i = 0; i < library_segment_count; i++)
-    if (inside(library_segments[i], at, bytes)) return true;
-  return false;
-}
-inline void check_access(const void* address, int bytes, bool write) {
-  const char* at = (const char*)address;
-  for (int i = 0; i < launch_buffer_count; i++)
-    if (inside(launch_buffers[i], at, bytes)) {
-      if (write && !launch_writable[i]) break;
-      return;
-    }
-  if (private_memory(at, bytes)) return;
-  __atomic_fetch_add(write ? &out_of_bounds_writes : &out_of_bounds_reads, 1, __ATOMIC_SEQ_CST);
-}
-// The compiler's callbacks for every load and store of the kernel (not themselves traced).
-#define TRACED_ACCESS(BYTES)                                                                       \
-  extern "C" void __sanitizer_cov_load##BYTES(void* at) { check_access(at, BYTES, false); }       \
-  extern "C" void __sanitizer_cov_store##BYTES(void* at) { check_access(at, BYTES, true); }
-TRACED_ACCESS(1)
-TRACED_ACCESS(2)
-TRACED_ACCESS(4)
-TRACED_ACCESS(8)
-TRACED_ACCESS(16)
+// The runner's: a read the emulator sees by address (an asynchronous copy, an L2 prefetch hint),
+// checked against the launch's buffers; the threadgroup's and SIMD group's barriers and exchanges.
+void check_read(const void* at, int bytes);
+void threadgroup_barrier();
+float simd_shuffle_xor(float x, int mask);
+float simd_shuffle(float x, int source);
+bool simd_any(bool x);
+void mma_emulated(float* acc, const uint* a, uint b0, uint b1, bool bf16);
+void simd_barrier();
 
-EMULATOR_SIDE inline void threadgroup_barrier() { block_sync->all->arrive_and_wait(); }
-EMULATOR_SIDE inline float simd_shuffle_xor(float x, int mask) {
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  block_sync->lanes[threadIdx.x] = x;
-  block_sync->warps[warp]->arrive_and_wait();
-  const float other = block_sync->lanes[warp * 32 + (lane ^ mask)];
-  block_sync->warps[warp]->arrive_and_wait();
-  return other;
-}
-EMULATOR_SIDE inline float simd_shuffle(float x, int source) {
-  const int warp = threadIdx.x / 32;
-  block_sync->lanes[threadIdx.x] = x;
-  block_sync->warps[warp]->arrive_and_wait();
-  const float other = block_sync->lanes[warp * 32 + source];
-  block_sync->warps[warp]->arrive_and_wait();
-  return other;
-}
 inline float simd_sum(float x) {
   for (int offset = 16; offset > 0; offset /= 2) x += simd_shuffle_xor(x, offset);
   return x;
@@ -157,16 +74,6 @@ inline void from_float(float x, bfloat* out) {  // round to nearest even, as __f
   const ushort top = (ushort)(bits >> 16);
   std::memcpy(out, &top, 2);
 }
-// A float converted to bfloat by the language (`bfloat(x)`, and what the compiler makes of
-// from_float): a call to this, which not every runtime library has; to nearest even.
-extern "C" bfloat __truncsfbf2(float x) {
-  uint bits;
-  std::memcpy(&bits, &x, 4);
-  bits = (bits & 0x7FFFFFFFu) > 0x7F800000u ? 0x7FC00000u : bits + 0x7FFFu + ((bits >> 16) & 1u);
-  ushort top = (ushort)(bits >> 16);
-  asm("" : "+r"(top));  // opaque: the compiler would fold the rounding back into a call to this very function
-  return __builtin_bit_cast(bfloat, top);
-}
 inline float round_half(float x) { return (float)(half)x; }
 inline float round_bfloat(float x) { bfloat b; from_float(x, &b); return to_float(b); }
 inline float bits_to_float(uint bits) { float f; std::memcpy(&f, &bits, 4); return f; }
@@ -179,54 +86,9 @@ inline float2 half2_bits_to_float2(uint bits) {
 inline float max(float a, float b) { return a > b ? a : b; }
 inline float min(float a, float b) { return a < b ? a : b; }
 inline float fast_exp2(float x) { return __builtin_exp2f(x); }
-EMULATOR_SIDE inline bool simd_any(bool x) {
-  const int warp = threadIdx.x / 32;
-  block_sync->votes[threadIdx.x] = x;
-  block_sync->warps[warp]->arrive_and_wait();
-  bool any = false;
-  for (int l = 0; l < 32; l++) any = any || block_sync->votes[warp * 32 + l];
-  block_sync->warps[warp]->arrive_and_wait();
-  return any;
-}
 
-// mma.sync m16n8k16 (float32 accumulation) over the SIMD group's fragments, as the CUDA prelude
-// documents them: every lane posts its fragments, then computes its four C elements.
-inline float half_bits_to_float(ushort bits, bool bf16) {
-  if (bf16) return bits_to_float((uint)bits << 16);
-  half h;
-  std::memcpy(&h, &bits, 2);
-  return (float)h;
-}
-EMULATOR_SIDE inline void mma_emulated(float* acc, const uint* a, uint b0, uint b1, bool bf16) {
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  for (int i = 0; i < 4; i++) block_sync->mma_a[threadIdx.x][i] = a[i];
-  block_sync->mma_b[threadIdx.x][0] = b0;
-  block_sync->mma_b[threadIdx.x][1] = b1;
-  block_sync->warps[warp]->arrive_and_wait();
-  float A[16][16], B[16][8];
-  for (int l = 0; l < 32; l++) {
-    const int g = l / 4, c = l % 4, at = warp * 32 + l;
-    for (int reg = 0; reg < 4; reg++) {
-      const uint word = block_sync->mma_a[at][reg];
-      const int row = g + 8 * (reg % 2), k = 2 * c + 8 * (reg / 2);
-      A[row][k] = half_bits_to_float((ushort)(word & 0xFFFFu), bf16);
-      A[row][k + 1] = half_bits_to_float((ushort)(word >> 16), bf16);
-    }
-    for (int reg = 0; reg < 2; reg++) {
-      const uint word = block_sync->mma_b[at][reg];
-      B[2 * c + 8 * reg][g] = half_bits_to_float((ushort)(word & 0xFFFFu), bf16);
-      B[2 * c + 8 * reg + 1][g] = half_bits_to_float((ushort)(word >> 16), bf16);
-    }
-  }
-  block_sync->warps[warp]->arrive_and_wait();
-  const int g = lane / 4, c = lane % 4;
-  for (int e = 0; e < 4; e++) {
-    const int row = g + 8 * (e / 2), col = 2 * c + e % 2;
-    float sum = acc[e];
-    for (int k = 0; k < 16; k++) sum += A[row][k] * B[k][col];
-    acc[e] = sum;
-  }
-}
+
+// mma.sync m16n8k16 (float32 accumulation) over the SIMD group's fragments: mma_emulated, the runner's.
 inline void mma_bf16(float* acc, const uint* a, uint b0, uint b1) { mma_emulated(acc, a, b0, b1, true); }
 inline void mma_f16(float* acc, const uint* a, uint b0, uint b1) { mma_emulated(acc, a, b0, b1, false); }
 inline uint pack_pair(float lo, float hi, bfloat) {
@@ -274,7 +136,6 @@ inline void async_copy4(void* to, const void* from, bool present) { async_copy(t
 inline void async_commit() {}
 inline void prefetch_l2(const void* at, int bytes) { check_read(at, bytes); }  // a hint: only its range is checked
 #define async_wait(n)
-EMULATOR_SIDE inline void simd_barrier() { block_sync->warps[threadIdx.x / 32]->arrive_and_wait(); }
 struct TileAcc { float v[4]; };
 inline void tile_zero(TileAcc& acc) { acc.v[0] = acc.v[1] = acc.v[2] = acc.v[3] = 0.0f; }
 template <typename T> struct TileA { uint r[4]; };
