@@ -9,7 +9,7 @@ from tinygrad import Tensor, dtypes
 from kernel_emulator import COMPILER, build
 from nuvec_tg import quant
 from nuvec_tg.kernels import quant as qmv
-from reference import random
+from reference import assert_rows_close, random
 
 pytestmark = pytest.mark.skipif(COMPILER is None, reason="no C++ compiler")
 TOL = {dtypes.float32: 1e-5, dtypes.float16: 2e-3, dtypes.bfloat16: 1.6e-2}
@@ -27,6 +27,16 @@ def as_float(bits: np.ndarray, dtype) -> np.ndarray:
     return bits.astype(np.float64)
 
 
+def check_rows(name: str, got: np.ndarray, want: np.ndarray, dtype) -> None:
+    """The kernel's raw rows against the composition's (float64), each within `TOL` of its largest |want|."""
+    assert_rows_close(name, as_float(got, dtype), want, TOL[dtype])
+
+
+def edited(program, edit):
+    """`program`, or `edit(program)` (a planted fault)."""
+    return program if edit is None else edit(program)
+
+
 def quantized(w: Tensor, mode: str, group: int, bits: int) -> quant.QuantizedWeight:
     """`w` quantized, its parts realized as plain buffers (the emulator reads their bytes)."""
     qw = quant.quantize(w, group, bits, mode=mode)
@@ -34,12 +44,12 @@ def quantized(w: Tensor, mode: str, group: int, bits: int) -> quant.QuantizedWei
                                  mode, group, bits)
 
 
-def emulated_qmv(x: np.ndarray, qw, dtype, plan: qmv.QmvPlan) -> np.ndarray:
-    """y's raw values from the emulated kernel for raw x `[M, K]` in `dtype`."""
+def emulated_qmv(x: np.ndarray, qw, dtype, plan: qmv.QmvPlan, edit=None) -> np.ndarray:
+    """y's raw values from the emulated kernel for raw x `[M, K]` in `dtype` (its program edited first where asked)."""
     rows, k = x.shape
     n = qw.weight.shape[0]
-    kernel = qmv.qmv_program("cuda", dtype, qw.scales.dtype, dtype, mode=qw.mode,
-                               group_size=qw.group_size, bits=qw.bits, rows=rows, k=k, n=n, qmv_plan=plan)
+    kernel = edited(qmv.qmv_program("cuda", dtype, qw.scales.dtype, dtype, mode=qw.mode,
+                                    group_size=qw.group_size, bits=qw.bits, rows=rows, k=k, n=n, qmv_plan=plan), edit)
     y = np.zeros((rows, n), dtype=x.dtype)
     buffers = [y, x, raw(qw.weight), raw(qw.scales)] + ([raw(qw.biases)] if qw.biases is not None else [])
     build(kernel)(buffers, plan.groups(n), plan.threads)
@@ -52,21 +62,25 @@ CASES = [("affine", 32, b, dtypes.float32) for b in (1, 2, 3, 4, 5, 6, 8)] + [
     ("nvfp4", 16, 4, dtypes.float32), ("nvfp4", 16, 4, dtypes.bfloat16)]
 
 
-@pytest.mark.parametrize("mode, group, bits, dtype", CASES, ids=str)
-def test_emulated_qmv_matches_the_composition_and_keeps_one_row_bits(mode, group, bits, dtype):
+def qmv_inputs(mode: str, group: int, bits: int, dtype):
+    """A case's weight (N = 13: not a multiple of 4 columns; K: 2 SIMD steps and a bit, nvfp4: and
+    a half chunk), raw x of 8 rows and the composition's product (float64)."""
     rng = np.random.default_rng(0x9A9)
-    # N: not a multiple of 4 columns; K: 2 SIMD steps and a bit (nvfp4: and a half chunk).
     n, k = 13, 2 * 1024 + (48 if mode == "nvfp4" else 3 * group if group < 128 else 128)
     qw = quantized(random(rng, (n, k), dtype, "CPU")[0], mode, group, bits)
     x_tensor = random(rng, (8, k), dtype, "CPU")[0].realize()
-    x = raw(x_tensor)
     want = quant.quantized_matmul(x_tensor, qw).cast(dtypes.float32).numpy().astype(np.float64)
+    return qw, raw(x_tensor), want
+
+
+@pytest.mark.parametrize("mode, group, bits, dtype", CASES, ids=str)
+def test_emulated_qmv_matches_the_composition_and_keeps_one_row_bits(mode, group, bits, dtype):
+    qw, x, want = qmv_inputs(mode, group, bits, dtype)
     for plan in (qmv.QmvPlan(4, 1, 2, 1), qmv.QmvPlan(3, 2, 1, 2)):
         alone = [emulated_qmv(x[r:r + 1], qw, dtype, plan) for r in range(8)]
         for rows in (1, 3, 8):
             got = emulated_qmv(x[:rows], qw, dtype, plan)
-            values = as_float(got, dtype)
-            assert np.abs(values - want[:rows]).max() <= TOL[dtype] * max(np.abs(want).max(), 1.0), (plan, rows)
+            check_rows(f"{plan} rows {rows}", got, want[:rows], dtype)
             for r in range(rows):
                 np.testing.assert_array_equal(got[r], alone[r][0], err_msg=f"{plan} rows {rows} row {r}")
 
@@ -82,7 +96,7 @@ def test_emulated_qmv_with_scales_of_another_dtype_and_a_column_set_moved_back()
         x_tensor = random(rng, (2, k), dtypes.float32, "CPU")[0].realize()
         want = quant.quantized_matmul(x_tensor, qw).numpy().astype(np.float64)
         got = emulated_qmv(raw(x_tensor), qw, dtypes.float32, qmv.QmvPlan(4, 1, 1, 1))
-        assert np.abs(got - want).max() <= 1e-5 * max(np.abs(want).max(), 1.0)
+        check_rows(f"scales {scales_dtype}", got, want, dtypes.float32)
 
 
 def test_default_plans_split_k_and_widen_one_rows_columns_where_enough_simd_groups_run():
@@ -117,7 +131,7 @@ def test_emulated_qmv_with_the_default_plans_at_their_boundaries(n, k):
     want = quant.quantized_matmul(x_tensor, qw).numpy().astype(np.float64)
     for rows in (1, 2, 5):
         got = emulated_qmv(x[:rows], qw, dtypes.float32, qmv.plan(rows, k, n))
-        assert np.abs(got - want[:rows]).max() <= 1e-5 * max(np.abs(want).max(), 1.0), rows
+        check_rows(f"rows {rows}", got, want[:rows], dtypes.float32)
         for r in range(rows):
             np.testing.assert_array_equal(got[r], emulated_qmv(x[r:r + 1], qw, dtypes.float32, qmv.plan(1, k, n))[0])
 
@@ -127,29 +141,39 @@ QVM_CASES = [("affine", 32, 3, dtypes.float32), ("affine", 64, 4, dtypes.bfloat1
              ("nvfp4", 16, 4, dtypes.float32)]
 
 
-@pytest.mark.parametrize("mode, group, bits, dtype", QVM_CASES, ids=str)
-def test_emulated_qvm_matches_the_composition_and_keeps_one_row_bits(mode, group, bits, dtype):
-    """The untransposed product (w [K, N] packed along N): N past one threadgroup's 256 columns and
-    not a multiple of them (nvfp4: a half chunk), K split across SIMD groups with a part."""
+def qvm_inputs(mode: str, group: int, bits: int, dtype):
+    """A case's weight (w [K, N] packed along N: N past one threadgroup's 256 columns and not a
+    multiple of them, nvfp4: a half chunk; K = 300 split across 4 SIMD groups with a part), raw x
+    of 8 rows and the composition's product (float64)."""
     rng = np.random.default_rng(0x9AF)
     k, n = 300, 256 + (48 if mode == "nvfp4" else 2 * group if group < 128 else 128)
     qw = quantized(random(rng, (k, n), dtype, "CPU")[0], mode, group, bits)
     x_tensor = random(rng, (8, k), dtype, "CPU")[0].realize()
-    x = raw(x_tensor)
     want = quant.quantized_matmul(x_tensor, qw, transpose=False).cast(dtypes.float32).numpy().astype(np.float64)
+    return qw, raw(x_tensor), want
 
-    def emulated(rows_of_x: np.ndarray) -> np.ndarray:
-        rows = rows_of_x.shape[0]
-        kernel = qmv.qvm_program("cuda", dtype, qw.scales.dtype, dtype, mode=mode, group_size=group, bits=bits, rows=rows, k=k, n=n)
-        y = np.full((rows, n), 7, dtype=x.dtype)   # not zeros: every column must be written
-        buffers = [y, rows_of_x, raw(qw.weight), raw(qw.scales)] + ([raw(qw.biases)] if qw.biases is not None else [])
-        build(kernel)(buffers, -(-n // qmv.QVM_COLUMNS), 32 * qmv.qvm_split(k))
-        return y
-    assert qmv.qvm_split(k) == 4
-    alone = [emulated(x[r:r + 1]) for r in range(8)]
+
+def emulated_qvm(x: np.ndarray, qw, dtype, edit=None) -> np.ndarray:
+    """y's raw values from the emulated qvm for raw x `[M, K]` in `dtype` (its program edited first where asked)."""
+    rows, k = x.shape
+    n = qw.weight.shape[1] * 32 // qw.bits
+    kernel = edited(qmv.qvm_program("cuda", dtype, qw.scales.dtype, dtype, mode=qw.mode, group_size=qw.group_size, bits=qw.bits,
+                                    rows=rows, k=k, n=n), edit)
+    y = np.full((rows, n), 7, dtype=x.dtype)   # not zeros: every column must be written
+    buffers = [y, x, raw(qw.weight), raw(qw.scales)] + ([raw(qw.biases)] if qw.biases is not None else [])
+    build(kernel)(buffers, -(-n // qmv.QVM_COLUMNS), 32 * qmv.qvm_split(k))
+    return y
+
+
+@pytest.mark.parametrize("mode, group, bits, dtype", QVM_CASES, ids=str)
+def test_emulated_qvm_matches_the_composition_and_keeps_one_row_bits(mode, group, bits, dtype):
+    """The untransposed product (w [K, N] packed along N), `qvm_inputs`' boundaries."""
+    qw, x, want = qvm_inputs(mode, group, bits, dtype)
+    assert qmv.qvm_split(x.shape[1]) == 4
+    alone = [emulated_qvm(x[r:r + 1], qw, dtype) for r in range(8)]
     for rows in (1, 3, 8):
-        got = emulated(x[:rows])
-        assert np.abs(as_float(got, dtype) - want[:rows]).max() <= TOL[dtype] * max(np.abs(want).max(), 1.0), rows
+        got = emulated_qvm(x[:rows], qw, dtype)
+        check_rows(f"rows {rows}", got, want[:rows], dtype)
         for r in range(rows):
             np.testing.assert_array_equal(got[r], alone[r][0], err_msg=f"rows {rows} row {r}")
 
@@ -184,12 +208,13 @@ def test_emulated_gather_qmv_keeps_one_row_bits_and_zeros_unpicked_entries(mode,
                                           err_msg=f"entry {p} row {r}")
 
 
-def emulated_qmm(x: np.ndarray, qw, dtype, metal_tiles: bool = False) -> np.ndarray:
-    """y's raw values from the emulated qmm for raw x `[M, K]` in `dtype` (16-bit); `metal_tiles`:
-    with Metal's tiles (`metal_layout`)."""
+def emulated_qmm(x: np.ndarray, qw, dtype, metal_tiles: bool = False, edit=None) -> np.ndarray:
+    """y's raw values from the emulated qmm for raw x `[M, K]` in `dtype` (16-bit; its program
+    edited first where asked); `metal_tiles`: with Metal's tiles (`metal_layout`)."""
     rows, k = x.shape
     n = qw.weight.shape[0]
-    kernel = qmv.qmm_program("cuda", dtype, qw.scales.dtype, dtype, mode=qw.mode, group_size=qw.group_size, bits=qw.bits, k=k)
+    kernel = edited(qmv.qmm_program("cuda", dtype, qw.scales.dtype, dtype, mode=qw.mode, group_size=qw.group_size, bits=qw.bits,
+                                    k=k), edit)
     y = np.full((rows, n), 0xFFFF, dtype=x.dtype)  # NaN patterns: an output the kernel misses shows
     buffers = [y, x, raw(qw.weight), raw(qw.scales)] + ([raw(qw.biases)] if qw.biases is not None else [])
     buffers.append(np.array([rows, n, k], dtype=np.int32))
@@ -209,17 +234,22 @@ QMM_CASES = [("affine", 64, 4, dtypes.bfloat16), ("affine", 32, 3, dtypes.float1
              ("nvfp4", 16, 4, dtypes.bfloat16)]
 
 
-@pytest.mark.parametrize("mode, group, bits, dtype", QMM_CASES, ids=str)
-def test_emulated_qmm_matches_the_composition(mode, group, bits, dtype):
-    """Row and column tiles with tails (M = 70, N = 67), K over several steps (nvfp4: a half chunk
-    at the end); the composition dequantizes into x's type too, so only the order of sums differs."""
+def qmm_inputs(mode: str, group: int, bits: int, dtype):
+    """A case's weight and raw x for row and column tiles with tails (M = 70, N = 67), K over several
+    steps (nvfp4: a half chunk at the end), and the composition's product (float64)."""
     rng = np.random.default_rng(0x9B5)
     n, k = 67, 176 if mode == "nvfp4" else 4 * group if group < 128 else 256
     qw = quantized(random(rng, (n, k), dtype, "CPU")[0], mode, group, bits)
     x_tensor = random(rng, (70, k), dtype, "CPU")[0].realize()
     want = quant.quantized_matmul(x_tensor, qw).cast(dtypes.float32).numpy().astype(np.float64)
-    got = as_float(emulated_qmm(raw(x_tensor), qw, dtype), dtype)
-    assert np.abs(got - want).max() <= TOL[dtype] * max(np.abs(want).max(), 1.0)
+    return qw, raw(x_tensor), want
+
+
+@pytest.mark.parametrize("mode, group, bits, dtype", QMM_CASES, ids=str)
+def test_emulated_qmm_matches_the_composition(mode, group, bits, dtype):
+    """`qmm_inputs`' tails; the composition dequantizes into x's type too, so only the order of sums differs."""
+    qw, x, want = qmm_inputs(mode, group, bits, dtype)
+    check_rows("qmm", emulated_qmm(x, qw, dtype), want, dtype)
 
 
 @pytest.mark.parametrize("mode, group, bits, dtype", [("affine", 64, 4, dtypes.bfloat16), ("affine", 32, 3, dtypes.float16),
@@ -232,8 +262,7 @@ def test_emulated_qmm_with_metals_layout_matches_the_composition(mode, group, bi
     qw = quantized(random(rng, (n, k), dtype, "CPU")[0], mode, group, bits)
     x_tensor = random(rng, (70, k), dtype, "CPU")[0].realize()
     want = quant.quantized_matmul(x_tensor, qw).cast(dtypes.float32).numpy().astype(np.float64)
-    got = as_float(emulated_qmm(raw(x_tensor), qw, dtype, metal_tiles=True), dtype)
-    assert np.abs(got - want).max() <= TOL[dtype] * max(np.abs(want).max(), 1.0)
+    check_rows("qmm (Metal's layout)", emulated_qmm(raw(x_tensor), qw, dtype, metal_tiles=True), want, dtype)
 
 
 @pytest.mark.parametrize("mode, group, bits, dtype, metal_tiles", [
@@ -261,5 +290,5 @@ def test_emulated_gathered_qmm_takes_each_rows_batch(mode, group, bits, dtype, m
                                     mode, group, bits)
         want = quant.quantized_matmul(x_tensor, one).cast(dtypes.float32).numpy().astype(np.float64)
         mine = picks == batch
-        assert np.abs(got[mine] - want[mine]).max() <= TOL[dtype] * max(np.abs(want).max(), 1.0), batch
+        assert_rows_close(f"batch {batch}", got[mine], want[mine], TOL[dtype])
     assert not got[(picks < 0) | (picks >= batches)].any()

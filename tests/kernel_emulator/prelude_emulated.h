@@ -1,8 +1,9 @@
 // nuvec_tg's kernel dialect on the CPU, for running the CUDA rendering of a kernel in tests: a
 // threadgroup's threads are OS threads, SIMD-group operations and barriers are std::barriers, and
 // simd_sum adds in the CUDA prelude's butterfly order (so results have the CUDA build's bits).
-// Threadgroup arrays are statics: threadgroups run one at a time.
-#include <barrier>
+// Threadgroup arrays are statics: threadgroups run one at a time. What touches the emulator's own
+// state (the launch, barriers, lane slots, the access checks) lives in `runner.cpp`, one library
+// built once, which every kernel's library calls.
 #include <cstring>
 #include <thread>
 
@@ -20,44 +21,31 @@ struct float4 { float x, y, z, w; };
 #define THREAD
 #define CONSTANT
 #define THREADGROUP static
-#define INLINE inline
-#define __global__
+#define INLINE inline __attribute__((always_inline))  // as CUDA's __forceinline__: a helper's accesses are the kernel's
+#define __global__ __attribute__((noinline))          // the kernel keeps its own frame, below the thread's stack top
 #define __restrict__ __restrict
 #define INFINITY __builtin_inff()
 
-thread_local uint3 blockIdx, threadIdx;
-struct Block {
-  std::barrier<>* all;
-  std::barrier<>* warps[32];
-  float lanes[1024];
-  uint mma_a[1024][4], mma_b[1024][2];  // the fragments of each lane's last mma
-  bool votes[1024];
+// A thread's place in the grid, its threadgroup, and the top of the stack its kernel runs on.
+struct EmulatedThread {
+  uint3 block, thread;
+  void* sync;
+  const char* stack_top;
 };
-thread_local Block* block_sync;
+extern __thread EmulatedThread emulated;
+#define blockIdx (emulated.block)
+#define threadIdx (emulated.thread)
 
-// The launch's buffers (set by `run`), so that the reads the emulator can see by address (the
-// asynchronous copies and the L2 prefetch hints) are checked to lie inside one of them; the count
-// of those that do not is read back after the launch.
-struct BufferRange { const char* begin; const char* end; };
-inline BufferRange launch_buffers[32];
-inline int launch_buffer_count = 0;
-inline int out_of_bounds_reads = 0;
-inline void check_read(const void* at, int bytes) {
-  const char* from = (const char*)at;
-  for (int i = 0; i < launch_buffer_count; i++)
-    if (from >= launch_buffers[i].begin && from + bytes <= launch_buffers[i].end) return;
-  __atomic_fetch_add(&out_of_bounds_reads, 1, __ATOMIC_SEQ_CST);
-}
+// The runner's: a read the emulator sees by address (an asynchronous copy, an L2 prefetch hint),
+// checked against the launch's buffers; the threadgroup's and SIMD group's barriers and exchanges.
+void check_read(const void* at, int bytes);
+void threadgroup_barrier();
+float simd_shuffle_xor(float x, int mask);
+float simd_shuffle(float x, int source);
+bool simd_any(bool x);
+void mma_emulated(float* acc, const uint* a, uint b0, uint b1, bool bf16);
+void simd_barrier();
 
-inline void threadgroup_barrier() { block_sync->all->arrive_and_wait(); }
-inline float simd_shuffle_xor(float x, int mask) {
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  block_sync->lanes[threadIdx.x] = x;
-  block_sync->warps[warp]->arrive_and_wait();
-  const float other = block_sync->lanes[warp * 32 + (lane ^ mask)];
-  block_sync->warps[warp]->arrive_and_wait();
-  return other;
-}
 inline float simd_sum(float x) {
   for (int offset = 16; offset > 0; offset /= 2) x += simd_shuffle_xor(x, offset);
   return x;
@@ -86,6 +74,8 @@ inline void from_float(float x, bfloat* out) {  // round to nearest even, as __f
   const ushort top = (ushort)(bits >> 16);
   std::memcpy(out, &top, 2);
 }
+inline float round_half(float x) { return (float)(half)x; }
+inline float round_bfloat(float x) { bfloat b; from_float(x, &b); return to_float(b); }
 inline float bits_to_float(uint bits) { float f; std::memcpy(&f, &bits, 4); return f; }
 inline uint mask_or(uint a, uint mask, uint bits) { return (a & mask) | bits; }
 inline float2 half2_bits_to_float2(uint bits) {
@@ -96,54 +86,9 @@ inline float2 half2_bits_to_float2(uint bits) {
 inline float max(float a, float b) { return a > b ? a : b; }
 inline float min(float a, float b) { return a < b ? a : b; }
 inline float fast_exp2(float x) { return __builtin_exp2f(x); }
-inline bool simd_any(bool x) {
-  const int warp = threadIdx.x / 32;
-  block_sync->votes[threadIdx.x] = x;
-  block_sync->warps[warp]->arrive_and_wait();
-  bool any = false;
-  for (int l = 0; l < 32; l++) any = any || block_sync->votes[warp * 32 + l];
-  block_sync->warps[warp]->arrive_and_wait();
-  return any;
-}
 
-// mma.sync m16n8k16 (float32 accumulation) over the SIMD group's fragments, as the CUDA prelude
-// documents them: every lane posts its fragments, then computes its four C elements.
-inline float half_bits_to_float(ushort bits, bool bf16) {
-  if (bf16) return bits_to_float((uint)bits << 16);
-  half h;
-  std::memcpy(&h, &bits, 2);
-  return (float)h;
-}
-inline void mma_emulated(float* acc, const uint* a, uint b0, uint b1, bool bf16) {
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  for (int i = 0; i < 4; i++) block_sync->mma_a[threadIdx.x][i] = a[i];
-  block_sync->mma_b[threadIdx.x][0] = b0;
-  block_sync->mma_b[threadIdx.x][1] = b1;
-  block_sync->warps[warp]->arrive_and_wait();
-  float A[16][16], B[16][8];
-  for (int l = 0; l < 32; l++) {
-    const int g = l / 4, c = l % 4, at = warp * 32 + l;
-    for (int reg = 0; reg < 4; reg++) {
-      const uint word = block_sync->mma_a[at][reg];
-      const int row = g + 8 * (reg % 2), k = 2 * c + 8 * (reg / 2);
-      A[row][k] = half_bits_to_float((ushort)(word & 0xFFFFu), bf16);
-      A[row][k + 1] = half_bits_to_float((ushort)(word >> 16), bf16);
-    }
-    for (int reg = 0; reg < 2; reg++) {
-      const uint word = block_sync->mma_b[at][reg];
-      B[2 * c + 8 * reg][g] = half_bits_to_float((ushort)(word & 0xFFFFu), bf16);
-      B[2 * c + 8 * reg + 1][g] = half_bits_to_float((ushort)(word >> 16), bf16);
-    }
-  }
-  block_sync->warps[warp]->arrive_and_wait();
-  const int g = lane / 4, c = lane % 4;
-  for (int e = 0; e < 4; e++) {
-    const int row = g + 8 * (e / 2), col = 2 * c + e % 2;
-    float sum = acc[e];
-    for (int k = 0; k < 16; k++) sum += A[row][k] * B[k][col];
-    acc[e] = sum;
-  }
-}
+
+// mma.sync m16n8k16 (float32 accumulation) over the SIMD group's fragments: mma_emulated, the runner's.
 inline void mma_bf16(float* acc, const uint* a, uint b0, uint b1) { mma_emulated(acc, a, b0, b1, true); }
 inline void mma_f16(float* acc, const uint* a, uint b0, uint b1) { mma_emulated(acc, a, b0, b1, false); }
 inline uint pack_pair(float lo, float hi, bfloat) {
@@ -197,7 +142,6 @@ inline void async_copy4(void* to, const void* from, bool present) { async_copy(t
 inline void async_commit() {}
 inline void prefetch_l2(const void* at, int bytes) { check_read(at, bytes); }  // a hint: only its range is checked
 #define async_wait(n)
-inline void simd_barrier() { block_sync->warps[threadIdx.x / 32]->arrive_and_wait(); }
 #ifdef METAL_TILES
 // A simdgroup matrix belongs to the whole SIMD group: here every lane holds all of it (the lanes
 // load the same elements), and a store writes each element from one lane.

@@ -1,0 +1,205 @@
+"""Planted faults: each emulated test must fail on a kernel with a typical bug. Every test renders
+a kernel family's program as its emulated test does, edits the rendered text in one place (the
+edit must apply exactly once, so that a fault cannot silently stop being planted when the source
+changes), runs it through that test's own comparison (or the launch's bounds check, for a fault
+that reads or writes outside its buffers), and expects it to fail. The kernel sources have no
+fault switches: the faults live here only."""
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import pytest
+from tinygrad import dtypes
+
+import test_decode_emulated as vector
+import test_decode_mma_emulated as matrix
+import test_gated_delta_emulated as gated
+import test_qmv_emulated as quant
+from kernel_emulator import CHECKS_EVERY_ACCESS, COMPILER
+from nuvec_tg.kernels import quant as qmv
+from nuvec_tg.kernels.program import Program
+
+pytestmark = pytest.mark.skipif(COMPILER is None, reason="no C++ compiler")
+needs_access_checks = pytest.mark.skipif(not CHECKS_EVERY_ACCESS, reason="the emulator checks every access with clang only")
+
+DIFFER = "elements differ"                 # assert_rows_close's message
+OUTSIDE = "outside the launch's buffers"   # the launch's bounds check
+
+
+class NotPlanted(Exception):
+    """A fault's text is not in the program exactly once (not an AssertionError: never 'caught')."""
+
+
+@dataclasses.dataclass
+class Fault:
+    """A textual edit of a rendered program: `old` (which must occur exactly once) becomes `new`."""
+    old: str
+    new: str
+    planted: int = 0
+
+    def __call__(self, program: Program) -> Program:
+        count = program.text.count(self.old)
+        if count != 1: raise NotPlanted(f"{program.name}: {self.old!r} occurs {count} times")
+        self.planted += 1
+        return dataclasses.replace(program, text=program.text.replace(self.old, self.new))
+
+
+def expect_failure(fault: Fault, run, message: str = DIFFER) -> None:
+    """`run()` with the fault planted fails with an AssertionError matching `message`."""
+    with pytest.raises(AssertionError, match=message):
+        run()
+    assert fault.planted, "the faulty program never ran"
+
+
+# Vector decode pass (sdpa_decode.h, sdpa_keys.h).
+VECTOR_FAULTS = {
+    "drop_last_block": ("additive_mask_d192", Fault("const int key_end = min(k_len, key_begin + per_block);",
+                                                    "const int key_end = block == BLOCKS - 1 ? key_begin : min(k_len, key_begin + per_block);")),
+    "window_off_by_one": ("window_sinks", Fault("visible = visible && key > k_len - LQ + my_position - window;",
+                                                "visible = visible && key >= k_len - LQ + my_position - window;")),
+    # Query head h reads key head h % Hkv rather than h / (Hq / Hkv).
+    "head_mapping": ("cache_slices_d256", Fault("q + ((batch * HQ + q_head) * LQ + position) * D + part * EQ;",
+                                             "q + ((batch * HQ + q_head % GQA * HKV + kv_head) * LQ + position) * D + part * EQ;")),
+    "wrong_scale": ("bool_mask_sinks_d96", Fault("q_reg[r][e] = to_float(q_row[e]) * SCALE_LOG2E;",
+                                                 "q_reg[r][e] = to_float(q_row[e]) * SCALE_LOG2E * 1.125f;")),
+}
+
+
+@pytest.mark.parametrize("fault_name", list(VECTOR_FAULTS))
+def test_vector_decode_faults_fail_its_comparison(fault_name):
+    case, fault = VECTOR_FAULTS[fault_name]
+    expect_failure(fault, lambda: vector.check_decode(case, first_edit=fault))
+
+
+@needs_access_checks
+def test_vector_decode_reading_unclamped_table_entries_fails_the_bounds_check():
+    fault = Fault("const int page = min(max(block_tables[batch * max_blocks + (key) / PAGE], 0), pool_blocks - 1);",
+                  "const int page = block_tables[batch * max_blocks + (key) / PAGE];")
+    expect_failure(fault, lambda: vector.check_decode("paged_window_f32", first_edit=fault), OUTSIDE)
+
+
+# Matrix-unit decode pass (sdpa_decode_mma.h).
+MATRIX_FAULTS = {
+    "drop_last_block": ("gqa8", Fault("const int key_end = min(k_len, key_begin + per_block);",
+                                      "const int key_end = block == BLOCKS - 1 ? key_begin : min(k_len, key_begin + per_block);")),
+    "window_off_by_one": ("window", Fault("visible = visible && key > k_len - LQ + row_position[r] - window;",
+                                          "visible = visible && key >= k_len - LQ + row_position[r] - window;")),
+    "head_mapping": ("gqa8", Fault("row_head[half_rows] = kv_head * GQA + row / LQ;", "row_head[half_rows] = row / LQ * HKV + kv_head;")),
+}
+
+
+@pytest.mark.parametrize("fault_name", list(MATRIX_FAULTS))
+def test_matrix_decode_faults_fail_its_comparison(fault_name):
+    case, fault = MATRIX_FAULTS[fault_name]
+    expect_failure(fault, lambda: matrix.check_matrix_pass(case, edit=fault))
+
+
+@needs_access_checks
+def test_matrix_decode_reading_unclamped_table_entries_fails_the_bounds_check():
+    fault = Fault("const int page = min(max(block_tables[batch * max_blocks + key / PAGE], 0), pool_blocks - 1);",
+                  "const int page = block_tables[batch * max_blocks + key / PAGE];")
+    expect_failure(fault, lambda: matrix.check_matrix_pass("paged_hostile", edit=fault), OUTSIDE)
+
+
+# The merge of the partials (sdpa_merge.h): on random partials, and after the vector first pass.
+MERGE_FAULTS = {
+    "ignores_last_partial": ("rounds_of_splits", Fault("for (int b = split; b < BLOCKS; b += SPLITS) {",
+                                                       "for (int b = split; b < BLOCKS - 1; b += SPLITS) {")),
+    "ignores_maxima": ("rounds_of_splits", Fault("const float factor = merge_factor(part_max[row * BLOCKS + b], merged);",
+                                          "const float factor = part_max[row * BLOCKS + b] == -INFINITY ? 0.0f : 1.0f;")),
+    "sink_of_another_head": ("rounds_of_splits", Fault("q_head = (row / LQ) % HQ", "q_head = (row / LQ + 1) % HQ")),
+}
+
+
+@pytest.mark.parametrize("fault_name", list(MERGE_FAULTS))
+def test_merge_faults_fail_its_comparison(fault_name):
+    case, fault = MERGE_FAULTS[fault_name]
+    expect_failure(fault, lambda: vector.check_merge(case, edit=fault))
+
+
+def test_a_merge_ignoring_a_partial_fails_the_two_pass_decode():
+    fault = Fault("for (int b = split; b < BLOCKS; b += SPLITS) {", "for (int b = split; b < BLOCKS - 1; b += SPLITS) {")
+    expect_failure(fault, lambda: vector.check_decode("additive_mask_d192", merge_edit=fault))
+
+
+# The gated delta rule (gated_delta.h).
+GATED_FAULTS = {
+    "gate_not_applied": ("grouped_bf16_inputs", Fault("s[r][e] *= decay;", "s[r][e] *= 1.0f;")),
+    "key_head_mapping": ("grouped_bf16_inputs", Fault("const int key_head = head / (HV / HK);", "const int key_head = head % HK;")),
+    "output_from_the_stale_state": ("one_step_f32", Fault("s[r][e] += key[e] * correction;\n        out += s[r][e] * query[e];",
+                                                          "out += s[r][e] * query[e];\n        s[r][e] += key[e] * correction;")),
+}
+
+
+@pytest.mark.parametrize("fault_name", list(GATED_FAULTS))
+def test_gated_delta_faults_fail_its_comparison(fault_name):
+    case, fault = GATED_FAULTS[fault_name]
+    expect_failure(fault, lambda: gated.check_gated_delta(case, edit=fault))
+
+
+@needs_access_checks
+def test_gated_delta_with_out_of_range_slots_as_live_fails_the_bounds_check():
+    """A slot past the pool taken as live reads and writes outside the pool."""
+    fault = Fault("const bool live = slot >= 0 && slot < ints[1];", "const bool live = slot >= 0;")
+    expect_failure(fault, lambda: gated.check_gated_delta("slots_hostile_bf16", edit=fault), OUTSIDE)
+
+
+# The quantized products (qmv.h, qvm.h, qmm.h), each through its emulated test's comparison.
+@functools.cache
+def qmv_case():
+    return quant.qmv_inputs("affine", 32, 4, dtypes.float32)
+
+
+QMV_FAULTS = {
+    "skips_a_groups_bias": Fault("sums[m * COLUMNS + c] = fma(bias, x_sums[m], fma(scale, dots[m * COLUMNS + c], sums[m * COLUMNS + c]));",
+                                 "sums[m * COLUMNS + c] = fma(scale, dots[m * COLUMNS + c], sums[m * COLUMNS + c]);"),
+    "drops_a_k_split_partial": Fault("for (int s = 1; s < K_SPLIT; s++)", "for (int s = 1; s < K_SPLIT - 1; s++)"),
+}
+
+
+@pytest.mark.parametrize("fault_name", list(QMV_FAULTS))
+def test_qmv_faults_fail_its_comparison(fault_name):
+    fault = QMV_FAULTS[fault_name]
+    qw, x, want = qmv_case()
+    plan = qmv.QmvPlan(4, 1, 2, 1)  # K split in 2, as the emulated test's first plan
+    expect_failure(fault, lambda: quant.check_rows("qmv", quant.emulated_qmv(x[:3], qw, dtypes.float32, plan, fault), want[:3],
+                                                   dtypes.float32))
+
+
+@functools.cache
+def qvm_case():
+    return quant.qvm_inputs("affine", 64, 4, dtypes.bfloat16)
+
+
+QVM_FAULTS = {
+    "skips_a_groups_bias": Fault("weights[j] = fma(scale, q[j], bias);", "weights[j] = scale * q[j];"),
+    "keeps_one_simd_groups_sums": Fault("totals[at] = s == 0 ? sums[m * 8 + j] : totals[at] + sums[m * 8 + j];",
+                                        "totals[at] = sums[m * 8 + j];"),
+}
+
+
+@pytest.mark.parametrize("fault_name", list(QVM_FAULTS))
+def test_qvm_faults_fail_its_comparison(fault_name):
+    fault = QVM_FAULTS[fault_name]
+    qw, x, want = qvm_case()
+    expect_failure(fault, lambda: quant.check_rows("qvm", quant.emulated_qvm(x[:2], qw, dtypes.bfloat16, fault), want[:2],
+                                                   dtypes.bfloat16))
+
+
+@functools.cache
+def qmm_case():
+    return quant.qmm_inputs("affine", 64, 4, dtypes.bfloat16)
+
+
+QMM_FAULTS = {
+    "skips_a_groups_bias": Fault("w_values[j] = fma(scale, w_values[j], bias);", "w_values[j] = scale * w_values[j];"),
+    "drops_the_last_k_step": Fault("const int steps = (k_size + BK - 1) / BK;", "const int steps = (k_size + BK - 1) / BK - 1;"),
+}
+
+
+@pytest.mark.parametrize("fault_name", list(QMM_FAULTS))
+def test_qmm_faults_fail_its_comparison(fault_name):
+    fault = QMM_FAULTS[fault_name]
+    qw, x, want = qmm_case()
+    expect_failure(fault, lambda: quant.check_rows("qmm", quant.emulated_qmm(x, qw, dtypes.bfloat16, edit=fault), want, dtypes.bfloat16))
