@@ -14,9 +14,11 @@ import pytest
 from tinygrad import dtypes
 
 import conftest
+from nuvec_tg import quant
 from attention_reference import attention_reference
+from quant_reference import dequantized
 from reference import COMPOSITION_TOLERANCE, KERNEL_TOLERANCE, assert_rows_close, attention_kernel, expect_launches, \
-    round_to, row_error
+    random, round_to, row_error, values
 
 DTYPES = (dtypes.float32, dtypes.float16, dtypes.bfloat16)
 # A correct model stays within this share of the tolerance; a fault exceeds the composition's
@@ -174,6 +176,15 @@ def test_attention_kernel_follows_the_plan_with_kernels_on():
     assert attention_kernel("METAL", (1, 8, 1, 64), (1, 2, 300, 64), (1, 2, 300, 64), dtypes.float16) == "nuvec_sdpa_decode"
     assert attention_kernel("METAL", (1, 8, 1, 8), (1, 2, 300, 8), (1, 2, 300, 8), dtypes.float16) is None  # head size 8
     assert attention_kernel("METAL", (1, 8, 9, 64), (1, 2, 300, 64), (1, 2, 300, 64), dtypes.float16) is None  # 9 queries
+
+
+@pytest.mark.parametrize("mode, group, bits", [("affine", 32, 3), ("mxfp8", 32, 8), ("nvfp4", 16, 4)], ids=str)
+def test_the_numpy_decoding_of_quantized_weights_equals_dequantize(mode, group, bits):
+    """quant_reference.dequantized (test_gpu_quant's reference weights) against the package's
+    dequantize on the CPU (itself checked against MLX's vectors): a 3-bit stream straddling its
+    words, e4m3 elements with e8m0 scales, e2m1 elements with e4m3 scales."""
+    qw = quant.quantize(random(np.random.default_rng(0x9A), (2, 3, 128), dtypes.float32, "CPU")[0], group, bits, mode=mode)
+    np.testing.assert_allclose(dequantized(qw), values(quant.dequantize(qw, dtypes.float32)), rtol=2.0 ** -24, atol=0)
 
 
 def test_a_gpu_asked_for_by_dev_must_open():
