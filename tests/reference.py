@@ -13,6 +13,7 @@ from tinygrad import Tensor, dtypes
 from nuvec_tg import fast
 from nuvec_tg.fast import PlanTarget
 from nuvec_tg.kernels import gpu_class, kernel_backend, multiprocessors, record_launches
+from nuvec_tg.tensor import promote_types
 
 HALF_DTYPES = (dtypes.float16, dtypes.bfloat16)
 DTYPES = (dtypes.float32, dtypes.float16, dtypes.bfloat16)
@@ -184,3 +185,12 @@ def attention_kernel(device: str, q_shape, k_shape, v_shape, dtype, **options) -
     these shapes and options (`fast.plan_attention`'s), else None."""
     plan = fast.plan_attention(q_shape, k_shape, v_shape, dtype, device=kernel_target(device), **options)
     return "nuvec_sdpa_decode" if isinstance(plan.kernel, fast.Vector) else None
+
+
+def checked_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, **options) -> Tensor:
+    """`fast.scaled_dot_product_attention(q, k, v, scale, **options)`, realized, asserting that the
+    decode kernels launched where the plan for q's device (kernels on) runs them and that nothing
+    launched elsewhere: what the device-parametrised tests call."""
+    dtype = promote_types(promote_types(q.dtype, k.dtype), v.dtype)
+    with expect_launches(q.device, attention_kernel(q.device, q.shape, k.shape, v.shape, dtype, **options)):
+        return fast.scaled_dot_product_attention(q, k, v, scale, **options).realize()
