@@ -3,7 +3,8 @@ reasons for skipped tests, one line each.
 
 Tests that take a `device` argument run once on tinygrad's CPU device (the compositions; needs
 clang) and once on each GPU tinygrad finds (`METAL`, `CUDA`), those marked `gpu` so that
-`pytest -m gpu` runs only them on a machine without a usable CPU compiler.
+`pytest -m gpu` runs only them on a machine without a usable CPU compiler. A GPU asked for
+(`DEV=CUDA`, `DEV=METAL`, `NUVEC_REQUIRE_GPU=1`) that does not open stops the run.
 """
 import collections
 import os
@@ -16,24 +17,35 @@ if "CC" not in os.environ and _WRAPPER.exists():
     os.environ["CC"] = str(_WRAPPER)  # before tinygrad compiles anything
 
 
-def _gpu_devices() -> list[str]:
-    """The GPU devices tinygrad opens. With `NUVEC_REQUIRE_GPU=1` (the device check sets it) none
-    opening is an error, not a run of skipped GPU tests that exits 0."""
+GPUS = ("METAL", "CUDA")
+
+
+def gpu_devices(environment=os.environ, open_device=None) -> list[str]:
+    """The GPU devices that open (`open_device(name)`, default tinygrad's `Device[name]`, raises
+    where one does not). A GPU asked for, by `DEV=CUDA` or `DEV=METAL` (tinygrad's own variable)
+    or by `NUVEC_REQUIRE_GPU=1` (any; the device check sets it), that does not open is an error,
+    not a run of skipped GPU tests that exits 0."""
     from tinygrad import Device
-    found, failures = [], []
-    for name in ("METAL", "CUDA"):
+    from tinygrad.helpers import Target
+    open_device = open_device or Device.__getitem__
+    found, failures = [], {}
+    for name in GPUS:
         try:
-            Device[name]
+            open_device(name)
         except Exception as error:  # noqa: BLE001 - any failure to open means the device is absent
-            failures.append(f"{name}: {type(error).__name__}: {error}")
+            failures[name] = f"{type(error).__name__}: {error}"
             continue
         found.append(name)
-    if not found and os.environ.get("NUVEC_REQUIRE_GPU", "0") != "0":
-        raise RuntimeError("NUVEC_REQUIRE_GPU is set but no GPU device opened: " + "; ".join(failures))
+    for name in (Target.parse(part).device for part in environment.get("DEV", "").split(";") if part):
+        if name in GPUS and name not in found:
+            raise RuntimeError(f"DEV={environment['DEV']} asks for {name}, which did not open: {failures[name]}")
+    if not found and environment.get("NUVEC_REQUIRE_GPU", "0") != "0":
+        raise RuntimeError("NUVEC_REQUIRE_GPU is set but no GPU device opened: " +
+                           "; ".join(f"{name}: {failure}" for name, failure in failures.items()))
     return found
 
 
-GPU_DEVICES = _gpu_devices()
+GPU_DEVICES = gpu_devices()
 
 
 def pytest_generate_tests(metafunc):

@@ -1,10 +1,19 @@
 """What the tests share: inputs rounded to a dtype, comparisons with the seeds' tolerances, and
-central finite differences. References themselves are float64 numpy, written in each test file,
+central finite differences; for the kernels on a GPU, their tolerances and what proves a kernel
+ran (`expect_launches`). References themselves are float64 numpy, written in each test file,
 never the package's code."""
 from __future__ import annotations
 
+import contextlib
+from typing import Iterator
+
 import numpy as np
 from tinygrad import Tensor, dtypes
+
+from nuvec_tg import fast
+from nuvec_tg.fast import PlanTarget
+from nuvec_tg.kernels import gpu_class, kernel_backend, multiprocessors, record_launches
+from nuvec_tg.tensor import promote_types
 
 HALF_DTYPES = (dtypes.float16, dtypes.bfloat16)
 DTYPES = (dtypes.float32, dtypes.float16, dtypes.bfloat16)
@@ -109,3 +118,79 @@ def gradients(out: Tensor, cotangent: Tensor, inputs: list[Tensor]) -> list[np.n
     grads = loss.gradient(*inputs)
     Tensor.realize(*grads)  # one schedule for all of them
     return [values(g) for g in grads]
+
+
+# ---- kernel comparisons on a GPU --------------------------------------------------------------
+
+# Tolerances of a kernel's output against float64 numpy, for `assert_rows_close` (relative to
+# each row's largest |want|). A correct kernel is off by its output's rounding (half an ulp of the
+# row's largest element at most: 2^-8 in bfloat16, 2^-11 in float16) plus float32 arithmetic and,
+# in attention's matrix pass, softmax weights rounded to 16 bits. Numpy models of the kernels
+# (test_kernel_tolerances.py) over test_gpu_attention's shapes reach at most float32 1.6e-6,
+# float16 6.5e-4, bfloat16 4.7e-3 (gated delta and quant less): 2-60x inside. Planted faults
+# measure far above: a zero output 1; attention's last 1/16 of keys dropped 0.12 (under the old
+# floor of 1: 0.005-0.014 at Lk 2048-9000, which passed), its last 64 keys 0.09, scores scaled by
+# ln 2 0.06, query heads on the wrong key head 1.4; gated delta's last update dropped, beta or
+# the gate ignored 0.17 (y and state together); quant's K tail dropped 0.12, a group's scale and
+# bias taken from its neighbour 0.05, columns shifted 1.2.
+KERNEL_TOLERANCE = {dtypes.float32: 1e-4, dtypes.float16: 2e-3, dtypes.bfloat16: 1e-2}
+# Two rounded results against each other (a kernel against the composition on the GPU, whose
+# 16-bit dense weights or intermediates round too, or against another launch): each is within
+# KERNEL_TOLERANCE of the exact result, so the two are within twice that.
+COMPOSITION_TOLERANCE = {dtype: 2 * tol for dtype, tol in KERNEL_TOLERANCE.items()}
+
+
+def row_error(got, want) -> float:
+    """The largest `|got - want|` in units of its row's largest `|want|` (the last axis; an
+    all-zero row of `want` counts any difference as infinite): what `assert_rows_close` bounds,
+    for finite values."""
+    got, want = np.asarray(got, dtype=np.float64), np.asarray(want, dtype=np.float64)
+    scale = np.abs(want).max(axis=-1, keepdims=True)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        error = np.where(got == want, 0.0, np.abs(got - want) / scale)
+    return float(error.max()) if error.size else 0.0
+
+
+@contextlib.contextmanager
+def expect_launches(device: str, kernel: str | None) -> Iterator[list[tuple[str, str]]]:
+    """Record the kernel launches built inside the block (`nuvec_tg.kernels.record_launches`) and,
+    on leaving it, assert what ran: where `device` has kernels (METAL, CUDA) and `kernel` names
+    one (a program name prefix, `"nuvec_qmv"`), a program of that name launched; elsewhere (the
+    CPU, or `kernel` None: the plan chose the composition) nothing launched.
+
+    Whether kernels are switched off (`NUVEC_KERNELS=0`) is not consulted: the GPU tests mean the
+    kernels, and fail where they did not run. Launches are recorded as calls are built, so the
+    operation's call, not only its realize, belongs in the block."""
+    with record_launches() as launches:
+        yield launches
+    names = [name for name, _ in launches]
+    if kernel is None or kernel_backend(device) is None:
+        assert not names, f"{device}: expected the composition (no kernel launch), got {names}"
+    else:
+        assert any(name.startswith(kernel) for name in names), \
+            f"{device}: expected a launch of {kernel}, got {names or 'no launch'}"
+
+
+def kernel_target(device: str) -> PlanTarget:
+    """The attention plan's target for `device` with its kernels on, whatever the switches say (a
+    test's expectation of a kernel must not follow `NUVEC_KERNELS=0`)."""
+    backend = kernel_backend(device)
+    if backend == "metal": return PlanTarget("metal", gpu_class(device))
+    if backend == "cuda": return PlanTarget("cuda", multiprocessors=multiprocessors(device))
+    return PlanTarget(None)
+
+
+def attention_kernel(device: str, q_shape, k_shape, v_shape, dtype, **options) -> str | None:
+    """`"nuvec_sdpa_decode"` where the plan for `device` (kernels on) runs the decode kernels for
+    these shapes and options (`fast.plan_attention`'s), else None."""
+    plan = fast.plan_attention(q_shape, k_shape, v_shape, dtype, device=kernel_target(device), **options)
+    return "nuvec_sdpa_decode" if isinstance(plan.kernel, fast.Vector) else None
+
+
+def checked_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, **options) -> Tensor:
+    """`fast.scaled_dot_product_attention(q, k, v, scale, **options)`, realized, asserting that the
+    decode kernels launched where the plan for q's device (kernels on) runs them and that nothing
+    launched elsewhere: what the device-parametrised tests call."""
+    dtype = promote_types(promote_types(q.dtype, k.dtype), v.dtype)
+    with expect_launches(q.device, attention_kernel(q.device, q.shape, k.shape, v.shape, dtype, **options)):
+        return fast.scaled_dot_product_attention(q, k, v, scale, **options).realize()

@@ -1,4 +1,7 @@
-"""scaled_dot_product_attention against float64 numpy, its capped blocks and gradients."""
+"""scaled_dot_product_attention against float64 numpy, its capped blocks and gradients, on the CPU
+and on each GPU: outputs compared row by row (`assert_rows_close`), and every call through
+`checked_attention`, which asserts that the decode kernels launched where the plan runs them (on a
+GPU) and that nothing launched elsewhere."""
 import math
 
 import numpy as np
@@ -9,9 +12,11 @@ from tinygrad.helpers import GlobalCounters
 
 from nuvec_tg import fast
 from attention_reference import attention_reference
-from reference import assert_close, finite_differences, random, tensor, values
+from reference import KERNEL_TOLERANCE, assert_close, assert_rows_close, checked_attention, finite_differences, random, \
+    tensor, values
 
-ATTENTION_TOLERANCE = {dtypes.float64: 1e-9, dtypes.float32: 1e-4, dtypes.float16: 1e-2, dtypes.bfloat16: 5e-2}
+# Relative to each row's largest |want|: the kernels' tolerances (reference.py), float64 on the CPU.
+ATTENTION_TOLERANCE = {dtypes.float64: 1e-9, **KERNEL_TOLERANCE}
 
 
 def test_attention_fallback_matches_a_direct_formula():
@@ -45,10 +50,12 @@ def inputs(rng, shape, dtype, device):
 
 # (B, Hq, Hkv, Lq, Lk, D)
 SHAPES = [(1, 4, 2, 7, 12, 16), (2, 2, 2, 5, 5, 8), (1, 8, 1, 3, 20, 32), (1, 2, 1, 1, 9, 8)]
+DECODE_SHAPE = (1, 8, 2, 2, 40, 64)  # a head size and query count the decode kernels take, on a GPU
 
 
 @pytest.mark.parametrize("shape, dtype", [(s, dtypes.float32) for s in SHAPES] +
-                         [(SHAPES[0], dtypes.float16), (SHAPES[0], dtypes.bfloat16)], ids=str)
+                         [(SHAPES[0], dtypes.float16), (SHAPES[0], dtypes.bfloat16), (DECODE_SHAPE, dtypes.bfloat16)],
+                         ids=str)
 def test_every_mask_kind_with_and_without_sinks(device, shape, dtype):
     rng = np.random.default_rng(0x70)
     b, hq, hkv, lq, lk, d = shape
@@ -67,23 +74,23 @@ def test_every_mask_kind_with_and_without_sinks(device, shape, dtype):
     for options, reference in cases:
         for with_sinks in (False, True):
             extra = dict(sinks=sinks) if with_sinks else {}
-            got = fast.scaled_dot_product_attention(q, k, v, scale, **options, **extra)
+            got = checked_attention(q, k, v, scale, **options, **extra)
             assert got.dtype == dtype and got.shape == (b, hq, lq, d)
             want = attention_reference(qv, kv, vv, scale, sinks=sv if with_sinks else None, **reference)
-            assert_close(f"{options} sinks {with_sinks}", values(got), want, ATTENTION_TOLERANCE[dtype])
+            assert_rows_close(f"{options} sinks {with_sinks}", values(got), want, ATTENTION_TOLERANCE[dtype])
 
 
 def test_windows_below_at_and_above_the_keys(device):
     rng = np.random.default_rng(0x71)
     (q, k, v), (qv, kv, vv) = inputs(rng, (1, 4, 2, 6, 10, 8), dtypes.float32, device)
-    causal = fast.scaled_dot_product_attention(q, k, v, 0.3, mask="causal")
+    causal = checked_attention(q, k, v, 0.3, mask="causal")
     for window in (1, 4, 9, 10, 11, 100):
-        got = fast.scaled_dot_product_attention(q, k, v, 0.3, mask="causal", window=window)
-        assert_close(f"window {window}", values(got), attention_reference(qv, kv, vv, 0.3, causal=True, window=window), 1e-5)
+        got = checked_attention(q, k, v, 0.3, mask="causal", window=window)
+        assert_rows_close(f"window {window}", values(got), attention_reference(qv, kv, vv, 0.3, causal=True, window=window), 1e-5)
         # The same as its explicit band mask.
         band = (np.arange(10)[None] <= np.arange(6)[:, None] + 4) & (np.arange(10)[None] > np.arange(6)[:, None] + 4 - window)
-        banded = fast.scaled_dot_product_attention(q, k, v, 0.3, mask=Tensor(band, device=device))
-        assert_close(f"band {window}", values(got), values(banded), 1e-6)
+        banded = checked_attention(q, k, v, 0.3, mask=Tensor(band, device=device))
+        assert_rows_close(f"band {window}", values(got), values(banded), 1e-6)
         if window >= 10:  # plain causal, bit for bit
             np.testing.assert_array_equal(values(got), values(causal))
 
@@ -94,22 +101,22 @@ def test_queries_that_see_no_key_and_empty_inputs(device):
     k, _ = random(rng, (1, 2, 3, 8), dtypes.float32, device)
     sinks, _ = random(rng, (2,), dtypes.float32, device)
     # Causal with more queries than keys: the first two queries see nothing.
-    out = values(fast.scaled_dot_product_attention(q, k, k, 0.5, mask="causal"))
+    out = values(checked_attention(q, k, k, 0.5, mask="causal"))
     np.testing.assert_array_equal(out[:, :, :2], 0.0)
     assert np.isfinite(out).all() and np.abs(out[:, :, 2:]).sum() > 0
     # An all-false boolean mask row and an all -inf additive row give zeros too.
     mask = np.ones((5, 3), bool); mask[1] = False
-    out = values(fast.scaled_dot_product_attention(q, k, k, 0.5, mask=Tensor(mask, device=device), sinks=sinks))
+    out = values(checked_attention(q, k, k, 0.5, mask=Tensor(mask, device=device), sinks=sinks))
     np.testing.assert_array_equal(out[:, :, 1], 0.0)
     additive = np.zeros((5, 3), np.float32); additive[3] = -np.inf
-    out = values(fast.scaled_dot_product_attention(q, k, k, 0.5, mask=Tensor(additive, device=device)))
+    out = values(checked_attention(q, k, k, 0.5, mask=Tensor(additive, device=device)))
     np.testing.assert_array_equal(out[:, :, 3], 0.0)
     # No queries: an empty result. No keys: zeros (with a window, causal and sinks too).
     empty_q = Tensor.zeros(1, 2, 0, 8, device=device)
-    assert fast.scaled_dot_product_attention(empty_q, k, k, 0.1, mask="causal", window=3).shape == (1, 2, 0, 8)
+    assert checked_attention(empty_q, k, k, 0.1, mask="causal", window=3).shape == (1, 2, 0, 8)
     none = Tensor.zeros(1, 2, 0, 8, device=device)
     for options in (dict(), dict(mask="causal"), dict(mask="causal", window=3, sinks=sinks)):
-        out = fast.scaled_dot_product_attention(q, none, none, 0.1, **options)
+        out = checked_attention(q, none, none, 0.1, **options)
         np.testing.assert_array_equal(values(out), np.zeros((1, 2, 5, 8)))
 
 
@@ -118,9 +125,9 @@ def test_promotion_and_value_head_size(device):
     q, qv = random(rng, (1, 2, 3, 8), dtypes.float16, device)
     k, kv = random(rng, (1, 2, 4, 8), dtypes.bfloat16, device)
     v, vv = random(rng, (1, 2, 4, 5), dtypes.float32, device)
-    out = fast.scaled_dot_product_attention(q, k, v, 0.5)
+    out = checked_attention(q, k, v, 0.5)
     assert out.dtype == dtypes.float32 and out.shape == (1, 2, 3, 5)
-    assert_close("promoted", values(out), attention_reference(qv, kv, vv, 0.5), 1e-5)
+    assert_rows_close("promoted", values(out), attention_reference(qv, kv, vv, 0.5), 1e-5)
 
 
 # ---- the capped composition ------------------------------------------------------------------
@@ -161,11 +168,11 @@ def test_capped_equals_uncapped_and_the_window_formula(device, shape, dtype):
             assert plan.max_intermediate_bytes <= cap, (plan, cap)
             assert isinstance(plan.kernel, fast.ComposedBlocks) and plan.capped, (plan, cap)
             assert math.ceil(lq / plan.kernel.rows) >= blocks
-            got = fast.scaled_dot_product_attention(q, k, v, scale, max_score_bytes=cap, **options)
+            got = checked_attention(q, k, v, scale, max_score_bytes=cap, **options)
             name = f"{options.get('mask')} window {options.get('window')} sinks {with_sinks} cap {cap} {plan}"
-            assert_close(name, values(got), want, ATTENTION_TOLERANCE[dtype])
+            assert_rows_close(name, values(got), want, ATTENTION_TOLERANCE[dtype])
         # The same bits run to run for a fixed plan.
-        again = fast.scaled_dot_product_attention(q, k, v, scale, max_score_bytes=cap, **options)
+        again = checked_attention(q, k, v, scale, max_score_bytes=cap, **options)
         np.testing.assert_array_equal(values(again), values(got), err_msg=f"{name}: run to run")
 
 
@@ -232,7 +239,7 @@ def test_scratch_bytes_hold_against_tinygrad_memory(device, case):
     q, k, v = (random(rng, s, dtype, device)[0].realize() for s in ((b, hq, lq, d), (b, hkv, lk, d), (b, hkv, lk, d)))
     plan = fast.plan_attention(q.shape, k.shape, v.shape, dtype, device=device, **options)
     with PeakMemory() as memory:
-        out = fast.scaled_dot_product_attention(q, k, v, 0.1, **options).realize()
+        out = checked_attention(q, k, v, 0.1, **options)
     assert 0 < memory.used - out.nbytes() <= plan.scratch_bytes, (memory.used - out.nbytes(), plan)
     if "max_score_bytes" in options:
         # One block's scores at a time: far below every block's scores at once.

@@ -1,14 +1,17 @@
-"""The gated delta rule's kernel on a GPU (METAL or CUDA) against the composition on the same
-device: the seeds' gated_delta_kernels_match_the_fallback shapes and dtype pairs, the kernel
-actually running, every step's state, and the slot pool."""
+"""The gated delta rule's kernel on a GPU (METAL or CUDA) against numpy and the composition on the
+same device: the seeds' gated_delta_kernels_match_the_fallback shapes and dtype pairs, every step's
+state, and the slot pool. Every call meant for the kernel asserts that it launched
+(`expect_launches`); outputs and states are compared row by row (`assert_rows_close`, tolerances
+in reference.py)."""
 import numpy as np
 import pytest
 from tinygrad import Tensor, dtypes
 
 from conftest import GPU_DEVICES
 from nuvec_tg import fast
-from nuvec_tg.kernels import compositions_only, record_launches
-from reference import random
+from nuvec_tg.kernels import compositions_only
+from gated_delta_reference import gated_delta_reference
+from reference import COMPOSITION_TOLERANCE, KERNEL_TOLERANCE, assert_rows_close, expect_launches, random, values
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not GPU_DEVICES, reason="no GPU")]
 gpu = GPU_DEVICES[0] if GPU_DEVICES else None
@@ -16,7 +19,7 @@ SHAPES = [(1, 1, 2, 4, 128, 128), (1, 9, 2, 4, 128, 64), (1, 3, 16, 32, 128, 128
           (1, 17, 2, 4, 64, 32)]  # the seeds', then one past the decode launch (`kernels.gated_delta.plan`)
 PAIRS = [(dtypes.float32, dtypes.float32), (dtypes.bfloat16, dtypes.float32), (dtypes.float16, dtypes.float32),
          (dtypes.bfloat16, dtypes.bfloat16)]
-TOL = {dtypes.float32: 2e-4, dtypes.float16: 4e-3, dtypes.bfloat16: 3e-2}
+KERNEL = "nuvec_gated_delta"
 
 
 def inputs(rng, shape, dtype, gate):
@@ -31,32 +34,42 @@ def inputs(rng, shape, dtype, gate):
     return [x.realize() for x in (q, k, v, g, beta, state)]
 
 
-def close(name, got, want, tol):
-    got, want = got.float().numpy().astype(np.float64), want.float().numpy().astype(np.float64)
-    scale = max(np.abs(want).max(), 1.0)
-    assert np.abs(got - want).max() <= tol * scale, f"{name}: worst {np.abs(got - want).max()} (scale {scale})"
+def close(name, got: Tensor, want, dtype):
+    """`got` within the kernels' tolerance of the float64 `want` (an array), or twice that of
+    another tensor (the composition's, rounded too), row by row."""
+    if isinstance(want, Tensor): assert_rows_close(name, values(got), values(want), COMPOSITION_TOLERANCE[dtype])
+    else: assert_rows_close(name, values(got), want, KERNEL_TOLERANCE[dtype])
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 @pytest.mark.parametrize("dtype, gate", PAIRS, ids=lambda d: d.name)
-def test_the_kernel_matches_the_composition(shape, dtype, gate):
+def test_the_kernel_matches_numpy_and_the_composition(shape, dtype, gate):
     q, k, v, g, beta, state = inputs(np.random.default_rng(0x68), shape, dtype, gate)
-    with record_launches() as launches:
+    with expect_launches(gpu, KERNEL):
         y, s = fast.gated_delta(q, k, v, g, beta, state)
-        y, s = y.realize(), s.realize()
-    assert [name for name, _ in launches if name.startswith("nuvec_gated_delta")], launches
-    with compositions_only():
-        cy, cs = (x.realize() for x in fast.gated_delta(q, k, v, g, beta, state))
+        Tensor.realize(y, s)
+    with expect_launches(gpu, None), compositions_only():
+        cy, cs = fast.gated_delta(q, k, v, g, beta, state)
+        Tensor.realize(cy, cs)
     assert y.dtype == q.dtype and s.dtype == state.dtype
-    close(f"{shape} y", y, cy, TOL[dtype])
-    close(f"{shape} state", s, cs, TOL[gate])
+    want_y, want_s, _ = gated_delta_reference(*(values(x) for x in (q, k, v, g, beta, state)))
+    close(f"{shape} y vs numpy", y, want_y, dtype)
+    close(f"{shape} state vs numpy", s, want_s, gate)
+    close(f"{shape} y vs composition", y, cy, dtype)
+    close(f"{shape} state vs composition", s, cs, gate)
     # Every step's state: rounded to the state's dtype each step, as the composition does.
-    ys, states = fast.gated_delta_steps(q, k, v, g, beta, state)
-    with compositions_only():
+    with expect_launches(gpu, KERNEL):
+        ys, states = fast.gated_delta_steps(q, k, v, g, beta, state)
+        Tensor.realize(ys, states)
+    with expect_launches(gpu, None), compositions_only():
         cys, cstates = fast.gated_delta_steps(q, k, v, g, beta, state)
+        Tensor.realize(cys, cstates)
     assert tuple(states.shape) == (shape[0], shape[1], shape[3], shape[5], shape[4])
-    close(f"{shape} steps y", ys, cys, TOL[dtype])
-    close(f"{shape} steps", states, cstates, TOL[gate])
+    want_ys, _, want_states = gated_delta_reference(*(values(x) for x in (q, k, v, g, beta, state)), storage=gate)
+    close(f"{shape} steps y vs numpy", ys, want_ys, dtype)
+    close(f"{shape} steps vs numpy", states, want_states, gate)
+    close(f"{shape} steps y vs composition", ys, cys, dtype)
+    close(f"{shape} steps vs composition", states, cstates, gate)
     if gate == dtypes.float32:  # no rounding between steps: the steps' outputs are the final call's, bit for bit
         np.testing.assert_array_equal(ys.float().numpy(), y.float().numpy())
         np.testing.assert_array_equal(states[:, -1].numpy(), s.numpy())
@@ -69,13 +82,15 @@ def test_the_slot_pool_is_updated_in_place_at_live_slots_only():
     pool = random(rng, (6, hv, dv, dk), dtypes.float32, gpu)[0].realize()
     before = pool.numpy().copy()
     slots = Tensor([4, -1, 1, 9], dtype=dtypes.int32, device=gpu)
-    with compositions_only():
-        cy, cpool = (x.realize() for x in fast.gated_delta_slots(q, k, v, g, beta, Tensor(before, device=gpu), slots))
-    y, updated = fast.gated_delta_slots(q, k, v, g, beta, pool, slots)
-    y, updated = y.realize(), updated.realize()
-    close("slots y", y, cy, TOL[dtypes.float32])
+    with expect_launches(gpu, None), compositions_only():
+        cy, cpool = fast.gated_delta_slots(q, k, v, g, beta, Tensor(before, device=gpu), slots)
+        Tensor.realize(cy, cpool)
+    with expect_launches(gpu, KERNEL):
+        y, updated = fast.gated_delta_slots(q, k, v, g, beta, pool, slots)
+        Tensor.realize(y, updated)
+    close("slots y", y, cy, dtypes.float32)
     assert not y.numpy()[[1, 3]].any()                                    # skipped sequences: zero outputs
-    close("slots pool", updated, cpool, TOL[dtypes.float32])
+    close("slots pool", updated, cpool, dtypes.float32)
     np.testing.assert_array_equal(updated.numpy()[[0, 2, 3, 5]], before[[0, 2, 3, 5]])  # untouched rows
 
 
@@ -86,15 +101,16 @@ def test_gradients_through_the_kernel_equal_the_compositions():
     def loss():
         y, s = fast.gated_delta(q, k, v, g, beta, state)
         return (y * y).sum() + (s * 0.5).sum()
-    with record_launches() as launches:
+    with expect_launches(gpu, KERNEL):  # the forward; the backward is the composition's
         grads = [x.realize() for x in loss().gradient(*targets)]
-    assert any(name.startswith("nuvec_gated_delta") for name, _ in launches)
-    with compositions_only():
+    with expect_launches(gpu, None), compositions_only():
         composed = [x.realize() for x in loss().gradient(*targets)]
     for name, got, want in zip("q k v g beta state".split(), grads, composed):
-        close(f"d{name}", got, want, 1e-4)
+        close(f"d{name}", got, want, dtypes.float32)
     # Only y's gradient (the state's output gets none).
-    (dq,) = fast.gated_delta(q, k, v, g, beta, state)[0].sum().gradient(q)
-    with compositions_only():
+    with expect_launches(gpu, KERNEL):
+        (dq,) = fast.gated_delta(q, k, v, g, beta, state)[0].sum().gradient(q)
+        dq.realize()
+    with expect_launches(gpu, None), compositions_only():
         (cq,) = fast.gated_delta(q, k, v, g, beta, state)[0].sum().gradient(q)
-    close("dq (y only)", dq, cq, 1e-4)
+    close("dq (y only)", dq, cq, dtypes.float32)

@@ -1,39 +1,55 @@
 """The quantized product kernels (qmv, qvm, gather_qmv, qmm) on a GPU (METAL or CUDA) against the
 composition on the same device: every affine width and floating-point mode, 1-8 rows (qmm: many),
 N and K at the kernels' boundaries (N not a multiple of a SIMD group's columns or below them, K not
-a multiple of a SIMD step, nvfp4's half chunks, K split across 1-8 SIMD groups), the kernel
-actually running, each few-row product's rows equal to one-row products bit for bit, gradients."""
+a multiple of a SIMD step, nvfp4's half chunks, K split across 1-8 SIMD groups), each few-row
+product's rows equal to one-row products bit for bit, gradients. Products are compared row by row
+(`assert_rows_close`, tolerances in reference.py) with float64 numpy over the weights decoded in
+numpy (quant_reference.py) and with the composition; every call meant for a kernel asserts that it
+launched (`expect_launches`)."""
 import numpy as np
 import pytest
 from tinygrad import Tensor, dtypes
 
 from conftest import GPU_DEVICES
 from nuvec_tg import quant
-from nuvec_tg.kernels import compositions_only, record_launches
+from nuvec_tg.kernels import compositions_only
 from nuvec_tg.kernels import quant as qmv
-from reference import random
+from quant_reference import dequantized
+from reference import COMPOSITION_TOLERANCE, KERNEL_TOLERANCE, assert_rows_close, expect_launches, random, values
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not GPU_DEVICES, reason="no GPU")]
 gpu = GPU_DEVICES[0] if GPU_DEVICES else None
 FORMATS = [("affine", 32, b) for b in (1, 2, 3, 4, 5, 6, 8)] + [("affine", 64, 4), ("affine", 128, 8), ("mxfp4", 32, 4),
                                                                  ("mxfp8", 32, 8), ("nvfp4", 16, 4)]
-TOL = {dtypes.float32: 1e-5, dtypes.float16: 2e-3, dtypes.bfloat16: 1.6e-2}
 
 
 def bits_of(t: Tensor) -> np.ndarray:
     return t.bitcast({2: dtypes.uint16, 4: dtypes.uint32}[t.dtype.itemsize]).numpy()
 
 
-def assert_gradients_equal_the_composition(product, upstream: Tensor, targets: list, kernel: str, tolerance: float = 1e-4):
+def assert_matches(name: str, product, kernel: str, want: np.ndarray) -> Tensor:
+    """`product()` launches the program named `kernel...` and is within the kernels' tolerance of
+    the float64 `want` and within the composition's of the composition (which launches nothing),
+    row by row. Returns the kernel's result."""
+    with expect_launches(gpu, kernel):
+        got = product().realize()
+    with expect_launches(gpu, None), compositions_only():
+        composed = product().realize()
+    assert_rows_close(f"{name} vs numpy", values(got), want, KERNEL_TOLERANCE[got.dtype])
+    assert_rows_close(f"{name} vs composition", values(got), values(composed), COMPOSITION_TOLERANCE[got.dtype])
+    return got
+
+
+def assert_gradients_equal_the_composition(product, upstream: Tensor, targets: list, kernel: str):
     """The gradients of `sum(product() * upstream)` in x, the scales and the biases (`targets`)
-    through the kernels (the one named `kernel...` must run) equal the composition's."""
-    with record_launches() as launches:
-        grads = [g.float().realize() for g in (product() * upstream).sum().gradient(*targets)]
-    assert any(name.startswith(kernel) for name, _ in launches), launches
-    with compositions_only():
-        composed = [g.float().realize() for g in (product() * upstream).sum().gradient(*targets)]
+    through the kernels (the one named `kernel...` must run forward; the backward is the
+    composition's) equal the composition's."""
+    with expect_launches(gpu, kernel):
+        grads = [g.realize() for g in (product() * upstream).sum().gradient(*targets)]
+    with expect_launches(gpu, None), compositions_only():
+        composed = [g.realize() for g in (product() * upstream).sum().gradient(*targets)]
     for name, got, want in zip(("x", "scales", "biases"), grads, composed):
-        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=tolerance, atol=tolerance, err_msg=name)
+        assert_rows_close(f"d{name}", values(got), values(want), COMPOSITION_TOLERANCE[upstream.dtype])
 
 
 @pytest.mark.parametrize("mode, group, width", FORMATS, ids=lambda f: str(f))
@@ -57,18 +73,15 @@ def test_qmv_at_the_plans_boundaries(n, k, dtype):
 def check_rows(rng, n, k, mode, group, width, dtype, row_counts):
     w = random(rng, (n, k), dtype, gpu)[0]
     qw = quant.quantize(w, group, width, mode=mode)
+    dense = dequantized(qw)
     for rows in row_counts:
-        x = random(rng, (rows, k), dtype, gpu)[0].realize()
-        with record_launches() as launches:
-            y = quant.quantized_matmul(x, qw).realize()
-        assert any(name.startswith("nuvec_qmv") for name, _ in launches), launches
-        with compositions_only():
-            want = quant.quantized_matmul(x, qw).realize()
-        got, ref = y.float().numpy().astype(np.float64), want.float().numpy().astype(np.float64)
-        assert np.abs(got - ref).max() <= TOL[dtype] * max(np.abs(ref).max(), 1.0), (mode, width, rows)
+        x, xv = random(rng, (rows, k), dtype, gpu)
+        x = x.realize()
+        y = assert_matches(f"{mode} {width}-bit {rows} rows", lambda: quant.quantized_matmul(x, qw), "nuvec_qmv", xv @ dense.T)
         for row in range(rows):
-            alone = quant.quantized_matmul(x[row:row + 1].contiguous(), qw)
-            np.testing.assert_array_equal(bits_of(alone), bits_of(y)[row:row + 1], err_msg=f"{mode} {width} row {row}")
+            with expect_launches(gpu, "nuvec_qmv"):
+                alone = bits_of(quant.quantized_matmul(x[row:row + 1].contiguous(), qw))
+            np.testing.assert_array_equal(alone, bits_of(y)[row:row + 1], err_msg=f"{mode} {width} row {row}")
 
 
 def test_qmv_gradients_equal_the_compositions():
@@ -83,9 +96,10 @@ def test_qmv_gradients_equal_the_compositions():
 def test_empty_products_take_the_composition():
     """No rows of x, or no columns of w: nothing to launch (an empty grid), the composition's empty result."""
     qw = quant.quantize(Tensor.zeros(8, 64, device=gpu), 32, 4)
-    assert quant.quantized_matmul(Tensor.zeros(0, 64, device=gpu), qw).numpy().shape == (0, 8)
     none = quant.quantize(Tensor.zeros(0, 64, device=gpu), 32, 4)
-    assert quant.quantized_matmul(Tensor.ones(2, 64, device=gpu), none).numpy().shape == (2, 0)
+    with expect_launches(gpu, None):
+        assert quant.quantized_matmul(Tensor.zeros(0, 64, device=gpu), qw).numpy().shape == (0, 8)
+        assert quant.quantized_matmul(Tensor.ones(2, 64, device=gpu), none).numpy().shape == (2, 0)
 
 
 @pytest.mark.parametrize("mode, group, width", [("affine", 64, 4), ("affine", 32, 3), ("mxfp4", 32, 4), ("nvfp4", 16, 4)],
@@ -97,17 +111,14 @@ def test_qvm_matches_the_composition_and_keeps_one_row_bits(mode, group, width, 
     rng = np.random.default_rng(0x9B0)
     k, n = 300, 256 + 3 * group
     qw = quant.quantize(random(rng, (k, n), dtype, gpu)[0], group, width, mode=mode)
-    x = random(rng, (5, k), dtype, gpu)[0].realize()
-    with record_launches() as launches:
-        y = quant.quantized_matmul(x, qw, transpose=False).realize()
-    assert any(name.startswith("nuvec_qvm") for name, _ in launches), launches
-    with compositions_only():
-        want = quant.quantized_matmul(x, qw, transpose=False).realize()
-    got, ref = y.float().numpy().astype(np.float64), want.float().numpy().astype(np.float64)
-    assert np.abs(got - ref).max() <= TOL[dtype] * max(np.abs(ref).max(), 1.0)
+    x, xv = random(rng, (5, k), dtype, gpu)
+    x = x.realize()
+    y = assert_matches(f"{mode} {width}-bit", lambda: quant.quantized_matmul(x, qw, transpose=False), "nuvec_qvm",
+                       xv @ dequantized(qw))
     for row in range(5):
-        alone = quant.quantized_matmul(x[row:row + 1].clone(), qw, transpose=False)
-        np.testing.assert_array_equal(bits_of(alone), bits_of(y[row:row + 1].clone()), err_msg=f"row {row}")
+        with expect_launches(gpu, "nuvec_qvm"):
+            alone = bits_of(quant.quantized_matmul(x[row:row + 1].clone(), qw, transpose=False))
+        np.testing.assert_array_equal(alone, bits_of(y[row:row + 1].clone()), err_msg=f"row {row}")
 
 
 def test_qvm_gradients_equal_the_compositions():
@@ -130,23 +141,21 @@ def test_gather_qmv_matches_the_composition_and_keeps_one_row_bits(mode, group, 
     experts, n, k, rows = 4, 13, 1024 + 3 * group, 2
     w = random(rng, (experts, n, k), dtype, gpu)[0]
     qw = quant.quantize(w, group, width, mode=mode)
-    x = random(rng, (3, rows, k), dtype, gpu)[0].realize()
-    lhs = Tensor([0, 0, 1, 2, 2, 1], dtype=dtypes.int32, device=gpu)
-    rhs = Tensor([0, 1, 1, 3, -2, 4], dtype=dtypes.int32, device=gpu)   # sorted by expert, then two hostile
-    with record_launches() as launches:
-        y = quant.gather_qmm(x, qw, lhs, rhs, sorted_indices=True).realize()
-    assert any(name.startswith("nuvec_qmv") for name, _ in launches), launches
-    with compositions_only():
-        want = quant.gather_qmm(x, qw, lhs, rhs, sorted_indices=True).realize()
-    got, ref = y.float().numpy().astype(np.float64), want.float().numpy().astype(np.float64)
-    assert np.abs(got - ref).max() <= TOL[dtype] * max(np.abs(ref).max(), 1.0)
-    assert not got[4:].any()                                              # experts -2 and 4 do not exist
-    for entry, (item, expert) in enumerate(zip([0, 0, 1, 2], [0, 1, 1, 3])):
+    x, xv = random(rng, (3, rows, k), dtype, gpu)
+    x = x.realize()
+    lhs_picks, rhs_picks = [0, 0, 1, 2, 2, 1], [0, 1, 1, 3, -2, 4]                # sorted by expert, then two hostile
+    lhs, rhs = (Tensor(p, dtype=dtypes.int32, device=gpu) for p in (lhs_picks, rhs_picks))
+    dense = dequantized(qw)
+    want = np.stack([xv[i] @ dense[e].T if 0 <= e < experts else np.zeros((rows, n)) for i, e in zip(lhs_picks, rhs_picks)])
+    y = assert_matches(f"{mode} {width}-bit", lambda: quant.gather_qmm(x, qw, lhs, rhs, sorted_indices=True), "nuvec_qmv", want)
+    assert not values(y)[4:].any()                                        # experts -2 and 4 do not exist
+    for entry, (item, expert) in enumerate(zip(lhs_picks[:4], rhs_picks[:4])):
         one = quant.QuantizedWeight(*(None if t is None else t[expert].clone() for t in (qw.weight, qw.scales, qw.biases)),
                                     mode, group, width)
         for row in range(rows):
-            alone = quant.quantized_matmul(x[item, row:row + 1].clone(), one)
-            np.testing.assert_array_equal(bits_of(alone), bits_of(y[entry, row:row + 1].clone()), err_msg=f"{entry} {row}")
+            with expect_launches(gpu, "nuvec_qmv"):
+                alone = bits_of(quant.quantized_matmul(x[item, row:row + 1].clone(), one))
+            np.testing.assert_array_equal(alone, bits_of(y[entry, row:row + 1].clone()), err_msg=f"{entry} {row}")
 
 
 def test_gather_qmv_gradients_equal_the_compositions():
@@ -167,14 +176,10 @@ def test_qmm_matches_the_composition(mode, group, width, dtype):
     rng = np.random.default_rng(0x9B6)
     n, k = 200, 1024 + (16 if mode == "nvfp4" else group)
     qw = quant.quantize(random(rng, (n, k), dtype, gpu)[0], group, width, mode=mode)
-    x = random(rng, (2, 50, k), dtype, gpu)[0].realize()
-    with record_launches() as launches:
-        y = quant.quantized_matmul(x, qw).realize()
-    assert any(name.startswith("nuvec_qmm") for name, _ in launches), launches
-    with compositions_only():
-        want = quant.quantized_matmul(x, qw).realize()
-    got, ref = y.float().numpy().astype(np.float64), want.float().numpy().astype(np.float64)
-    assert y.shape == (2, 50, n) and np.abs(got - ref).max() <= TOL[dtype] * max(np.abs(ref).max(), 1.0)
+    x, xv = random(rng, (2, 50, k), dtype, gpu)
+    x = x.realize()
+    y = assert_matches(f"{mode} {width}-bit", lambda: quant.quantized_matmul(x, qw), "nuvec_qmm", xv @ dequantized(qw).T)
+    assert y.shape == (2, 50, n)
 
 
 def test_qmm_gradients_equal_the_compositions():
@@ -183,7 +188,7 @@ def test_qmm_gradients_equal_the_compositions():
     x = random(rng, (40, 256), dtypes.bfloat16, gpu)[0].realize()
     upstream = random(rng, (40, 96), dtypes.bfloat16, gpu)[0].realize()
     assert_gradients_equal_the_composition(lambda: quant.quantized_matmul(x, qw), upstream, [x, qw.scales, qw.biases],
-                                           "nuvec_qmm", tolerance=2e-2)
+                                           "nuvec_qmm")
 
 
 @pytest.mark.parametrize("mode, group, width", [("affine", 64, 4), ("mxfp4", 32, 4), ("nvfp4", 16, 4)], ids=str)
@@ -193,15 +198,13 @@ def test_sorted_many_row_gathers_run_the_gathered_qmm(mode, group, width):
     rng = np.random.default_rng(0x9B9)
     experts, n, k, entries = 4, 96, 256 + (16 if mode == "nvfp4" else 0), 300
     qw = quant.quantize(random(rng, (experts, n, k), dtypes.bfloat16, gpu)[0], group, width, mode=mode)
-    x = random(rng, (entries, 1, k), dtypes.bfloat16, gpu)[0].realize()
+    x, xv = random(rng, (entries, 1, k), dtypes.bfloat16, gpu)
+    x = x.realize()
     picks = np.sort(rng.integers(0, experts, entries)).astype(np.int32)
     picks[-3:] = experts + 5
     rhs = Tensor(picks, device=gpu)
-    with record_launches() as launches:
-        y = quant.gather_qmm(x, qw, None, rhs, sorted_indices=True).realize()
-    assert any(name.startswith("nuvec_qmm") for name, _ in launches), launches
-    with compositions_only():
-        want = quant.gather_qmm(x, qw, None, rhs, sorted_indices=True).realize()
-    got, ref = y.float().numpy().astype(np.float64), want.float().numpy().astype(np.float64)
-    assert y.shape == (entries, 1, n) and np.abs(got - ref).max() <= TOL[dtypes.bfloat16] * max(np.abs(ref).max(), 1.0)
-    assert not got[-3:].any()
+    dense = dequantized(qw)
+    want = np.stack([xv[i] @ dense[e].T if e < experts else np.zeros((1, n)) for i, e in enumerate(picks)])
+    y = assert_matches(f"{mode} gathered", lambda: quant.gather_qmm(x, qw, None, rhs, sorted_indices=True), "nuvec_qmm", want)
+    assert y.shape == (entries, 1, n)
+    assert not values(y)[-3:].any()

@@ -1,13 +1,31 @@
-"""paged_attention and paged_write against contiguous attention and numpy."""
+"""paged_attention and paged_write against contiguous attention and numpy, on the CPU and on each
+GPU: outputs compared row by row (`assert_rows_close`, the kernels' tolerances), every paged call
+asserting that the decode kernels launched where the plan runs them on a paged pool (on a GPU) and
+that nothing launched elsewhere (`checked_paged_attention`)."""
 import numpy as np
 import pytest
 from tinygrad import Tensor, dtypes
 
 from nuvec_tg import fast
+from nuvec_tg.kernels.attention import paged_unsupported
+from nuvec_tg.tensor import promote_types
 from attention_reference import attention_reference
-from reference import assert_close, round_to, values
+from reference import KERNEL_TOLERANCE, assert_close, assert_rows_close, expect_launches, kernel_target, round_to, values
 
-TOL = {dtypes.float32: 1e-4, dtypes.float16: 1e-2, dtypes.bfloat16: 5e-2}
+
+def checked_paged_attention(q, k_cache, v_cache, block_tables, lengths, scale, *, sinks=None, window=None) -> Tensor:
+    """`fast.paged_attention`, realized, asserting what launched: the decode kernels where the plan
+    for q's device (kernels on) takes the call over the table's capacity and they read the pool's
+    head size and block size (`paged_unsupported`), nothing otherwise."""
+    b, _, _, d = q.shape
+    block_size = k_cache.shape[2]
+    cache_shape = (b, k_cache.shape[1], block_tables.shape[1] * block_size, d)
+    dtype = promote_types(promote_types(q.dtype, k_cache.dtype), v_cache.dtype)
+    plan = fast.plan_attention(q.shape, cache_shape, cache_shape, dtype, mask="causal", sinks=sinks, window=window,
+                               device=kernel_target(q.device))
+    decodes = isinstance(plan.kernel, fast.Vector) and paged_unsupported(d, block_size) is None
+    with expect_launches(q.device, "nuvec_sdpa_decode" if decodes else None):
+        return fast.paged_attention(q, k_cache, v_cache, block_tables, lengths, scale, sinks=sinks, window=window).realize()
 
 
 def paged(keys, values_, block_size, rng):
@@ -64,14 +82,14 @@ def test_paged_attention_equals_contiguous_attention(device, case, dtype):
     sinks = to(sv, dtype, device)
     lens = Tensor(np.array(lengths, np.int32), device=device)
     for with_sinks in (False, True):
-        got = fast.paged_attention(q, kc, vc, Tensor(table, device=device), lens, scale, window=window,
-                                   sinks=sinks if with_sinks else None)
+        got = checked_paged_attention(q, kc, vc, Tensor(table, device=device), lens, scale, window=window,
+                                      sinks=sinks if with_sinks else None)
         assert got.dtype == dtype and got.shape == (b, hq, lq, d)
         got = values(got)
         for s, length in enumerate(lengths):
             want = attention_reference(qv[s:s + 1], keys[s:s + 1, :, :length], vals[s:s + 1, :, :length], scale,
                                        causal=True, window=window, sinks=sv if with_sinks else None)
-            assert_close(f"sequence {s} sinks {with_sinks}", got[s:s + 1], want, TOL[dtype])
+            assert_rows_close(f"sequence {s} sinks {with_sinks}", got[s:s + 1], want, KERNEL_TOLERANCE[dtype])
 
 
 @pytest.mark.float64
@@ -107,8 +125,8 @@ def test_paged_attention_clamps_hostile_tables_and_lengths(device):
                          np.int32).reshape(b, max_blocks)
         capacity = max_blocks * bs
         lens = np.array([capacity + 1, 2**31 - 1][:b], np.int32)
-        got = values(fast.paged_attention(*(to(a, dtype, device) for a in (qv, k_pool, v_pool)),
-                                          Tensor(table, device=device), Tensor(lens, device=device), 0.125))
+        got = values(checked_paged_attention(*(to(a, dtype, device) for a in (qv, k_pool, v_pool)),
+                                             Tensor(table, device=device), Tensor(lens, device=device), 0.125))
         assert np.isfinite(got).all()
         # The clamped meaning: entries clamped to the pool, lengths to the capacity.
         clamped = np.clip(table, 0, blocks - 1)
@@ -116,7 +134,7 @@ def test_paged_attention_clamps_hostile_tables_and_lengths(device):
             keys = np.concatenate([k_pool[i] for i in clamped[s]], axis=1)[None]
             vals = np.concatenate([v_pool[i] for i in clamped[s]], axis=1)[None]
             want = attention_reference(qv[s:s + 1], keys, vals, 0.125, causal=True)
-            assert_close(f"hostile {s}", got[s:s + 1], want, 1e-5 if dtype == dtypes.float32 else TOL[dtype])
+            assert_rows_close(f"hostile {s}", got[s:s + 1], want, KERNEL_TOLERANCE[dtype])
 
 
 def test_paged_write(device):

@@ -1,0 +1,27 @@
+"""The gated delta rule computed directly in float64 numpy, for the gated delta tests."""
+import numpy as np
+
+from reference import round_to
+
+
+def gated_delta_reference(q, k, v, g, beta, state, storage=None):
+    """The seeds' recurrence in float64, one value head and step at a time: `(y [B, T, Hv, Dv],
+    final state [B, Hv, Dv, Dk], every step's state [B, T, Hv, Dv, Dk])`. storage: a tinygrad
+    dtype each step's state is rounded to before the next step reads it (as `gated_delta_steps`),
+    or None (no rounding)."""
+    q, k, v, g, beta = (np.asarray(a, np.float64) for a in (q, k, v, g, beta))
+    b, t, hk, dk = q.shape
+    hv, dv = v.shape[2], v.shape[3]
+    s = np.array(state, np.float64)
+    y, states = np.zeros((b, t, hv, dv)), np.zeros((b, t, hv, dv, dk))
+    for bi in range(b):
+        for h in range(hv):
+            kh = h // (hv // hk)
+            for ti in range(t):
+                rows = s[bi, h] * g[bi, ti, h]                                   # [Dv, Dk]
+                delta = (v[bi, ti, h] - rows @ k[bi, ti, kh]) * beta[bi, ti, h]  # [Dv]
+                rows = rows + np.outer(delta, k[bi, ti, kh])
+                if storage is not None: rows = round_to(rows, storage)
+                s[bi, h] = states[bi, ti, h] = rows
+                y[bi, ti, h] = rows @ q[bi, ti, kh]
+    return y, s, states
