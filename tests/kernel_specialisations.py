@@ -290,15 +290,24 @@ def assembled(backend: str) -> dict[str, tuple[Specialisation, ...]]:
 
 
 def translation_unit(backend: str, programs: Sequence[Program]) -> tuple[str, list[int]]:
-    """One translation unit of `programs` for a compile check: the backend's prelude once, then
-    each program's text in a namespace of its own with its defines undone after it (the kernels'
-    names are distinct already); and the line (from 1) where each program's part starts."""
-    text = prelude(backend) + "\n"
+    """One translation unit of `programs` for a compile check, and the line (from 1) where each
+    program's part starts. Each program's source is its header (what it puts before the prelude:
+    defines the prelude or its text reads), the prelude, then its text; here the headers' defines
+    all stand before the one prelude, and each program's part, in a namespace of its own (the
+    kernels' names are distinct already), repeats its own header before its text, every define
+    undone after it."""
+    headers = [program.source[:program.source.index(prelude(backend))] for program in programs]
+    top = "".join(dict.fromkeys(line for header in headers for line in header.splitlines(keepends=True)))
+    text = top + prelude(backend) + "\n" + _undefine(top)
     parts, starts, line = [text], [], text.count("\n") + 1
-    for i, program in enumerate(programs):
-        defined = [row.split()[1].split("(")[0] for row in program.text.splitlines() if row.startswith("#define ")]
-        part = f"namespace spec{i} {{\n{program.text}}}\n" + "".join(f"#undef {name}\n" for name in defined)
+    for i, (header, program) in enumerate(zip(headers, programs)):
+        part = f"namespace spec{i} {{\n{header}{program.text}}}\n" + _undefine(header + program.text)
         parts.append(part)
         starts.append(line)
         line += part.count("\n")
     return "".join(parts), starts
+
+
+def _undefine(text: str) -> str:
+    """An #undef for each macro `text` defines."""
+    return "".join(f"#undef {row.split()[1].split('(')[0]}\n" for row in text.splitlines() if row.startswith("#define "))
