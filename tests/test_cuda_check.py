@@ -23,7 +23,7 @@ from typing import Sequence
 import pytest
 
 import kernel_specialisations as ks
-from nuvec_tg.kernels.program import FAMILIES, Program, prelude
+from nuvec_tg.kernels.program import FAMILIES, Program
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SHIM = pathlib.Path(__file__).parent / "cuda_shim"
@@ -81,8 +81,7 @@ def test_every_cuda_family_is_checked():
 REACHED = {
     "nuvec_sdpa_decode": {"TWO_PASS": {"0", "1"}, "MASK_KIND": {"0", "1", "2"}, "CAUSAL": {"0", "1"}, "WINDOW_ON": {"0", "1"},
                           "SINKS": {"0", "1"}, "PAGED": {"0", "1"}, "T": {"half", "bfloat", "float"},
-                          "ROWS": {"1", "2", "4", "8"},
-                          "TPK": {"8", "16", "32"}, "K_LEN": {"int_length", "(length+1)"}},
+                          "ROWS": {"1", "2", "4", "8"}, "TPK": {"8", "16", "32"}, "K_LEN": {"int_length", "(length+1)"}},
     "nuvec_sdpa_decode_mma": {"MMA": {"mma_f16", "mma_bf16"}, "L2_AHEAD": {"0", "2"}, "MASK_KIND": {"0", "1", "2"},
                               "WINDOW_ON": {"0", "1"}, "PAGED": {"0", "1"}, "D": {"64", "96", "128"}, "DV": {"64", "128"},
                               "K_LEN": {"int_length", "(length+1)"}},
@@ -109,11 +108,12 @@ def test_the_covering_set_reaches_every_code_path():
             for name, value in _defines(item.program).items(): found.setdefault(name, set()).add(value)
         for name, values in wanted.items():
             assert values <= found.get(name, set()), f"{family}: {name} never takes {sorted(values - found.get(name, set()))}"
-    # the assembled set: each mma type, staging mode, L2 hint and copy width
-    assembled = [_defines(item.program) for items in ks.assembled("cuda").values() for item in items]
-    assert {d.get("MMA") for d in assembled} >= {"mma_f16", "mma_bf16"}
-    assert {d.get("L2_AHEAD") for d in assembled} >= {"0", "2"}
-    assert {d.get("LOAD_WORDS") for d in assembled if "TILE_LD" in d or "BK" in d} >= {"1", "2", "4"}
+    # the assembled set: the matrix pass's mma types and L2 hint, qmm's copy widths and mma types
+    assembled = {family: [_defines(item.program) for item in items] for family, items in ks.assembled("cuda").items()}
+    assert {d["MMA"] for d in assembled["nuvec_sdpa_decode_mma"]} == {"mma_f16", "mma_bf16"}
+    assert {d["L2_AHEAD"] for d in assembled["nuvec_sdpa_decode_mma"]} == {"0", "2"}
+    assert {d["LOAD_WORDS"] for d in assembled["nuvec_qmm"]} == {"1", "2", "4"}
+    assert {d["TX"] for d in assembled["nuvec_qmm"]} == {"half", "bfloat"}
 
 
 @pytest.mark.parametrize("family", [f.stem for f in FAMILIES if "cuda" in f.backends])
@@ -147,16 +147,13 @@ def test_the_assembly_paths_assemble_for_sm_90(assembled_ptx):
 
 
 def _planted(family: str, edits: list[tuple[str, str]], pool: dict[str, tuple[ks.Specialisation, ...]]) -> str:
-    """The source (prelude and text) of `family`'s first program in `pool`, with each edit
-    `(original, planted)` made once in the program's text, or in the prelude where the text lacks
-    the original (an edit that finds neither fails the test: the planted error must exist)."""
-    source_prelude, text = prelude("cuda"), pool[family][0].program.text
+    """The whole source of `family`'s first program in `pool` with each edit `(original, planted)`
+    made once (an edit whose original is missing fails the test: the planted error must exist)."""
+    source = pool[family][0].program.source
     for original, planted in edits:
-        if original in text: text = text.replace(original, planted, 1)
-        else:
-            assert original in source_prelude, f"{original!r} is in neither the prelude nor {family}'s program"
-            source_prelude = source_prelude.replace(original, planted, 1)
-    return source_prelude + "\n" + text
+        assert original in source, f"{original!r} is not in {family}'s program or the prelude"
+        source = source.replace(original, planted, 1)
+    return source
 
 
 # Errors clang's front end must find, as nvrtc would: a misspelled intrinsic, a call that CUDA's
