@@ -7,10 +7,10 @@ every distinct program of it).
     python tools/compile_cuda.py --nvcc [--grid]         nvcc with ptxas -v: registers and local memory (no GPU)
     CUOBJDUMP=... python tools/compile_cuda.py --sass    qmv's main-loop SASS instructions (no GPU)
 
-`--family STEM` (repeatable, e.g. `nuvec_qmv`) limits any mode to those families.
+`--family STEM` (repeatable, e.g. `nuvec_qmv`) limits `--list`, nvrtc and `--nvcc` to those families.
 
 nvrtc (`scripts/device_check.sh` runs it before the GPU tests): each program's whole source
-(prelude and text, what `launch` compiles) through tinygrad's `NVRTCCompiler` with tinygrad's
+(what `launch` compiles: the prelude and the text) through tinygrad's `NVRTCCompiler` with tinygrad's
 options, for the CUDA device's architecture (or `--arch` where no device opens), fetched as a
 cubin so that the inline PTX is assembled too (as the driver does when a launch loads the PTX);
 where a CUDA device opens, each cubin is loaded and its registers, local and static threadgroup
