@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
-# The GPU check, run on a machine with a GPU (the H200 through the device tool): the GPU tests,
-# then the benchmark. Output goes to $OUT (or ./device_out) so that it comes back.
-# Usage: bash scripts/device_check.sh [tests|bench|tune|sanitize|all] [pytest or sanitize_cases.py args...]
+# The GPU check, run on a machine with a GPU (the H200 through the device tool): every CUDA
+# specialisation compiled, the GPU tests, then the benchmark. Output goes to $OUT (or ./device_out)
+# so that it comes back.
+# Usage: bash scripts/device_check.sh [compile|tests|bench|tune|sanitize|all] [pytest or sanitize_cases.py args...]
+# `compile` (also first in `tests` and `all` on CUDA; COMPILE_CHECK=0 leaves it out there) compiles
+# every CUDA specialisation the plan can emit with nvrtc as tinygrad does (tools/compile_cuda.py,
+# one line per family) into compile_cuda.log; a failure fails the check, and the tests still run.
 # BENCHMARKS picks the benchmarks (default: attention gated_delta quant), BENCH_ARGS adds options;
 # TUNE picks the sweep for `tune` (default: decode, i.e. tools/tune_decode.py; qmv: tools/tune_qmv.py).
 # `sanitize` (not part of `all`) runs tools/sanitize_cases.py under compute-sanitizer, one run per tool in
@@ -19,7 +23,11 @@ fi
 # NUVEC_REQUIRE_GPU: a GPU that fails to open fails the tests (instead of skipping every GPU test).
 export DEV=${DEV:-CUDA} PYTHONUNBUFFERED=1 NUVEC_REQUIRE_GPU=1
 what=${1:-all}; shift || true
-status=0
+status=0 compile_failed=
+if [ "$what" = compile ] || { [ "$DEV" = CUDA ] && [ "${COMPILE_CHECK:-1}" != 0 ] && { [ "$what" = tests ] || [ "$what" = all ]; }; }; then
+  python3 tools/compile_cuda.py 2>&1 | tee "$out/compile_cuda.log"
+  [ "${PIPESTATUS[0]}" = 0 ] || { status=1; compile_failed="compile check FAILED: the first error is in $out/compile_cuda.log"; echo "$compile_failed"; }
+fi
 if [ "$what" = tests ] || [ "$what" = all ]; then
   python3 -m pytest -q -m gpu -p no:cacheprovider "$@" tests 2>&1 | tee "$out/gpu_tests.log" || status=1
 fi
@@ -70,4 +78,5 @@ if [ "$what" = sanitize ]; then
   done
   printf '%s\n' "${summary[@]}" | tee "$out/sanitize_summary.txt"
 fi
+[ -z "$compile_failed" ] || echo "$compile_failed"  # again, after the tests' output
 exit $status

@@ -32,7 +32,7 @@ SHAPES = [(4096, 4096), (4096, 14336), (14336, 4096)]
 if "--shape" in sys.argv:  # --shape K,N (repeatable) instead of the benchmark's three
     SHAPES = [tuple(int(v) for v in sys.argv[i + 1].split(",")) for i, a in enumerate(sys.argv) if a == "--shape"]
 REPEATS = 5
-# Every plan tools/compile_qmv.py --grid checks for registers (no spills): one row, four rows.
+# Every plan tools/compile_cuda.py --nvcc --grid checks for registers (no spills): one row, four rows.
 PLANS = sorted({qmv.QmvPlan(c, 1, s, u) for c in (2, 4, 8) for s in (1, 2, 4, 8) for u in (1, 2)} |
                {qmv.QmvPlan(c, 1, s, 1) for c in (1, 2, 4) for s in (1, 2, 4, 8)} |
                {qmv.QmvPlan(4, 2, 2, 1), qmv.QmvPlan(4, 4, 1, 1), qmv.QmvPlan(2, 4, 2, 1)}, key=str)

@@ -44,6 +44,12 @@ CUDA_MATRIX_WARPS = 4
 MERGE_THREADS = 256  # at most, per query row
 
 
+def default_launch(backend: str, matrix: bool) -> Launch:
+    """The first pass's threadgroup where the caller names none: the backend's `LAUNCHES` entry,
+    or CUDA_MATRIX_WARPS SIMD groups with the same lines in flight for the matrix-unit pass."""
+    return Launch(CUDA_MATRIX_WARPS, LAUNCHES[backend].unroll) if matrix else LAUNCHES[backend]
+
+
 def matrix_staging_bytes(rows: int, value_dim: int, warps: int) -> int:
     """Threadgroup memory of the matrix pass's staged partials (`sdpa_decode_mma.h`: STAGED_ROWS
     rows of each SIMD group, in two buffers where two take at most 44 KB)."""
@@ -409,7 +415,7 @@ def decode_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, vector: Vect
     tuning passes others, which change no bit.
     """
     matrix, passes, blocks = vector.matrix, vector.passes, vector.blocks
-    if shape is None: shape = Launch(CUDA_MATRIX_WARPS, LAUNCHES[backend].unroll) if matrix else LAUNCHES[backend]
+    if shape is None: shape = default_launch(backend, matrix)
     warps, unroll = shape.warps, shape.unroll
     if matrix:
         if backend != "cuda" or dtype not in (dtypes.float16, dtypes.bfloat16) or q.shape[3] % 32 or v.shape[3] % 64 or passes != 2:

@@ -1,0 +1,313 @@
+"""The specialisations of every kernel family that the plan can emit, rendered for a backend
+through the functions a launch uses (`DecodeSpec.programs`, `gated_delta.program`,
+`quant.qmv_program`, `qvm_program`, `qmm_program`): for the compile checks
+(`tests/test_cuda_check.py`, `tools/compile_cuda.py`).
+
+Each family walks its whole space of specialisations (for attention, what `plan_call` gives over
+head sizes, dtypes, groupings, key counts, batches, masks, windows, sinks, pages and symbolic
+lengths). The walk has tens of thousands of members, most of them differing from another only in
+a constant (a head count, a block count, a key count), so `specialisations` keeps a covering set:
+a member is kept when it brings a combination not seen yet of what selects code or layout in the
+source (each family's `cover` keys: the layout and pass kind with every dtype and head size; the
+options with every dtype and pass kind; for the products every format with every dtype, every row
+count and plan, every boundary shape). `full=True` keeps every distinct program instead.
+`assembled` picks a few per family that between them reach every inline-assembly path of the
+prelude (each mma and copy width, both staging modes, the L2 hint), for a check that assembles
+them.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+from dataclasses import dataclass
+from typing import Callable, Iterator, NamedTuple, Sequence
+
+from tinygrad import dtypes
+
+from nuvec_tg.fast.plan import PlanTarget, Vector, plan_call, validate_attention
+from nuvec_tg.kernels import gated_delta
+from nuvec_tg.kernels import quant
+from nuvec_tg.kernels.attention import (MATRIX_ROWS, DecodeSpec, default_launch, geometry, matrix_staging_bytes,
+                                        paged_unsupported)
+from nuvec_tg.kernels.program import FAMILIES, KERNEL_DTYPES, Param, Program, prelude
+from nuvec_tg.tensor import dtype_name
+
+
+@dataclass(frozen=True)
+class Specialisation:
+    """One kernel program of a family, with a label that says which call it serves."""
+    family: str
+    label: str
+    program: Program
+
+
+class _Candidate(NamedTuple):
+    """A member of a family's walk, not rendered yet: `make()` gives its label and program; its
+    `cover` keys (it joins the covering set when one of them is new) and `assemble` keys (the
+    same for the assembled set)."""
+    family: str
+    make: Callable[[], tuple[str, Program]]
+    cover: tuple[tuple, ...]
+    assemble: tuple[tuple, ...] = ()
+
+
+HEADS = [(64, 64), (96, 96), (128, 128), (256, 256), (512, 512), (192, 128), (96, 64)]
+# (query heads, key heads, query rows): every grouping up to the decode kernels' 32 rows per key
+# head, and two key heads for some (the CUDA plan's block counts follow the key heads).
+GROUPS = [(hq, 1, lq) for hq in (1, 2, 4, 8, 16, 32) for lq in range(1, 9) if hq * lq <= 32] + [(16, 2, 1), (16, 2, 2), (8, 2, 4)]
+# Key counts: one pass, and two passes at few, some and many blocks.
+KEY_COUNTS = (60, 600, 5000, 70000)
+# One batch item, and (where the plan takes the matrix pass) enough that its L2 hint is off.
+BATCHES = (1, 64)
+# Plan targets per backend: Metal's GPU classes, CUDA at the default multiprocessor count (the H200's).
+TARGETS = {"metal": [PlanTarget("metal", c) for c in ("g", "s", "d")], "cuda": [PlanTarget("cuda")]}
+# What the plan sees of a call's options (mask, window), then the options the kernels take for it:
+# (mask kind 0 none / 1 bool / 2 additive, causal, window, sinks, paged block size).
+PLANNED_OPTIONS = {
+    ("none", None): [(0, False, False, sinks, 0) for sinks in (False, True)],
+    ("array", None): [(kind, False, False, sinks, 0) for kind in (1, 2) for sinks in (False, True)],
+    ("causal", None): [(0, True, False, sinks, page) for sinks in (False, True) for page in (0, 16)],
+    ("causal", 100): [(0, True, True, sinks, page) for sinks in (False, True) for page in (0, 16)],
+}
+# The symbolic key count of a jitted decode step (a bound Variable), as a scalar parameter.
+SYMBOLIC_LENGTH = ("(length+1)", (Param("length", "scalar"),))
+
+FORMATS = [("affine", g, b) for b in (1, 2, 3, 4, 5, 6, 8) for g in (32, 64, 128)] + [
+    ("mxfp4", 32, 4), ("mxfp8", 32, 8), ("nvfp4", 16, 4)]
+FLOATS = (dtypes.float32, dtypes.float16, dtypes.bfloat16)
+
+
+def _planned_vectors(backend: str) -> Iterator[tuple[tuple, Vector, tuple]]:
+    """((D, DV), dtype, (Hq, Hkv, Lq)), the plan's `Vector`, (mask, window) for each decode call
+    of the walk that the plan gives the kernels."""
+    for (d, dv), dtype, (hq, hkv, lq), lk, target in itertools.product(HEADS, KERNEL_DTYPES, GROUPS, KEY_COUNTS,
+                                                                      TARGETS[backend]):
+        for batch in BATCHES:
+            matrix = False
+            for mask, window in PLANNED_OPTIONS:
+                call = validate_attention("check", (batch, hq, lq, d), (batch, hkv, lk, d), (batch, hkv, lk, dv), dtype,
+                                          "causal" if mask == "causal" else None, None, window, None)
+                if mask == "array": call = dataclasses.replace(call, mask="array")  # the plan reads only its kind
+                vector = plan_call(call, target).kernel
+                if not isinstance(vector, Vector): continue
+                matrix |= vector.matrix
+                yield ((d, dv), dtype, (hq, hkv, lq)), vector, (mask, call.window if window else None)
+            if not matrix: break  # the batch changes only the matrix pass's L2 hint
+
+
+def _decode_label(spec: DecodeSpec) -> str:
+    options = [name for name, on in (("causal", spec.causal), ("window", spec.window), ("sinks", spec.sinks)) if on]
+    options += [f"{('bool', 'additive')[spec.mask_kind - 1]} mask"] if spec.mask_kind else []
+    options += [f"page {spec.page}"] if spec.page else []
+    options += [] if spec.length == "ints" else ["symbolic length"]
+    return (f"{dtype_name(spec.dtype)} D{spec.head_dim}/{spec.value_dim} Hq{spec.q_heads} Hkv{spec.kv_heads} Lq{spec.q_len} "
+            f"passes {spec.passes} blocks {spec.blocks}" + (f" matrix l2_ahead {spec.l2_ahead}" if spec.matrix else "")
+            + "".join(f" {o}" for o in options))
+
+
+def _decode_candidates(backend: str) -> Iterator[_Candidate]:
+    """The decode passes and merges of every call the walk plans for the kernels, as
+    `decode_attention` builds them (contiguous caches with an integer and a symbolic key count,
+    paged pools where `paged_unsupported` allows)."""
+    for ((d, dv), dtype, (hq, hkv, lq)), vector, (mask, window) in _planned_vectors(backend):
+        shape = default_launch(backend, vector.matrix)
+        rows = hq // hkv * lq
+        if vector.matrix:  # the matrix pass's layout: its staged rows (and so its staging buffers)
+            pass_kind, layout = ("matrix", vector.l2_ahead > 0), (min(rows, MATRIX_ROWS),)
+            family = "nuvec_sdpa_decode_mma"
+            # each mma type, staging mode (mbarriers or a barrier) and L2 hint
+            assemble = ((dtype,), (_stage_buffers(rows, dv, shape.warps),), pass_kind)
+        else:              # the vector pass's: how lanes share a key line and rows a threadgroup
+            g = geometry(d, dv, dtype, rows, shape.warps)
+            pass_kind, layout = ("vector", vector.passes), (g.lanes_per_key, g.features_per_lane, g.values_per_lane, g.rows)
+            family, assemble = "nuvec_sdpa_decode", (pass_kind,)
+        sizes = (dtype, d, dv, hq, hkv, lq, vector.passes, vector.blocks)
+        launch = (shape.warps, shape.unroll, vector.matrix, vector.l2_ahead if vector.matrix else 0)
+        layout_key = (dtype, d, dv, pass_kind, layout)
+        merge_key = (dtype, dv) + _merge_layout(dv, vector.blocks)
+        for options in _decode_options(mask, window, d):
+            mask_kind, causal, window_on, sinks, page, length = options
+            make = _DecodeMaker(backend, sizes, options, launch)
+            yield _Candidate(family, make.first, (layout_key, (dtype, pass_kind, options[:4], page > 0, length)), assemble)
+            if vector.passes == 2:  # the merge's code: its value width, sinks, and how its threads split the blocks
+                yield _Candidate("nuvec_sdpa_merge", make.merge, (merge_key + (sinks,),), ((),))
+
+
+@functools.cache
+def _decode_options(mask: str, window: int | None, head_dim: int) -> tuple[tuple, ...]:
+    """(mask kind, causal, window, sinks, paged block size, key count) of the kernels for a call the
+    plan saw with this mask and window: `PLANNED_OPTIONS`, paged where `paged_unsupported`
+    allows, contiguous with an integer and a symbolic key count."""
+    return tuple(option + (length,) for option in PLANNED_OPTIONS[(mask, window)]
+                 if not (option[4] and paged_unsupported(head_dim, option[4]) is not None)
+                 for length in (("ints",) if option[4] else ("ints", SYMBOLIC_LENGTH[0])))
+
+
+class _DecodeMaker:
+    """(label, program) of a decode specialisation's first pass or merge, built when asked."""
+    def __init__(self, backend: str, sizes: tuple, options: tuple, launch: tuple):
+        self.backend, self.sizes, self.options, self.launch = backend, sizes, options, launch
+
+    def _programs(self) -> tuple[str, list[Program]]:
+        mask_kind, causal, window_on, sinks, page, length = self.options
+        spec = DecodeSpec(*self.sizes, causal, window_on, mask_kind, sinks, page, 0.125, length, *self.launch)
+        length_params = list(SYMBOLIC_LENGTH[1]) if length == SYMBOLIC_LENGTH[0] else []
+        return _decode_label(spec), spec.programs(self.backend, length_params)
+
+    def first(self) -> tuple[str, Program]:
+        label, programs = self._programs()
+        return label, programs[0]
+
+    def merge(self) -> tuple[str, Program]:
+        label, programs = self._programs()
+        return label, programs[1]
+
+
+@functools.cache
+def _merge_layout(value_dim: int, blocks: int) -> tuple[int, int]:
+    """The merge's splits and threads per query row (`DecodeSpec.merge_splits`, `merge_threads`)."""
+    spec = DecodeSpec(dtypes.float32, value_dim, value_dim, 1, 1, 1, 2, blocks, False, False, 0, False, 0, 1.0)
+    return spec.merge_splits(), spec.merge_threads()
+
+
+def _stage_buffers(rows: int, value_dim: int, warps: int) -> int:
+    """The matrix pass's staging buffers (`sdpa_decode_mma.h`'s STAGE_BUFFERS): its staging bytes
+    over one buffer's (each SIMD group's staged rows of DV + 2 floats)."""
+    return matrix_staging_bytes(rows, value_dim, warps) // (warps * min(rows, MATRIX_ROWS) * (value_dim + 2) * 4)
+
+
+def _gated_delta_candidates(backend: str) -> Iterator[_Candidate]:
+    """The three modes over both launches (decode, prefill), head sizes from the usual to odd
+    ones (Dv not a multiple of a threadgroup's rows), grouped value heads, and the dtypes of
+    activations, state, gate and storage."""
+    for (dk, dv), activation, state, gate, mode, steps in itertools.product(
+            [(128, 128), (64, 48), (32, 17), (96, 64)], KERNEL_DTYPES, KERNEL_DTYPES, (dtypes.float32, dtypes.bfloat16),
+            ("final", "steps", "slots"), (1, 512)):
+        for storage in ((dtypes.float16, dtypes.float32) if mode == "steps" else (state,)):
+            types = dict(q=activation, k=activation, v=activation, g=gate, beta=activation, state=state, storage=storage)
+            shape = gated_delta.plan(steps)
+
+            def make(types=types, mode=mode, dk=dk, dv=dv, shape=shape) -> tuple[str, Program]:
+                label = (f"{mode} Dk{dk} Dv{dv} " + " ".join(f"{name} {dtype_name(t)}" for name, t in types.items())
+                         + f" {shape.warps} warps x {shape.rows} rows")
+                return label, gated_delta.program(backend, types, mode, dk, dv, 2, 4, shape)
+            cover = ((mode, shape, dk, dv, activation), (mode, activation, state, gate, storage))
+            yield _Candidate("nuvec_gated_delta", make, cover, ((),))
+
+
+def _qmv_candidates(backend: str) -> Iterator[_Candidate]:
+    """qmv and gather_qmv: every mode, width and group, x (and y) dtype, affine scales dtype, 1-8
+    rows; K and N at the kernel's boundaries (half chunks, fewer columns than a SIMD group serves,
+    narrower loads, one row's wide columns), the default plan and another."""
+    for (mode, group, bits), x, rows in itertools.product(FORMATS, FLOATS, range(1, 9)):
+        for scales in (FLOATS if mode == "affine" else (dtypes.uint8,)):
+            # (4096, 14336) at one row: 2 steps a SIMD group and enough of them, so the wide-column plan.
+            shapes = ((4096, 4096), (group * 3, 3)) + (((4096 + 16, 14336),) if mode == "nvfp4" else ()) + (
+                ((4096, 14336),) if rows == 1 else ())
+            for k, n in shapes:
+                plans = {quant.plan(rows, k, n)} | ({quant.QmvPlan(3, 2, 2, 2)} if rows == 1 and n > 3 else set())
+                for p, batches in itertools.product(sorted(plans, key=str), (0, 3) if rows in (1, 8) else (0,)):
+                    label = (f"{mode} {bits}-bit g{group} x {dtype_name(x)} scales {dtype_name(scales)} M{rows} K{k} N{n} "
+                             f"{p}" + (f" gathered over {batches}" if batches else ""))
+                    make = functools.partial(_product, quant.qmv_program, backend, label, x, scales, mode=mode, group_size=group,
+                                             bits=bits, rows=rows, k=k, n=n, qmv_plan=p, batches=batches)
+                    yield _Candidate("nuvec_qmv", make, ((mode, group, bits, x), (mode, x, scales), (mode, rows, p, batches > 0),
+                                                         (mode, group, bits, k, n), (mode, group, bits, batches > 0)),
+                                     ((mode == "affine",),))  # the affine codes' LOP3, the floating-point ones' half2
+
+
+def _product(program: Callable[..., Program], backend: str, label: str, x, scales, **args) -> tuple[str, Program]:
+    """(label, program) of a quantized product with activations and results of x's dtype."""
+    return label, program(backend, x, scales, x, **args)
+
+
+def _qvm_candidates(backend: str) -> Iterator[_Candidate]:
+    """qvm: every mode, width and group, x dtype, 1, 3 and 8 rows, K of many and few rows of w
+    (its split), N of many columns and of a half chunk."""
+    for (mode, group, bits), x, rows, k in itertools.product(FORMATS, FLOATS, (1, 3, 8), (4096, 100)):
+        n = 4096 if k == 4096 else 3 * group  # nvfp4: 48, a half chunk
+        scales = x if mode == "affine" else dtypes.uint8
+        label = f"{mode} {bits}-bit g{group} x {dtype_name(x)} M{rows} K{k} N{n}"
+        make = functools.partial(_product, quant.qvm_program, backend, label, x, scales, mode=mode, group_size=group, bits=bits,
+                                 rows=rows, k=k, n=n)
+        yield _Candidate("nuvec_qvm", make, ((mode, group, bits, x), (mode, rows, k)), ((mode == "affine",),))
+
+
+def _qmm_candidates(backend: str) -> Iterator[_Candidate]:
+    """qmm and its gathered form: every mode, width and group, 16-bit x, affine scales in x's type
+    and float32, K whose rows take wide or narrow weight loads."""
+    for (mode, group, bits), x, k, gather in itertools.product(FORMATS, (dtypes.float16, dtypes.bfloat16), (4096, 4096 + 16),
+                                                              (False, True)):
+        if k % group: continue
+        for scales in ((x, dtypes.float32) if mode == "affine" else (dtypes.uint8,)):
+            label = (f"{mode} {bits}-bit g{group} x {dtype_name(x)} scales {dtype_name(scales)} K{k}"
+                     + (" gathered" if gather else ""))
+            make = functools.partial(_product, quant.qmm_program, backend, label, x, scales, mode=mode, group_size=group,
+                                     bits=bits, k=k, gather=gather)
+            # assembled: each copy width of the packed words (LOAD_WORDS) and each mma type
+            yield _Candidate("nuvec_qmm", make, ((mode, group, bits, x, gather), (mode, x, scales, k, gather)),
+                             ((quant.load_words(bits, k * bits // 32),), (x,)))
+
+
+_WALKS = (_decode_candidates, _gated_delta_candidates, _qmv_candidates, _qvm_candidates, _qmm_candidates)
+
+
+@functools.cache
+def _walk(backend: str) -> tuple[_Candidate, ...]:
+    return tuple(candidate for walk in _WALKS for candidate in walk(backend))
+
+
+@functools.cache
+def _select(backend: str, keys: str, everything: bool = False) -> dict[str, tuple[Specialisation, ...]]:
+    """Per family stem (every family written for `backend`, in `FAMILIES` order), the candidates
+    that bring a new one of their family's `keys` ("cover" or "assemble"; all with
+    `everything`), rendered, each program once."""
+    by_family: dict[str, list[Specialisation]] = {f.stem: [] for f in FAMILIES if backend in f.backends}
+    seen_keys: set[tuple] = set()
+    seen_names: set[str] = set()
+    for candidate in _walk(backend):
+        new = {(candidate.family, i, key) for i, key in enumerate(getattr(candidate, keys))} - seen_keys
+        if not new and not everything: continue
+        seen_keys |= new
+        label, program = candidate.make()
+        if program.name in seen_names: continue
+        seen_names.add(program.name)
+        by_family[candidate.family].append(Specialisation(candidate.family, label, program))
+    return {family: tuple(items) for family, items in by_family.items()}
+
+
+def specialisations(backend: str, full: bool = False) -> dict[str, tuple[Specialisation, ...]]:
+    """The covering set per family stem, for every family written for `backend`; with `full`,
+    every distinct program of the walk (tens of thousands)."""
+    return dict(_select(backend, "cover", full))
+
+
+def assembled(backend: str) -> dict[str, tuple[Specialisation, ...]]:
+    """A few specialisations per family that between them reach every inline-assembly path of
+    the backend's prelude (each family's `assemble` keys), for a check that assembles them."""
+    return dict(_select(backend, "assemble"))
+
+
+def translation_unit(backend: str, programs: Sequence[Program]) -> tuple[str, list[int]]:
+    """One translation unit of `programs` for a compile check, and the line (from 1) where each
+    program's part starts. Each program's source is its header (what it puts before the prelude:
+    defines the prelude or its text reads), the prelude, then its text; here the headers' defines
+    all stand before the one prelude, and each program's part, in a namespace of its own (the
+    kernels' names are distinct already), repeats its own header before its text, every define
+    undone after it."""
+    headers = [program.source[:program.source.index(prelude(backend))] for program in programs]
+    top = "".join(dict.fromkeys(line for header in headers for line in header.splitlines(keepends=True)))
+    text = top + prelude(backend) + "\n" + _undefine(top)
+    parts, starts, line = [text], [], text.count("\n") + 1
+    for i, (header, program) in enumerate(zip(headers, programs)):
+        part = f"namespace spec{i} {{\n{header}{program.text}}}\n" + _undefine(header + program.text)
+        parts.append(part)
+        starts.append(line)
+        line += part.count("\n")
+    return "".join(parts), starts
+
+
+def _undefine(text: str) -> str:
+    """An #undef for each macro `text` defines."""
+    return "".join(f"#undef {row.split()[1].split('(')[0]}\n" for row in text.splitlines() if row.startswith("#define "))

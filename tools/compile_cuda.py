@@ -1,0 +1,227 @@
+"""Compile every CUDA specialisation the plan can emit, family by family, before anything runs
+them (`tests/kernel_specialisations.py` says which: a covering set of the plan's walk, `--full`
+every distinct program of it).
+
+    python tools/compile_cuda.py --list                  each specialisation (family, program, label); no compiler
+    python tools/compile_cuda.py [--arch sm_90]          nvrtc, as tinygrad compiles them (the GPU machine)
+    python tools/compile_cuda.py --nvcc [--grid]         nvcc with ptxas -v: registers and local memory (no GPU)
+    CUOBJDUMP=... python tools/compile_cuda.py --sass    qmv's main-loop SASS instructions (no GPU)
+
+`--family STEM` (repeatable, e.g. `nuvec_qmv`) limits `--list`, nvrtc and `--nvcc` to those families.
+
+nvrtc (`scripts/device_check.sh` runs it before the GPU tests): each program's whole source
+(what `launch` compiles: the prelude and the text) through tinygrad's `NVRTCCompiler` with tinygrad's
+options, for the CUDA device's architecture (or `--arch` where no device opens), fetched as a
+cubin so that the inline PTX is assembled too (as the driver does when a launch loads the PTX);
+where a CUDA device opens, each cubin is loaded and its registers, local and static threadgroup
+memory read. One line per family with the count compiled; the first error prints the
+specialisation and the compiler's log and exits 1.
+
+nvcc: the specialisations in a few translation units for sm_90 (`-Xptxas -v`), registers, stack and
+spills per specialisation; exits 1 on an error or where a specialisation uses local memory. With
+`--grid`, instead, every qmv kernel `tools/tune_qmv.py` sweeps. `--sass`: the main loop's SASS
+instruction counts of qmv's one-row default plans.
+"""
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import itertools
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import tempfile
+
+from tinygrad import dtypes
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
+from kernel_specialisations import Specialisation, specialisations, translation_unit  # noqa: E402
+
+from nuvec_tg.kernels import quant as qmv  # noqa: E402
+from nuvec_tg.kernels.program import Program  # noqa: E402
+
+
+def chosen(families: list[str] | None, full: bool = False) -> dict[str, tuple[Specialisation, ...]]:
+    """The specialisations per family stem, only `families` where given (an unknown one raises)."""
+    every = specialisations("cuda", full)
+    unknown = set(families or ()) - set(every)
+    if unknown: raise ValueError(f"compile_cuda: unknown families {sorted(unknown)} (CUDA's: {', '.join(every)})")
+    return {family: items for family, items in every.items() if not families or family in families}
+
+
+def list_specialisations(by_family: dict[str, tuple[Specialisation, ...]]) -> None:
+    """Print each specialisation (family, program name, label), then each family's count."""
+    for items in by_family.values():
+        for item in items: print(f"{item.family}\t{item.program.name}\t{item.label}")
+    for family, items in by_family.items(): print(f"{family}: {len(items)} specialisations")
+
+
+def compile_nvrtc(by_family: dict[str, tuple[Specialisation, ...]], arch: str | None, jobs: int) -> int:
+    """Compile each specialisation with nvrtc (`jobs` at a time), family by family; load and
+    measure each where a CUDA device opens. 0, or 1 at the first error."""
+    from tinygrad.runtime.support.compiler_cuda import NVRTCCompiler
+    device = _cuda_device()
+    arch = arch or (device.arch if device is not None else "sm_90")
+    compiler = NVRTCCompiler(arch, ptx=False)  # tinygrad's options; the cubin, so that the PTX is assembled as well
+    print(f"nvrtc {' '.join(compiler.compile_options)}; " + (f"loading into {device.device}" if device is not None else
+                                                             "no CUDA device opened: compiled only"), flush=True)
+    with concurrent.futures.ThreadPoolExecutor(jobs) as pool:  # nvrtc is thread-safe and ctypes releases the GIL
+        for family, items in by_family.items():
+            futures = [pool.submit(compiler.compile, item.program.source) for item in items]
+            measured = []
+            for item, future in zip(items, futures):
+                try:
+                    cubin = future.result()
+                    if device is not None: measured.append(_load(device, item.program, cubin))
+                except Exception as error:  # noqa: BLE001 - a compile or load error of any kind stops the check
+                    for rest in futures: rest.cancel()
+                    print(f"FAILED {family}: {item.label} ({item.program.name})\n{error}", flush=True)
+                    return 1
+            summary = ""
+            if measured:
+                registers, local, shared = (max(m[i] for m in measured) for i in range(3))
+                spilling = sum(m[1] > 0 for m in measured)
+                summary = (f"; at most {registers} registers, {shared} bytes of static threadgroup memory, "
+                           f"{spilling} with local memory (at most {local} bytes)")
+            print(f"{family}: {len(items)} compiled ({arch}){summary}", flush=True)
+    return 0
+
+
+def _cuda_device():
+    """The CUDA device, or None where none opens."""
+    try:
+        from tinygrad import Device
+        return Device["CUDA"]
+    except Exception:  # noqa: BLE001 - any failure to open means no device
+        return None
+
+
+def _load(device, program: Program, cubin: bytes) -> tuple[int, int, int]:
+    """Load `cubin` on `device` and read its kernel's registers, local memory and static
+    threadgroup memory (bytes); raises where the driver refuses it."""
+    import ctypes
+    from tinygrad.runtime.autogen import cuda
+    module, function = cuda.CUmodule(), cuda.CUfunction()
+    if (status := cuda.cuCtxSetCurrent(device.context)) != 0: raise RuntimeError(f"cuCtxSetCurrent: status {status}")
+    if (status := cuda.cuModuleLoadData(ctypes.byref(module), cubin)) != 0:
+        raise RuntimeError(f"loading the cubin failed: {cuda.enum_cudaError_enum.get(status, status)}")
+    try:
+        if (status := cuda.cuModuleGetFunction(ctypes.byref(function), module, program.name.encode())) != 0:
+            raise RuntimeError(f"the module has no {program.name}: {cuda.enum_cudaError_enum.get(status, status)}")
+        values = []
+        for attribute in (cuda.CU_FUNC_ATTRIBUTE_NUM_REGS, cuda.CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES,
+                          cuda.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES):
+            value = ctypes.c_int32()
+            cuda.cuFuncGetAttribute(ctypes.byref(value), attribute, function)
+            values.append(value.value)
+        return values[0], values[1], values[2]
+    finally:
+        cuda.cuModuleUnload(module)
+
+
+def compile_nvcc(items: list[Specialisation], jobs: int = os.cpu_count() or 2) -> int:
+    """Compile for sm_90 in `jobs` nvcc processes; print registers and local memory (stack frame,
+    spills) per specialisation; nonzero if any fails or uses local memory."""
+    chunks = [items[i::jobs * 4] for i in range(min(len(items), jobs * 4))]
+    tmp = tempfile.mkdtemp()
+    bad = 0
+    for first in range(0, len(chunks), jobs):
+        procs = []
+        for j, chunk in enumerate(chunks[first:first + jobs], first):
+            source = f"{tmp}/unit{j}.cu"
+            pathlib.Path(source).write_text(translation_unit("cuda", [item.program for item in chunk])[0])
+            command = ["nvcc", "-arch=sm_90", "-cubin", "-Xptxas", "-v", "-o", f"{tmp}/unit{j}.cubin", source]
+            procs.append((chunk, subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)))
+        for chunk, proc in procs:
+            out = proc.communicate()[0]
+            if proc.returncode:
+                print(out[:4000])
+                return 1
+            found = {m.group(1): (int(m.group(4)), int(m.group(2)), int(m.group(3))) for m in re.finditer(
+                r"Compiling entry function '(\w+)'.*?(\d+) bytes stack frame, (\d+) bytes spill stores.*?Used (\d+) registers",
+                out, re.S)}
+            for item in chunk:
+                registers, stack, spill = found[item.program.name]
+                print(f"{registers:4d} registers {stack:4d} stack {spill:4d} spilled  {item.family}: {item.label}", flush=True)
+                bad += stack > 0 or spill > 0
+    if bad: print(f"{bad} specialisations use local memory")
+    return 1 if bad else 0
+
+
+def tuned_qmv() -> list[Specialisation]:
+    """Every qmv kernel tools/tune_qmv.py sweeps (bfloat16 x)."""
+    from tune_qmv import FORMATS as TUNED, SHAPES, plans
+    items = []
+    for fmt, (k, n), rows in itertools.product(TUNED, SHAPES, (1, 4)):
+        mode, group, bits = TUNED[fmt]
+        scales = dtypes.bfloat16 if mode == "affine" else dtypes.uint8
+        for p in plans(rows, k):
+            program = qmv.qmv_program("cuda", dtypes.bfloat16, scales, dtypes.bfloat16, mode=mode, group_size=group, bits=bits,
+                                      rows=rows, k=k, n=n, qmv_plan=p)
+            items.append(Specialisation("nuvec_qmv", f"{fmt} M{rows} K{k} N{n} {p}", program))
+    return list({item.program.name: item for item in items}.values())
+
+
+def loop_histogram(program: Program, cuobjdump: str) -> tuple[int, dict[str, int]]:
+    """(instructions, count per opcode) of the main loop (the longest backward branch's body) of one
+    program's sm_90 SASS."""
+    tmp = tempfile.mkdtemp()
+    pathlib.Path(f"{tmp}/one.cu").write_text(translation_unit("cuda", [program])[0])
+    subprocess.run(["nvcc", "-arch=sm_90", "-cubin", "-o", f"{tmp}/one.cubin", f"{tmp}/one.cu"], check=True)
+    sass = subprocess.run([cuobjdump, "-sass", f"{tmp}/one.cubin"], capture_output=True, text=True, check=True).stdout
+    lines = re.findall(r"/\*([0-9a-f]{4,})\*/\s+(.*?);", sass)
+    at = {int(address, 16): i for i, (address, _) in enumerate(lines)}
+    loops = [(at[int(m.group(1), 16)], i) for i, (_, text) in enumerate(lines)
+             if (m := re.search(r"BRA (?:`\(\.L_x_\d+\) )?0x([0-9a-f]+)", text)) and int(m.group(1), 16) in at
+             and at[int(m.group(1), 16)] < i]
+    first, last = max(loops, key=lambda span: span[1] - span[0])
+    counts: dict[str, int] = {}
+    for _, text in lines[first:last + 1]:
+        opcode = text.split()[1 if text.startswith("@") else 0].split(".")[0]
+        counts[opcode] = counts.get(opcode, 0) + 1
+    return last + 1 - first, dict(sorted(counts.items(), key=lambda kv: -kv[1]))
+
+
+def print_sass(cuobjdump: str) -> None:
+    """Main-loop instruction counts of qmv's one-row default plans at K = N = 4096."""
+    for mode, group, bits in (("affine", 64, 4), ("affine", 64, 8), ("mxfp4", 32, 4)):
+        p = qmv.plan(1, 4096, 4096)
+        program = qmv.qmv_program("cuda", dtypes.bfloat16, dtypes.bfloat16 if mode == "affine" else dtypes.uint8, dtypes.bfloat16,
+                                  mode=mode, group_size=group, bits=bits, rows=1, k=4096, n=4096, qmv_plan=p)
+        count, counts = loop_histogram(program, cuobjdump)
+        codes = 32 * p.columns_per_warp * p.unroll
+        print(f"{mode} {bits}-bit g{group} M1 {p}: {count} instructions per lane step of {codes} codes "
+              f"({count * 32 / codes:.1f} per 32 codes of a column): {counts}")
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--list", action="store_true", help="print the specialisations; compile nothing")
+    mode.add_argument("--nvcc", action="store_true", help="compile with nvcc and report registers and local memory")
+    mode.add_argument("--sass", action="store_true", help="qmv's main-loop SASS instruction counts (CUOBJDUMP)")
+    parser.add_argument("--family", action="append", help="only this family (a stem such as nuvec_qmv); repeatable")
+    parser.add_argument("--full", action="store_true", help="every distinct program of the plan's walk, not the covering set")
+    parser.add_argument("--grid", action="store_true", help="with --nvcc: the qmv kernels tools/tune_qmv.py sweeps instead")
+    parser.add_argument("--arch", help="nvrtc's architecture where no CUDA device opens (default: the device's, else sm_90)")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 2, help="compilations at a time")
+    args = parser.parse_args(argv)
+    if args.sass:
+        print_sass(os.environ.get("CUOBJDUMP", "cuobjdump"))
+        return 0
+    if args.nvcc and args.grid: return compile_nvcc(tuned_qmv(), args.jobs)
+    try:
+        by_family = chosen(args.family, args.full)
+    except ValueError as error:
+        parser.error(str(error))
+    if args.list:
+        list_specialisations(by_family)
+        return 0
+    if args.nvcc: return compile_nvcc([item for items in by_family.values() for item in items], args.jobs)
+    return compile_nvrtc(by_family, args.arch, args.jobs)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
