@@ -32,6 +32,7 @@ import math
 import pathlib
 import shutil
 import sys
+import tempfile
 
 import numpy as np
 
@@ -251,7 +252,8 @@ def config_gpt_oss(ids):
     """gpt-oss: attention sinks, sliding (window 4) / full alternation, biased projections,
     4 experts top-2 with the clamped GLU, router with bias, YaRN as released (factor 32 over 4096)."""
     from transformers import GptOssConfig
-    return GptOssConfig(**_common(ids, max_position_embeddings=131072), hidden_size=64, intermediate_size=32, num_hidden_layers=2,
+    return GptOssConfig(**_common(ids, max_position_embeddings=131072), hidden_size=64,
+                        intermediate_size=32, num_hidden_layers=2,
                         layer_types=["sliding_attention", "full_attention"], sliding_window=4,
                         num_attention_heads=4, num_key_value_heads=2, head_dim=16,
                         num_local_experts=4, num_experts_per_tok=2, rms_norm_eps=1e-5,
@@ -467,10 +469,31 @@ def torch_main(names):
 MLX_FIXTURES = {"qwen3_mlx4": ("qwen3", None), "qwen3_moe_mlx4": ("qwen3_moe", "bfloat16")}
 
 
+def hub_style_copy(source, destination, dtype):
+    """A copy of checkpoint `source` whose config.json has the keys transformers 4 wrote (and the
+    Hub's Qwen3-MoE configs have): rope_theta and rope_scaling for rope_parameters, num_experts
+    for num_local_experts, torch_dtype for dtype (`dtype`, that of the converted weights, if not
+    None). mlx-lm 0.32's qwen3_moe reads only these."""
+    shutil.copytree(source, destination)
+    config = json.loads((destination / "config.json").read_text())
+    rope = dict(config.pop("rope_parameters"))
+    config["rope_theta"] = rope.pop("rope_theta")
+    if rope.pop("rope_type", "default") != "default":
+        raise ValueError("hub_style_copy: only the default rope is converted")
+    config["rope_scaling"] = None
+    if "num_local_experts" in config:
+        config["num_experts"] = config.pop("num_local_experts")
+    config["torch_dtype"] = dtype or config["dtype"]
+    del config["dtype"]
+    (destination / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
 def mlx_main(names):
     """Convert with mlx_lm.convert (4-bit affine, group size 32; qwen3 kept float32, qwen3_moe cast
-    to bfloat16 as mlx-community checkpoints are) and store mlx-lm's logits: `logits_i` in the
-    model's dtype (as float32) and `logits_f32_i` with every parameter upcast to float32."""
+    to bfloat16 as mlx-community checkpoints are; both from a copy with transformers 4's config
+    keys, so their config.json has those) and store mlx-lm's logits: `logits_i` in the model's
+    dtype (as float32) and `logits_f32_i` with every parameter upcast to float32 (the same
+    quantized values, computed in float32)."""
     import mlx.core as mx
     from mlx_lm import convert, load
     for name, (source, dtype) in MLX_FIXTURES.items():
@@ -479,8 +502,11 @@ def mlx_main(names):
         directory = OUT / name
         if directory.exists():
             shutil.rmtree(directory)
-        convert(str(OUT / source), mlx_path=str(directory), quantize=True, q_group_size=32, q_bits=4,
-                dtype=dtype)
+        with tempfile.TemporaryDirectory() as scratch:
+            hub_source = pathlib.Path(scratch) / source
+            hub_style_copy(OUT / source, hub_source, dtype)
+            convert(str(hub_source), mlx_path=str(directory), quantize=True, q_group_size=32, q_bits=4,
+                    dtype=dtype)
         source_reference = np.load(OUT / source / "reference.npz")
         model, _ = load(str(directory))
         reference = {}
