@@ -27,7 +27,7 @@ from .cache import KVCache
 from .checkpoint import Checkpoint
 from .config import Config
 from .loader import Loader, QuantSpec, default_dtype
-from .model import GenerationStats, Model
+from .model import GenerationStats, Model, device_description
 
 # model_type -> the module that builds it (imported when a checkpoint needs it)
 FAMILIES = {"qwen3": "qwen3", "qwen3_moe": "qwen3_moe"}
@@ -91,4 +91,4 @@ def supported() -> list[str]:
     return sorted(FAMILIES)
 
 
-__all__ = ["load", "supported", "Model", "KVCache", "GenerationStats", "FAMILIES"]
+__all__ = ["load", "supported", "Model", "KVCache", "GenerationStats", "FAMILIES", "device_description"]

@@ -43,12 +43,13 @@ def _fuse(weights: list[Weight]) -> Weight | None:
     return None
 
 
-def _realize(w: Weight) -> Weight:
-    if isinstance(w, QuantizedWeight):
-        Tensor.realize(*[t for t in (w.weight, w.scales, w.biases) if t is not None])
-    else:
-        w.realize()
-    return w
+def _tensors(weights: list[Weight | None]) -> list[Tensor]:
+    """The tensors of dense and quantized weights (to realize them)."""
+    out: list[Tensor] = []
+    for w in weights:
+        if isinstance(w, QuantizedWeight): out += [t for t in (w.weight, w.scales, w.biases) if t is not None]
+        elif w is not None: out.append(w)
+    return out
 
 
 class Linear:
@@ -63,8 +64,11 @@ class Linear:
 
     def set(self, weights: list[Weight], biases: list[Tensor] | None) -> None:
         fused = _fuse(weights) if len(weights) > 1 else weights[0]
-        self.weights = [_realize(fused)] if fused is not None else weights
-        if biases is not None: self.bias = (biases[0].cat(*biases[1:]) if len(biases) > 1 else biases[0]).realize()
+        self.weights = [fused] if fused is not None else weights
+        if biases is not None: self.bias = biases[0].cat(*biases[1:]) if len(biases) > 1 else biases[0]
+
+    def parameters(self) -> list[Tensor]:
+        return _tensors([*self.weights, self.bias])
 
     def __call__(self, x: Tensor) -> Tensor | tuple[Tensor, ...]:
         """x: `[..., K]`. Returns `[..., N]` (or one tensor per module)."""
@@ -83,6 +87,9 @@ class Embedding:
 
     def set(self, weight: Weight) -> None:
         self.weight = weight
+
+    def parameters(self) -> list[Tensor]:
+        return _tensors([self.weight])
 
     def __call__(self, tokens: Tensor, dtype) -> Tensor:
         """tokens: `[B, T]` integers. Returns `[B, T, hidden]` in `dtype` (quantized rows are
@@ -107,6 +114,9 @@ class Norm:
 
     def set(self, weight: Tensor) -> None:
         self.weight = weight
+
+    def parameters(self) -> list[Tensor]:
+        return [self.weight]
 
     def __call__(self, x: Tensor) -> Tensor:
         return fast.rms_norm(x, self.weight, self.eps)
@@ -133,7 +143,10 @@ class Experts:
 
     def set(self, weights: list[Weight]) -> None:
         fused = _fuse(weights) if len(weights) > 1 else weights[0]
-        self.weights = [_realize(fused)] if fused is not None else weights
+        self.weights = [fused] if fused is not None else weights
+
+    def parameters(self) -> list[Tensor]:
+        return _tensors(self.weights)
 
     def __call__(self, x: Tensor, lhs: Tensor | None, rhs: Tensor, sorted_indices: bool) -> Tensor | tuple[Tensor, ...]:
         """Entries' rows through their experts: x `[P, 1, K]` rows, `lhs` picks x's row of each

@@ -127,9 +127,9 @@ class Loader:
         return spec if spec is not None and columns % spec.group_size == 0 else None
 
     def _materialize(self, path: str, spec: QuantSpec | None, stored: bool) -> Tensor | QuantizedWeight:
-        if spec is None: return self._read(f"{path}.weight").realize()
-        if stored: return _realized(self._load_quantized(path, spec))
-        return _realized(quant.quantize(self._read(f"{path}.weight"), spec.group_size, spec.bits, spec.mode))
+        if spec is None: return self._read(f"{path}.weight")
+        if stored: return self._load_quantized(path, spec)
+        return quant.quantize(self._read(f"{path}.weight"), spec.group_size, spec.bits, spec.mode)
 
     def _is_stored(self, path: str) -> bool:
         return self.stored is not None and f"{path}.scales" in self.checkpoint
@@ -150,9 +150,10 @@ class Loader:
         layer = Linear(outs)
         stored = [self._is_stored(p) for p in paths]
 
-        def read() -> None:
+        def read() -> Linear:
             weights = [self._materialize(p, s, st) for p, s, st in zip(paths, specs, stored)]
-            layer.set(weights, [self._read(f"{p}.bias").realize() for p in paths] if bias else None)
+            layer.set(weights, [self._read(f"{p}.bias") for p in paths] if bias else None)
+            return layer
         self._tasks.append(read)
         return layer
 
@@ -160,14 +161,14 @@ class Loader:
         """Token embeddings `<path>.weight` `[vocab, hidden]` (or MLX-quantized)."""
         spec = self._plan(path, (vocab,), hidden)
         layer, stored = Embedding(), self._is_stored(path)
-        self._tasks.append(lambda: layer.set(self._materialize(path, spec, stored)))
+        self._tasks.append(lambda: _set(layer, self._materialize(path, spec, stored)))
         return layer
 
     def norm(self, name: str, size: int, eps: float, offset: float = 0.0) -> Norm:
         """An RMS norm's weight `name` `[size]` (`offset` is added to it: 1 for `(1 + w)` norms)."""
         self.checkpoint.require(name, (size,), f"from {self.config.path.name}")
         layer = Norm(eps)
-        self._tasks.append(lambda: layer.set((self._read(name) + offset).realize() if offset else self._read(name).realize()))
+        self._tasks.append(lambda: _set(layer, self._read(name) + offset if offset else self._read(name)))
         return layer
 
     def experts(self, path: str, experts: int, names: list[str], outs: list[int], columns: int) -> Experts:
@@ -184,7 +185,7 @@ class Loader:
         if f"{stacked[0]}.weight" in self.checkpoint:
             specs = [self._plan(p, (experts, o), columns) for p, o in zip(stacked, outs)]
             stored = [self._is_stored(p) for p in stacked]
-            self._tasks.append(lambda: bank.set([self._materialize(p, s, st) for p, s, st in zip(stacked, specs, stored)]))
+            self._tasks.append(lambda: _set(bank, [self._materialize(p, s, st) for p, s, st in zip(stacked, specs, stored)]))
             return bank
         fused_name = {("gate_proj", "up_proj"): "gate_up_proj", ("down_proj",): "down_proj"}.get(tuple(names))
         if fused_name is not None and f"{path}.experts.{fused_name}" in self.checkpoint:
@@ -192,7 +193,7 @@ class Loader:
             self.checkpoint.require(name, (experts, sum(outs), columns), f"{experts} experts from {self.config.path.name}")
             spec = None if self.quantize is None else self.predicate(f"{path}.switch_mlp.{names[0]}", self.quantize)
             spec = spec if spec is not None and columns % spec.group_size == 0 else None
-            self._tasks.append(lambda: bank.set([self._quantized_or_dense(self._read(name), spec)]))
+            self._tasks.append(lambda: _set(bank, [self._quantized_or_dense(self._read(name), spec)]))
             return bank
         for name, out in zip(names, outs):
             for e in range(experts):
@@ -200,18 +201,20 @@ class Loader:
         specs = [None if self.quantize is None else self.predicate(f"{path}.switch_mlp.{name}", self.quantize) for name in names]
         specs = [s if s is not None and columns % s.group_size == 0 else None for s in specs]
 
-        def read() -> None:
+        def read() -> Experts:
             banks = [Tensor.stack(*[self._read(f"{path}.experts.{e}.{name}.weight") for e in range(experts)])
                      for name in names]
-            bank.set([self._quantized_or_dense(b, s) for b, s in zip(banks, specs)])
+            return _set(bank, [self._quantized_or_dense(b, s) for b, s in zip(banks, specs)])
         self._tasks.append(read)
         return bank
 
     def _quantized_or_dense(self, w: Tensor, spec: QuantSpec | None) -> Tensor | QuantizedWeight:
-        return w.realize() if spec is None else _realized(quant.quantize(w, spec.group_size, spec.bits, spec.mode))
+        return w if spec is None else quant.quantize(w, spec.group_size, spec.bits, spec.mode)
 
     def finish(self, progress: bool = True) -> None:
-        """Read every requested tensor (with a progress bar when tqdm is installed)."""
+        """Read every requested tensor, one layer's parameters at a time (with a progress bar
+        when tqdm is installed). One schedule per layer: tinygrad reuses the schedules of layers
+        alike, which one schedule over many layers would not."""
         tasks, self._tasks = self._tasks, []
         bar = None
         if progress:
@@ -221,14 +224,15 @@ class Loader:
             except ImportError:
                 bar = None
         for task in tasks:
-            task()
+            Tensor.realize(*task().parameters())
             if bar is not None: bar.update(1)
         if bar is not None: bar.close()
 
 
-def _realized(qw: QuantizedWeight) -> QuantizedWeight:
-    Tensor.realize(*[t for t in (qw.weight, qw.scales, qw.biases) if t is not None])
-    return qw
+def _set(layer, value):
+    """`layer.set(value)`, then the layer (a loading task's result)."""
+    layer.set(value)
+    return layer
 
 
 def default_dtype(checkpoint: Checkpoint) -> DType:
