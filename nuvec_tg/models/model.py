@@ -188,7 +188,7 @@ class Model:
         Yields a string per step for one prompt, a list of strings for a batch.
         `last_generation` holds the timings afterwards.
         """
-        single = isinstance(prompts, str) or (isinstance(prompts, (list, tuple)) and prompts and isinstance(prompts[0], int))
+        single = isinstance(prompts, str) or (len(prompts) > 0 and isinstance(prompts[0], (int, np.integer)))
         batch_prompts = [prompts] if single else list(prompts)
         token_lists = [self._encode(p, chat) for p in batch_prompts]
         from .tokenizer import StreamingDecoder
