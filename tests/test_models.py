@@ -21,6 +21,7 @@ from tinygrad import Tensor, dtypes
 from tinygrad.nn.state import safe_load, safe_save
 
 from nuvec_tg import models
+from nuvec_tg.models import layers
 from nuvec_tg.models.sampling import Sampler
 from nuvec_tg.quant import QuantizedWeight
 from reference import assert_rows_close
@@ -176,6 +177,15 @@ def test_mlx_quantized_checkpoints_match_mlx_lm(name, reference_key):
     ref = reference(name)
     got = logits_of(model(name, dtype="float32")(ref["prompt_1"][None]))[0]
     assert_rows_close(f"{name} logits", got, ref[reference_key], TOL)
+
+
+def test_quantized_experts_sorted_by_expert_give_the_same_logits(monkeypatch):
+    """Many tokens' quantized experts run sorted by expert (the gathered qmm's order): the
+    threshold lowered so that the 11-token prompt takes that path."""
+    ref = reference("qwen3_moe_mlx4")
+    monkeypatch.setattr(layers, "SORT_ENTRIES", 1)
+    got = logits_of(model("qwen3_moe_mlx4", dtype="float32")(ref["prompt_1"][None]))[0]
+    assert_rows_close("sorted experts", got, ref["logits_f32_1"], TOL)
 
 
 def _weights(layer_weights) -> dict[str, np.ndarray]:

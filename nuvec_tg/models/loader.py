@@ -151,7 +151,11 @@ class Loader:
         stored = [self._is_stored(p) for p in paths]
 
         def read() -> Linear:
-            weights = [self._materialize(p, s, st) for p, s, st in zip(paths, specs, stored)]
+            if len(paths) > 1 and not any(stored) and len(set(specs)) == 1:
+                # quantized (or kept dense) alike: fused first, so one quantize call makes the whole layer
+                weights = [self._quantized_or_dense(_cat([self._read(f"{p}.weight") for p in paths]), specs[0])]
+            else:
+                weights = [self._materialize(p, s, st) for p, s, st in zip(paths, specs, stored)]
             layer.set(weights, [self._read(f"{p}.bias") for p in paths] if bias else None)
             return layer
         self._tasks.append(read)
@@ -204,6 +208,7 @@ class Loader:
         def read() -> Experts:
             banks = [Tensor.stack(*[self._read(f"{path}.experts.{e}.{name}.weight") for e in range(experts)])
                      for name in names]
+            if len(set(specs)) == 1: return _set(bank, [self._quantized_or_dense(_cat(banks), specs[0])])
             return _set(bank, [self._quantized_or_dense(b, s) for b, s in zip(banks, specs)])
         self._tasks.append(read)
         return bank
@@ -227,6 +232,12 @@ class Loader:
             Tensor.realize(*task().parameters())
             if bar is not None: bar.update(1)
         if bar is not None: bar.close()
+
+
+def _cat(weights: list[Tensor]) -> Tensor:
+    """Weights `[..., out_i, K]` stacked along their output rows (quantization is per row, so
+    quantizing the stack equals stacking the quantized parts)."""
+    return weights[0].cat(*weights[1:], dim=-2) if len(weights) > 1 else weights[0]
 
 
 def _set(layer, value):
