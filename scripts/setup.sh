@@ -4,7 +4,7 @@
 #   1. a C compiler for tinygrad's CPU device that knows `__bf16` (clang >= 16; on Linux clang 19
 #      from the distribution's packages when none is present), wrapped as .venv/bin/tinygrad-cc;
 #   2. a virtual environment in .venv with Python >= 3.11;
-#   3. the package, editable, with its test extra.
+#   3. the package, editable, with its test and models extras (the models' tests read tokenizers).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -93,6 +93,6 @@ fi
 # Reinstall only when the package metadata changed since the last install.
 stamp=.venv/.nuvec-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-  .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
+  .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test,models]'
   touch "$stamp"
 fi

@@ -1,0 +1,94 @@
+"""Language models from Hugging Face checkpoints, built from nuvec_tg's operations.
+
+```python
+from nuvec_tg import models
+m = models.load("path/to/checkpoint", dtype=None, quantize=None)
+logits = m(tokens)                          # int32 [B, T] -> logits [B, T, vocab], no cache
+cache = m.make_cache(batch, max_length)
+logits = m(tokens, cache=cache)             # continues each sequence from the cache's position
+for text in m.generate("Hello", max_tokens=32): print(text, end="")
+```
+
+A family is one module with `MODEL_TYPES` (the `model_type`s it reads), `build(config, loader)`
+returning the model's parts, and optionally `quant_predicate(path, spec)`; `FAMILIES` maps each
+`model_type` to its module. The tokenizer and chat template need the optional `tokenizers` and
+`jinja2` packages (`pip install 'nuvec-tg[models]'`); nothing else here does.
+"""
+from __future__ import annotations
+
+import importlib
+import json
+import pathlib
+
+from tinygrad import Device, dtypes
+from tinygrad.dtype import DType
+
+from .cache import KVCache
+from .checkpoint import Checkpoint
+from .config import Config
+from .loader import Loader, QuantSpec, default_dtype
+from .model import GenerationStats, Model, device_description
+
+# model_type -> the module that builds it (imported when a checkpoint needs it)
+FAMILIES = {"qwen3": "qwen3", "qwen3_moe": "qwen3_moe"}
+
+_DTYPES = {"float16": dtypes.float16, "bfloat16": dtypes.bfloat16, "float32": dtypes.float32}
+
+
+def _dtype(value) -> DType | None:
+    if value is None or isinstance(value, DType): return value
+    if isinstance(value, str) and value in _DTYPES: return _DTYPES[value]
+    raise TypeError(f"load: dtype must be a tinygrad float dtype or one of {', '.join(_DTYPES)}, got {value!r}")
+
+
+def _eos_ids(directory: pathlib.Path, config: Config) -> tuple[int, ...]:
+    """The stop tokens: generation_config.json's `eos_token_id` (an int or a list), else config.json's."""
+    value = None
+    generation = directory / "generation_config.json"
+    if generation.exists():
+        try:
+            value = json.loads(generation.read_text()).get("eos_token_id")
+        except (OSError, json.JSONDecodeError) as error:
+            raise ValueError(f"load: cannot read {generation}: {error}") from None
+    if value is None: value = config.get("eos_token_id", None)
+    if value is None: return ()
+    return tuple(int(v) for v in (value if isinstance(value, list) else [value]))
+
+
+def load(path, dtype=None, quantize=None, device: str | None = None, progress: bool = True) -> Model:
+    """A model from checkpoint directory `path` (Hugging Face's layout, or an MLX-quantized one).
+
+    dtype: the activations' and weights' dtype (a tinygrad dtype or its name); None keeps the
+    checkpoint's. quantize: quantize a 16-bit checkpoint on load: 4 or 8 (affine, groups of 64),
+    a mode (`"mxfp4"`, `"mxfp8"`, `"nvfp4"`) or `{"bits", "group_size", "mode"}`; modules that
+    mlx-lm leaves dense stay dense. device: tinygrad's default unless given. Raises `ValueError`
+    naming the file and tensor for a bad directory, config, missing tensor or shape, before any
+    weight is read.
+    """
+    directory = pathlib.Path(path)
+    if not directory.is_dir(): raise ValueError(f"load: {directory} is not a directory")
+    config_path = directory / "config.json"
+    if not config_path.exists(): raise ValueError(f"load: {directory} has no config.json")
+    config = Config.read(config_path)
+    model_type = config.model_type
+    if model_type not in FAMILIES:
+        raise ValueError(f"load: {config_path}: unknown model_type {model_type!r} "
+                         f"(supported: {', '.join(sorted(FAMILIES))})")
+    family = importlib.import_module(f".{FAMILIES[model_type]}", __name__)
+    checkpoint = Checkpoint(directory)
+    model_dtype = _dtype(dtype) or default_dtype(checkpoint)
+    device = Device.canonicalize(device) if device is not None else Device.DEFAULT
+    spec = None if quantize is None else QuantSpec.parse(quantize, "load")
+    loader = Loader(checkpoint, config, model_dtype, device, spec, getattr(family, "quant_predicate", None))
+    parts = family.build(config, loader)
+    loader.finish(progress)
+    return Model(config=config, dtype=model_dtype, device=device, directory=directory,
+                 eos_token_ids=_eos_ids(directory, config), **parts)
+
+
+def supported() -> list[str]:
+    """The `model_type`s `load` reads."""
+    return sorted(FAMILIES)
+
+
+__all__ = ["load", "supported", "Model", "KVCache", "GenerationStats", "FAMILIES", "device_description"]

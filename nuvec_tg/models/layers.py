@@ -1,0 +1,267 @@
+"""The layers the families share, built from nuvec_tg's operations.
+
+Every layer holds its parameters (dense tensors or `QuantizedWeight`s, set by the `Loader`) and
+is called on activations `[B, T, ...]` in the model's dtype:
+
+- `Linear` (one product, or several fused ones split back), `Embedding` (also the tied head),
+  `Norm` (RMS norm);
+- `MLP` (SwiGLU), `MoE` (softmax router, `moe_route`, experts through `gather_mm` or
+  `gather_qmm`, `weighted_sum`);
+- `Attention` (q/k norms and rotation through `norm_rope`, grouped-query
+  `scaled_dot_product_attention`, the KV cache written in place);
+- `PreNormBlock` (the residual block of Llama-style decoders: norm, attention, add-and-norm, MLP).
+"""
+from __future__ import annotations
+
+from tinygrad import Tensor, dtypes
+
+from .. import fast, quant
+from ..quant import QuantizedWeight
+from .cache import Positions, kv_buffers
+from .rope import RotaryEmbedding
+
+Weight = Tensor | QuantizedWeight
+
+
+def _product(x: Tensor, w: Weight) -> Tensor:
+    """`x · wᵀ` for a dense `[N, K]` or quantized weight."""
+    if isinstance(w, QuantizedWeight): return quant.quantized_matmul(x, w)
+    return x @ w.cast(x.dtype).T
+
+
+def _fuse(weights: list[Weight]) -> Weight | None:
+    """Weights stacked along their output rows, when they are stored alike (else None)."""
+    if all(isinstance(w, Tensor) for w in weights):
+        return weights[0].cat(*weights[1:], dim=-2) if len(weights) > 1 else weights[0]
+    if all(isinstance(w, QuantizedWeight) for w in weights):
+        first = weights[0]
+        if all((w.mode, w.group_size, w.bits) == (first.mode, first.group_size, first.bits) for w in weights):
+            def cat(parts):
+                return None if parts[0] is None else parts[0].cat(*parts[1:], dim=-2)
+            return QuantizedWeight(cat([w.weight for w in weights]), cat([w.scales for w in weights]),
+                                   cat([w.biases for w in weights]), first.mode, first.group_size, first.bits)
+    return None
+
+
+def _tensors(weights: list[Weight | None]) -> list[Tensor]:
+    """The tensors of dense and quantized weights (to realize them)."""
+    out: list[Tensor] = []
+    for w in weights:
+        if isinstance(w, QuantizedWeight): out += [t for t in (w.weight, w.scales, w.biases) if t is not None]
+        elif w is not None: out.append(w)
+    return out
+
+
+class Linear:
+    """`y = x · Wᵀ + b` over the last axis. Built for one or several modules (`outs`: their output
+    sizes); several return a tuple of their outputs, computed by one fused product where their
+    weights are stored alike."""
+
+    def __init__(self, outs: list[int]):
+        self.outs = outs
+        self.weights: list[Weight] = []
+        self.bias: Tensor | None = None
+
+    def set(self, weights: list[Weight], biases: list[Tensor] | None) -> None:
+        fused = _fuse(weights) if len(weights) > 1 else weights[0]
+        self.weights = [fused] if fused is not None else weights
+        if biases is not None: self.bias = biases[0].cat(*biases[1:]) if len(biases) > 1 else biases[0]
+
+    def parameters(self) -> list[Tensor]:
+        return _tensors([*self.weights, self.bias])
+
+    def __call__(self, x: Tensor) -> Tensor | tuple[Tensor, ...]:
+        """x: `[..., K]`. Returns `[..., N]` (or one tensor per module)."""
+        parts = [_product(x, w) for w in self.weights]
+        y = parts[0] if len(parts) == 1 else parts[0].cat(*parts[1:], dim=-1)
+        if self.bias is not None: y = y + self.bias.cast(y.dtype)
+        if len(self.outs) == 1: return y
+        return tuple(y.split(self.outs, dim=-1))
+
+
+class Embedding:
+    """Token embeddings `[vocab, hidden]`, dense or quantized; `as_linear` is the tied head."""
+
+    def __init__(self):
+        self.weight: Weight | None = None
+
+    def set(self, weight: Weight) -> None:
+        self.weight = weight
+
+    def parameters(self) -> list[Tensor]:
+        return _tensors([self.weight])
+
+    def __call__(self, tokens: Tensor, dtype) -> Tensor:
+        """tokens: `[B, T]` integers. Returns `[B, T, hidden]` in `dtype` (quantized rows are
+        dequantized after the gather)."""
+        w = self.weight
+        if isinstance(w, Tensor): return w[tokens].cast(dtype)
+        rows = QuantizedWeight(w.weight[tokens], w.scales[tokens], None if w.biases is None else w.biases[tokens],
+                               w.mode, w.group_size, w.bits)
+        return quant.dequantize(rows, dtype)
+
+    def as_linear(self, x: Tensor) -> Tensor:
+        """`x · Wᵀ`: hidden states `[..., hidden]` to logits `[..., vocab]`."""
+        return _product(x, self.weight)
+
+
+class Norm:
+    """RMS norm over the last axis with weight `[D]` and `eps`."""
+
+    def __init__(self, eps: float):
+        self.eps = eps
+        self.weight: Tensor | None = None
+
+    def set(self, weight: Tensor) -> None:
+        self.weight = weight
+
+    def parameters(self) -> list[Tensor]:
+        return [self.weight]
+
+    def __call__(self, x: Tensor) -> Tensor:
+        return fast.rms_norm(x, self.weight, self.eps)
+
+
+class MLP:
+    """SwiGLU: `down(silu(gate(x)) * up(x))`, gate and up one fused `Linear`."""
+
+    def __init__(self, gate_up: Linear, down: Linear):
+        self.gate_up, self.down = gate_up, down
+
+    def __call__(self, x: Tensor) -> Tensor:
+        gate, up = self.gate_up(x)
+        return self.down(gate.silu() * up)
+
+
+class Experts:
+    """A bank of experts' weights `[E, out, K]` (dense or quantized), one per projection, possibly
+    a fused gate-and-up bank (`outs` says how to split it)."""
+
+    def __init__(self, outs: list[int]):
+        self.outs = outs
+        self.weights: list[Weight] = []
+
+    def set(self, weights: list[Weight]) -> None:
+        fused = _fuse(weights) if len(weights) > 1 else weights[0]
+        self.weights = [fused] if fused is not None else weights
+
+    def parameters(self) -> list[Tensor]:
+        return _tensors(self.weights)
+
+    def __call__(self, x: Tensor, lhs: Tensor | None, rhs: Tensor, sorted_indices: bool) -> Tensor | tuple[Tensor, ...]:
+        """Entries' rows through their experts: x `[P, 1, K]` rows, `lhs` picks x's row of each
+        entry, `rhs` its expert (flat indices that broadcast). Returns `[..., 1, out]` per
+        projection (a tuple for a fused bank)."""
+        parts = []
+        for w in self.weights:
+            if isinstance(w, QuantizedWeight):
+                parts.append(quant.gather_qmm(x, w, lhs, rhs, sorted_indices=sorted_indices))
+            else:
+                parts.append(quant.gather_mm(x, w.cast(x.dtype).transpose(-1, -2), lhs, rhs, sorted_indices=sorted_indices))
+        y = parts[0] if len(parts) == 1 else parts[0].cat(*parts[1:], dim=-1)
+        return y if len(self.outs) == 1 else tuple(y.split(self.outs, dim=-1))
+
+
+# Entries (tokens x experts per token) from which quantized experts are run sorted by expert, so that
+# the gathered products take an expert's rows together (mlx-lm's SwitchGLU threshold).
+SORT_ENTRIES = 64
+
+
+class MoE:
+    """A sparse mixture of SwiGLU experts: router logits, float32 softmax, the `top_k` most probable
+    experts (`moe_route`; their probabilities renormalised with `normalize`), the experts' outputs
+    weighted by them (transformers' Qwen3-MoE block)."""
+
+    def __init__(self, router: Linear, gate_up: Experts, down: Experts, top_k: int, normalize: bool):
+        self.router, self.gate_up, self.down = router, gate_up, down
+        self.top_k, self.normalize = top_k, normalize
+
+    def __call__(self, x: Tensor) -> Tensor:
+        *lead, hidden = x.shape
+        rows = x.reshape(-1, 1, hidden)                                            # [N, 1, H]
+        tokens, k = rows.shape[0], self.top_k
+        probs = fast.softmax(self.router(x).reshape(tokens, -1).cast(dtypes.float32))
+        experts, scores = fast.moe_route(probs, k, normalize=self.normalize)       # [N, k]
+        experts = experts.cast(dtypes.int32)
+        quantized = any(isinstance(w, QuantizedWeight) for w in self.gate_up.weights + self.down.weights)
+        if quantized and tokens * k >= SORT_ENTRIES:
+            out = self._sorted(rows, experts)
+        else:
+            token_rows = Tensor.arange(tokens, dtype=dtypes.int32).reshape(tokens, 1)
+            gate, up = self.gate_up(rows, token_rows, experts, False)              # [N, k, 1, I]
+            entries = Tensor.arange(tokens * k, dtype=dtypes.int32).reshape(tokens, k)
+            out = self.down((gate.silu() * up).reshape(tokens * k, 1, -1), entries, experts, False)
+        out = out.reshape(tokens, k, hidden)
+        return fast.weighted_sum(out, scores.cast(x.dtype)).reshape(*lead, hidden)
+
+    def _sorted(self, rows: Tensor, experts: Tensor) -> Tensor:
+        """The experts' outputs `[N * k, 1, H]` in entry order, computed with the entries sorted by expert."""
+        tokens, k = experts.shape
+        flat = experts.reshape(-1)
+        order = flat.argsort()
+        unsort = order.argsort()
+        picked = flat[order]
+        gate, up = self.gate_up(rows, order // k, picked, True)                    # [N * k, 1, I]
+        out = self.down(gate.silu() * up, None, picked, True)                      # [N * k, 1, H]
+        return out[unsort]
+
+
+class Attention:
+    """Grouped-query self-attention with optional per-head q/k RMS norms (Qwen3), rotary
+    embeddings, a sliding window, and the KV cache.
+
+    `qkv` is one `Linear` over the three projections; heads are `[B, H, T, head_dim]`; the scale
+    is `head_dim ** -0.5` unless given."""
+
+    def __init__(self, qkv: Linear, o: Linear, heads: int, kv_heads: int, head_dim: int, rope: RotaryEmbedding,
+                 q_norm: Norm | None = None, k_norm: Norm | None = None, window: int | None = None,
+                 scale: float | None = None):
+        self.qkv, self.o, self.rope = qkv, o, rope
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
+        self.q_norm, self.k_norm, self.window = q_norm, k_norm, window
+        self.scale = head_dim ** -0.5 if scale is None else scale
+
+    def make_cache(self, batch: int, max_length: int, dtype, device: str) -> tuple[Tensor, Tensor]:
+        return kv_buffers(batch, self.kv_heads, max_length, self.head_dim, dtype, device)
+
+    def _heads(self, x: Tensor, heads: int) -> Tensor:
+        b, t, _ = x.shape
+        return x.reshape(b, t, heads, self.head_dim).transpose(1, 2)
+
+    def __call__(self, x: Tensor, positions: Positions, cache: tuple[Tensor, Tensor] | None) -> Tensor:
+        """x: `[B, T, hidden]` (normalised). Returns the output projection `[B, T, hidden]`."""
+        b, t, _ = x.shape
+        q, k, v = (self._heads(p, h) for p, h in zip(self.qkv(x), (self.heads, self.kv_heads, self.kv_heads)))
+        def norm(n: Norm | None): return (None, 0.0) if n is None else (n.weight, n.eps)
+        q = self.rope(q, *norm(self.q_norm), positions.rope_offset)
+        k = self.rope(k, *norm(self.k_norm), positions.rope_offset)
+        if cache is None or not positions.cached:
+            out = fast.scaled_dot_product_attention(q, k, v, self.scale, mask="causal", window=self.window)
+        else:
+            keys, values = cache
+            start = positions.start
+            keys[:, :, start:start + t].assign(k.cast(keys.dtype))
+            values[:, :, start:start + t].assign(v.cast(values.dtype))
+            if positions.key_count is not None:
+                keys, values = keys[:, :, :positions.key_count], values[:, :, :positions.key_count]
+            if positions.masked:
+                out = fast.scaled_dot_product_attention(q, keys, values, self.scale, mask=positions.mask(self.window))
+            else:
+                out = fast.scaled_dot_product_attention(q, keys, values, self.scale, mask="causal", window=self.window)
+        return self.o(out.transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
+
+
+class PreNormBlock:
+    """`h = x + attention(norm(x))`, `out = h + mlp(norm(h))` (the second norm fused with the add)."""
+
+    def __init__(self, attention: Attention, mlp: MLP | MoE, input_norm: Norm, post_attention_norm: Norm):
+        self.attention, self.mlp = attention, mlp
+        self.input_norm, self.post_attention_norm = input_norm, post_attention_norm
+
+    def make_cache(self, batch: int, max_length: int, dtype, device: str):
+        return self.attention.make_cache(batch, max_length, dtype, device)
+
+    def __call__(self, x: Tensor, positions: Positions, cache) -> Tensor:
+        attended = self.attention(self.input_norm(x), positions, cache)
+        h, y = fast.add_rms_norm(attended, x, self.post_attention_norm.weight, self.post_attention_norm.eps)
+        return h + self.mlp(y)

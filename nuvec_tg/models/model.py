@@ -1,0 +1,259 @@
+"""The decoder every family builds: embeddings, blocks, final norm, head; full and cached calls,
+the jitted decode step, and generation.
+
+- `model(tokens)`: a causal pass over `[B, T]` tokens from position 0, no cache.
+- `model(tokens, cache)`: continues each sequence from `cache.position`; one token per sequence
+  runs the jitted decode step, longer inputs the prefill in chunks of `prefill_chunk` tokens.
+- The decode step runs under `TinyJit` with the key count a bound symbolic variable, so it
+  compiles once per cache (not once per position): on devices whose decode kernels take a
+  symbolic key count it reads only the keys written so far; elsewhere it reads the whole cache
+  under a mask built from the position (a value, not a shape).
+"""
+from __future__ import annotations
+
+import pathlib
+import time
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import numpy as np
+from tinygrad import Device, Tensor, TinyJit, UOp, dtypes
+from tinygrad.dtype import DType
+
+from .. import fast
+from .cache import KVCache, Positions
+from .config import Config
+from .layers import Embedding, Linear, Norm
+from .sampling import Sampler
+
+
+@dataclass
+class GenerationStats:
+    """What the last `generate` call measured: tokens and seconds of the prefill and the decode."""
+    prompt_tokens: int = 0
+    prompt_seconds: float = 0.0
+    generated_tokens: int = 0
+    generation_seconds: float = 0.0
+    device: str = ""
+
+    @property
+    def prompt_tps(self) -> float:
+        return self.prompt_tokens / self.prompt_seconds if self.prompt_seconds else 0.0
+
+    @property
+    def generation_tps(self) -> float:
+        return self.generated_tokens / self.generation_seconds if self.generation_seconds else 0.0
+
+
+@dataclass
+class Model:
+    """A decoder-only language model built by a family module (see `nuvec_tg.models`)."""
+    config: Config
+    embed: Embedding
+    layers: list
+    norm: Norm
+    head: Linear | None            # None: the tied embeddings are the head
+    dtype: DType
+    device: str
+    directory: pathlib.Path
+    embed_scale: float | None = None
+    prefill_chunk: int = 512
+    eos_token_ids: tuple[int, ...] = ()
+    last_generation: GenerationStats = field(default_factory=GenerationStats)
+    _tokenizer: object = None
+
+    @property
+    def vocab_size(self) -> int:
+        return self.config.integer("vocab_size")
+
+    @property
+    def tokenizer(self):
+        """The checkpoint's tokenizer (`nuvec_tg.models.tokenizer.Tokenizer`; needs `tokenizers`)."""
+        if self._tokenizer is None:
+            from .tokenizer import Tokenizer
+            self._tokenizer = Tokenizer(self.directory)
+        return self._tokenizer
+
+    # ---- forward ------------------------------------------------------------------------------
+
+    def _hidden(self, tokens: Tensor, positions: Positions, cache: KVCache | None) -> Tensor:
+        x = self.embed(tokens, self.dtype)
+        if self.embed_scale is not None: x = x * self.embed_scale
+        for i, layer in enumerate(self.layers):
+            x = layer(x, positions, None if cache is None else cache.layers[i])
+        return self.norm(x)
+
+    def _logits(self, hidden: Tensor) -> Tensor:
+        return self.embed.as_linear(hidden) if self.head is None else self.head(hidden)
+
+    def _tokens(self, tokens) -> Tensor:
+        if not isinstance(tokens, Tensor):
+            tokens = Tensor(np.asarray(tokens, dtype=np.int32), device=self.device)
+        if tokens.ndim != 2: raise ValueError(f"model: tokens must be [B, T], got shape {tuple(tokens.shape)}")
+        if not dtypes.is_int(tokens.dtype): raise TypeError(f"model: tokens must be integers, got {tokens.dtype}")
+        return tokens.to(self.device).cast(dtypes.int32)
+
+    def __call__(self, tokens, cache: KVCache | None = None) -> Tensor:
+        """Logits `[B, T, vocab]` (the model's dtype) for tokens `[B, T]` (int32 tensor or array).
+
+        Without a cache, a causal pass from position 0. With one, the tokens continue each
+        sequence from `cache.position` (which then moves on by T); one token runs the jitted
+        decode step, more the prefill in chunks. The result equals the full pass's rows."""
+        tokens = self._tokens(tokens)
+        batch, length = tokens.shape
+        if cache is None:
+            return self._logits(self._hidden(tokens, Positions(0, length, 0), None)).realize()
+        self._check_cache(cache, batch, length)
+        if length == 1:
+            logits = self._step(cache, tokens, greedy=False).clone().realize()
+            return logits.reshape(batch, 1, -1)
+        chunks = []
+        for start in range(0, length, self.prefill_chunk):
+            chunks.append(self._prefill_chunk(cache, tokens[:, start:start + self.prefill_chunk], last_only=False))
+        return chunks[0] if len(chunks) == 1 else chunks[0].cat(*chunks[1:], dim=1).realize()
+
+    def _check_cache(self, cache: KVCache, batch: int, length: int) -> None:
+        if not isinstance(cache, KVCache): raise TypeError(f"model: cache must come from make_cache, got {type(cache).__name__}")
+        if batch != cache.batch: raise ValueError(f"model: the cache holds {cache.batch} sequences, got tokens for {batch}")
+        if cache.position + length > cache.max_length:
+            raise ValueError(f"model: {length} tokens at position {cache.position} do not fit a cache of {cache.max_length}")
+
+    def make_cache(self, batch: int, max_length: int) -> KVCache:
+        """An empty cache for `batch` sequences of up to `max_length` tokens (`[B, Hkv, max_length, D]`
+        keys and values per attention layer, zeroed)."""
+        if batch < 1 or max_length < 1: raise ValueError(f"make_cache: batch and max_length must be positive, got {batch}, {max_length}")
+        return KVCache([layer.make_cache(batch, max_length, self.dtype, self.device) for layer in self.layers],
+                       batch, max_length, self.device)
+
+    def _positions(self, cache: KVCache, start: int, rows: int) -> Positions:
+        """Eager positions of `rows` tokens at cache row `start`: read `start + rows` keys."""
+        offset = start if cache.pads is None else (Tensor(start, dtype=dtypes.int32, device=self.device) - cache.pads)
+        return Positions(start, rows, offset, cached=True, key_count=start + rows, pads=cache.pads, capacity=cache.max_length)
+
+    def _prefill_chunk(self, cache: KVCache, tokens: Tensor, last_only: bool) -> Tensor:
+        """Logits of a chunk continuing from `cache.position` (only the last row's with `last_only`)."""
+        rows = tokens.shape[1]
+        hidden = self._hidden(tokens, self._positions(cache, cache.position, rows), cache)
+        logits = self._logits(hidden[:, -1:] if last_only else hidden)
+        logits.realize(*cache.buffers())
+        cache.position += rows
+        return logits
+
+    # ---- the jitted decode step ---------------------------------------------------------------
+
+    def _symbolic_keys(self, cache: KVCache) -> bool:
+        """Whether attention's decode kernels take this cache's key count as a symbolic size."""
+        attention = getattr(self.layers[0], "attention", None)
+        if attention is None or cache.pads is not None: return False
+        q = (cache.batch, attention.heads, 1, attention.head_dim)
+        k = (cache.batch, attention.kv_heads, cache.max_length, attention.head_dim)
+        plan = fast.plan_attention(q, k, k, self.dtype, mask="causal", device=self.device)
+        return isinstance(plan.kernel, fast.Vector)
+
+    def _decode(self, cache: KVCache, symbolic_keys: bool, greedy: bool, tokens: Tensor, length: UOp) -> Tensor:
+        """One token per sequence at cache row `length - 1`: the next tokens' logits `[B, vocab]`
+        (the model's dtype), or with `greedy` their argmax `[B]` int32."""
+        start = length - 1
+        query_start = Tensor(length, device=self.device) - 1
+        offset = query_start if cache.pads is None else query_start - cache.pads
+        positions = Positions(start, 1, offset, cached=True, key_count=length if symbolic_keys else None,
+                              query_start=query_start, pads=cache.pads, capacity=cache.max_length)
+        logits = self._logits(self._hidden(tokens, positions, cache))[:, -1]
+        out = logits.argmax(-1).cast(dtypes.int32) if greedy else logits
+        return out.realize(*cache.buffers())
+
+    def _step(self, cache: KVCache, tokens: Tensor, greedy: bool) -> Tensor:
+        """Run the cache's jitted decode step on tokens `[B, 1]` at `cache.position`."""
+        key = "greedy" if greedy else "logits"
+        if key not in cache.steps:
+            symbolic = self._symbolic_keys(cache)
+            cache.steps[key] = TinyJit(lambda t, n: self._decode(cache, symbolic, greedy, t, n))
+            cache.steps.setdefault("length", UOp.variable("cache_length", 1, cache.max_length, dtype=dtypes.int32))
+        cache.position += 1
+        tokens = tokens.contiguous().realize()
+        return cache.steps[key](tokens, cache.steps["length"].bind(cache.position))
+
+    # ---- generation ---------------------------------------------------------------------------
+
+    def generate(self, prompts, max_tokens: int = 256, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
+                 seed: int = 0, chat: bool = False, stop_tokens: tuple[int, ...] | None = None) -> Iterator:
+        """Generate from `prompts`, yielding text as it is produced.
+
+        prompts: a string, a list of token ids, or a list of either (a batch; shorter prompts
+        are left-padded). chat: wrap string prompts in the tokenizer's chat template as a user
+        message. Sampling: greedy at temperature 0, else softmax of logits / temperature over
+        the `top_k` most probable tokens (0: all) and the smallest set whose probability reaches
+        `top_p`, drawn with numpy's generator seeded by `seed`. A sequence stops at one of the
+        `stop_tokens` (default: generation_config.json's eos ids) or after `max_tokens`.
+        Yields a string per step for one prompt, a list of strings for a batch.
+        `last_generation` holds the timings afterwards.
+        """
+        single = isinstance(prompts, str) or (len(prompts) > 0 and isinstance(prompts[0], (int, np.integer)))
+        batch_prompts = [prompts] if single else list(prompts)
+        token_lists = [self._encode(p, chat) for p in batch_prompts]
+        from .tokenizer import StreamingDecoder
+        streams = [StreamingDecoder(self.tokenizer) for _ in token_lists]
+        for step_tokens in self.generate_tokens(token_lists, max_tokens, temperature, top_p, top_k, seed, stop_tokens):
+            pieces = [stream.add(t) if t is not None else "" for stream, t in zip(streams, step_tokens)]
+            yield pieces[0] if single else pieces
+        tails = [stream.finish() for stream in streams]
+        if any(tails): yield tails[0] if single else tails
+
+    def _encode(self, prompt, chat: bool) -> list[int]:
+        if isinstance(prompt, str):
+            if chat:
+                text = self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
+                return self.tokenizer.encode(text, add_special_tokens=False)
+            return self.tokenizer.encode(prompt)
+        return [int(t) for t in prompt]
+
+    def generate_tokens(self, prompts: list[list[int]], max_tokens: int = 256, temperature: float = 0.0, top_p: float = 1.0,
+                        top_k: int = 0, seed: int = 0, stop_tokens: tuple[int, ...] | None = None) -> Iterator[list[int | None]]:
+        """Generate from token-id prompts; yields each step's new token per sequence (None for a
+        sequence that has stopped). The stop token itself is yielded; nothing after it."""
+        if not prompts or any(len(p) == 0 for p in prompts): raise ValueError("generate: every prompt needs at least one token")
+        if max_tokens < 1: return
+        stops = set(self.eos_token_ids if stop_tokens is None else stop_tokens)
+        sampler = Sampler(temperature, top_p, top_k, seed)
+        batch, longest = len(prompts), max(len(p) for p in prompts)
+        cache = self.make_cache(batch, _round_up(longest + max_tokens, 256))
+        cache.set_padding([longest - len(p) for p in prompts])
+        padded = np.array([[0] * (longest - len(p)) + list(p) for p in prompts], dtype=np.int32)
+        stats = self.last_generation = GenerationStats(prompt_tokens=sum(len(p) for p in prompts), device=self.device)
+
+        began = time.perf_counter()
+        logits = None
+        for start in range(0, longest, self.prefill_chunk):
+            chunk = Tensor(padded[:, start:start + self.prefill_chunk], device=self.device)
+            last = start + self.prefill_chunk >= longest
+            logits = self._prefill_chunk(cache, chunk, last_only=last)
+        next_tokens = sampler(logits[:, -1].cast(dtypes.float32))
+        stats.prompt_seconds = time.perf_counter() - began
+
+        began = time.perf_counter()
+        done = [False] * batch
+        for step in range(max_tokens):
+            out = [None if d else int(t) for d, t in zip(done, next_tokens)]
+            stats.generated_tokens += sum(t is not None for t in out)
+            done = [d or (t is not None and t in stops) for d, t in zip(done, out)]
+            yield out
+            if all(done) or step == max_tokens - 1: break
+            tokens = Tensor(np.asarray(next_tokens, dtype=np.int32).reshape(batch, 1), device=self.device)
+            if sampler.greedy:
+                next_tokens = self._step(cache, tokens, greedy=True).numpy().tolist()
+            else:
+                next_tokens = sampler(self._step(cache, tokens, greedy=False))
+        stats.generation_seconds = time.perf_counter() - began
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+def device_description(device: str) -> str:
+    """The device's name and, where tinygrad knows it, the hardware's."""
+    try:
+        arch = getattr(Device[device].renderer, "arch", None) or getattr(Device[device], "arch", None)
+    except Exception:  # noqa: BLE001 - a description only
+        arch = None
+    return f"{device}{f' ({arch})' if arch else ''}"

@@ -1,0 +1,281 @@
+"""nuvec_tg.models on the CPU in float32 against the tiny checkpoints of tests/data/models/
+(scripts/make_model_fixtures.py): transformers' logits for the full forward, the same logits from
+a cached prefill of several lengths then jitted single steps, transformers' greedy tokens (one
+prompt and a left-padded batch), the stop tokens, mlx-lm's logits for its 4-bit conversions and
+MLX's own quantized tensors for quantize= at load, the rope scalings, and the loader's errors.
+
+tinygrad compiles every new shape on the CPU, so models are loaded once per module and the tests
+reuse a few shapes (prompt lengths 5 and 11 and one cache length).
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import pathlib
+import shutil
+
+import numpy as np
+import pytest
+from tinygrad import Tensor, dtypes
+from tinygrad.nn.state import safe_load, safe_save
+
+from nuvec_tg import models
+from nuvec_tg.models import layers
+from nuvec_tg.models.sampling import Sampler
+from nuvec_tg.quant import QuantizedWeight
+from reference import assert_rows_close
+
+MODELS = pathlib.Path(__file__).resolve().parent / "data" / "models"
+TOL = 1e-4          # float32 against transformers' float32, relative to each row's largest logit
+CACHE_LENGTH = 256  # what generate allocates for these prompts: its kernels are shared
+
+
+def fixture(name: str) -> pathlib.Path:
+    directory = MODELS / name
+    if not directory.is_dir(): pytest.skip(f"fixture tests/data/models/{name} is absent (scripts/make_model_fixtures.py)")
+    return directory
+
+
+def reference(name: str):
+    return np.load(fixture(name) / "reference.npz")
+
+
+_loaded: dict[tuple, models.Model] = {}
+
+
+def model(name: str, **options) -> models.Model:
+    """A loaded fixture, shared across the module's tests (each new model compiles its shapes)."""
+    key = (name, tuple(sorted((k, str(v)) for k, v in options.items())))
+    if key not in _loaded: _loaded[key] = models.load(fixture(name), progress=False, **options)
+    return _loaded[key]
+
+
+def logits_of(t: Tensor) -> np.ndarray:
+    return t.cast(dtypes.float32).numpy()
+
+
+# ---- transformers' logits ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["qwen3", "qwen3_moe", "qwen3_tied"])
+def test_the_full_forward_matches_transformers(name):
+    ref = reference(name)
+    got = logits_of(model(name)(ref["prompt_1"][None]))[0]
+    assert_rows_close(f"{name} logits", got, ref["logits_1"], TOL)
+
+
+@pytest.mark.parametrize("name", ["qwen3_rope_linear", "qwen3_rope_yarn"])
+def test_rope_scalings_match_transformers(name):
+    ref = reference(name)
+    got = logits_of(model(name)(ref["prompt_1"][None]))[0]
+    assert_rows_close(f"{name} logits", got, ref["logits_1"], TOL)
+
+
+@pytest.mark.parametrize("name", ["qwen3", "qwen3_moe"])
+def test_a_prefill_then_single_steps_match_the_full_forward(name):
+    ref, m = reference(name), model(name)
+    sequence, want = ref["sequence_1"], ref["sequence_logits_1"]
+    cache = m.make_cache(1, CACHE_LENGTH)
+    assert_rows_close("prefill", logits_of(m(sequence[None, :11], cache=cache))[0], want[:11], TOL)
+    for i in range(11, len(sequence)):
+        assert_rows_close(f"step {i}", logits_of(m(sequence[None, i:i + 1], cache=cache))[0], want[i:i + 1], TOL)
+    assert cache.position == len(sequence)
+    step = cache.steps["logits"]
+    assert step.captured is not None and step.cnt == len(sequence) - 11, "the decode steps did not replay one jitted step"
+
+
+def test_prefills_of_several_lengths_continue_the_cache():
+    """One token (the jitted step), then four at row 1, then single steps."""
+    ref, m = reference("qwen3"), model("qwen3")
+    sequence, want = ref["sequence_0"], ref["sequence_logits_0"]
+    cache = m.make_cache(1, CACHE_LENGTH)
+    assert_rows_close("first token", logits_of(m(sequence[None, :1], cache=cache))[0], want[:1], TOL)
+    assert_rows_close("four more", logits_of(m(Tensor(sequence[None, 1:5]), cache=cache))[0], want[1:5], TOL)
+    for i in range(5, len(sequence)):
+        assert_rows_close(f"step {i}", logits_of(m(sequence[None, i:i + 1], cache=cache))[0], want[i:i + 1], TOL)
+    with pytest.raises(ValueError, match="do not fit a cache of 256"):
+        m(np.zeros((1, CACHE_LENGTH), dtype=np.int32), cache=cache)
+
+
+# ---- generation -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["qwen3", "qwen3_moe"])
+def test_greedy_generation_of_a_padded_batch_matches_transformers(name):
+    ref = reference(name)
+    prompts = [ref["prompt_0"].tolist(), ref["prompt_1"].tolist()]   # 5 and 11 tokens: the first left-padded
+    steps = list(model(name).generate_tokens(prompts, max_tokens=8, stop_tokens=()))
+    got = np.array(steps).T
+    np.testing.assert_array_equal(got[0], ref["greedy_0"])
+    np.testing.assert_array_equal(got[1], ref["greedy_1"])
+
+
+@pytest.mark.parametrize("name", ["qwen3"])
+def test_a_stop_token_stops_generation(name):
+    ref = reference(name)
+    steps = list(model(name).generate_tokens([ref["stop_prompt"].tolist()], max_tokens=8))
+    got = [s[0] for s in steps]
+    assert got == ref["stop_output"].tolist()
+    assert got[-1] in ref["stop_tokens"].tolist() and len(got) < 8
+    assert set(model(name).eos_token_ids) == set(ref["stop_tokens"].tolist())
+
+
+def test_text_generation_streams_the_greedy_text():
+    ref, m = reference("qwen3"), model("qwen3")
+    text = str(ref["prompt_text_0"])
+    assert m.tokenizer.encode(text) == ref["prompt_0"].tolist()
+    pieces = list(m.generate(text, max_tokens=8, stop_tokens=()))
+    assert "".join(pieces) == m.tokenizer.decode(ref["greedy_0"].tolist())
+    stats = m.last_generation
+    assert (stats.prompt_tokens, stats.generated_tokens) == (5, 8) and stats.generation_tps > 0
+
+
+def test_the_command_prints_the_text_and_the_speeds():
+    from nuvec_tg import generate
+    ref = reference("qwen3")
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        generate.main(["--model", str(fixture("qwen3")), "--prompt", str(ref["prompt_text_0"]), "--max-tokens", "8"])
+    text = model("qwen3").tokenizer.decode(ref["greedy_0"].tolist())   # greedy_0 holds no stop token
+    assert out.getvalue().startswith(text + "\n")
+    lines = out.getvalue()[len(text) + 1:].splitlines()
+    assert lines[0].startswith("prompt: 5 tokens, ") and lines[0].endswith(" tokens/s")
+    assert lines[1].startswith("generation: 8 tokens, ") and lines[2].startswith("device: CPU")
+    assert len(lines) == 3
+
+
+def test_sampling_repeats_with_its_seed_and_top_k_1_is_greedy():
+    ref, m = reference("qwen3"), model("qwen3")
+    prompt = [ref["prompt_0"].tolist()]
+    def run(**options): return [s[0] for s in m.generate_tokens(prompt, max_tokens=4, stop_tokens=(), **options)]
+    first = run(temperature=1.5, seed=7)
+    assert run(temperature=1.5, seed=7) == first
+    assert run(temperature=1.5, top_k=1, seed=3) == ref["greedy_0"][:4].tolist()
+
+
+def test_the_sampler_keeps_top_k_and_top_p():
+    logits = np.log(np.array([[0.05, 0.4, 0.3, 0.2, 0.05]]))
+    draws = lambda sampler: {sampler(logits)[0] for _ in range(300)}  # noqa: E731
+    assert draws(Sampler(temperature=1.0, top_k=2, seed=1)) == {1, 2}
+    assert draws(Sampler(temperature=1.0, top_p=0.75, seed=1)) == {1, 2, 3}   # 0.4 + 0.3 < 0.75
+    assert draws(Sampler(temperature=1.0, top_p=0.7, seed=1)) == {1, 2}
+    assert Sampler()(logits) == [1]
+    with pytest.raises(ValueError, match="top_p"): Sampler(top_p=0.0)
+
+
+def test_the_chat_template():
+    tokenizer = model("qwen3").tokenizer
+    text = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}])
+    assert text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+
+
+# ---- quantized checkpoints --------------------------------------------------------------------
+
+@pytest.mark.parametrize("name, reference_key", [("qwen3_mlx4", "logits_1"), ("qwen3_moe_mlx4", "logits_f32_1")])
+def test_mlx_quantized_checkpoints_match_mlx_lm(name, reference_key):
+    """mlx-lm's 4-bit conversions (qwen3_moe's in bfloat16, read here in float32 as mlx-lm's
+    float32 logits were computed)."""
+    ref = reference(name)
+    got = logits_of(model(name, dtype="float32")(ref["prompt_1"][None]))[0]
+    assert_rows_close(f"{name} logits", got, ref[reference_key], TOL)
+
+
+def test_quantized_experts_sorted_by_expert_give_the_same_logits(monkeypatch):
+    """Many tokens' quantized experts run sorted by expert (the gathered qmm's order): the
+    threshold lowered so that the 11-token prompt takes that path."""
+    ref = reference("qwen3_moe_mlx4")
+    monkeypatch.setattr(layers, "SORT_ENTRIES", 1)
+    got = logits_of(model("qwen3_moe_mlx4", dtype="float32")(ref["prompt_1"][None]))[0]
+    assert_rows_close("sorted experts", got, ref["logits_f32_1"], TOL)
+
+
+def _weights(layer_weights) -> dict[str, np.ndarray]:
+    return {k: v.bitcast(dtypes.uint16).numpy() if v.dtype == dtypes.bfloat16 else v.numpy()
+            for k, v in layer_weights.items() if v is not None}
+
+
+@pytest.mark.parametrize("name, dtype", [("qwen3_moe", "bfloat16")])
+def test_quantizing_at_load_gives_mlx_lms_tensors(name, dtype):
+    """`quantize=` on the 16/32-bit checkpoint stores exactly what mlx-lm's conversion stored
+    (MLX's codes, scales and biases; the router at 8 bits; norms dense)."""
+    m = models.load(fixture(name), dtype=dtype, quantize={"bits": 4, "group_size": 32}, progress=False)
+    stored = safe_load(fixture(f"{name}_mlx4") / "model.safetensors")
+    def stored_module(path): return {p: stored.get(f"{path}.{p}") for p in ("weight", "scales", "biases")}
+    def ours(qw: QuantizedWeight): return {"weight": qw.weight, "scales": qw.scales, "biases": qw.biases}
+    checks = [(ours(m.embed.weight), stored_module("model.embed_tokens")),
+              (ours(m.head.weights[0]), stored_module("lm_head"))]
+    attention = m.layers[1].attention
+    fused = attention.qkv.weights[0]
+    rows = [0, *np.cumsum(attention.qkv.outs).tolist()]
+    for i, proj in enumerate(("q_proj", "k_proj", "v_proj")):
+        part = {k: v[rows[i]:rows[i + 1]] for k, v in ours(fused).items()}
+        checks.append((part, stored_module(f"model.layers.1.self_attn.{proj}")))
+    if name == "qwen3_moe":
+        moe = m.layers[1].mlp
+        assert moe.router.weights[0].bits == 8 and moe.router.weights[0].group_size == 64
+        checks.append((ours(moe.router.weights[0]), stored_module("model.layers.1.mlp.gate")))
+        size = moe.gate_up.outs[0]
+        bank = ours(moe.gate_up.weights[0])
+        checks.append(({k: v[:, :size] for k, v in bank.items()}, stored_module("model.layers.1.mlp.switch_mlp.gate_proj")))
+        checks.append((ours(moe.down.weights[0]), stored_module("model.layers.1.mlp.switch_mlp.down_proj")))
+    for got, want in checks:
+        got, want = _weights(got), _weights(want)
+        assert got.keys() == want.keys()
+        for key in got: np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+    assert isinstance(m.layers[0].input_norm.weight, Tensor) and isinstance(m.norm.weight, Tensor)
+
+
+# ---- errors -----------------------------------------------------------------------------------
+
+def _copy(name: str, tmp_path: pathlib.Path) -> pathlib.Path:
+    target = tmp_path / name
+    shutil.copytree(fixture(name), target)
+    return target
+
+
+def _edit_config(directory: pathlib.Path, **changes) -> None:
+    path = directory / "config.json"
+    config = json.loads(path.read_text())
+    config.update(changes)
+    path.write_text(json.dumps(config))
+
+
+def test_a_bad_directory_says_so(tmp_path):
+    with pytest.raises(ValueError, match="is not a directory"):
+        models.load(tmp_path / "nothing")
+    with pytest.raises(ValueError, match="has no config.json"):
+        models.load(tmp_path)
+
+
+def test_an_unknown_family_lists_the_supported_ones(tmp_path):
+    directory = _copy("qwen3_tied", tmp_path)
+    _edit_config(directory, model_type="llama9")
+    with pytest.raises(ValueError, match=r"config.json: unknown model_type 'llama9' \(supported: qwen3, qwen3_moe\)"):
+        models.load(directory)
+
+
+def test_a_missing_tensor_is_named(tmp_path):
+    directory = _copy("qwen3_tied", tmp_path)
+    tensors = {k: v.to("CPU").realize() for k, v in safe_load(directory / "model.safetensors").items()}
+    del tensors["model.layers.0.self_attn.k_norm.weight"]
+    safe_save(tensors, str(directory / "model.safetensors"))
+    with pytest.raises(ValueError, match="tensor model.layers.0.self_attn.k_norm.weight is missing from"):
+        models.load(directory)
+    untied = _copy("qwen3_tied", tmp_path / "untied")
+    _edit_config(untied, tie_word_embeddings=False)
+    with pytest.raises(ValueError, match="tensor lm_head.weight is missing"):
+        models.load(untied)
+
+
+def test_a_shape_that_does_not_fit_the_config_is_named_with_its_file(tmp_path):
+    directory = _copy("qwen3", tmp_path)
+    _edit_config(directory, intermediate_size=96)
+    with pytest.raises(ValueError, match=r"model-0000[12]-of-00002.safetensors: tensor model.layers.0.mlp.gate_proj.weight "
+                                         r"has shape \(64, 64\), expected \(96, 64\)"):
+        models.load(directory)
+
+
+def test_a_quantized_checkpoint_is_not_quantized_again():
+    with pytest.raises(ValueError, match="already quantized"):
+        models.load(fixture("qwen3_mlx4"), quantize=4)
+    with pytest.raises(ValueError, match="unknown quantization mode"):
+        models.load(fixture("qwen3"), quantize="int3")
