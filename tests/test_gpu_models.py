@@ -10,7 +10,6 @@ import pathlib
 import numpy as np
 import pytest
 from tinygrad import Device, Tensor, dtypes
-from tinygrad.nn.state import safe_save
 
 from conftest import GPU_DEVICES
 from nuvec_tg import models
@@ -74,9 +73,24 @@ def random_qwen3(directory: pathlib.Path, seed: int = 0) -> pathlib.Path:
                         f"{p}.input_layernorm.weight": norm(hidden), f"{p}.post_attention_layernorm.weight": norm(hidden)})
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "config.json").write_text(json.dumps(config))
-    # through the GPU: a GPU machine may have no compiler for tinygrad's CPU device
-    safe_save({k: Tensor(v, device=gpu) for k, v in tensors.items()}, str(directory / "model.safetensors"))
+    write_safetensors(directory / "model.safetensors", tensors)
     return directory
+
+
+def write_safetensors(path: pathlib.Path, tensors: dict[str, np.ndarray]) -> None:
+    """float32 arrays in the safetensors layout (a little-endian u64 header size, the JSON header,
+    the data), written by numpy: tinygrad's safe_save copies through its CPU device, which a GPU
+    machine without a C compiler cannot open."""
+    tensors = {name: np.ascontiguousarray(array, dtype="<f4") for name, array in tensors.items()}
+    header, offset = {}, 0
+    for name, array in tensors.items():
+        header[name] = {"dtype": "F32", "shape": list(array.shape), "data_offsets": [offset, offset + array.nbytes]}
+        offset += array.nbytes
+    encoded = json.dumps(header).encode()
+    encoded += b" " * (-len(encoded) % 8)
+    with open(path, "wb") as f:
+        f.write(len(encoded).to_bytes(8, "little") + encoded)
+        for array in tensors.values(): f.write(array.tobytes())
 
 
 def transformers_logits(checkpoint: pathlib.Path, tokens: np.ndarray) -> np.ndarray | None:
