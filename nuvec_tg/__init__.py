@@ -9,6 +9,7 @@ from . import compiler
 from . import fast, quant, tensor
 
 compiler.use_suitable_clang()
+compiler.provide_bf16_truncation()
 
 __version__ = "0.1.0"
 __all__ = ["fast", "quant", "tensor", "__version__"]

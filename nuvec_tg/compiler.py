@@ -7,16 +7,25 @@ clang only as `clang-19` or the like. When nuvec_tg is imported with `CC` unset,
 `use_suitable_clang()` sets `CC` to the first such clang on PATH; without one, it leaves importing
 (and METAL or CUDA) alone and makes a CPU compile that fails say what to install. A `CC` the user
 sets is used as it is.
+
+On a CPU without native bfloat16 conversions (x86 without AVX512-BF16, such as AMD's Zen 3),
+clang lowers a float-to-`__bf16` conversion to a call of the runtime library's `__truncsfbf2`,
+which tinygrad's CPU loader looks up in libgcc_s and libm only, and libgcc before GCC 13 lacks it.
+`provide_bf16_truncation()` then defines it there, where tinygrad's loader finds it.
 """
 from __future__ import annotations
 
+import ctypes
 import functools
+import mmap
 import os
 import shutil
 import subprocess
 import sys
 
 from tinygrad.helpers import DEV
+from tinygrad.runtime.ops_cpu import CPUProgram
+from tinygrad.runtime.support.elf import jit_loader
 from tinygrad.runtime.support.compiler_cpu import ClangCompiler
 
 # Searched in this order on PATH (the names scripts/setup.sh searches), the newest versions first.
@@ -80,3 +89,57 @@ def use_suitable_clang() -> None:
             raise RuntimeError(missing_clang_message()) from error
 
     ClangCompiler.compile = compile
+
+
+
+
+# float -> bfloat16, to nearest even (a NaN stays a NaN of its sign). The empty asm keeps clang
+# from folding the rounding back into a call of this very function.
+BF16_TRUNCATION = r"""
+__bf16 __truncsfbf2(float x) {
+  unsigned int bits;
+  __builtin_memcpy(&bits, &x, 4);
+  bits = (bits & 0x7FFFFFFFu) > 0x7F800000u ? bits | 0x00400000u : bits + 0x7FFFu + ((bits >> 16) & 1u);
+  unsigned short top = (unsigned short)(bits >> 16);
+  __asm__("" : "+r"(top));
+  __bf16 out;
+  __builtin_memcpy(&out, &top, 2);
+  return out;
+}
+"""
+_truncation_code: list[mmap.mmap] = []  # the loaded definition, kept mapped for the process's life
+
+
+def runtime_has_bf16_truncation() -> bool:
+    """Whether the libraries tinygrad links its CPU programs against (libm and libgcc_s; on macOS
+    libSystem) define `__truncsfbf2`."""
+    return any(hasattr(lib, "__truncsfbf2") for lib in (CPUProgram.libm, CPUProgram.rt_lib))
+
+
+def define_bf16_truncation(device) -> int:
+    """Compile `BF16_TRUNCATION` with the CPU device's compiler, load it as tinygrad loads a
+    program, and give it to the runtime library tinygrad resolves symbols in (once). Returns its
+    address."""
+    if not _truncation_code:
+        image = jit_loader(device.renderer.compiler.compile(BF16_TRUNCATION))
+        code = mmap.mmap(-1, len(image), mmap.MAP_ANON | mmap.MAP_PRIVATE, mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+        code.write(image)
+        _truncation_code.append(code)
+        address = ctypes.addressof(ctypes.c_char.from_buffer(code))
+        setattr(CPUProgram.rt_lib, "__truncsfbf2", ctypes.c_void_p(address))
+    return ctypes.addressof(ctypes.c_char.from_buffer(_truncation_code[0]))
+
+
+def provide_bf16_truncation() -> None:
+    """Where the runtime libraries lack `__truncsfbf2` (Linux with libgcc before GCC 13), define it
+    before tinygrad loads its first CPU program. Programs are loaded (and their symbols resolved)
+    in this process; tinygrad's compile workers only compile, so they need nothing."""
+    if sys.platform != "linux" or runtime_has_bf16_truncation(): return
+    load = CPUProgram.__init__
+
+    @functools.wraps(load)
+    def load_with_truncation(self, device, obj):
+        define_bf16_truncation(device)
+        load(self, device, obj)
+
+    CPUProgram.__init__ = load_with_truncation

@@ -2,6 +2,7 @@
 and on each GPU: outputs compared row by row (`assert_rows_close`), and every call through
 `checked_attention`, which asserts that the decode kernels launched where the plan runs them (on a
 GPU) and that nothing launched elsewhere."""
+import gc
 import math
 
 import numpy as np
@@ -207,6 +208,7 @@ class PeakMemory:
     """The most device memory tinygrad holds while realizing, beyond what it held before."""
 
     def __enter__(self):
+        gc.collect()  # buffers of earlier tests freed now, not while measuring (their frees lower the count)
         self.original, self.baseline = Buffer.allocate, GlobalCounters.mem_used
         self.peak = self.baseline
         meter = self

@@ -62,3 +62,23 @@ def test_a_user_cc_is_used_as_it_is(tmp_path):
     mine.write_text(REJECTS)
     done = cpu_compile(tmp_path / "bin", cc=mine)
     assert "CalledProcessError" in done.stderr and "nuvec_tg:" not in done.stderr  # its own error, no advice
+
+
+def test_the_bf16_truncation_rounds_to_nearest_even():
+    """The `__truncsfbf2` nuvec_tg defines where the runtime libraries lack it (CPUs without
+    native bfloat16 conversions), called directly: numpy's round-to-nearest-even bits, ties both
+    ways, subnormals, overflow to infinity, NaNs quiet with their sign."""
+    import ctypes
+
+    import numpy as np
+    from tinygrad import Device
+
+    from nuvec_tg.compiler import define_bf16_truncation
+    truncate = ctypes.CFUNCTYPE(ctypes.c_float, ctypes.c_float)(define_bf16_truncation(Device["CPU"]))
+    special = np.array([0x3F808000, 0x3F818000, 0x3F80FFFF, 0x00008000, 0x00018000, 0x7F7FFFFF, 0xFF7F8000,
+                        0x7F800000, 0x7F800001, 0xFFC12345, 0x80000000], dtype=np.uint32)
+    bits = np.concatenate([special, np.random.default_rng(0).integers(0, 2**32, 4096, dtype=np.uint32)])
+    got = np.array([np.float32(truncate(float(x))).view(np.uint32) & 0xFFFF for x in bits.view(np.float32)], dtype=np.uint32)
+    nan = (bits & 0x7FFFFFFF) > 0x7F800000
+    want = np.where(nan, (bits | 0x00400000) >> 16, (bits.astype(np.uint64) + 0x7FFF + ((bits >> 16) & 1)) >> 16) & 0xFFFF
+    assert np.array_equal(got, want.astype(np.uint32)), np.flatnonzero(got != want)[:8]
