@@ -20,7 +20,7 @@ import pytest
 from tinygrad import Tensor, dtypes
 from tinygrad.nn.state import safe_load, safe_save
 
-from nuvec_tg import models
+from nuvec_tg import models, quant
 from nuvec_tg.models import layers
 from nuvec_tg.models.sampling import Sampler
 from nuvec_tg.quant import QuantizedWeight
@@ -57,7 +57,7 @@ def logits_of(t: Tensor) -> np.ndarray:
 
 # ---- transformers' logits ---------------------------------------------------------------------
 
-@pytest.mark.parametrize("name", ["qwen3", "qwen3_moe", "qwen3_tied"])
+@pytest.mark.parametrize("name", ["qwen3", "qwen3_moe", "qwen3_tied", "gemma3"])
 def test_the_full_forward_matches_transformers(name):
     ref = reference(name)
     got = logits_of(model(name)(ref["prompt_1"][None]))[0]
@@ -71,7 +71,7 @@ def test_rope_scalings_match_transformers(name):
     assert_rows_close(f"{name} logits", got, ref["logits_1"], TOL)
 
 
-@pytest.mark.parametrize("name", ["qwen3", "qwen3_moe"])
+@pytest.mark.parametrize("name", ["qwen3", "qwen3_moe", "gemma3"])   # gemma3: 19 tokens over a window of 4
 def test_a_prefill_then_single_steps_match_the_full_forward(name):
     ref, m = reference(name), model(name)
     sequence, want = ref["sequence_1"], ref["sequence_logits_1"]
@@ -109,7 +109,7 @@ def test_greedy_generation_of_a_padded_batch_matches_transformers(name):
     np.testing.assert_array_equal(got[1], ref["greedy_1"])
 
 
-@pytest.mark.parametrize("name", ["qwen3"])
+@pytest.mark.parametrize("name", ["qwen3", "gemma3"])
 def test_a_stop_token_stops_generation(name):
     ref = reference(name)
     steps = list(model(name).generate_tokens([ref["stop_prompt"].tolist()], max_tokens=8))
@@ -117,6 +117,22 @@ def test_a_stop_token_stops_generation(name):
     assert got == ref["stop_output"].tolist()
     assert got[-1] in ref["stop_tokens"].tolist() and len(got) < 8
     assert set(model(name).eos_token_ids) == set(ref["stop_tokens"].tolist())
+
+
+def test_gemma3_greedy_generation_matches_transformers():
+    """One prompt (11 tokens, past the window of 4): its prefill and greedy step are the kernels the
+    cache and stop-token tests compile."""
+    ref = reference("gemma3")
+    steps = list(model("gemma3").generate_tokens([ref["prompt_1"].tolist()], max_tokens=8, stop_tokens=()))
+    np.testing.assert_array_equal([s[0] for s in steps], ref["greedy_1"])
+
+
+def test_gemma3_tokenizer_prepends_bos_and_its_chat_template():
+    ref, m = reference("gemma3"), model("gemma3")
+    assert m.tokenizer.encode(str(ref["prompt_text_1"])) == ref["prompt_1"].tolist()
+    assert ref["prompt_1"][0] == m.config.get("bos_token_id")
+    text = m.tokenizer.apply_chat_template([{"role": "user", "content": "hi"}])
+    assert text == "<bos><start_of_turn>user\nhi<end_of_turn>\n<start_of_turn>model\n"
 
 
 def test_text_generation_streams_the_greedy_text():
@@ -222,6 +238,63 @@ def test_quantizing_at_load_gives_mlx_lms_tensors(name, dtype):
         assert got.keys() == want.keys()
         for key in got: np.testing.assert_array_equal(got[key], want[key], err_msg=key)
     assert isinstance(m.layers[0].input_norm.weight, Tensor) and isinstance(m.norm.weight, Tensor)
+
+
+def _gemma3_checkpoints(tmp_path: pathlib.Path) -> tuple[pathlib.Path, pathlib.Path]:
+    """Two copies of the gemma3 fixture with its linear layers and embedding quantized (affine 4-bit,
+    groups of 64, MLX's codes): as an MLX conversion of a multimodal Gemma 3 stores them (weights
+    under `language_model.model.`, codes, scales and biases; a `gemma3` config whose text_config
+    leaves Gemma's defaults out and spells rope and layer types as transformers 4 did), and
+    dequantized back to float32 in the fixture's own layout."""
+    source = fixture("gemma3")
+    mlx, dense = tmp_path / "gemma3_mlx4", tmp_path / "gemma3_dequantized"
+    for directory in (mlx, dense):
+        shutil.copytree(source, directory)
+        (directory / "model.safetensors").unlink()
+    mlx_tensors, dense_tensors = {}, {}
+    for name, t in safe_load(source / "model.safetensors").items():
+        t = t.to("CPU")
+        moved = name.replace("model.", "language_model.model.", 1)
+        if t.ndim == 2:
+            qw = quant.quantize(t, 64, 4)
+            module = moved[:-len(".weight")]
+            mlx_tensors.update({f"{module}.weight": qw.weight, f"{module}.scales": qw.scales, f"{module}.biases": qw.biases})
+            dense_tensors[name] = quant.dequantize(qw, dtypes.float32)
+        else:
+            mlx_tensors[moved] = dense_tensors[name] = t
+    safe_save({k: v.realize() for k, v in mlx_tensors.items()}, str(mlx / "model.safetensors"))
+    safe_save({k: v.realize() for k, v in dense_tensors.items()}, str(dense / "model.safetensors"))
+    c = json.loads((source / "config.json").read_text())
+    text = {k: c[k] for k in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                              "num_key_value_heads", "head_dim", "query_pre_attn_scalar", "sliding_window",
+                              "final_logit_softcapping", "vocab_size", "max_position_embeddings")}
+    text.update(model_type="gemma3_text", sliding_window_pattern=3, rope_scaling={"rope_type": "linear", "factor": 8.0})
+    config = {"model_type": "gemma3", "architectures": ["Gemma3ForConditionalGeneration"], "text_config": text,
+              "vision_config": {"model_type": "siglip_vision_model"}, "eos_token_id": c["eos_token_id"],
+              "quantization": {"group_size": 64, "bits": 4}, "quantization_config": {"group_size": 64, "bits": 4}}
+    (mlx / "config.json").write_text(json.dumps(config))
+    return mlx, dense
+
+
+def test_gemma3_quantized_at_load_equals_its_mlx_multimodal_conversion(tmp_path):
+    """`quantize=4` on the float32 gemma3 fixture quantizes every linear layer and the tied
+    embedding (mlx-lm has no predicate for Gemma 3), norms stay dense; an MLX-layout multimodal
+    checkpoint of the same codes loads to the same logits, which are those of the dequantized
+    weights (the quantized embedding rows scaled, the quantized tied head, the soft-capping)."""
+    ref = reference("gemma3")
+    at_load = model("gemma3", quantize=4)
+    block = at_load.layers[2]
+    quantized = [at_load.embed.weight, *block.attention.qkv.weights, *block.attention.o.weights,
+                 *block.mlp.gate_up.weights, *block.mlp.down.weights]
+    assert at_load.head is None and all(isinstance(w, QuantizedWeight) and w.bits == 4 for w in quantized)
+    assert isinstance(block.pre_mlp_norm.weight, Tensor) and isinstance(block.attention.q_norm.weight, Tensor)
+    mlx, dense = _gemma3_checkpoints(tmp_path)
+    converted = models.load(mlx, progress=False)
+    assert [layer.attention.window for layer in converted.layers] == [4, 4, None]
+    want = logits_of(at_load(ref["prompt_1"][None]))[0]
+    assert_rows_close("MLX layout", logits_of(converted(ref["prompt_1"][None]))[0], want, TOL)
+    dequantized = models.load(dense, progress=False)
+    assert_rows_close("dequantized", logits_of(dequantized(ref["prompt_1"][None]))[0], want, TOL)
 
 
 # ---- errors -----------------------------------------------------------------------------------
