@@ -13,6 +13,7 @@ import contextlib
 import io
 import json
 import pathlib
+import re
 import shutil
 
 import numpy as np
@@ -322,8 +323,10 @@ def test_a_bad_directory_says_so(tmp_path):
 def test_an_unknown_family_lists_the_supported_ones(tmp_path):
     directory = _copy("qwen3_tied", tmp_path)
     _edit_config(directory, model_type="llama9")
-    with pytest.raises(ValueError, match=r"config.json: unknown model_type 'llama9' \(supported: qwen3, qwen3_moe\)"):
+    supported = re.escape(", ".join(models.supported()))
+    with pytest.raises(ValueError, match=rf"config.json: unknown model_type 'llama9' \(supported: {supported}\)"):
         models.load(directory)
+    assert {"qwen3", "qwen3_moe", "gemma3", "gemma3_text"} <= set(models.supported())
 
 
 def test_a_missing_tensor_is_named(tmp_path):
@@ -344,6 +347,19 @@ def test_a_shape_that_does_not_fit_the_config_is_named_with_its_file(tmp_path):
     _edit_config(directory, intermediate_size=96)
     with pytest.raises(ValueError, match=r"model-0000[12]-of-00002.safetensors: tensor model.layers.0.mlp.gate_proj.weight "
                                          r"has shape \(64, 64\), expected \(96, 64\)"):
+        models.load(directory)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"attn_logit_softcapping": 50.0}, "attn_logit_softcapping is not supported"),
+    ({"use_bidirectional_attention": True}, "use_bidirectional_attention .* is not supported"),
+    ({"hidden_activation": "relu"}, "hidden_activation 'relu' is not supported"),
+    ({"layer_types": ["sliding_attention", "chunked_attention", "full_attention"]}, "layer type 'chunked_attention'"),
+])
+def test_what_gemma3_cannot_run_is_refused_at_load(tmp_path, change, message):
+    directory = _copy("gemma3", tmp_path)
+    _edit_config(directory, **change)
+    with pytest.raises(ValueError, match=f"config.json: {message}"):
         models.load(directory)
 
 

@@ -43,7 +43,7 @@ def _check(config: Config) -> None:
                          "(the attention operations do not soft-cap scores)")
     if config.get("use_bidirectional_attention", False):
         raise ValueError(f"load: {config.path}: use_bidirectional_attention (an embedding model) is not supported")
-    activation = config.get("hidden_activation", aliases=("hidden_act",))
+    activation = config.get("hidden_activation")
     if activation not in ACTIVATIONS:
         raise ValueError(f"load: {config.path}: hidden_activation {activation!r} is not supported "
                          f"(supported: {', '.join(ACTIVATIONS)})")
@@ -88,7 +88,7 @@ def build(config: Config, loader: Loader) -> dict:
     hidden, vocab = config.integer("hidden_size"), config.integer("vocab_size")
     layers = config.integer("num_hidden_layers")
     eps = float(config.get("rms_norm_eps"))
-    activation = config.get("hidden_activation", aliases=("hidden_act",))
+    activation = config.get("hidden_activation")
     scale = float(config.get("query_pre_attn_scalar")) ** -0.5
     prefix = next((p for p in PREFIXES if f"{p}.embed_tokens.weight" in loader.checkpoint), "model")
     types = layer_types(config, layers)
