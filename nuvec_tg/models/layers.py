@@ -280,19 +280,15 @@ class PreNormBlock:
         return h + self.mlp(y)
 
 
-class SandwichBlock:
+class SandwichBlock(PreNormBlock):
     """Gemma's residual block, each branch normalised before and after:
     `h = x + post_attention_norm(attention(input_norm(x)))`,
     `out = h + post_mlp_norm(mlp(pre_mlp_norm(h)))` (the adds fused with the norms around them)."""
 
     def __init__(self, attention: Attention, mlp: MLP | MoE, input_norm: Norm, post_attention_norm: Norm,
                  pre_mlp_norm: Norm, post_mlp_norm: Norm):
-        self.attention, self.mlp = attention, mlp
-        self.input_norm, self.post_attention_norm = input_norm, post_attention_norm
+        super().__init__(attention, mlp, input_norm, post_attention_norm)
         self.pre_mlp_norm, self.post_mlp_norm = pre_mlp_norm, post_mlp_norm
-
-    def make_cache(self, batch: int, max_length: int, dtype, device: str):
-        return self.attention.make_cache(batch, max_length, dtype, device)
 
     def __call__(self, x: Tensor, positions: Positions, cache) -> Tensor:
         attended = self.attention(self.input_norm(x), positions, cache)
