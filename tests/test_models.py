@@ -241,30 +241,29 @@ def test_quantizing_at_load_gives_mlx_lms_tensors(name, dtype):
     assert isinstance(m.layers[0].input_norm.weight, Tensor) and isinstance(m.norm.weight, Tensor)
 
 
-def _gemma3_checkpoints(tmp_path: pathlib.Path) -> tuple[pathlib.Path, pathlib.Path]:
-    """Two copies of the gemma3 fixture with its linear layers and embedding quantized (affine 4-bit,
-    groups of 64, MLX's codes): as an MLX conversion of a multimodal Gemma 3 stores them (weights
-    under `language_model.model.`, codes, scales and biases; a `gemma3` config whose text_config
-    leaves Gemma's defaults out and spells rope and layer types as transformers 4 did), and
-    dequantized back to float32 in the fixture's own layout."""
+def _mlx_multimodal_gemma3(quantized: models.Model, directory: pathlib.Path) -> None:
+    """The gemma3 fixture as an MLX conversion of a multimodal Gemma 3 stores it, with the codes,
+    scales and biases of `quantized` (the fixture quantized at load) split back into modules:
+    weights under `language_model.model.`, a `gemma3` config whose text_config leaves Gemma's
+    defaults out and spells rope and layer types as transformers 4 did."""
     source = fixture("gemma3")
-    mlx, dense = tmp_path / "gemma3_mlx4", tmp_path / "gemma3_dequantized"
-    for directory in (mlx, dense):
-        shutil.copytree(source, directory)
-        (directory / "model.safetensors").unlink()
-    mlx_tensors, dense_tensors = {}, {}
-    for name, t in safe_load(source / "model.safetensors").items():
-        t = t.to("CPU")
-        moved = name.replace("model.", "language_model.model.", 1)
-        if t.ndim == 2:
-            qw = quant.quantize(t, 64, 4)
-            module = moved[:-len(".weight")]
-            mlx_tensors.update({f"{module}.weight": qw.weight, f"{module}.scales": qw.scales, f"{module}.biases": qw.biases})
-            dense_tensors[name] = quant.dequantize(qw, dtypes.float32)
-        else:
-            mlx_tensors[moved] = dense_tensors[name] = t
-    safe_save({k: v.realize() for k, v in mlx_tensors.items()}, str(mlx / "model.safetensors"))
-    safe_save({k: v.realize() for k, v in dense_tensors.items()}, str(dense / "model.safetensors"))
+    shutil.copytree(source, directory)
+    (directory / "model.safetensors").unlink()
+    tensors = {f"language_model.{k}": Tensor(v.numpy()) for k, v in safe_load(source / "model.safetensors").items()
+               if v.ndim == 1}
+    def store(module: str, linear, names: list[str]):
+        rows = [0, *np.cumsum(linear.outs).tolist()] if isinstance(linear, layers.Linear) else [0, None]
+        qw = linear.weights[0] if isinstance(linear, layers.Linear) else linear.weight
+        for name, lo, hi in zip(names, rows, rows[1:]):
+            for part in ("weight", "scales", "biases"):
+                tensors[f"language_model.model.{module}{name}.{part}"] = Tensor(getattr(qw, part).numpy()[lo:hi])
+    store("", quantized.embed, ["embed_tokens"])
+    for i, block in enumerate(quantized.layers):
+        store(f"layers.{i}.self_attn.", block.attention.qkv, ["q_proj", "k_proj", "v_proj"])
+        store(f"layers.{i}.self_attn.", block.attention.o, ["o_proj"])
+        store(f"layers.{i}.mlp.", block.mlp.gate_up, ["gate_proj", "up_proj"])
+        store(f"layers.{i}.mlp.", block.mlp.down, ["down_proj"])
+    safe_save({k: v.realize() for k, v in tensors.items()}, str(directory / "model.safetensors"))
     c = json.loads((source / "config.json").read_text())
     text = {k: c[k] for k in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                               "num_key_value_heads", "head_dim", "query_pre_attn_scalar", "sliding_window",
@@ -273,29 +272,49 @@ def _gemma3_checkpoints(tmp_path: pathlib.Path) -> tuple[pathlib.Path, pathlib.P
     config = {"model_type": "gemma3", "architectures": ["Gemma3ForConditionalGeneration"], "text_config": text,
               "vision_config": {"model_type": "siglip_vision_model"}, "eos_token_id": c["eos_token_id"],
               "quantization": {"group_size": 64, "bits": 4}, "quantization_config": {"group_size": 64, "bits": 4}}
-    (mlx / "config.json").write_text(json.dumps(config))
-    return mlx, dense
+    (directory / "config.json").write_text(json.dumps(config))
 
 
-def test_gemma3_quantized_at_load_equals_its_mlx_multimodal_conversion(tmp_path):
+def _parameters(where: str, layer) -> dict[str, np.ndarray]:
+    """Every parameter below a layer (a model, a block, ...) by where it sits: dense ones as
+    arrays, quantized ones as their codes, scales and biases."""
+    if isinstance(layer, QuantizedWeight):
+        return {f"{where}.{k}": v for k, v in _weights({"weight": layer.weight, "scales": layer.scales,
+                                                          "biases": layer.biases}).items()}
+    if isinstance(layer, Tensor): return {where: layer.numpy()}
+    if isinstance(layer, list): items = enumerate(layer)
+    elif isinstance(layer, (models.Model, layers.Linear, layers.Embedding, layers.Norm, layers.Attention, layers.MLP,
+                            layers.PreNormBlock)): items = vars(layer).items()
+    else: return {}
+    out = {}
+    for key, value in items:
+        if key != "config": out.update(_parameters(f"{where}.{key}", value))
+    return out
+
+
+def test_gemma3_quantized_at_load_and_in_the_mlx_multimodal_layout(tmp_path):
     """`quantize=4` on the float32 gemma3 fixture quantizes every linear layer and the tied
-    embedding (mlx-lm has no predicate for Gemma 3), norms stay dense; an MLX-layout multimodal
-    checkpoint of the same codes loads to the same logits, which are those of the dequantized
-    weights (the quantized embedding rows scaled, the quantized tied head, the soft-capping)."""
-    ref = reference("gemma3")
-    at_load = model("gemma3", quantize=4)
+    embedding (mlx-lm has no predicate for Gemma 3) and leaves the norms dense; the same codes
+    stored as an MLX conversion of a multimodal Gemma 3 load to the same parameters and layers.
+    No forward pass (the quantized products are the qwen3_mlx4 tests'; a quantized forward
+    compiles its own kernels, some 10 s on the CPU)."""
+    at_load = models.load(fixture("gemma3"), quantize=4, progress=False)
     block = at_load.layers[2]
     quantized = [at_load.embed.weight, *block.attention.qkv.weights, *block.attention.o.weights,
                  *block.mlp.gate_up.weights, *block.mlp.down.weights]
     assert at_load.head is None and all(isinstance(w, QuantizedWeight) and w.bits == 4 for w in quantized)
     assert isinstance(block.pre_mlp_norm.weight, Tensor) and isinstance(block.attention.q_norm.weight, Tensor)
-    mlx, dense = _gemma3_checkpoints(tmp_path)
-    converted = models.load(mlx, progress=False)
-    assert [layer.attention.window for layer in converted.layers] == [4, 4, None]
-    want = logits_of(at_load(ref["prompt_1"][None]))[0]
-    assert_rows_close("MLX layout", logits_of(converted(ref["prompt_1"][None]))[0], want, TOL)
-    dequantized = models.load(dense, progress=False)
-    assert_rows_close("dequantized", logits_of(dequantized(ref["prompt_1"][None]))[0], want, TOL)
+    directory = tmp_path / "gemma3_mlx4"
+    _mlx_multimodal_gemma3(at_load, directory)
+    converted = models.load(directory, progress=False)
+    want, got = _parameters("model", at_load), _parameters("model", converted)
+    assert got.keys() == want.keys() and sum(key.endswith(".scales") for key in got) == 1 + 3 * 4   # qkv, gate_up fused
+    for key in want: np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+    for ours, theirs in zip(converted.layers, at_load.layers):
+        assert ours.attention.window == theirs.attention.window and ours.attention.scale == theirs.attention.scale
+        rotation = lambda layer: vars(layer.attention.rope.rotation)  # noqa: E731
+        assert rotation(ours) == rotation(theirs)
+    assert (converted.embed_scale, converted.logit_softcap, converted.eos_token_ids) == (8.0, 0.5, (1, 5))
 
 
 # ---- errors -----------------------------------------------------------------------------------
