@@ -13,6 +13,7 @@ import contextlib
 import io
 import json
 import pathlib
+import re
 import shutil
 
 import numpy as np
@@ -20,7 +21,7 @@ import pytest
 from tinygrad import Tensor, dtypes
 from tinygrad.nn.state import safe_load, safe_save
 
-from nuvec_tg import models
+from nuvec_tg import models, quant
 from nuvec_tg.models import layers
 from nuvec_tg.models.sampling import Sampler
 from nuvec_tg.quant import QuantizedWeight
@@ -57,7 +58,7 @@ def logits_of(t: Tensor) -> np.ndarray:
 
 # ---- transformers' logits ---------------------------------------------------------------------
 
-@pytest.mark.parametrize("name", ["qwen3", "qwen3_moe", "qwen3_tied"])
+@pytest.mark.parametrize("name", ["qwen3", "qwen3_moe", "qwen3_tied", "gemma3"])
 def test_the_full_forward_matches_transformers(name):
     ref = reference(name)
     got = logits_of(model(name)(ref["prompt_1"][None]))[0]
@@ -71,7 +72,7 @@ def test_rope_scalings_match_transformers(name):
     assert_rows_close(f"{name} logits", got, ref["logits_1"], TOL)
 
 
-@pytest.mark.parametrize("name", ["qwen3", "qwen3_moe"])
+@pytest.mark.parametrize("name", ["qwen3", "qwen3_moe", "gemma3"])   # gemma3: 19 tokens over a window of 4
 def test_a_prefill_then_single_steps_match_the_full_forward(name):
     ref, m = reference(name), model(name)
     sequence, want = ref["sequence_1"], ref["sequence_logits_1"]
@@ -109,7 +110,7 @@ def test_greedy_generation_of_a_padded_batch_matches_transformers(name):
     np.testing.assert_array_equal(got[1], ref["greedy_1"])
 
 
-@pytest.mark.parametrize("name", ["qwen3"])
+@pytest.mark.parametrize("name", ["qwen3", "gemma3"])
 def test_a_stop_token_stops_generation(name):
     ref = reference(name)
     steps = list(model(name).generate_tokens([ref["stop_prompt"].tolist()], max_tokens=8))
@@ -117,6 +118,22 @@ def test_a_stop_token_stops_generation(name):
     assert got == ref["stop_output"].tolist()
     assert got[-1] in ref["stop_tokens"].tolist() and len(got) < 8
     assert set(model(name).eos_token_ids) == set(ref["stop_tokens"].tolist())
+
+
+def test_gemma3_greedy_generation_matches_transformers():
+    """One prompt (11 tokens, past the window of 4): its prefill and greedy step are the kernels the
+    cache and stop-token tests compile."""
+    ref = reference("gemma3")
+    steps = list(model("gemma3").generate_tokens([ref["prompt_1"].tolist()], max_tokens=8, stop_tokens=()))
+    np.testing.assert_array_equal([s[0] for s in steps], ref["greedy_1"])
+
+
+def test_gemma3_tokenizer_prepends_bos_and_its_chat_template():
+    ref, m = reference("gemma3"), model("gemma3")
+    assert m.tokenizer.encode(str(ref["prompt_text_1"])) == ref["prompt_1"].tolist()
+    assert ref["prompt_1"][0] == m.config.get("bos_token_id")
+    text = m.tokenizer.apply_chat_template([{"role": "user", "content": "hi"}])
+    assert text == "<bos><start_of_turn>user\nhi<end_of_turn>\n<start_of_turn>model\n"
 
 
 def test_text_generation_streams_the_greedy_text():
@@ -224,6 +241,82 @@ def test_quantizing_at_load_gives_mlx_lms_tensors(name, dtype):
     assert isinstance(m.layers[0].input_norm.weight, Tensor) and isinstance(m.norm.weight, Tensor)
 
 
+def _mlx_multimodal_gemma3(quantized: models.Model, directory: pathlib.Path) -> None:
+    """The gemma3 fixture as an MLX conversion of a multimodal Gemma 3 stores it, with the codes,
+    scales and biases of `quantized` (the fixture quantized at load) split back into modules:
+    weights under `language_model.model.`, a `gemma3` config whose text_config leaves Gemma's
+    defaults out and spells rope and layer types as transformers 4 did."""
+    source = fixture("gemma3")
+    shutil.copytree(source, directory)
+    (directory / "model.safetensors").unlink()
+    tensors = {f"language_model.{k}": Tensor(v.numpy()) for k, v in safe_load(source / "model.safetensors").items()
+               if v.ndim == 1}
+    def store(module: str, linear, names: list[str]):
+        rows = [0, *np.cumsum(linear.outs).tolist()] if isinstance(linear, layers.Linear) else [0, None]
+        qw = linear.weights[0] if isinstance(linear, layers.Linear) else linear.weight
+        for name, lo, hi in zip(names, rows, rows[1:]):
+            for part in ("weight", "scales", "biases"):
+                tensors[f"language_model.model.{module}{name}.{part}"] = Tensor(getattr(qw, part).numpy()[lo:hi])
+    store("", quantized.embed, ["embed_tokens"])
+    for i, block in enumerate(quantized.layers):
+        store(f"layers.{i}.self_attn.", block.attention.qkv, ["q_proj", "k_proj", "v_proj"])
+        store(f"layers.{i}.self_attn.", block.attention.o, ["o_proj"])
+        store(f"layers.{i}.mlp.", block.mlp.gate_up, ["gate_proj", "up_proj"])
+        store(f"layers.{i}.mlp.", block.mlp.down, ["down_proj"])
+    safe_save({k: v.realize() for k, v in tensors.items()}, str(directory / "model.safetensors"))
+    c = json.loads((source / "config.json").read_text())
+    text = {k: c[k] for k in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                              "num_key_value_heads", "head_dim", "query_pre_attn_scalar", "sliding_window",
+                              "final_logit_softcapping", "vocab_size", "max_position_embeddings")}
+    text.update(model_type="gemma3_text", sliding_window_pattern=3, rope_scaling={"rope_type": "linear", "factor": 8.0})
+    config = {"model_type": "gemma3", "architectures": ["Gemma3ForConditionalGeneration"], "text_config": text,
+              "vision_config": {"model_type": "siglip_vision_model"}, "eos_token_id": c["eos_token_id"],
+              "quantization": {"group_size": 64, "bits": 4}, "quantization_config": {"group_size": 64, "bits": 4}}
+    (directory / "config.json").write_text(json.dumps(config))
+
+
+def _parameters(where: str, layer) -> dict[str, np.ndarray]:
+    """Every parameter below a layer (a model, a block, ...) by where it sits: dense ones as
+    arrays, quantized ones as their codes, scales and biases."""
+    if isinstance(layer, QuantizedWeight):
+        return {f"{where}.{k}": v for k, v in _weights({"weight": layer.weight, "scales": layer.scales,
+                                                          "biases": layer.biases}).items()}
+    if isinstance(layer, Tensor): return {where: layer.numpy()}
+    if isinstance(layer, list): items = enumerate(layer)
+    elif isinstance(layer, (models.Model, layers.Linear, layers.Embedding, layers.Norm, layers.Attention, layers.MLP,
+                            layers.PreNormBlock)): items = vars(layer).items()
+    else: return {}
+    out = {}
+    for key, value in items:
+        if key != "config": out.update(_parameters(f"{where}.{key}", value))
+    return out
+
+
+def test_gemma3_quantized_at_load_and_in_the_mlx_multimodal_layout(tmp_path):
+    """`quantize=4` on the float32 gemma3 fixture quantizes every linear layer and the tied
+    embedding (mlx-lm has no predicate for Gemma 3) and leaves the norms dense; the same codes
+    stored as an MLX conversion of a multimodal Gemma 3 load to the same parameters and layers.
+    No forward pass (the quantized products are the qwen3_mlx4 tests'; a quantized forward
+    compiles its own kernels, some 10 s on the CPU)."""
+    at_load = models.load(fixture("gemma3"), quantize=4, progress=False)
+    block = at_load.layers[2]
+    quantized = [at_load.embed.weight, *block.attention.qkv.weights, *block.attention.o.weights,
+                 *block.mlp.gate_up.weights, *block.mlp.down.weights]
+    assert at_load.head is None and all(isinstance(w, QuantizedWeight) and w.bits == 4 for w in quantized)
+    assert isinstance(block.pre_mlp_norm.weight, Tensor) and isinstance(block.attention.q_norm.weight, Tensor)
+    directory = tmp_path / "gemma3_mlx4"
+    _mlx_multimodal_gemma3(at_load, directory)
+    converted = models.load(directory, progress=False)
+    want, got = _parameters("model", at_load), _parameters("model", converted)
+    assert got.keys() == want.keys() and sum(key.endswith(".scales") for key in got) == 1 + 3 * 4   # qkv, gate_up fused
+    for key in want: np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+    for ours, theirs in zip(converted.layers, at_load.layers):
+        assert ours.attention.window == theirs.attention.window and ours.attention.scale == theirs.attention.scale
+        rotation = lambda layer: vars(layer.attention.rope.rotation)  # noqa: E731
+        assert rotation(ours) == rotation(theirs)
+    assert (converted.embed_scale, converted.logit_softcap, converted.eos_token_ids) == (8.0, 0.5, (1, 5))
+
+
 # ---- errors -----------------------------------------------------------------------------------
 
 def _copy(name: str, tmp_path: pathlib.Path) -> pathlib.Path:
@@ -249,8 +342,10 @@ def test_a_bad_directory_says_so(tmp_path):
 def test_an_unknown_family_lists_the_supported_ones(tmp_path):
     directory = _copy("qwen3_tied", tmp_path)
     _edit_config(directory, model_type="llama9")
-    with pytest.raises(ValueError, match=r"config.json: unknown model_type 'llama9' \(supported: qwen3, qwen3_moe\)"):
+    supported = re.escape(", ".join(models.supported()))
+    with pytest.raises(ValueError, match=rf"config.json: unknown model_type 'llama9' \(supported: {supported}\)"):
         models.load(directory)
+    assert {"qwen3", "qwen3_moe", "gemma3", "gemma3_text"} <= set(models.supported())
 
 
 def test_a_missing_tensor_is_named(tmp_path):
@@ -271,6 +366,19 @@ def test_a_shape_that_does_not_fit_the_config_is_named_with_its_file(tmp_path):
     _edit_config(directory, intermediate_size=96)
     with pytest.raises(ValueError, match=r"model-0000[12]-of-00002.safetensors: tensor model.layers.0.mlp.gate_proj.weight "
                                          r"has shape \(64, 64\), expected \(96, 64\)"):
+        models.load(directory)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"attn_logit_softcapping": 50.0}, "attn_logit_softcapping is not supported"),
+    ({"use_bidirectional_attention": True}, "use_bidirectional_attention .* is not supported"),
+    ({"hidden_activation": "relu"}, "hidden_activation 'relu' is not supported"),
+    ({"layer_types": ["sliding_attention", "chunked_attention", "full_attention"]}, "layer type 'chunked_attention'"),
+])
+def test_what_gemma3_cannot_run_is_refused_at_load(tmp_path, change, message):
+    directory = _copy("gemma3", tmp_path)
+    _edit_config(directory, **change)
+    with pytest.raises(ValueError, match=f"config.json: {message}"):
         models.load(directory)
 
 

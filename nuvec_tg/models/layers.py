@@ -5,11 +5,12 @@ is called on activations `[B, T, ...]` in the model's dtype:
 
 - `Linear` (one product, or several fused ones split back), `Embedding` (also the tied head),
   `Norm` (RMS norm);
-- `MLP` (SwiGLU), `MoE` (softmax router, `moe_route`, experts through `gather_mm` or
+- `MLP` (SwiGLU, or GeLU-gated), `MoE` (softmax router, `moe_route`, experts through `gather_mm` or
   `gather_qmm`, `weighted_sum`);
 - `Attention` (q/k norms and rotation through `norm_rope`, grouped-query
   `scaled_dot_product_attention`, the KV cache written in place);
-- `PreNormBlock` (the residual block of Llama-style decoders: norm, attention, add-and-norm, MLP).
+- `PreNormBlock` (the residual block of Llama-style decoders: norm, attention, add-and-norm, MLP);
+- `SandwichBlock` (Gemma's: each branch normalised before and after, `residual_rms_norm`).
 """
 from __future__ import annotations
 
@@ -122,15 +123,27 @@ class Norm:
         return fast.rms_norm(x, self.weight, self.eps)
 
 
-class MLP:
-    """SwiGLU: `down(silu(gate(x)) * up(x))`, gate and up one fused `Linear`."""
+def _gelu_tanh(x: Tensor) -> Tensor:
+    """GeLU's tanh approximation computed in float32 and rounded once (torch's `gelu(approximate="tanh")`)."""
+    return x.cast(dtypes.float32).gelu().cast(x.dtype) if x.dtype != dtypes.float64 else x.gelu()
 
-    def __init__(self, gate_up: Linear, down: Linear):
-        self.gate_up, self.down = gate_up, down
+
+# a config's `hidden_act` / `hidden_activation` -> the gate's activation
+ACTIVATIONS = {"silu": Tensor.silu, "gelu_pytorch_tanh": _gelu_tanh}
+
+
+class MLP:
+    """A gated MLP: `down(act(gate(x)) * up(x))`, gate and up one fused `Linear`; `act` is SiLU
+    (SwiGLU) unless `activation` names another of `ACTIVATIONS`."""
+
+    def __init__(self, gate_up: Linear, down: Linear, activation: str = "silu"):
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"MLP: activation {activation!r} is not supported (supported: {', '.join(ACTIVATIONS)})")
+        self.gate_up, self.down, self.activation = gate_up, down, ACTIVATIONS[activation]
 
     def __call__(self, x: Tensor) -> Tensor:
         gate, up = self.gate_up(x)
-        return self.down(gate.silu() * up)
+        return self.down(self.activation(gate) * up)
 
 
 class Experts:
@@ -265,3 +278,21 @@ class PreNormBlock:
         attended = self.attention(self.input_norm(x), positions, cache)
         h, y = fast.add_rms_norm(attended, x, self.post_attention_norm.weight, self.post_attention_norm.eps)
         return h + self.mlp(y)
+
+
+class SandwichBlock(PreNormBlock):
+    """Gemma's residual block, each branch normalised before and after:
+    `h = x + post_attention_norm(attention(input_norm(x)))`,
+    `out = h + post_mlp_norm(mlp(pre_mlp_norm(h)))` (the adds fused with the norms around them)."""
+
+    def __init__(self, attention: Attention, mlp: MLP | MoE, input_norm: Norm, post_attention_norm: Norm,
+                 pre_mlp_norm: Norm, post_mlp_norm: Norm):
+        super().__init__(attention, mlp, input_norm, post_attention_norm)
+        self.pre_mlp_norm, self.post_mlp_norm = pre_mlp_norm, post_mlp_norm
+
+    def __call__(self, x: Tensor, positions: Positions, cache) -> Tensor:
+        attended = self.attention(self.input_norm(x), positions, cache)
+        pre, post = self.pre_mlp_norm, self.post_attention_norm
+        h, y = fast.residual_rms_norm(x, attended, post.weight, post.eps, next=(pre.weight, pre.eps))
+        out, _ = fast.residual_rms_norm(h, self.mlp(y), self.post_mlp_norm.weight, self.post_mlp_norm.eps)
+        return out

@@ -57,6 +57,7 @@ class Model:
     device: str
     directory: pathlib.Path
     embed_scale: float | None = None
+    logit_softcap: float | None = None   # logits become `tanh(logits / c) * c` (Gemma's final soft-capping)
     prefill_chunk: int = 512
     eos_token_ids: tuple[int, ...] = ()
     last_generation: GenerationStats = field(default_factory=GenerationStats)
@@ -84,7 +85,9 @@ class Model:
         return self.norm(x)
 
     def _logits(self, hidden: Tensor) -> Tensor:
-        return self.embed.as_linear(hidden) if self.head is None else self.head(hidden)
+        logits = self.embed.as_linear(hidden) if self.head is None else self.head(hidden)
+        if self.logit_softcap is not None: logits = (logits / self.logit_softcap).tanh() * self.logit_softcap
+        return logits
 
     def _tokens(self, tokens) -> Tensor:
         if not isinstance(tokens, Tensor):

@@ -21,8 +21,9 @@ def head_dim(config: Config) -> int:
 
 
 def attention(config: Config, loader: Loader, prefix: str, layer_type: str, rope: RotaryEmbedding,
-              qk_norms: bool = True) -> Attention:
-    """Layer `prefix`'s self-attention (`<prefix>.self_attn.{q,k,v,o}_proj`, `q_norm`, `k_norm`)."""
+              qk_norms: bool = True, norm_offset: float = 0.0, scale: float | None = None) -> Attention:
+    """Layer `prefix`'s self-attention (`<prefix>.self_attn.{q,k,v,o}_proj`, `q_norm`, `k_norm`;
+    `norm_offset` 1 for `(1 + w)` norms; `scale` the scores' scale, default `head_dim ** -0.5`)."""
     hidden, heads = config.integer("hidden_size"), config.integer("num_attention_heads")
     kv_heads = config.integer("num_key_value_heads", heads)
     size = head_dim(config)
@@ -32,18 +33,20 @@ def attention(config: Config, loader: Loader, prefix: str, layer_type: str, rope
     qkv = loader.linear([f"{attn}.q_proj", f"{attn}.k_proj", f"{attn}.v_proj"],
                         [heads * size, kv_heads * size, kv_heads * size], hidden, bias=bias)
     o = loader.linear(f"{attn}.o_proj", hidden, heads * size, bias=bias)
-    q_norm = loader.norm(f"{attn}.q_norm.weight", size, eps) if qk_norms else None
-    k_norm = loader.norm(f"{attn}.k_norm.weight", size, eps) if qk_norms else None
+    q_norm = loader.norm(f"{attn}.q_norm.weight", size, eps, norm_offset) if qk_norms else None
+    k_norm = loader.norm(f"{attn}.k_norm.weight", size, eps, norm_offset) if qk_norms else None
     window = config.integer("sliding_window") if layer_type == "sliding_attention" else None
-    return Attention(qkv, o, heads, kv_heads, size, rope, q_norm, k_norm, window)
+    return Attention(qkv, o, heads, kv_heads, size, rope, q_norm, k_norm, window, scale)
 
 
-def dense_mlp(config: Config, loader: Loader, prefix: str, intermediate: int | None = None) -> MLP:
-    """`<prefix>.mlp.{gate,up,down}_proj` of `intermediate_size` (or `intermediate`)."""
+def dense_mlp(config: Config, loader: Loader, prefix: str, intermediate: int | None = None,
+              activation: str = "silu") -> MLP:
+    """`<prefix>.mlp.{gate,up,down}_proj` of `intermediate_size` (or `intermediate`), gated by
+    `activation` (one of `layers.ACTIVATIONS`)."""
     hidden = config.integer("hidden_size")
     size = intermediate or config.integer("intermediate_size")
     gate_up = loader.linear([f"{prefix}.mlp.gate_proj", f"{prefix}.mlp.up_proj"], [size, size], hidden)
-    return MLP(gate_up, loader.linear(f"{prefix}.mlp.down_proj", hidden, size))
+    return MLP(gate_up, loader.linear(f"{prefix}.mlp.down_proj", hidden, size), activation)
 
 
 def build_decoder(config: Config, loader: Loader, mlp: Callable[[Config, Loader, str, int], object]) -> dict:
