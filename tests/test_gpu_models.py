@@ -32,7 +32,7 @@ def logits_of(t: Tensor) -> np.ndarray:
     return t.cast(dtypes.float32).numpy()
 
 
-@pytest.mark.parametrize("name, reference_key", [("qwen3", "logits_1"), ("qwen3_moe", "logits_1"),
+@pytest.mark.parametrize("name, reference_key", [("qwen3", "logits_1"), ("qwen3_moe", "logits_1"), ("gemma3", "logits_1"),
                                                  ("qwen3_moe_mlx4", "logits_f32_1")])
 def test_fixtures_match_their_references_on_the_gpu(name, reference_key):
     ref = np.load(fixture(name) / "reference.npz")
