@@ -37,11 +37,17 @@ def moe(config: Config, loader: Loader, prefix: str, index: int) -> MoE:
                              bias=True, input_major=True, interleaved=True)
     down = loader.experts(f"{prefix}.mlp", experts, ["down_proj"], [hidden], size, bias=True, input_major=True)
     glu = clamped_swiglu(float(config.get("swiglu_alpha", 1.702)), float(config.get("swiglu_limit", 7.0)))
-    return MoE(router, gate_up, down, config.integer("num_experts_per_tok"), normalize=False, softmax_first=False, glu=glu)
+    top_k = config.integer("num_experts_per_tok", aliases=("experts_per_token",))
+    return MoE(router, gate_up, down, top_k, normalize=False, softmax_first=False, glu=glu)
 
 
 def build(config: Config, loader: Loader) -> dict:
-    """A gpt-oss model's parts from its checkpoint."""
+    """A gpt-oss model's parts from its checkpoint (transformers' defaults where its config.json
+    leaves out `layer_types`, sliding then full, and `attention_bias`, true)."""
+    if config.values.get("layer_types") is None:
+        config.values["layer_types"] = ["full_attention" if i % 2 else "sliding_attention"
+                                        for i in range(config.integer("num_hidden_layers"))]
+    if config.values.get("attention_bias") is None: config.values["attention_bias"] = True
     return build_decoder(config, loader, moe, self_attention=sink_attention)
 
 
