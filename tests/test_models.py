@@ -340,3 +340,15 @@ def test_a_quantized_checkpoint_is_not_quantized_again():
         models.load(fixture("qwen3_mlx4"), quantize=4)
     with pytest.raises(ValueError, match="unknown quantization mode"):
         models.load(fixture("qwen3"), quantize="int3")
+
+
+def test_gpt_oss_mxfp4_blocks_of_the_wrong_shape_are_named(tmp_path):
+    directory = _copy("gpt_oss", tmp_path)
+    tensors = {k: v.to("CPU").realize() for k, v in safe_load(directory / "model.safetensors").items()}
+    name = "model.layers.0.mlp.experts.gate_up_proj"
+    del tensors[name]
+    tensors[f"{name}_blocks"] = Tensor.zeros(4, 64, 4, 8, dtype=dtypes.uint8).contiguous().realize()   # 16 codes a block, not 32
+    tensors[f"{name}_scales"] = Tensor.zeros(4, 64, 4, dtype=dtypes.uint8).contiguous().realize()
+    safe_save(tensors, str(directory / "model.safetensors"))
+    with pytest.raises(ValueError, match=rf"tensor {name}_blocks has shape \(4, 64, 4, 8\), expected \(4, 64, 2, 16\)"):
+        models.load(directory)
