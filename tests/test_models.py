@@ -58,7 +58,7 @@ def logits_of(t: Tensor) -> np.ndarray:
 
 # ---- transformers' logits ---------------------------------------------------------------------
 
-@pytest.mark.parametrize("name", ["qwen3", "qwen3_moe", "qwen3_tied", "gemma3"])
+@pytest.mark.parametrize("name", ["qwen3", "qwen3_moe", "qwen3_tied", "gemma3", "gpt_oss"])
 def test_the_full_forward_matches_transformers(name):
     ref = reference(name)
     got = logits_of(model(name)(ref["prompt_1"][None]))[0]
@@ -72,7 +72,7 @@ def test_rope_scalings_match_transformers(name):
     assert_rows_close(f"{name} logits", got, ref["logits_1"], TOL)
 
 
-@pytest.mark.parametrize("name", ["qwen3", "qwen3_moe", "gemma3"])   # gemma3: 19 tokens over a window of 4
+@pytest.mark.parametrize("name", ["qwen3", "qwen3_moe", "gemma3", "gpt_oss"])   # gemma3: 19 tokens over a window of 4
 def test_a_prefill_then_single_steps_match_the_full_forward(name):
     ref, m = reference(name), model(name)
     sequence, want = ref["sequence_1"], ref["sequence_logits_1"]
@@ -110,7 +110,7 @@ def test_greedy_generation_of_a_padded_batch_matches_transformers(name):
     np.testing.assert_array_equal(got[1], ref["greedy_1"])
 
 
-@pytest.mark.parametrize("name", ["qwen3", "gemma3"])
+@pytest.mark.parametrize("name", ["qwen3", "gemma3", "gpt_oss"])
 def test_a_stop_token_stops_generation(name):
     ref = reference(name)
     steps = list(model(name).generate_tokens([ref["stop_prompt"].tolist()], max_tokens=8))
@@ -134,6 +134,14 @@ def test_gemma3_tokenizer_prepends_bos_and_its_chat_template():
     assert ref["prompt_1"][0] == m.config.get("bos_token_id")
     text = m.tokenizer.apply_chat_template([{"role": "user", "content": "hi"}])
     assert text == "<bos><start_of_turn>user\nhi<end_of_turn>\n<start_of_turn>model\n"
+
+
+def test_gpt_oss_greedy_generation_matches_transformers():
+    """One sequence: the prefill test's shapes, compiled already (the padded batch's path, the
+    same for every family, is the Qwen families' test)."""
+    ref = reference("gpt_oss")
+    steps = list(model("gpt_oss").generate_tokens([ref["prompt_1"].tolist()], max_tokens=8, stop_tokens=()))
+    np.testing.assert_array_equal(np.array(steps)[:, 0], ref["greedy_1"])
 
 
 def test_text_generation_streams_the_greedy_text():
@@ -317,6 +325,57 @@ def test_gemma3_quantized_at_load_and_in_the_mlx_multimodal_layout(tmp_path):
     assert (converted.embed_scale, converted.logit_softcap, converted.eos_token_ids) == (8.0, 0.5, (1, 5))
 
 
+def _dequantized(weights: list) -> list:
+    return [quant.dequantize(w, dtypes.float32).realize() if isinstance(w, QuantizedWeight) else w for w in weights]
+
+
+def test_gpt_oss_released_mxfp4_experts_load_as_stored_and_quantize_4_takes_the_rest(tmp_path):
+    """The released checkpoints' layout, made from the fixture: its expert banks quantized to mxfp4
+    (`quant.quantize`) and stored as `<bank>_blocks` `[E, out, in / 32, 16]` uint8 and
+    `<bank>_scales` `[E, out, in / 32]` (out-major, gate and up rows interleaved). With
+    `quantize=4` the experts stay the stored codes and scales (gate rows, then up rows), the
+    router is 8-bit affine in groups of 64 (mlx-lm's predicate), the other projections and the
+    embeddings 4-bit; sinks, biases and norms dense. The logits are those of the float model given
+    the same weights dequantized (one test for both: each new format compiles its own kernels)."""
+    directory = _copy("gpt_oss", tmp_path)
+    tensors = {k: v.to("CPU").realize() for k, v in safe_load(directory / "model.safetensors").items()}
+    banks = {}
+    for name in [k for k in tensors if k.endswith(("experts.gate_up_proj", "experts.down_proj"))]:
+        banks[name] = quant.quantize(tensors.pop(name).transpose(-1, -2).contiguous(), mode="mxfp4")   # [E, out, in]
+        scales = banks[name].scales.numpy()
+        tensors[f"{name}_blocks"] = Tensor(banks[name].weight.numpy().view(np.uint8).reshape(*scales.shape, 16))
+        tensors[f"{name}_scales"] = Tensor(scales)
+    safe_save(tensors, str(directory / "model.safetensors"))
+    m = models.load(directory, quantize=4, progress=False)
+
+    def spec(w): return (w.mode, w.group_size, w.bits) if isinstance(w, QuantizedWeight) else None
+    assert spec(m.embed.weight) == spec(m.head.weights[0]) == ("affine", 64, 4)
+    for i, layer in enumerate(m.layers):
+        moe, attention = layer.mlp, layer.attention
+        assert spec(moe.router.weights[0]) == ("affine", 64, 8)
+        assert spec(attention.qkv.weights[0]) == spec(attention.o.weights[0]) == ("affine", 64, 4)
+        assert all(isinstance(t, Tensor) for t in (attention.sinks.value, attention.qkv.bias, moe.router.bias, moe.down.bias))
+        for bank, name in ((moe.gate_up, "gate_up_proj"), (moe.down, "down_proj")):
+            qw, stored = bank.weights[0], banks[f"model.layers.{i}.mlp.experts.{name}"]
+            rows = stored.weight.shape[1]
+            order = np.r_[0:rows:2, 1:rows:2] if name == "gate_up_proj" else np.arange(rows)
+            assert spec(qw) == ("mxfp4", 32, 4)
+            np.testing.assert_array_equal(qw.weight.numpy(), stored.weight.numpy()[:, order])
+            np.testing.assert_array_equal(qw.scales.numpy(), stored.scales.numpy()[:, order])
+            np.testing.assert_array_equal(quant.dequantize(qw, dtypes.float32).numpy(),
+                                          quant.dequantize(stored, dtypes.float32).numpy()[:, order])
+            bias = tensors[f"model.layers.{i}.mlp.experts.{name}_bias"].numpy()
+            np.testing.assert_array_equal(bank.bias.numpy(), bias[:, order])
+
+    dense = models.load(fixture("gpt_oss"), progress=False)   # the float model's shapes: compiled already
+    dense.embed.weight, dense.head.weights = _dequantized([m.embed.weight])[0], _dequantized(m.head.weights)
+    for ours, theirs in zip(m.layers, dense.layers):
+        for part in ("qkv", "o"): getattr(theirs.attention, part).weights = _dequantized(getattr(ours.attention, part).weights)
+        for part in ("router", "gate_up", "down"): getattr(theirs.mlp, part).weights = _dequantized(getattr(ours.mlp, part).weights)
+    prompt = reference("gpt_oss")["prompt_1"][None]
+    assert_rows_close("quantized logits", logits_of(m(prompt))[0], logits_of(dense(prompt))[0], TOL)
+
+
 # ---- errors -----------------------------------------------------------------------------------
 
 def _copy(name: str, tmp_path: pathlib.Path) -> pathlib.Path:
@@ -387,3 +446,15 @@ def test_a_quantized_checkpoint_is_not_quantized_again():
         models.load(fixture("qwen3_mlx4"), quantize=4)
     with pytest.raises(ValueError, match="unknown quantization mode"):
         models.load(fixture("qwen3"), quantize="int3")
+
+
+def test_gpt_oss_mxfp4_blocks_of_the_wrong_shape_are_named(tmp_path):
+    directory = _copy("gpt_oss", tmp_path)
+    tensors = {k: v.to("CPU").realize() for k, v in safe_load(directory / "model.safetensors").items()}
+    name = "model.layers.0.mlp.experts.gate_up_proj"
+    del tensors[name]
+    tensors[f"{name}_blocks"] = Tensor.zeros(4, 64, 4, 8, dtype=dtypes.uint8).contiguous().realize()   # 16 codes a block, not 32
+    tensors[f"{name}_scales"] = Tensor.zeros(4, 64, 4, dtype=dtypes.uint8).contiguous().realize()
+    safe_save(tensors, str(directory / "model.safetensors"))
+    with pytest.raises(ValueError, match=rf"tensor {name}_blocks has shape \(4, 64, 4, 8\), expected \(4, 64, 2, 16\)"):
+        models.load(directory)

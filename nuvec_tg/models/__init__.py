@@ -32,6 +32,7 @@ from .model import GenerationStats, Model, device_description
 # model_type -> the module that builds it (imported when a checkpoint needs it)
 FAMILIES = {"qwen3": "qwen3", "qwen3_moe": "qwen3_moe"}
 FAMILIES.update({"gemma3_text": "gemma3", "gemma3": "gemma3"})
+FAMILIES.update({"gpt_oss": "gpt_oss"})
 
 _DTYPES = {"float16": dtypes.float16, "bfloat16": dtypes.bfloat16, "float32": dtypes.float32}
 

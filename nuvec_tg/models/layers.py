@@ -6,13 +6,16 @@ is called on activations `[B, T, ...]` in the model's dtype:
 - `Linear` (one product, or several fused ones split back), `Embedding` (also the tied head),
   `Norm` (RMS norm);
 - `MLP` (SwiGLU, or GeLU-gated), `MoE` (softmax router, `moe_route`, experts through `gather_mm` or
-  `gather_qmm`, `weighted_sum`);
+  `gather_qmm`, `weighted_sum`; or gpt-oss's: a biased router, top-k then softmax, biased
+  experts, the clamped GLU `clamped_swiglu`);
 - `Attention` (q/k norms and rotation through `norm_rope`, grouped-query
-  `scaled_dot_product_attention`, the KV cache written in place);
+  `scaled_dot_product_attention`, optional sinks, the KV cache written in place);
 - `PreNormBlock` (the residual block of Llama-style decoders: norm, attention, add-and-norm, MLP);
 - `SandwichBlock` (Gemma's: each branch normalised before and after, `residual_rms_norm`).
 """
 from __future__ import annotations
+
+from typing import Callable
 
 from tinygrad import Tensor, dtypes
 
@@ -123,6 +126,19 @@ class Norm:
         return fast.rms_norm(x, self.weight, self.eps)
 
 
+class Parameter:
+    """A tensor a layer uses as the checkpoint stores it (`value`), set by the `Loader`."""
+
+    def __init__(self):
+        self.value: Tensor | None = None
+
+    def set(self, value: Tensor) -> None:
+        self.value = value
+
+    def parameters(self) -> list[Tensor]:
+        return [self.value]
+
+
 def _gelu_tanh(x: Tensor) -> Tensor:
     """GeLU's tanh approximation computed in float32 and rounded once (torch's `gelu(approximate="tanh")`)."""
     return x.cast(dtypes.float32).gelu().cast(x.dtype) if x.dtype != dtypes.float64 else x.gelu()
@@ -148,18 +164,21 @@ class MLP:
 
 class Experts:
     """A bank of experts' weights `[E, out, K]` (dense or quantized), one per projection, possibly
-    a fused gate-and-up bank (`outs` says how to split it)."""
+    a fused gate-and-up bank (`outs` says how to split it), and optionally their biases
+    `[E, sum(outs)]` (gpt-oss)."""
 
     def __init__(self, outs: list[int]):
         self.outs = outs
         self.weights: list[Weight] = []
+        self.bias: Tensor | None = None
 
-    def set(self, weights: list[Weight]) -> None:
+    def set(self, weights: list[Weight], bias: Tensor | None = None) -> None:
         fused = _fuse(weights) if len(weights) > 1 else weights[0]
         self.weights = [fused] if fused is not None else weights
+        self.bias = bias
 
     def parameters(self) -> list[Tensor]:
-        return _tensors(self.weights)
+        return _tensors([*self.weights, self.bias])
 
     def __call__(self, x: Tensor, lhs: Tensor | None, rhs: Tensor, sorted_indices: bool) -> Tensor | tuple[Tensor, ...]:
         """Entries' rows through their experts: x `[P, 1, K]` rows, `lhs` picks x's row of each
@@ -172,7 +191,22 @@ class Experts:
             else:
                 parts.append(quant.gather_mm(x, w.cast(x.dtype).transpose(-1, -2), lhs, rhs, sorted_indices=sorted_indices))
         y = parts[0] if len(parts) == 1 else parts[0].cat(*parts[1:], dim=-1)
+        if self.bias is not None: y = y + self.bias[rhs].unsqueeze(-2).cast(y.dtype)
         return y if len(self.outs) == 1 else tuple(y.split(self.outs, dim=-1))
+
+
+def swiglu(gate: Tensor, up: Tensor) -> Tensor:
+    """`silu(gate) * up`: the experts' GLU of the Qwen families."""
+    return gate.silu() * up
+
+
+def clamped_swiglu(alpha: float, limit: float) -> Callable[[Tensor, Tensor], Tensor]:
+    """gpt-oss's experts' GLU: `gate` clamped above at `limit`, `up` to `[-limit, limit]`, then
+    `(up + 1) * gate * sigmoid(alpha * gate)` (transformers' `GptOssExperts._apply_gate`)."""
+    def glu(gate: Tensor, up: Tensor) -> Tensor:
+        gate, up = gate.minimum(limit), up.clip(-limit, limit)
+        return (up + 1) * (gate * (gate * alpha).sigmoid())
+    return glu
 
 
 # Entries (tokens x experts per token) from which quantized experts are run sorted by expert, so that
@@ -181,20 +215,28 @@ SORT_ENTRIES = 64
 
 
 class MoE:
-    """A sparse mixture of SwiGLU experts: router logits, float32 softmax, the `top_k` most probable
+    """A sparse mixture of gated experts: router logits, float32 softmax, the `top_k` most probable
     experts (`moe_route`; their probabilities renormalised with `normalize`), the experts' outputs
-    weighted by them (transformers' Qwen3-MoE block)."""
+    weighted by them (transformers' Qwen3-MoE block). With `softmax_first` false the `top_k`
+    largest logits are taken first and the softmax is over them alone (gpt-oss). `glu(gate, up)`
+    joins the gate and up projections (`swiglu` unless given)."""
 
-    def __init__(self, router: Linear, gate_up: Experts, down: Experts, top_k: int, normalize: bool):
+    def __init__(self, router: Linear, gate_up: Experts, down: Experts, top_k: int, normalize: bool,
+                 softmax_first: bool = True, glu: Callable[[Tensor, Tensor], Tensor] = swiglu):
         self.router, self.gate_up, self.down = router, gate_up, down
         self.top_k, self.normalize = top_k, normalize
+        self.softmax_first, self.glu = softmax_first, glu
 
     def __call__(self, x: Tensor) -> Tensor:
         *lead, hidden = x.shape
         rows = x.reshape(-1, 1, hidden)                                            # [N, 1, H]
         tokens, k = rows.shape[0], self.top_k
-        probs = fast.softmax(self.router(x).reshape(tokens, -1).cast(dtypes.float32))
-        experts, scores = fast.moe_route(probs, k, normalize=self.normalize)       # [N, k]
+        logits = self.router(x).reshape(tokens, -1).cast(dtypes.float32)
+        if self.softmax_first:
+            experts, scores = fast.moe_route(fast.softmax(logits), k, normalize=self.normalize)   # [N, k]
+        else:
+            experts, top = fast.moe_route(logits, k)                               # the k largest logits
+            scores = fast.softmax(top)
         experts = experts.cast(dtypes.int32)
         quantized = any(isinstance(w, QuantizedWeight) for w in self.gate_up.weights + self.down.weights)
         if quantized and tokens * k >= SORT_ENTRIES:
@@ -203,7 +245,7 @@ class MoE:
             token_rows = Tensor.arange(tokens, dtype=dtypes.int32).reshape(tokens, 1)
             gate, up = self.gate_up(rows, token_rows, experts, False)              # [N, k, 1, I]
             entries = Tensor.arange(tokens * k, dtype=dtypes.int32).reshape(tokens, k)
-            out = self.down((gate.silu() * up).reshape(tokens * k, 1, -1), entries, experts, False)
+            out = self.down(self.glu(gate, up).reshape(tokens * k, 1, -1), entries, experts, False)
         out = out.reshape(tokens, k, hidden)
         return fast.weighted_sum(out, scores.cast(x.dtype)).reshape(*lead, hidden)
 
@@ -215,7 +257,7 @@ class MoE:
         unsort = order.argsort()
         picked = flat[order]
         gate, up = self.gate_up(rows, order // k, picked, True)                    # [N * k, 1, I]
-        out = self.down(gate.silu() * up, None, picked, True)                      # [N * k, 1, H]
+        out = self.down(self.glu(gate, up), None, picked, True)                    # [N * k, 1, H]
         return out[unsort]
 
 
@@ -224,7 +266,8 @@ class Attention:
     embeddings, a sliding window, and the KV cache.
 
     `qkv` is one `Linear` over the three projections; heads are `[B, H, T, head_dim]`; the scale
-    is `head_dim ** -0.5` unless given."""
+    is `head_dim ** -0.5` unless given. `sinks` (gpt-oss): a `Parameter` of `[heads]` logits that
+    join each head's softmax (`scaled_dot_product_attention`'s `sinks=`)."""
 
     def __init__(self, qkv: Linear, o: Linear, heads: int, kv_heads: int, head_dim: int, rope: RotaryEmbedding,
                  q_norm: Norm | None = None, k_norm: Norm | None = None, window: int | None = None,
@@ -233,6 +276,7 @@ class Attention:
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
         self.q_norm, self.k_norm, self.window = q_norm, k_norm, window
         self.scale = head_dim ** -0.5 if scale is None else scale
+        self.sinks: Parameter | None = None
 
     def make_cache(self, batch: int, max_length: int, dtype, device: str) -> tuple[Tensor, Tensor]:
         return kv_buffers(batch, self.kv_heads, max_length, self.head_dim, dtype, device)
@@ -248,8 +292,9 @@ class Attention:
         def norm(n: Norm | None): return (None, 0.0) if n is None else (n.weight, n.eps)
         q = self.rope(q, *norm(self.q_norm), positions.rope_offset)
         k = self.rope(k, *norm(self.k_norm), positions.rope_offset)
+        sinks = None if self.sinks is None else self.sinks.value
         if cache is None or not positions.cached:
-            out = fast.scaled_dot_product_attention(q, k, v, self.scale, mask="causal", window=self.window)
+            out = fast.scaled_dot_product_attention(q, k, v, self.scale, mask="causal", window=self.window, sinks=sinks)
         else:
             keys, values = cache
             start = positions.start
@@ -258,9 +303,9 @@ class Attention:
             if positions.key_count is not None:
                 keys, values = keys[:, :, :positions.key_count], values[:, :, :positions.key_count]
             if positions.masked:
-                out = fast.scaled_dot_product_attention(q, keys, values, self.scale, mask=positions.mask(self.window))
+                out = fast.scaled_dot_product_attention(q, keys, values, self.scale, mask=positions.mask(self.window), sinks=sinks)
             else:
-                out = fast.scaled_dot_product_attention(q, keys, values, self.scale, mask="causal", window=self.window)
+                out = fast.scaled_dot_product_attention(q, keys, values, self.scale, mask="causal", window=self.window, sinks=sinks)
         return self.o(out.transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
 
 

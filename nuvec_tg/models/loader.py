@@ -26,7 +26,7 @@ from .. import quant
 from ..quant import QuantizedWeight
 from .checkpoint import Checkpoint
 from .config import Config
-from .layers import Embedding, Experts, Linear, Norm
+from .layers import Embedding, Experts, Linear, Norm, Parameter
 
 _FLOAT_DTYPES = {"F16": dtypes.float16, "BF16": dtypes.bfloat16, "F32": dtypes.float32, "F64": dtypes.float64}
 
@@ -175,14 +175,27 @@ class Loader:
         self._tasks.append(lambda: _set(layer, self._read(name) + offset if offset else self._read(name)))
         return layer
 
-    def experts(self, path: str, experts: int, names: list[str], outs: list[int], columns: int) -> Experts:
+    def tensor(self, name: str, shapes: tuple[int, ...] | list[tuple[int, ...]], dtype: DType | None = None) -> Parameter:
+        """Tensor `name` as stored, of one of `shapes` (one shape or a list of the layouts
+        accepted), floats cast to `dtype` (default the model's); never quantized."""
+        options = [tuple(shapes)] if isinstance(shapes, tuple) else [tuple(s) for s in shapes]
+        self.checkpoint.require(name, None, f"from {self.config.path.name}")
+        if self.checkpoint.shape(name) not in options:
+            self.checkpoint.require(name, options[0], f"from {self.config.path.name}")
+        layer = Parameter()
+        self._tasks.append(lambda: _set(layer, self._read(name, dtype)))
+        return layer
+
+    def experts(self, path: str, experts: int, names: list[str], outs: list[int], columns: int, *,
+                bias: bool = False, input_major: bool = False, interleaved: bool = False) -> Experts:
         """A bank of `experts` experts' projections `names` (gate, up: `[E, out, columns]`), fused in
         order, from any of the layouts checkpoints use:
 
         - `<path>.switch_mlp.<name>.weight` `[E, out, columns]` (mlx-lm; quantized or not),
         - `<path>.experts.<e>.<name>.weight` `[out, columns]` per expert (the Hub's checkpoints),
         - `<path>.experts.gate_up_proj` `[E, 2 * out, columns]` and `<path>.experts.down_proj`
-          (transformers 5's fused banks, asked for as names `gate_up_proj` / `down_proj`).
+          (transformers 5's fused banks, asked for as names `gate_up_proj` / `down_proj`); see
+          `_fused_experts` for gpt-oss's (`bias`, `input_major`, `interleaved`: these banks only).
         """
         stacked = [f"{path}.switch_mlp.{name}" for name in names]
         bank = Experts(outs)
@@ -192,13 +205,11 @@ class Loader:
             self._tasks.append(lambda: _set(bank, [self._materialize(p, s, st) for p, s, st in zip(stacked, specs, stored)]))
             return bank
         fused_name = {("gate_proj", "up_proj"): "gate_up_proj", ("down_proj",): "down_proj"}.get(tuple(names))
-        if fused_name is not None and f"{path}.experts.{fused_name}" in self.checkpoint:
-            name = f"{path}.experts.{fused_name}"
-            self.checkpoint.require(name, (experts, sum(outs), columns), f"{experts} experts from {self.config.path.name}")
+        name = f"{path}.experts.{fused_name}"
+        if fused_name is not None and (bias or input_major or interleaved or name in self.checkpoint):
             spec = None if self.quantize is None else self.predicate(f"{path}.switch_mlp.{names[0]}", self.quantize)
             spec = spec if spec is not None and columns % spec.group_size == 0 else None
-            self._tasks.append(lambda: _set(bank, [self._quantized_or_dense(self._read(name), spec)]))
-            return bank
+            return self._fused_experts(bank, name, experts, sum(outs), columns, spec, bias, input_major, interleaved)
         for name, out in zip(names, outs):
             for e in range(experts):
                 self.checkpoint.require(f"{path}.experts.{e}.{name}.weight", (out, columns), f"expert {e} of {experts}")
@@ -210,6 +221,50 @@ class Loader:
                      for name in names]
             if len(set(specs)) == 1: return _set(bank, [self._quantized_or_dense(_cat(banks), specs[0])])
             return _set(bank, [self._quantized_or_dense(b, s) for b, s in zip(banks, specs)])
+        self._tasks.append(read)
+        return bank
+
+    def _fused_experts(self, bank: Experts, name: str, experts: int, rows: int, columns: int, spec: QuantSpec | None,
+                       bias: bool, input_major: bool, interleaved: bool) -> Experts:
+        """transformers' fused bank `name`: `[E, rows, columns]`, or `[E, columns, rows]` when
+        `input_major` (gpt-oss's float layout, read transposed); with `interleaved` its rows
+        alternate between the projections (gpt-oss's gate, up, gate, ...: `gate_up[..., ::2]`),
+        and are reordered into one block per projection; with `bias`, `<name>_bias` `[E, rows]`.
+        gpt-oss's released checkpoints store the bank as MXFP4: `<name>_blocks` uint8
+        `[E, rows, columns / 32, 16]` (two e2m1 codes a byte, the low nibble first) and
+        `<name>_scales` uint8 `[E, rows, columns / 32]` (e8m0), which is MLX's mxfp4 layout: the
+        bytes become the packed uint32 words of an `mxfp4` weight as they are, not dequantized."""
+        where = f"{experts} experts from {self.config.path.name}"
+        blocks, scales = f"{name}_blocks", f"{name}_scales"
+        mxfp4 = blocks in self.checkpoint
+        if mxfp4:
+            group = quant.DEFAULTS["mxfp4"][0]
+            if columns % group:
+                raise ValueError(f"load: {self.checkpoint.where(blocks)}: MXFP4 bank {blocks} needs rows of a multiple of "
+                                 f"{group} values, got {columns}")
+            self.checkpoint.require(blocks, (experts, rows, columns // group, group // 2), f"MXFP4 codes of {where}")
+            self.checkpoint.require(scales, (experts, rows, columns // group), f"MXFP4 scales of {where}")
+            for tensor in (blocks, scales):
+                if self.checkpoint.dtype_code(tensor) != "U8":
+                    raise ValueError(f"load: {self.checkpoint.where(tensor)}: MXFP4 tensor {tensor} must be U8, "
+                                     f"got {self.checkpoint.dtype_code(tensor)}")
+        else:
+            self.checkpoint.require(name, (experts, columns, rows) if input_major else (experts, rows, columns), where)
+        if bias: self.checkpoint.require(f"{name}_bias", (experts, rows), f"the biases of {where}")
+
+        def order(t: Tensor, axis: int) -> Tensor:
+            return (_deinterleave(t, axis) if interleaved else t).contiguous()
+
+        def read() -> Experts:
+            if mxfp4:
+                packed = self._read(blocks).reshape(experts, rows, columns // 2).contiguous().bitcast(dtypes.uint32)
+                weight = QuantizedWeight(order(packed, -2), order(self._read(scales), -2), None, "mxfp4",
+                                         *quant.DEFAULTS["mxfp4"])
+            else:
+                dense = self._read(name)
+                weight = self._quantized_or_dense(order(dense.transpose(-1, -2) if input_major else dense, -2), spec)
+            bank.set([weight], order(self._read(f"{name}_bias"), -1) if bias else None)
+            return bank
         self._tasks.append(read)
         return bank
 
@@ -238,6 +293,15 @@ def _cat(weights: list[Tensor]) -> Tensor:
     """Weights `[..., out_i, K]` stacked along their output rows (quantization is per row, so
     quantizing the stack equals stacking the quantized parts)."""
     return weights[0].cat(*weights[1:], dim=-2) if len(weights) > 1 else weights[0]
+
+
+def _deinterleave(t: Tensor, axis: int) -> Tensor:
+    """`t` with its entries along `axis` reordered from alternating pairs (a0, b0, a1, b1, ...) to
+    (a0, a1, ..., b0, b1, ...)."""
+    axis %= t.ndim
+    shape = list(t.shape)
+    pairs = t.reshape(*shape[:axis], shape[axis] // 2, 2, *shape[axis + 1:])
+    return pairs.transpose(axis, axis + 1).reshape(shape)
 
 
 def _set(layer, value):

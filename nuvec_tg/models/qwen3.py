@@ -49,9 +49,12 @@ def dense_mlp(config: Config, loader: Loader, prefix: str, intermediate: int | N
     return MLP(gate_up, loader.linear(f"{prefix}.mlp.down_proj", hidden, size), activation)
 
 
-def build_decoder(config: Config, loader: Loader, mlp: Callable[[Config, Loader, str, int], object]) -> dict:
+def build_decoder(config: Config, loader: Loader, mlp: Callable[[Config, Loader, str, int], object],
+                  self_attention: Callable[..., Attention] | None = None) -> dict:
     """Embeddings, `num_hidden_layers` pre-norm blocks (attention, then `mlp(config, loader,
-    prefix, index)`), the final norm and the head (None when tied) of a Qwen-style checkpoint."""
+    prefix, index)`), the final norm and the head (None when tied) of a Qwen-style checkpoint.
+    `self_attention(config, loader, prefix, layer_type, rope)` builds each block's attention
+    (default: `attention`, Qwen3's)."""
     hidden, vocab = config.integer("hidden_size"), config.integer("vocab_size")
     layers = config.integer("num_hidden_layers")
     eps = float(config.get("rms_norm_eps", 1e-6))
@@ -61,7 +64,8 @@ def build_decoder(config: Config, loader: Loader, mlp: Callable[[Config, Loader,
     blocks = []
     for i in range(layers):
         prefix = f"model.layers.{i}"
-        blocks.append(PreNormBlock(attention(config, loader, prefix, types[i], rope), mlp(config, loader, prefix, i),
+        attending = (self_attention or attention)(config, loader, prefix, types[i], rope)
+        blocks.append(PreNormBlock(attending, mlp(config, loader, prefix, i),
                                    loader.norm(f"{prefix}.input_layernorm.weight", hidden, eps),
                                    loader.norm(f"{prefix}.post_attention_layernorm.weight", hidden, eps)))
     norm = loader.norm("model.norm.weight", hidden, eps)
