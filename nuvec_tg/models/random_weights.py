@@ -54,8 +54,9 @@ def random_normal(shape: tuple[int, ...], key: int, dtype: DType, device: str) -
     variance 1/3), centred and scaled. Lazy; computed on `device`."""
     count = math.prod(shape)
     if 2 * count > 2 ** 32: raise ValueError(f"random_model: {shape} has too many elements for its hash")
-    # arange has no device: the one-element key puts the computation on `device`
-    key_on_device = Tensor.full((1,), key, dtype=dtypes.uint32, device=device)
+    # arange has no device: the key puts the computation on `device`. A copied buffer, not a
+    # constant, so that every tensor of a shape shares one kernel and one schedule.
+    key_on_device = Tensor([key], dtype=dtypes.uint32, device=device)
     index = Tensor.arange(count, dtype=dtypes.uint32) * 2
     total = None
     for h in (_mix(_mix(index) + key_on_device), _mix(_mix(index + 1) + key_on_device)):
