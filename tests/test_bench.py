@@ -1,5 +1,7 @@
 """The benchmarks run end to end on tiny shapes (`--small`) on the CPU: every row is written; and
 `python -m nuvec_tg.bench` picks those shapes by itself off a GPU with nuvec_tg's kernels. The
+model benchmark writes its rows, transformers' (or why there are none), the roofline rows, and
+skips a config whose family is not there yet. The
 rotation passes twice the L2 or marks the row; the L2 size comes from a table by name where the
 device does not say; the clocks are warmed after the capture, right before the timed replays."""
 import argparse
@@ -9,11 +11,15 @@ import pytest
 from tinygrad import Tensor
 from tinygrad.helpers import Context
 
+from nuvec_tg import models
 from nuvec_tg.bench import common
+from nuvec_tg.bench import model as model_bench
 from nuvec_tg.bench.__main__ import BENCHMARKS, main
 
+KERNEL_BENCHMARKS = [what for what in BENCHMARKS if what != "model"]
 
-@pytest.mark.parametrize("what", list(BENCHMARKS))
+
+@pytest.mark.parametrize("what", KERNEL_BENCHMARKS)
 def test_the_benchmark_writes_its_table(what, capsys):
     lines = BENCHMARKS[what](argparse.Namespace(quick=False, small=True, repeats=1, markdown=None, part="1/1", batches=None))
     rows = [line for line in lines if line.startswith("| ") and not line.startswith("| B |") and not line.startswith("| M |")]
@@ -23,6 +29,33 @@ def test_the_benchmark_writes_its_table(what, capsys):
     # --small caps a replay at 16 calls of a few KB, far under twice any L2: every row says so
     assert all(line.split("|")[1].strip().endswith(" (L2)") for line in rows)
     assert "a row marked (L2)" in lines[0] and "16 calls" in lines[0]
+
+
+def test_the_model_benchmark_writes_its_tables(capsys):
+    args = argparse.Namespace(small=True, repeats=1, markdown=None, batches="1", configs="qwen3_8b,qwen3_5_9b",
+                              formats="dense", prompt=8, generate=4, no_transformers=False)
+    lines = model_bench.run(args)
+    rows = [line.split(" | ") for line in lines if line.startswith("| qwen3")]
+    ours = [r for r in rows if r[1] == "nuvec_tg"]
+    assert len(ours) == 1 and ours[0][2:4] == ["fp32", "1"] and all(float(cell) > 0 for cell in ours[0][4:7])
+    theirs = [r for r in rows if r[1].startswith("transformers")]
+    assert [r[1] for r in theirs] == ["transformers eager", "transformers SDPA"]
+    roofline = [r for r in rows if len(r) == 8 and r[1] == "fp32"]
+    assert len(roofline) == 1 and float(roofline[0][3]) > 0
+    assert lines[0] in capsys.readouterr().out
+    skipped = "qwen3_5_9b: skipped, model_type 'qwen3_5' is not in nuvec_tg.models.FAMILIES yet"
+    assert (any(skipped in line for line in lines)) is ("qwen3_5" not in models.FAMILIES)
+
+
+def test_the_model_benchmark_takes_its_options(monkeypatch):
+    runs = []
+    monkeypatch.setitem(BENCHMARKS, "model", lambda args: runs.append(args) or [])
+    monkeypatch.setattr(sys, "argv", ["python -m nuvec_tg.bench", "model", "--small", "--configs", "qwen3_8b",
+                                      "--formats", "q4", "--prompt", "32", "--generate", "8", "--no-transformers"])
+    main()
+    args = runs[0]
+    assert (args.configs, args.formats, args.prompt, args.generate, args.no_transformers) == ("qwen3_8b", "q4", 32, 8, True)
+    assert args.repeats == 3  # whole generations, not the kernels' 10 replays
 
 
 @pytest.mark.parametrize("default, small", [("CPU", True), ("CUDA", False), ("METAL", False)])

@@ -28,6 +28,7 @@ from .checkpoint import Checkpoint
 from .config import Config
 from .loader import Loader, QuantSpec, default_dtype
 from .model import GenerationStats, Model, device_description
+from .random_weights import DIRECTORY, RandomCheckpoint
 
 # model_type -> the module that builds it (imported when a checkpoint needs it)
 FAMILIES = {"qwen3": "qwen3", "qwen3_moe": "qwen3_moe"}
@@ -72,20 +73,51 @@ def load(path, dtype=None, quantize=None, device: str | None = None, progress: b
     config_path = directory / "config.json"
     if not config_path.exists(): raise ValueError(f"load: {directory} has no config.json")
     config = Config.read(config_path)
+    family = _family(config)
+    checkpoint = Checkpoint(directory)
+    return _build(family, config, checkpoint, _dtype(dtype) or default_dtype(checkpoint), quantize, device, progress)
+
+
+def random_model(config, dtype="bfloat16", quantize=None, device: str | None = None, seed: int = 0,
+                 progress: bool = False) -> Model:
+    """A model of `config`'s family and size with random weights made on the device, without a
+    checkpoint: for benchmarks at real sizes and tests.
+
+    config: a config.json's values (a dict, as `load` reads them: a `text_config` is merged over
+    the rest) or a `Config`. dtype, quantize, device: as for `load` (quantize=4 quantizes the
+    random 16-bit weights on the device, as `load` does a checkpoint's). seed: with a tensor's
+    name, picks its values (the same seed gives the same model). Every tensor the family asks for
+    exists with the shape it asks for; norm weights are ones and the rest about normal * 0.02,
+    computed on the device (`random_weights`). The model has no tokenizer: generate from token ids
+    (`generate_tokens`).
+    """
+    if not isinstance(config, Config): config = Config(dict(config), DIRECTORY / "config.json")
+    family = _family(config)
+    model_dtype = _dtype(dtype)
+    if model_dtype is None: raise TypeError("random_model: dtype is required")
+    device = Device.canonicalize(device) if device is not None else Device.DEFAULT
+    return _build(family, config, RandomCheckpoint(model_dtype, device, seed), model_dtype, quantize, device, progress)
+
+
+def _family(config: Config):
+    """The module that builds `config`'s model_type (a `ValueError` naming the file when none does)."""
     model_type = config.model_type
     if model_type not in FAMILIES:
-        raise ValueError(f"load: {config_path}: unknown model_type {model_type!r} "
+        raise ValueError(f"load: {config.path}: unknown model_type {model_type!r} "
                          f"(supported: {', '.join(sorted(FAMILIES))})")
-    family = importlib.import_module(f".{FAMILIES[model_type]}", __name__)
-    checkpoint = Checkpoint(directory)
-    model_dtype = _dtype(dtype) or default_dtype(checkpoint)
+    return importlib.import_module(f".{FAMILIES[model_type]}", __name__)
+
+
+def _build(family, config: Config, checkpoint: Checkpoint, model_dtype: DType, quantize, device: str | None,
+           progress: bool) -> Model:
+    """The family's model from `checkpoint`'s tensors (what `load` and `random_model` share)."""
     device = Device.canonicalize(device) if device is not None else Device.DEFAULT
     spec = None if quantize is None else QuantSpec.parse(quantize, "load")
     loader = Loader(checkpoint, config, model_dtype, device, spec, getattr(family, "quant_predicate", None))
     parts = family.build(config, loader)
     loader.finish(progress)
-    return Model(config=config, dtype=model_dtype, device=device, directory=directory,
-                 eos_token_ids=_eos_ids(directory, config), **parts)
+    return Model(config=config, dtype=model_dtype, device=device, directory=checkpoint.directory,
+                 eos_token_ids=_eos_ids(checkpoint.directory, config), **parts)
 
 
 def supported() -> list[str]:
@@ -93,4 +125,4 @@ def supported() -> list[str]:
     return sorted(FAMILIES)
 
 
-__all__ = ["load", "supported", "Model", "KVCache", "GenerationStats", "FAMILIES", "device_description"]
+__all__ = ["load", "random_model", "supported", "Model", "KVCache", "GenerationStats", "FAMILIES", "device_description"]

@@ -1,0 +1,390 @@
+"""End-to-end generation (`python -m nuvec_tg.bench model`): language models at real sizes with
+random weights (`nuvec_tg.models.random_model`, made on the device from a config; no checkpoint),
+a prompt of 512 random tokens then 128 generated greedily, B = 1 and 8 sequences, in bfloat16
+and quantized at load to 4-bit affine (groups of 64): prefill tokens/s, decode tokens/s and ms
+per decode step, beside transformers' (eager attention and SDPA, bfloat16, the same shape from
+`AutoModelForCausalLM.from_config`, random weights), all wall clock as a user sees them.
+
+nuvec_tg: one warm-up generation of the same shape first, so that the kernels' compiles are not
+timed; then `Model.generate_tokens` with no stop tokens, split into its phases as
+`Model.last_generation` records them: prefill (the prompt's forward and the first token read
+back) and decode (the other G - 1 tokens, one jitted step per token, each read back). Every
+generation makes a new cache, whose jitted step captures in its first two steps: decode tokens/s
+includes that, ms per decode step (the median of the steps after those two) does not, and the
+"first 2 steps" column says what they took.
+
+transformers (when torch and transformers import): measured first, before tinygrad opens the
+GPU (tinygrad makes its own CUDA context current, in which PyTorch's handles are invalid), and
+freed before our models are made. A manual greedy loop over the model's own cache (DynamicCache
+for Qwen3): prefill is one forward of the prompt (logits of the last row only, as `generate`
+asks) and its argmax, decode each one-token forward and argmax, CUDA synchronized before every
+clock read; one warm-up run first.
+
+After the table, per config and format: the weight bytes, and the decode step's implied bandwidth
+(the weights a step reads, all but the embedding table unless it is the head, plus the K/V rows
+it reads at the decode's mean position and any recurrent state read and written, over the
+steady step) against the device's peak.
+
+Configs whose `model_type` is not in `nuvec_tg.models.FAMILIES` are skipped, with a line saying
+so. `--small` runs tiny configs of the same families (float32 on the CPU, which has no bfloat16
+conversions).
+"""
+from __future__ import annotations
+
+import dataclasses
+import gc
+import statistics
+import sys
+import time
+
+import numpy as np
+from tinygrad import Device, Tensor, dtypes
+
+from .. import models
+from ..models.rope import RotaryEmbedding
+from .common import PEAK_BANDWIDTH, commit, device_name, is_gpu, release_torch
+
+# Qwen3-8B's config.json (Qwen/Qwen3-8B, transformers 4.51's spelling).
+QWEN3_8B = {
+    "model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "hidden_size": 4096, "num_hidden_layers": 36,
+    "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 12288,
+    "vocab_size": 151936, "rope_theta": 1000000.0, "rope_scaling": None, "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": False, "attention_bias": False, "hidden_act": "silu", "max_position_embeddings": 40960,
+    "max_window_layers": 36, "use_sliding_window": False, "sliding_window": None, "bos_token_id": 151643,
+    "eos_token_id": 151645, "initializer_range": 0.02,
+}
+
+# Qwen3.5-9B's language model (the `text_config` of Qwen/Qwen3.5-9B's config.json): 32 layers, each
+# fourth full attention (gated, 16/4 heads of 256, a quarter of each head rotated), the others
+# gated-delta linear attention (16 key heads, 32 value heads, of 128; a causal conv of 4), hidden
+# 4096, MLP 12288, vocabulary 248320, untied head; 8.95e9 parameters. Sources: transformers 5's
+# Qwen3_5TextConfig, whose defaults are "the Qwen3.5-9B style configuration", the model card's
+# layout, and a fine-tune's config.json that names Qwen/Qwen3.5-9B for the key names; rope_theta
+# (1e7) from secondary sources only (it changes no timing). Here with model_type "qwen3_5" at the
+# top level (the text config's keys flattened, as `Config` merges a checkpoint's `text_config`).
+QWEN3_5_9B = {
+    "model_type": "qwen3_5", "hidden_size": 4096, "num_hidden_layers": 32,
+    "layer_types": ["linear_attention", "linear_attention", "linear_attention", "full_attention"] * 8,
+    "full_attention_interval": 4, "num_attention_heads": 16, "num_key_value_heads": 4, "head_dim": 256,
+    "attn_output_gate": True, "linear_num_key_heads": 16, "linear_num_value_heads": 32, "linear_key_head_dim": 128,
+    "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4, "intermediate_size": 12288, "vocab_size": 248320,
+    "partial_rotary_factor": 0.25,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 10000000, "partial_rotary_factor": 0.25,
+                        "mrope_section": [11, 11, 10], "mrope_interleaved": True},
+    "rms_norm_eps": 1e-6, "tie_word_embeddings": False, "attention_bias": False, "hidden_act": "silu",
+    "max_position_embeddings": 262144, "eos_token_id": 248044, "initializer_range": 0.02,
+}
+
+# --small: the same families at toy sizes (they check the benchmark, not the speed).
+QWEN3_TINY = {**QWEN3_8B, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "head_dim": 16, "intermediate_size": 128, "vocab_size": 256, "max_window_layers": 2, "bos_token_id": None,
+              "eos_token_id": 255}
+QWEN3_5_TINY = {**QWEN3_5_9B, "hidden_size": 64, "num_hidden_layers": 4, "layer_types": QWEN3_5_9B["layer_types"][:4],
+                "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 32, "linear_num_key_heads": 2,
+                "linear_num_value_heads": 4, "linear_key_head_dim": 16, "linear_value_head_dim": 16,
+                "intermediate_size": 128, "vocab_size": 256, "eos_token_id": 255}
+
+CONFIGS = {"qwen3_8b": QWEN3_8B, "qwen3_5_9b": QWEN3_5_9B}
+SMALL_CONFIGS = {"qwen3_8b": QWEN3_TINY, "qwen3_5_9b": QWEN3_5_TINY}
+FORMATS = {"dense": None, "q4": 4}          # --formats: quantize= at load (4: affine, groups of 64)
+# transformers' model_type for a config's language model where it differs from ours
+TRANSFORMERS_TYPES = {"qwen3_5": "qwen3_5_text"}
+TRANSFORMERS_IMPLEMENTATIONS = ("eager", "sdpa")
+COLUMNS = ["config", "stack", "dtype/quant", "B", "prefill tokens/s", "decode tokens/s", "ms per decode step",
+           "first 2 steps ms"]
+
+
+@dataclasses.dataclass
+class Timing:
+    """One shape's best phases over the timed generations (seconds)."""
+    batch: int
+    prompt_tokens: int        # B x prompt
+    prefill_s: float
+    decode_tokens: int        # B x (G - 1)
+    decode_s: float
+    step_s: float             # the median decode step after the first two
+    first_steps_s: float      # the first two decode steps together (the jitted step's capture, for ours)
+
+    def cells(self) -> str:
+        return (f"{self.prompt_tokens / self.prefill_s:.0f} | {self.decode_tokens / self.decode_s:.1f} | "
+                f"{self.step_s * 1e3:.2f} | {self.first_steps_s * 1e3:.1f} |")
+
+
+def best(runs: list[tuple[float, float, list[float]]], batch: int, prompt: int, generate: int) -> Timing:
+    """The fastest prefill, decode and steady step of runs `(prefill s, decode s, step seconds)`:
+    a run's steady step is the median of its steps after the first two."""
+    steps = min((r[2] for r in runs), key=lambda s: statistics.median(s[2:]))
+    return Timing(batch, batch * prompt, min(r[0] for r in runs), batch * (generate - 1), min(r[1] for r in runs),
+                  statistics.median(steps[2:]), sum(steps[:2]))
+
+
+# ---- nuvec_tg ------------------------------------------------------------------------------------
+
+def random_prompts(batch: int, prompt: int, vocab: int, seed: int = 0) -> list[list[int]]:
+    return np.random.default_rng(seed).integers(0, vocab, (batch, prompt)).tolist()
+
+
+def generation(model: models.Model, prompts: list[list[int]], generate: int) -> tuple[float, float, list[float]]:
+    """One greedy generation of `generate` tokens a sequence: the prefill and decode seconds as
+    `last_generation` records them, and each decode step's seconds (between the tokens' arrivals)."""
+    arrivals = []
+    for _ in model.generate_tokens(prompts, max_tokens=generate, stop_tokens=()):
+        arrivals.append(time.perf_counter())
+    stats = model.last_generation
+    if stats.generated_tokens != len(prompts) * generate:
+        raise RuntimeError(f"bench model: generated {stats.generated_tokens} tokens, expected {len(prompts) * generate}")
+    return stats.prompt_seconds, stats.generation_seconds, list(np.diff(arrivals))
+
+
+def time_ours(model: models.Model, batch: int, prompt: int, generate: int, repeats: int) -> tuple[Timing, float]:
+    """The best of `repeats` generations after a warm-up one; and the warm-up's seconds."""
+    prompts = random_prompts(batch, prompt, model.vocab_size)
+    began = time.perf_counter()
+    generation(model, prompts, generate)
+    warm = time.perf_counter() - began
+    return best([generation(model, prompts, generate) for _ in range(repeats)], batch, prompt, generate), warm
+
+
+def largest_logit(model: models.Model, prompt: int, generate: int) -> float:
+    """max |logit| of a cached prefill of one random prompt (NaN when any logit is not finite), in
+    a cache as long as `generate_tokens` makes (so that its kernels are those of B = 1)."""
+    tokens = np.array(random_prompts(1, prompt, model.vocab_size, seed=1), dtype=np.int32)
+    logits = model(tokens, cache=model.make_cache(1, -(-(prompt + generate) // 256) * 256)).cast(dtypes.float32)
+    if (logits.isnan() | logits.isinf()).any().item(): return float("nan")
+    return float(logits.abs().max().item())
+
+
+def tensors_of(obj, found: dict[int, Tensor]) -> dict[int, Tensor]:
+    """Every tensor a model part holds (its weights: dense, quantized parts, biases), by id, not
+    the rotary tables."""
+    if isinstance(obj, Tensor): found[id(obj)] = obj
+    elif isinstance(obj, (list, tuple)):
+        for item in obj: tensors_of(item, found)
+    elif isinstance(obj, dict):
+        for item in obj.values(): tensors_of(item, found)
+    elif isinstance(obj, RotaryEmbedding): pass
+    elif type(obj).__module__.startswith("nuvec_tg") and hasattr(obj, "__dict__"):
+        for item in vars(obj).values(): tensors_of(item, found)
+    return found
+
+
+def nbytes(found: dict[int, Tensor]) -> int:
+    return sum(t.nbytes() for t in found.values())
+
+
+def weight_bytes(model: models.Model) -> tuple[int, int]:
+    """All the weights' bytes, and those a decode step reads (not the embedding table, of which a
+    step gathers B rows, unless it is also the head)."""
+    everything = tensors_of([model.embed, model.layers, model.norm, model.head], {})
+    read = tensors_of([model.layers, model.norm, model.head if model.head is not None else model.embed], {})
+    return nbytes(everything), nbytes(read)
+
+
+def cache_bytes_per_step(model: models.Model, batch: int, prompt: int, generate: int) -> int:
+    """The cache bytes a decode step reads on average: K/V rows `[B, H, rows, D]` at the decode's
+    mean position (prompt + G/2 rows), other cache state (recurrent) read and written whole."""
+    length = prompt + generate  # a cache this long tells K/V buffers (axis 2 = its length) from state
+    cache = model.make_cache(batch, length)
+    total = 0
+    for layer in cache.layers:
+        for t in (layer or ()):
+            if t.ndim == 4 and t.shape[2] == length: total += t.nbytes() * (prompt + generate / 2) / length
+            else: total += 2 * t.nbytes()
+    del cache
+    return int(total)
+
+
+# ---- transformers ----------------------------------------------------------------------------------
+
+def transformers_config(config: dict):
+    """transformers' config of the same language model."""
+    from transformers import AutoConfig
+    values = {k: v for k, v in config.items() if k != "model_type"}
+    return AutoConfig.for_model(TRANSFORMERS_TYPES.get(config["model_type"], config["model_type"]), **values)
+
+
+def set_attention(model, implementation: str) -> None:
+    if hasattr(model, "set_attn_implementation"): model.set_attn_implementation(implementation)
+    else: model.config._attn_implementation = implementation
+
+
+def transformers_generation(torch, model, ids, generate: int, device: str) -> tuple[float, float, list[float], str]:
+    """A greedy generation over the model's own cache: prefill and decode seconds, each decode
+    step's seconds, and the cache's class."""
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    sync()
+    began = time.perf_counter()
+    try:
+        out = model(input_ids=ids, use_cache=True, logits_to_keep=1)
+    except TypeError:  # a model without logits_to_keep
+        out = model(input_ids=ids, use_cache=True)
+    token = out.logits[:, -1].argmax(-1, keepdim=True)
+    sync()
+    arrivals = [time.perf_counter()]
+    cache = out.past_key_values
+    for _ in range(generate - 1):
+        out = model(input_ids=token, past_key_values=cache, use_cache=True)
+        token = out.logits[:, -1].argmax(-1, keepdim=True)
+        sync()
+        arrivals.append(time.perf_counter())
+    return arrivals[0] - began, arrivals[-1] - arrivals[0], list(np.diff(arrivals)), type(cache).__name__
+
+
+def transformers_times(configs: dict, batches: list[int], prompt: int, generate: int, repeats: int,
+                       small: bool) -> tuple[dict, list[str]]:
+    """transformers' Timing (or why there is none, a string) per (config, implementation, B), and
+    notes. On CUDA; with --small on the CPU where there is no CUDA device."""
+    notes: list[str] = []
+    try:
+        import torch
+        import transformers
+        from transformers import AutoModelForCausalLM
+    except ImportError:
+        return {(name, impl, b): "not installed" for name in configs for impl in TRANSFORMERS_IMPLEMENTATIONS
+                for b in batches}, ["transformers: torch or transformers is not installed"]
+    device = "cuda" if torch.cuda.is_available() else "cpu" if small else None
+    if device is None:
+        return {(name, impl, b): "no CUDA device" for name in configs for impl in TRANSFORMERS_IMPLEMENTATIONS
+                for b in batches}, ["transformers: PyTorch sees no CUDA device"]
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    try:
+        import fla  # noqa: F401 - only whether it imports: transformers' fast gated-delta kernels
+        fla_note = "flash-linear-attention installed"
+    except ImportError:
+        fla_note = "flash-linear-attention not installed (transformers' gated-delta layers run its PyTorch fallback)"
+    notes.append(f"transformers {transformers.__version__}, torch {torch.__version__}, on {device}; {fla_note}")
+    results: dict = {}
+    for name, config in configs.items():
+        model = None
+        try:
+            began = time.perf_counter()
+            with torch.device(device):
+                model = AutoModelForCausalLM.from_config(transformers_config(config), dtype=dtype,
+                                                         attn_implementation="eager")
+            model.eval()
+            if device == "cuda": torch.cuda.synchronize()
+            notes.append(f"transformers {name}: {type(model).__name__} made in {time.perf_counter() - began:.1f} s")
+            vocab = config["vocab_size"]
+            for impl in TRANSFORMERS_IMPLEMENTATIONS:
+                set_attention(model, impl)
+                for b in batches:
+                    generator = torch.Generator(device=device).manual_seed(0)
+                    ids = torch.randint(0, vocab, (b, prompt), device=device, generator=generator)
+                    with torch.inference_mode():
+                        *_, cache_class = transformers_generation(torch, model, ids, generate, device)  # warm-up
+                        runs = [transformers_generation(torch, model, ids, generate, device)[:3] for _ in range(repeats)]
+                    results[(name, impl, b)] = best(runs, b, prompt, generate)
+                    print(f"bench model: transformers {name} {impl} B={b} done ({cache_class})", file=sys.stderr, flush=True)
+            notes.append(f"transformers {name}: cache {cache_class}")
+        except Exception as error:  # noqa: BLE001 - a row that says why, not a lost table
+            why = f"failed: {type(error).__name__}: {str(error).splitlines()[0][:120] if str(error) else ''}"
+            for impl in TRANSFORMERS_IMPLEMENTATIONS:
+                for b in batches: results.setdefault((name, impl, b), why)
+            notes.append(f"transformers {name}: {why}")
+        del model
+        gc.collect()
+        if device == "cuda": torch.cuda.empty_cache()
+    return results, notes
+
+
+# ---- the table ---------------------------------------------------------------------------------------
+
+def _names(option: str | None, known: dict, what: str) -> list[str]:
+    names = list(known) if option is None else [n.strip() for n in option.split(",") if n.strip()]
+    for n in names:
+        if n not in known: raise ValueError(f"bench model: unknown {what} {n!r} (one of {', '.join(known)})")
+    return names
+
+
+def run(args) -> list[str]:
+    """The tables' lines (printed as they come). Reads `small`, `markdown`, `batches` and
+    `repeats` as the other benchmarks do, and `configs`, `formats`, `prompt`, `generate`,
+    `no_transformers` where given."""
+    small = args.small
+    known = SMALL_CONFIGS if small else CONFIGS
+    names = _names(getattr(args, "configs", None), known, "config")
+    formats = _names(getattr(args, "formats", None), FORMATS, "format")
+    batches = [int(b) for b in (args.batches or ("1,2" if small else "1,8")).split(",")]
+    prompt = getattr(args, "prompt", None) or (16 if small else 512)
+    generate = getattr(args, "generate", None) or (8 if small else 128)
+    repeats = max(1, args.repeats)
+    if generate < 4: raise ValueError("bench model: --generate must be at least 4 (the first token, two capture steps, one more)")
+    dtype = dtypes.bfloat16 if is_gpu() else dtypes.float32
+    dtype_name = {dtypes.bfloat16: "bf16", dtypes.float32: "fp32"}[dtype]
+
+    notes: list[str] = []
+    runnable = {}
+    for name in names:
+        model_type = known[name]["model_type"]
+        if model_type in models.FAMILIES: runnable[name] = known[name]
+        else:
+            line = f"{name}: skipped, model_type {model_type!r} is not in nuvec_tg.models.FAMILIES yet"
+            print(f"bench model: {line}", flush=True)
+            notes.append(line)
+
+    theirs: dict = {}
+    if not getattr(args, "no_transformers", False) and runnable:
+        theirs, their_notes = transformers_times(runnable, batches, prompt, generate, repeats, small)
+        notes += their_notes
+        release_torch()
+
+    name_of_device = device_name()
+    peak = PEAK_BANDWIDTH.get(name_of_device)
+    lines = [f"End-to-end greedy generation on {name_of_device} ({Device.DEFAULT}), commit {commit()}: random "
+             f"weights at the configs' sizes, {prompt} random prompt tokens then {generate} generated per sequence, B "
+             f"sequences; wall clock with the host included, as a user sees it, best of {repeats} after a warm-up "
+             f"generation (compiles not timed). nuvec_tg: `Model.generate_tokens` (stop tokens off), its prefill and "
+             f"decode phases as `last_generation` records them; decode tokens/s = B x {generate - 1} steps over the "
+             f"decode phase, which includes the first two steps (a new cache's jitted step captures there; "
+             f"'first 2 steps'); ms per decode step is the median of the steps after those two. transformers: bf16 "
+             f"(float32 on the CPU), a manual greedy loop over the model's "
+             f"cache, one forward of the prompt (last row's logits) then one per token, CUDA synchronized at every "
+             f"clock read. q4: quantized at load to 4-bit affine, groups of 64.", "",
+             "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    print("\n".join(lines), flush=True)
+
+    def emit(row: str) -> None:
+        print(row, flush=True)
+        lines.append(row)
+
+    roofline = []
+    for name, config in runnable.items():
+        for fmt in formats:
+            label = dtype_name if FORMATS[fmt] is None else f"{dtype_name} q4"
+            began = time.perf_counter()
+            model = models.random_model(config, dtype=dtype, quantize=FORMATS[fmt])
+            made = time.perf_counter() - began
+            logit = largest_logit(model, prompt, generate)
+            notes.append(f"{name} {label}: made in {made:.1f} s; max |logit| of a {prompt}-token prefill {logit:.2f}"
+                         + (" (NOT FINITE)" if not np.isfinite(logit) else ""))
+            everything, read = weight_bytes(model)
+            for b in batches:
+                timing, warm = time_ours(model, b, prompt, generate, repeats)
+                notes.append(f"{name} {label} B={b}: warm-up generation {warm:.1f} s")
+                emit(f"| {name} | nuvec_tg | {label} | {b} | " + timing.cells())
+                step_bytes = read + cache_bytes_per_step(model, b, prompt, generate)
+                rate = step_bytes / timing.step_s
+                share = f"{100 * rate / peak:.0f}%" if peak else "-"
+                roofline.append(f"| {name} | {label} | {b} | {everything / 1e9:.4g} | {step_bytes / 1e9:.4g} | "
+                                f"{timing.step_s * 1e3:.2f} | {rate / 1e12:.2f} | {share} |")
+            del model
+            gc.collect()
+        for impl in TRANSFORMERS_IMPLEMENTATIONS:
+            stack = f"transformers {'SDPA' if impl == 'sdpa' else impl}"
+            for b in batches:
+                got = theirs.get((name, impl, b), "not run (--no-transformers)")
+                their_label = "bf16" if is_gpu() or got == "not installed" else dtype_name
+                if isinstance(got, Timing): emit(f"| {name} | {stack} | {their_label} | {b} | " + got.cells())
+                else: emit(f"| {name} | {stack} | {their_label} | {b} | {got} | - | - | - |")
+
+    head = ["config", "dtype/quant", "B", "weights GB", "read per step GB", "ms per step", "TB/s", "% of peak"]
+    tail = ["", f"Decode steps against the memory roofline (peak {'%.1f TB/s' % (peak / 1e12) if peak else 'unknown'}): "
+            "a step reads the weights (all but the embedding table, unless it is the head) and the cache (K/V rows "
+            f"at the decode's mean position, {prompt} + {generate}/2; recurrent state read and written); TB/s = "
+            "those bytes over the steady step (ms per decode step).", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head),
+            *roofline, "", *[f"- {note}" for note in notes]]
+    print("\n".join(tail), flush=True)
+    return lines + tail
+
+
+__all__ = ["run", "CONFIGS", "SMALL_CONFIGS", "FORMATS"]
