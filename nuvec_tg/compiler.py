@@ -91,8 +91,6 @@ def use_suitable_clang() -> None:
     ClangCompiler.compile = compile
 
 
-
-
 # float -> bfloat16, to nearest even (a NaN stays a NaN of its sign). The empty asm keeps clang
 # from folding the rounding back into a call of this very function.
 BF16_TRUNCATION = r"""
@@ -125,9 +123,8 @@ def define_bf16_truncation(device) -> int:
         code = mmap.mmap(-1, len(image), mmap.MAP_ANON | mmap.MAP_PRIVATE, mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
         code.write(image)
         _truncation_code.append(code)
-        address = ctypes.addressof(ctypes.c_char.from_buffer(code))
-        setattr(CPUProgram.rt_lib, "__truncsfbf2", ctypes.c_void_p(address))
-    return ctypes.addressof(ctypes.c_char.from_buffer(_truncation_code[0]))
+        setattr(CPUProgram.rt_lib, "__truncsfbf2", ctypes.c_void_p(ctypes.addressof(ctypes.c_char.from_buffer(code))))
+    return CPUProgram.rt_lib.__dict__["__truncsfbf2"].value
 
 
 def provide_bf16_truncation() -> None:

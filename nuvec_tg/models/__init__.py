@@ -31,9 +31,8 @@ from .model import GenerationStats, Model, device_description
 from .random_weights import DIRECTORY, RandomCheckpoint
 
 # model_type -> the module that builds it (imported when a checkpoint needs it)
-FAMILIES = {"qwen3": "qwen3", "qwen3_moe": "qwen3_moe"}
-FAMILIES.update({"gemma3_text": "gemma3", "gemma3": "gemma3"})
-FAMILIES.update({"gpt_oss": "gpt_oss"})
+FAMILIES = {"qwen3": "qwen3", "qwen3_moe": "qwen3_moe", "gemma3_text": "gemma3", "gemma3": "gemma3",
+            "gpt_oss": "gpt_oss"}
 
 _DTYPES = {"float16": dtypes.float16, "bfloat16": dtypes.bfloat16, "float32": dtypes.float32}
 
