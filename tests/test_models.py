@@ -144,6 +144,17 @@ def test_gpt_oss_greedy_generation_matches_transformers():
     np.testing.assert_array_equal(np.array(steps)[:, 0], ref["greedy_1"])
 
 
+def test_a_random_gpt_oss_from_its_config_runs():
+    """`random_model` from the fixture's config: the sinks, the router's bias and the fused, biased
+    expert banks are made with the shapes asked for (a random checkpoint has only those), and the
+    forward (the full-forward test's kernels) gives finite logits."""
+    config = json.loads((fixture("gpt_oss") / "config.json").read_text())
+    m = models.random_model(config, dtype="float32", device="CPU")
+    assert m.layers[0].attention.sinks.value.shape == (4,) and m.layers[0].mlp.gate_up.bias.shape == (4, 64)
+    logits = logits_of(m(reference("gpt_oss")["prompt_1"][None]))
+    assert logits.shape == (1, 11, 128) and np.isfinite(logits).all() and logits.std() > 0
+
+
 def test_text_generation_streams_the_greedy_text():
     ref, m = reference("qwen3"), model("qwen3")
     text = str(ref["prompt_text_0"])
