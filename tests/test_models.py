@@ -72,7 +72,7 @@ def test_rope_scalings_match_transformers(name):
     assert_rows_close(f"{name} logits", got, ref["logits_1"], TOL)
 
 
-@pytest.mark.parametrize("name", ["qwen3", "qwen3_moe", "gemma3", "gpt_oss"])   # gemma3: 19 tokens over a window of 4
+@pytest.mark.parametrize("name", ["qwen3", "qwen3_moe", "gemma3", "gpt_oss"])   # gemma3, gpt_oss: 19 tokens over a window of 4
 def test_a_prefill_then_single_steps_match_the_full_forward(name):
     ref, m = reference(name), model(name)
     sequence, want = ref["sequence_1"], ref["sequence_logits_1"]
@@ -415,7 +415,7 @@ def test_an_unknown_family_lists_the_supported_ones(tmp_path):
     supported = re.escape(", ".join(models.supported()))
     with pytest.raises(ValueError, match=rf"config.json: unknown model_type 'llama9' \(supported: {supported}\)"):
         models.load(directory)
-    assert {"qwen3", "qwen3_moe", "gemma3", "gemma3_text"} <= set(models.supported())
+    assert {"qwen3", "qwen3_moe", "gemma3", "gemma3_text", "gpt_oss"} <= set(models.supported())
 
 
 def test_a_missing_tensor_is_named(tmp_path):
