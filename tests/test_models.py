@@ -72,7 +72,7 @@ def test_rope_scalings_match_transformers(name):
     assert_rows_close(f"{name} logits", got, ref["logits_1"], TOL)
 
 
-@pytest.mark.parametrize("name", ["qwen3", "qwen3_moe", "gemma3", "gpt_oss"])   # gemma3: 19 tokens over a window of 4
+@pytest.mark.parametrize("name", ["qwen3", "qwen3_moe", "gemma3", "gpt_oss"])   # gemma3, gpt_oss: 19 tokens over a window of 4
 def test_a_prefill_then_single_steps_match_the_full_forward(name):
     ref, m = reference(name), model(name)
     sequence, want = ref["sequence_1"], ref["sequence_logits_1"]
@@ -142,6 +142,17 @@ def test_gpt_oss_greedy_generation_matches_transformers():
     ref = reference("gpt_oss")
     steps = list(model("gpt_oss").generate_tokens([ref["prompt_1"].tolist()], max_tokens=8, stop_tokens=()))
     np.testing.assert_array_equal(np.array(steps)[:, 0], ref["greedy_1"])
+
+
+def test_a_random_gpt_oss_from_its_config_runs():
+    """`random_model` from the fixture's config: the sinks, the router's bias and the fused, biased
+    expert banks are made with the shapes asked for (a random checkpoint has only those), and the
+    forward (the full-forward test's kernels) gives finite logits."""
+    config = json.loads((fixture("gpt_oss") / "config.json").read_text())
+    m = models.random_model(config, dtype="float32", device="CPU")
+    assert m.layers[0].attention.sinks.value.shape == (4,) and m.layers[0].mlp.gate_up.bias.shape == (4, 64)
+    logits = logits_of(m(reference("gpt_oss")["prompt_1"][None]))
+    assert logits.shape == (1, 11, 128) and np.isfinite(logits).all() and logits.std() > 0
 
 
 def test_text_generation_streams_the_greedy_text():
@@ -404,7 +415,7 @@ def test_an_unknown_family_lists_the_supported_ones(tmp_path):
     supported = re.escape(", ".join(models.supported()))
     with pytest.raises(ValueError, match=rf"config.json: unknown model_type 'llama9' \(supported: {supported}\)"):
         models.load(directory)
-    assert {"qwen3", "qwen3_moe", "gemma3", "gemma3_text"} <= set(models.supported())
+    assert {"qwen3", "qwen3_moe", "gemma3", "gemma3_text", "gpt_oss"} <= set(models.supported())
 
 
 def test_a_missing_tensor_is_named(tmp_path):

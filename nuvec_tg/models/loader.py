@@ -179,8 +179,9 @@ class Loader:
         """Tensor `name` as stored, of one of `shapes` (one shape or a list of the layouts
         accepted), floats cast to `dtype` (default the model's); never quantized."""
         options = [tuple(shapes)] if isinstance(shapes, tuple) else [tuple(s) for s in shapes]
-        self.checkpoint.require(name, None, f"from {self.config.path.name}")
-        if self.checkpoint.shape(name) not in options:
+        # asked for with a shape (the first), unless stored with another of them: a random checkpoint
+        # (`random_model`) makes the tensors asked for with a shape
+        if name not in self.checkpoint or self.checkpoint.shape(name) not in options:
             self.checkpoint.require(name, options[0], f"from {self.config.path.name}")
         layer = Parameter()
         self._tasks.append(lambda: _set(layer, self._read(name, dtype)))
