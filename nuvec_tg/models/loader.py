@@ -26,7 +26,7 @@ from .. import quant
 from ..quant import QuantizedWeight
 from .checkpoint import Checkpoint
 from .config import Config
-from .layers import Embedding, Experts, Linear, Norm
+from .layers import Embedding, Experts, Linear, Norm, Parameter
 
 _FLOAT_DTYPES = {"F16": dtypes.float16, "BF16": dtypes.bfloat16, "F32": dtypes.float32, "F64": dtypes.float64}
 
@@ -173,6 +173,17 @@ class Loader:
         self.checkpoint.require(name, (size,), f"from {self.config.path.name}")
         layer = Norm(eps)
         self._tasks.append(lambda: _set(layer, self._read(name) + offset if offset else self._read(name)))
+        return layer
+
+    def tensor(self, name: str, shapes: tuple[int, ...] | list[tuple[int, ...]], dtype: DType | None = None) -> Parameter:
+        """Tensor `name` as stored, of one of `shapes` (one shape or a list of the layouts
+        accepted), floats cast to `dtype` (default the model's); never quantized."""
+        options = [tuple(shapes)] if isinstance(shapes, tuple) else [tuple(s) for s in shapes]
+        self.checkpoint.require(name, None, f"from {self.config.path.name}")
+        if self.checkpoint.shape(name) not in options:
+            self.checkpoint.require(name, options[0], f"from {self.config.path.name}")
+        layer = Parameter()
+        self._tasks.append(lambda: _set(layer, self._read(name, dtype)))
         return layer
 
     def experts(self, path: str, experts: int, names: list[str], outs: list[int], columns: int) -> Experts:
