@@ -30,7 +30,8 @@ from .loader import Loader, QuantSpec, default_dtype
 from .model import GenerationStats, Model, device_description
 
 # model_type -> the module that builds it (imported when a checkpoint needs it)
-FAMILIES = {"qwen3": "qwen3", "qwen3_moe": "qwen3_moe"}
+FAMILIES = {"qwen3": "qwen3", "qwen3_moe": "qwen3_moe",
+            "qwen3_next": "qwen3_next", "qwen3_5": "qwen3_5", "qwen3_5_text": "qwen3_5"}
 
 _DTYPES = {"float16": dtypes.float16, "bfloat16": dtypes.bfloat16, "float32": dtypes.float32}
 
