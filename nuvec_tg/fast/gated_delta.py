@@ -167,19 +167,19 @@ def _chunked(q: Tensor, k: Tensor, v: Tensor, log_g: Tensor, beta: Tensor, state
     rate, cum = per_step(beta), per_step(log_g).cumsum(-1)
     rows = Tensor.arange(size).reshape(size, 1)
     lower, strict = rows >= Tensor.arange(size).reshape(1, size), rows > Tensor.arange(size).reshape(1, size)
-    decay = lower.where(cum.unsqueeze(-1) - cum.unsqueeze(-2), -math.inf).exp()             # L [.., size, size]
+    # the exponentials stored once: inlined, each product using them would compile its own copy
+    decay = lower.where(cum.unsqueeze(-1) - cum.unsqueeze(-2), -math.inf).exp().contiguous()  # L [.., size, size]
+    grown, last = cum.exp().unsqueeze(-1).contiguous(), cum[..., -1:]
     keys_rate = keys * rate.unsqueeze(-1)
-    n = strict.where(-(keys_rate @ keys.transpose(-1, -2)) * decay, 0.0)
-    inverse = n + Tensor.eye(size, dtype=acc)
-    power = n
-    for _ in range(max(math.ceil(math.log2(size)), 1) - 1):
-        power = power @ power
-        inverse = inverse + inverse @ power
+    n = strict.where(-(keys_rate @ keys.transpose(-1, -2)) * decay, 0.0).contiguous()
+    inverse, power = (n + Tensor.eye(size, dtype=acc)).contiguous(), n
+    for _ in range(max(math.ceil(math.log2(size)), 1) - 1):   # each level's two programs alike (stored operands)
+        power = (power @ power).contiguous()
+        inverse = (inverse + inverse @ power).contiguous()
     updates = inverse @ (values * rate.unsqueeze(-1))                                       # u [.., size, Dv]
-    reads = inverse @ (keys_rate * cum.exp().unsqueeze(-1))                                 # w [.., size, Dk]
+    reads = inverse @ (keys_rate * grown)                                                   # w [.., size, Dk]
     within = (queries @ keys.transpose(-1, -2)) * decay
-    queries = queries * cum.exp().unsqueeze(-1)
-    last = cum[..., -1:]
+    queries = queries * grown
     keys = keys * (last - cum).exp().unsqueeze(-1)
     s = state.cast(acc).transpose(-1, -2)                                                   # Sᵀ [B, Hv, Dk, Dv]
     outputs = []

@@ -92,12 +92,14 @@ class GatedDeltaNet:
         if cached:
             conv_state, state = cache
             history = conv_state.cast(mixed.dtype)
-        else:
-            history = Tensor.zeros(b, self.kernel - 1, self.channels, dtype=mixed.dtype, device=x.device)
-            state = Tensor.zeros(b, hv, dv, dk, dtype=dtypes.float32, device=x.device)
-        sequence = history.cat(mixed, dim=1)                                         # [B, K - 1 + T, C]
+        else:   # zero states stored, not folded: the programs are then the cached call's
+            history = Tensor.zeros(b, self.kernel - 1, self.channels, dtype=mixed.dtype, device=x.device).contiguous()
+            state = Tensor.zeros(b, hv, dv, dk, dtype=dtypes.float32, device=x.device).contiguous()
+        # stored, as the convolution's output: what reads them then compiles as small programs
+        # (fused, each of q, k and v recomputed the concatenation and the convolution)
+        sequence = history.cat(mixed, dim=1).contiguous()                            # [B, K - 1 + T, C]
         filters = self.conv.value.reshape(self.channels, self.kernel, 1)
-        features = fast.depthwise_conv1d(sequence, filters).silu()                   # [B, T, C]
+        features = fast.depthwise_conv1d(sequence, filters).silu().contiguous()      # [B, T, C]
         q, k, v = features.split([hk * dk, hk * dk, hv * dv], dim=-1)
         q = l2_normalized(q.reshape(b, t, hk, dk).cast(dtypes.float32)) * (dk ** -0.5)
         k = l2_normalized(k.reshape(b, t, hk, dk).cast(dtypes.float32))
