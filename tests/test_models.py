@@ -321,6 +321,31 @@ def test_a_shape_that_does_not_fit_the_config_is_named_with_its_file(tmp_path):
         models.load(directory)
 
 
+@pytest.mark.parametrize("layout", ["multimodal", "mlx"])
+def test_a_hybrid_reads_the_hubs_and_mlx_lms_layouts(tmp_path, layout):
+    """Qwen3.5 as its multimodal checkpoints keep it (`text_config`, `model.language_model.*`, a
+    vision tower left unread) and as mlx-lm writes them (`language_model.model.*`, the filter
+    `[C, K, 1]`, the `(1 + w)` norms with the 1 added): the fixture's logits either way."""
+    ref = reference("qwen3_5")
+    directory = _copy("qwen3_5", tmp_path)
+    text = json.loads((directory / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps({"model_type": "qwen3_5", "text_config": text, "vision_config": {}}))
+    tensors = {k: v.to("CPU").realize() for k, v in safe_load(directory / "model.safetensors").items()}
+    if layout == "multimodal":
+        renamed = {k.replace("model.", "model.language_model.", 1): v for k, v in tensors.items()}
+        renamed["model.visual.patch_embed.proj.weight"] = Tensor.zeros(4, 4).contiguous().realize()
+    else:
+        one_plus = ("layernorm.weight", "model.norm.weight", "q_norm.weight", "k_norm.weight")
+        renamed = {}
+        for k, v in tensors.items():
+            if "conv1d" in k: v = v.reshape(v.shape[0], v.shape[2], 1)
+            elif k.endswith(one_plus): v = v + 1.0
+            renamed["language_model." + k] = v.contiguous().realize()
+    safe_save(renamed, str(directory / "model.safetensors"))
+    got = logits_of(models.load(directory, progress=False)(ref["prompt_1"][None]))[0]
+    assert_rows_close(f"{layout} logits", got, ref["logits_1"], TOL)
+
+
 def test_a_quantized_checkpoint_is_not_quantized_again():
     with pytest.raises(ValueError, match="already quantized"):
         models.load(fixture("qwen3_mlx4"), quantize=4)
