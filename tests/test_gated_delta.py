@@ -1,4 +1,4 @@
-"""The gated delta rule, its steps and slots, against a float64 numpy recurrence."""
+"""The gated delta rule, its steps, slots and chunked form, against a float64 numpy recurrence."""
 import numpy as np
 import pytest
 from tinygrad import Tensor, dtypes
@@ -48,6 +48,22 @@ def test_grouped_heads_and_half_precision():
     empty = [t[:, :0] for t in tensors[:5]]
     y, s = fast.gated_delta(*empty, tensors[5])
     assert y.shape == (1, 0, 4, 8)
+    np.testing.assert_array_equal(values(s), arrays[5])
+
+
+@pytest.mark.float64
+def test_the_chunked_form_matches_the_recurrence():
+    """Three chunks of 4 (the last padded), grouped heads, from a nonzero state (one chunk: the
+    models' tests, at the default 64)."""
+    rng = np.random.default_rng(0x6B)
+    (q, k, v, g, beta, state), arrays = inputs(rng, 2, 10, 1, 2, 3, 2)
+    want_y, want_s, _ = gated_delta_reference(*arrays)
+    y, s = fast.gated_delta_chunked(q, k, v, g.log(), beta, state, chunk_size=4)
+    assert (y.dtype, s.dtype, y.shape) == (dtypes.float64, dtypes.float64, (2, 10, 2, 2))
+    assert_close("y", values(y), want_y, 1e-12)
+    assert_close("state", values(s), want_s, 1e-12)
+    y, s = fast.gated_delta_chunked(q[:, :0], k[:, :0], v[:, :0], g[:, :0].log(), beta[:, :0], state)
+    assert y.shape == (2, 0, 2, 2)
     np.testing.assert_array_equal(values(s), arrays[5])
 
 
@@ -103,6 +119,8 @@ INVALID = [
     (ValueError, "gated_delta", lambda q, k, v, g, b, s: fast.gated_delta(q, k[:, :3], v, g, b, s)),
     (TypeError, "gated_delta", lambda q, k, v, g, b, s: fast.gated_delta(q.cast(dtypes.int32), k, v, g, b, s)),
     (TypeError, "gated_delta_steps", lambda q, k, v, g, b, s: fast.gated_delta_steps(q, k, v, g, b, s, storage=dtypes.int32)),
+    (ValueError, "gated_delta_chunked", lambda q, k, v, g, b, s: fast.gated_delta_chunked(q, k, v, g, b, s, chunk_size=3)),
+    (ValueError, "gated_delta_chunked", lambda q, k, v, g, b, s: fast.gated_delta_chunked(q, k, v, g[:, :3], b, s)),
     (ValueError, "gated_delta_slots", lambda q, k, v, g, b, s: fast.gated_delta_slots(q, k, v, g, b, s, Tensor([0, 1, 2], device="CPU"))),
     (ValueError, "gated_delta_slots", lambda q, k, v, g, b, s: fast.gated_delta_slots(q, k, v, g, b, Tensor.zeros(3, 2, 2, 2, device="CPU"),
                                                                                        Tensor([0, 1], device="CPU"))),

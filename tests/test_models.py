@@ -58,7 +58,7 @@ def logits_of(t: Tensor) -> np.ndarray:
 
 # ---- transformers' logits ---------------------------------------------------------------------
 
-@pytest.mark.parametrize("name", ["qwen3", "qwen3_moe", "qwen3_tied", "gemma3", "gpt_oss"])
+@pytest.mark.parametrize("name", ["qwen3", "qwen3_moe", "qwen3_tied", "gemma3", "gpt_oss", "qwen3_next", "qwen3_5"])
 def test_the_full_forward_matches_transformers(name):
     ref = reference(name)
     got = logits_of(model(name)(ref["prompt_1"][None]))[0]
@@ -72,7 +72,7 @@ def test_rope_scalings_match_transformers(name):
     assert_rows_close(f"{name} logits", got, ref["logits_1"], TOL)
 
 
-@pytest.mark.parametrize("name", ["qwen3", "qwen3_moe", "gemma3", "gpt_oss"])   # gemma3, gpt_oss: 19 tokens over a window of 4
+@pytest.mark.parametrize("name", ["qwen3", "qwen3_moe", "gemma3", "gpt_oss", "qwen3_next", "qwen3_5"])   # gemma3, gpt_oss: 19 tokens over a window of 4
 def test_a_prefill_then_single_steps_match_the_full_forward(name):
     ref, m = reference(name), model(name)
     sequence, want = ref["sequence_1"], ref["sequence_logits_1"]
@@ -85,14 +85,18 @@ def test_a_prefill_then_single_steps_match_the_full_forward(name):
     assert step.captured is not None and step.cnt == len(sequence) - 11, "the decode steps did not replay one jitted step"
 
 
-def test_prefills_of_several_lengths_continue_the_cache():
-    """One token (the jitted step), then four at row 1, then single steps."""
-    ref, m = reference("qwen3"), model("qwen3")
+@pytest.mark.parametrize("name, length", [("qwen3", 4), ("qwen3_next", 11), ("qwen3_5", 11)])
+def test_prefills_of_several_lengths_continue_the_cache(name, length):
+    """One token (the jitted step), then `length` at row 1, then single steps. A hybrid's prefill
+    continues its linear-attention state from the step's; its 11 tokens are the other tests'
+    prefill length, whose programs are compiled already."""
+    ref, m = reference(name), model(name)
     sequence, want = ref["sequence_0"], ref["sequence_logits_0"]
     cache = m.make_cache(1, CACHE_LENGTH)
     assert_rows_close("first token", logits_of(m(sequence[None, :1], cache=cache))[0], want[:1], TOL)
-    assert_rows_close("four more", logits_of(m(Tensor(sequence[None, 1:5]), cache=cache))[0], want[1:5], TOL)
-    for i in range(5, len(sequence)):
+    rows = slice(1, 1 + length)
+    assert_rows_close(f"{length} more", logits_of(m(Tensor(sequence[None, rows]), cache=cache))[0], want[rows], TOL)
+    for i in range(1 + length, len(sequence)):
         assert_rows_close(f"step {i}", logits_of(m(sequence[None, i:i + 1], cache=cache))[0], want[i:i + 1], TOL)
     with pytest.raises(ValueError, match="do not fit a cache of 256"):
         m(np.zeros((1, CACHE_LENGTH), dtype=np.int32), cache=cache)
@@ -100,7 +104,9 @@ def test_prefills_of_several_lengths_continue_the_cache():
 
 # ---- generation -------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("name", ["qwen3", "qwen3_moe"])
+# qwen3_5 for the hybrids: their padding is the DeltaNet's (the same for both), and a batch of two
+# compiles every program anew (qwen3_next's experts too)
+@pytest.mark.parametrize("name", ["qwen3", "qwen3_moe", "qwen3_5"])
 def test_greedy_generation_of_a_padded_batch_matches_transformers(name):
     ref = reference(name)
     prompts = [ref["prompt_0"].tolist(), ref["prompt_1"].tolist()]   # 5 and 11 tokens: the first left-padded
@@ -110,7 +116,7 @@ def test_greedy_generation_of_a_padded_batch_matches_transformers(name):
     np.testing.assert_array_equal(got[1], ref["greedy_1"])
 
 
-@pytest.mark.parametrize("name", ["qwen3", "gemma3", "gpt_oss"])
+@pytest.mark.parametrize("name", ["qwen3", "gemma3", "gpt_oss", "qwen3_5"])   # qwen3_5: one hybrid, its 25-token prompt compiles anew
 def test_a_stop_token_stops_generation(name):
     ref = reference(name)
     steps = list(model(name).generate_tokens([ref["stop_prompt"].tolist()], max_tokens=8))
@@ -385,6 +391,45 @@ def test_gpt_oss_released_mxfp4_experts_load_as_stored_and_quantize_4_takes_the_
         for part in ("router", "gate_up", "down"): getattr(theirs.mlp, part).weights = _dequantized(getattr(ours.mlp, part).weights)
     prompt = reference("gpt_oss")["prompt_1"][None]
     assert_rows_close("quantized logits", logits_of(m(prompt))[0], logits_of(dense(prompt))[0], TOL)
+def _dequantize_all(node, seen=None) -> None:
+    """Replace every quantized weight reachable from `node` (a model or its parts) by its dense
+    values, in place: the model then computes the same products densely."""
+    from nuvec_tg.quant import dequantize
+    seen = set() if seen is None else seen
+    if id(node) in seen: return
+    seen.add(id(node))
+    if isinstance(node, (layers.Linear, layers.Experts)):
+        node.weights = [dequantize(w, dtypes.float32) if isinstance(w, QuantizedWeight) else w for w in node.weights]
+    elif isinstance(node, layers.Embedding) and isinstance(node.weight, QuantizedWeight):
+        node.weight = dequantize(node.weight, dtypes.float32)
+    if isinstance(node, (layers.Linear, layers.Experts, layers.Embedding)):   # stored: the dense programs are the fixture's
+        Tensor.realize(*node.parameters())
+    children = node if isinstance(node, (list, tuple)) else getattr(node, "__dict__", {}).values()
+    for child in children:
+        if isinstance(child, (list, tuple)) or type(child).__module__.startswith("nuvec_tg.models"): _dequantize_all(child, seen)
+
+
+def test_quantizing_a_hybrid_at_load():
+    """quantize=4 on Qwen3.5: its projections, embeddings and head at 4 bits, the filter, A_log,
+    dt_bias and norms dense; its logits those of the same model with the weights dequantized.
+    Qwen3-Next's predicate keeps its router and shared expert's gate at 8 bits (mlx-lm's)."""
+    from nuvec_tg.models import qwen3_next
+    ref = reference("qwen3_5")
+    m = model("qwen3_5", quantize=4)
+    deltanet, attention, mlp = m.layers[0].attention, m.layers[1].attention, m.layers[0].mlp
+    def spec(w): return (w.bits, w.group_size) if isinstance(w, QuantizedWeight) else None
+    weights = deltanet.projection.weights + deltanet.out.weights + attention.qkv.weights + mlp.gate_up.weights
+    assert [spec(w) for w in weights + [m.embed.weight] + m.head.weights] == [(4, 64)] * 6
+    for dense in (deltanet.conv.value, deltanet.a_log.value, deltanet.dt_bias.value, deltanet.norm.weight, m.norm.weight):
+        assert isinstance(dense, Tensor)
+    got = logits_of(m(ref["prompt_1"][None]))[0]
+    dense = models.load(fixture("qwen3_5"), quantize=4, progress=False)
+    _dequantize_all(dense)
+    assert_rows_close("quantized logits", got, logits_of(dense(ref["prompt_1"][None]))[0], TOL)
+    spec4 = models.loader.QuantSpec("affine", 64, 4)
+    for path in ("model.layers.0.mlp.gate", "model.layers.0.mlp.shared_expert_gate"):
+        assert qwen3_next.quant_predicate(path, spec4) == models.loader.QuantSpec("affine", 64, 8)
+    assert qwen3_next.quant_predicate("model.layers.0.mlp.shared_expert.gate_proj", spec4) == spec4
 
 
 # ---- errors -----------------------------------------------------------------------------------
@@ -450,6 +495,29 @@ def test_what_gemma3_cannot_run_is_refused_at_load(tmp_path, change, message):
     _edit_config(directory, **change)
     with pytest.raises(ValueError, match=f"config.json: {message}"):
         models.load(directory)
+@pytest.mark.parametrize("layout", ["multimodal", "mlx"])
+def test_a_hybrid_reads_the_hubs_and_mlx_lms_layouts(tmp_path, layout):
+    """Qwen3.5 as its multimodal checkpoints keep it (`text_config`, `model.language_model.*`, a
+    vision tower left unread) and as mlx-lm writes them (`language_model.model.*`, the filter
+    `[C, K, 1]`, the `(1 + w)` norms with the 1 added): the fixture's logits either way."""
+    ref = reference("qwen3_5")
+    directory = _copy("qwen3_5", tmp_path)
+    text = json.loads((directory / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps({"model_type": "qwen3_5", "text_config": text, "vision_config": {}}))
+    tensors = {k: v.to("CPU").realize() for k, v in safe_load(directory / "model.safetensors").items()}
+    if layout == "multimodal":
+        renamed = {k.replace("model.", "model.language_model.", 1): v for k, v in tensors.items()}
+        renamed["model.visual.patch_embed.proj.weight"] = Tensor.zeros(4, 4).contiguous().realize()
+    else:
+        one_plus = ("layernorm.weight", "model.norm.weight", "q_norm.weight", "k_norm.weight")
+        renamed = {}
+        for k, v in tensors.items():
+            if "conv1d" in k: v = v.reshape(v.shape[0], v.shape[2], 1)
+            elif k.endswith(one_plus): v = v + 1.0
+            renamed["language_model." + k] = v.contiguous().realize()
+    safe_save(renamed, str(directory / "model.safetensors"))
+    got = logits_of(models.load(directory, progress=False)(ref["prompt_1"][None]))[0]
+    assert_rows_close(f"{layout} logits", got, ref["logits_1"], TOL)
 
 
 def test_a_quantized_checkpoint_is_not_quantized_again():

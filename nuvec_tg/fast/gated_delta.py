@@ -10,8 +10,15 @@ Per batch item, value head `h` (key head `h // (Hv / Hk)`) and step `t`, with th
 The arithmetic is float32 (float64 stays float64); outputs take q's dtype and states their own
 (or the `storage` dtype of `gated_delta_steps`). These are the compositions: the definition the
 kernels are tested against.
+
+`gated_delta_chunked` is the same rule for prefills where no kernel runs: the composition above
+builds a few kernels per step, each step's its own program (its rows sit at their own offsets),
+so a prompt of `T` tokens compiles `O(T)` programs; the chunked form (FLA's and transformers'
+`chunk_gated_delta_rule`) builds a fixed number per chunk of `chunk_size` steps.
 """
 from __future__ import annotations
+
+import math
 
 from tinygrad import Tensor, dtypes
 from tinygrad.dtype import DType
@@ -125,6 +132,85 @@ def gated_delta_steps(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, 
         return kernel.gated_delta_kernel(q, k, v, g, beta, state, backend=backend, storage=storage,
                                          composition=lambda *x: _recurrence(*x, storage))
     return _recurrence(q, k, v, g, beta, state, storage)
+
+
+def _chunked(q: Tensor, k: Tensor, v: Tensor, log_g: Tensor, beta: Tensor, state: Tensor, size: int) -> tuple[Tensor, Tensor]:
+    """The rule over chunks of `size` steps (the input padded to whole chunks with steps that
+    change nothing: k = v = 0, beta = 0, log_g = 0).
+
+    Within a chunk, with the cumulative log decay `c` and `L[i, j] = exp(c_i - c_j)` for `j <= i`,
+    the delta rule's updates are `u = X (beta v)` and `w = X (beta k exp(c))` with
+    `X = (I + strictly_lower((beta k) kᵀ * L))⁻¹`; the inverse of the unit lower triangular
+    matrix is the product `(I + N)(I + N²)(I + N⁴)...` of `N = -strictly_lower(...)`, nilpotent,
+    so no solve is needed. Then per chunk (Sᵀ `[Dk, Dv]`): `v' = u - w Sᵀ`,
+    `y = (q exp(c)) Sᵀ + ((q kᵀ) * L) v'`, `Sᵀ = exp(c_last) Sᵀ + (k exp(c_last - c))ᵀ v'`."""
+    b, t, hk, dk = q.shape
+    hv, dv = v.shape[2], v.shape[3]
+    acc = _arithmetic_dtype(q, k, v, log_g, beta, state)
+    chunks = -(-t // size)
+    pad = chunks * size - t
+
+    def heads(x: Tensor, per_value_head: bool) -> Tensor:   # [B, T, H, D] -> [B, Hv, chunks, size, D]
+        x = x.cast(acc)
+        if per_value_head and hv != hk:
+            x = x.reshape(b, t, hk, 1, x.shape[-1]).expand(b, t, hk, hv // hk, x.shape[-1]).reshape(b, t, hv, -1)
+        x = x.pad((None, (0, pad), None, None)) if pad else x
+        # stored: the chunks' programs then read buffers of one layout whatever T is (compiled once)
+        return x.permute(0, 2, 1, 3).reshape(b, hv, chunks, size, x.shape[-1]).contiguous()
+
+    def per_step(x: Tensor) -> Tensor:                     # [B, T, Hv] -> [B, Hv, chunks, size]
+        x = x.cast(acc)
+        x = x.pad((None, (0, pad), None)) if pad else x
+        return x.permute(0, 2, 1).reshape(b, hv, chunks, size).contiguous()
+
+    queries, keys, values = heads(q, True), heads(k, True), heads(v, False)
+    rate, cum = per_step(beta), per_step(log_g).cumsum(-1)
+    rows = Tensor.arange(size).reshape(size, 1)
+    lower, strict = rows >= Tensor.arange(size).reshape(1, size), rows > Tensor.arange(size).reshape(1, size)
+    # the exponentials stored once: inlined, each product using them would compile its own copy
+    decay = lower.where(cum.unsqueeze(-1) - cum.unsqueeze(-2), -math.inf).exp().contiguous()  # L [.., size, size]
+    grown, last = cum.exp().unsqueeze(-1).contiguous(), cum[..., -1:]
+    keys_rate = keys * rate.unsqueeze(-1)
+    n = strict.where(-(keys_rate @ keys.transpose(-1, -2)) * decay, 0.0).contiguous()
+    inverse, power = (n + Tensor.eye(size, dtype=acc)).contiguous(), n
+    for _ in range(max(math.ceil(math.log2(size)), 1) - 1):   # each level's two programs alike (stored operands)
+        power = (power @ power).contiguous()
+        inverse = (inverse + inverse @ power).contiguous()
+    updates = inverse @ (values * rate.unsqueeze(-1))                                       # u [.., size, Dv]
+    reads = inverse @ (keys_rate * grown)                                                   # w [.., size, Dk]
+    within = (queries @ keys.transpose(-1, -2)) * decay
+    queries = queries * grown
+    keys = keys * (last - cum).exp().unsqueeze(-1)
+    s = state.cast(acc).transpose(-1, -2)                                                   # Sᵀ [B, Hv, Dk, Dv]
+    outputs = []
+    for i in range(chunks):
+        fresh = updates[:, :, i] - reads[:, :, i] @ s
+        outputs.append(queries[:, :, i] @ s + within[:, :, i] @ fresh)
+        s = s * last[:, :, i].exp().unsqueeze(-1) + keys[:, :, i].transpose(-1, -2) @ fresh
+    y = outputs[0].stack(*outputs[1:], dim=2) if chunks > 1 else outputs[0].unsqueeze(2)  # [B, Hv, chunks, size, Dv]
+    y = y.reshape(b, hv, chunks * size, dv)[:, :, :t].permute(0, 2, 1, 3)
+    return y.cast(q.dtype), s.transpose(-1, -2).cast(state.dtype)
+
+
+def gated_delta_chunked(q: Tensor, k: Tensor, v: Tensor, log_g: Tensor, beta: Tensor, state: Tensor,
+                        chunk_size: int = 64) -> tuple[Tensor, Tensor]:
+    """`gated_delta` with the decay given as its logarithm (`g = exp(log_g)`, `log_g` finite and
+    <= 0), for prefills: where the gated delta kernel runs this call (METAL, CUDA) it runs it;
+    elsewhere the chunked composition (`chunk_size` steps a chunk, a power of two), equal to
+    `gated_delta`'s up to rounding and compiled once per chunk count rather than per step.
+
+    Shapes and dtypes as `gated_delta`'s; returns `(y, the final state)`.
+    """
+    op = "gated_delta_chunked"
+    _check(op, q, k, v, log_g, beta, state)
+    check(isinstance(chunk_size, int) and not isinstance(chunk_size, bool) and chunk_size >= 1
+          and chunk_size & (chunk_size - 1) == 0, op, f"chunk_size must be a power of two, got {chunk_size!r}")
+    backend = _kernel_backend(op, q, v, (q, k, v, log_g, beta, state))
+    if backend is not None:
+        return kernel.gated_delta_kernel(q, k, v, log_g.exp(), beta, state, backend=backend,
+                                         composition=lambda *x: _recurrence(*x, None))
+    if q.shape[1] == 0: return _recurrence(q, k, v, log_g, beta, state, None)
+    return _chunked(q, k, v, log_g, beta, state, chunk_size)
 
 
 def gated_delta_slots(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, pool: Tensor,

@@ -32,7 +32,7 @@ from .random_weights import DIRECTORY, RandomCheckpoint
 
 # model_type -> the module that builds it (imported when a checkpoint needs it)
 FAMILIES = {"qwen3": "qwen3", "qwen3_moe": "qwen3_moe", "gemma3_text": "gemma3", "gemma3": "gemma3",
-            "gpt_oss": "gpt_oss"}
+            "gpt_oss": "gpt_oss", "qwen3_next": "qwen3_next", "qwen3_5": "qwen3_5", "qwen3_5_text": "qwen3_5"}
 
 _DTYPES = {"float16": dtypes.float16, "bfloat16": dtypes.bfloat16, "float32": dtypes.float32}
 

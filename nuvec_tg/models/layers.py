@@ -4,12 +4,13 @@ Every layer holds its parameters (dense tensors or `QuantizedWeight`s, set by th
 is called on activations `[B, T, ...]` in the model's dtype:
 
 - `Linear` (one product, or several fused ones split back), `Embedding` (also the tied head),
-  `Norm` (RMS norm);
+  `Norm` (RMS norm), `Parameter` (a tensor a layer uses as stored: a filter, sinks, a gate's constants);
 - `MLP` (SwiGLU, or GeLU-gated), `MoE` (softmax router, `moe_route`, experts through `gather_mm` or
   `gather_qmm`, `weighted_sum`; or gpt-oss's: a biased router, top-k then softmax, biased
   experts, the clamped GLU `clamped_swiglu`);
 - `Attention` (q/k norms and rotation through `norm_rope`, grouped-query
-  `scaled_dot_product_attention`, optional sinks, the KV cache written in place);
+  `scaled_dot_product_attention`, optional sinks, the KV cache written in place, optionally an
+  output gate);
 - `PreNormBlock` (the residual block of Llama-style decoders: norm, attention, add-and-norm, MLP);
 - `SandwichBlock` (Gemma's: each branch normalised before and after, `residual_rms_norm`).
 """
@@ -267,16 +268,19 @@ class Attention:
 
     `qkv` is one `Linear` over the three projections; heads are `[B, H, T, head_dim]`; the scale
     is `head_dim ** -0.5` unless given. `sinks` (gpt-oss): a `Parameter` of `[heads]` logits that
-    join each head's softmax (`scaled_dot_product_attention`'s `sinks=`)."""
+    join each head's softmax (`scaled_dot_product_attention`'s `sinks=`). With `gated`
+    (Qwen3-Next), q's projection gives each head's query then its gate (`2 * head_dim` per head)
+    and the heads' output is multiplied by `sigmoid(gate)` before `o`."""
 
     def __init__(self, qkv: Linear, o: Linear, heads: int, kv_heads: int, head_dim: int, rope: RotaryEmbedding,
                  q_norm: Norm | None = None, k_norm: Norm | None = None, window: int | None = None,
-                 scale: float | None = None):
+                 scale: float | None = None, gated: bool = False):
         self.qkv, self.o, self.rope = qkv, o, rope
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
         self.q_norm, self.k_norm, self.window = q_norm, k_norm, window
         self.scale = head_dim ** -0.5 if scale is None else scale
         self.sinks: Parameter | None = None
+        self.gated = gated
 
     def make_cache(self, batch: int, max_length: int, dtype, device: str) -> tuple[Tensor, Tensor]:
         return kv_buffers(batch, self.kv_heads, max_length, self.head_dim, dtype, device)
@@ -288,7 +292,12 @@ class Attention:
     def __call__(self, x: Tensor, positions: Positions, cache: tuple[Tensor, Tensor] | None) -> Tensor:
         """x: `[B, T, hidden]` (normalised). Returns the output projection `[B, T, hidden]`."""
         b, t, _ = x.shape
-        q, k, v = (self._heads(p, h) for p, h in zip(self.qkv(x), (self.heads, self.kv_heads, self.kv_heads)))
+        q, k, v = self.qkv(x)
+        gate = None
+        if self.gated:
+            q, gate = q.reshape(b, t, self.heads, 2 * self.head_dim).split(self.head_dim, dim=-1)
+            q, gate = q.reshape(b, t, -1), gate.reshape(b, t, -1)
+        q, k, v = (self._heads(p, h) for p, h in zip((q, k, v), (self.heads, self.kv_heads, self.kv_heads)))
         def norm(n: Norm | None): return (None, 0.0) if n is None else (n.weight, n.eps)
         q = self.rope(q, *norm(self.q_norm), positions.rope_offset)
         k = self.rope(k, *norm(self.k_norm), positions.rope_offset)
@@ -306,7 +315,8 @@ class Attention:
                 out = fast.scaled_dot_product_attention(q, keys, values, self.scale, mask=positions.mask(self.window), sinks=sinks)
             else:
                 out = fast.scaled_dot_product_attention(q, keys, values, self.scale, mask="causal", window=self.window, sinks=sinks)
-        return self.o(out.transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
+        out = out.transpose(1, 2).reshape(b, t, self.heads * self.head_dim)
+        return self.o(out if gate is None else out * gate.sigmoid())
 
 
 class PreNormBlock:

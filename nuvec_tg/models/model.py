@@ -23,7 +23,7 @@ from tinygrad.dtype import DType
 from .. import fast
 from .cache import KVCache, Positions
 from .config import Config
-from .layers import Embedding, Linear, Norm
+from .layers import Attention, Embedding, Linear, Norm
 from .sampling import Sampler
 
 
@@ -146,7 +146,8 @@ class Model:
 
     def _symbolic_keys(self, cache: KVCache) -> bool:
         """Whether attention's decode kernels take this cache's key count as a symbolic size."""
-        attention = getattr(self.layers[0], "attention", None)
+        # the first softmax-attention layer (hybrids start with linear-attention layers)
+        attention = next((a for a in (getattr(layer, "attention", None) for layer in self.layers) if isinstance(a, Attention)), None)
         if attention is None or cache.pads is not None: return False
         q = (cache.batch, attention.heads, 1, attention.head_dim)
         k = (cache.batch, attention.kv_heads, cache.max_length, attention.head_dim)

@@ -21,9 +21,11 @@ def head_dim(config: Config) -> int:
 
 
 def attention(config: Config, loader: Loader, prefix: str, layer_type: str, rope: RotaryEmbedding,
-              qk_norms: bool = True, norm_offset: float = 0.0, scale: float | None = None) -> Attention:
-    """Layer `prefix`'s self-attention (`<prefix>.self_attn.{q,k,v,o}_proj`, `q_norm`, `k_norm`;
-    `norm_offset` 1 for `(1 + w)` norms; `scale` the scores' scale, default `head_dim ** -0.5`)."""
+              qk_norms: bool = True, gated: bool = False, norm_offset: float = 0.0,
+              scale: float | None = None) -> Attention:
+    """Layer `prefix`'s self-attention (`<prefix>.self_attn.{q,k,v,o}_proj`, `q_norm`, `k_norm`);
+    `gated`: q_proj also gives the output gate (Qwen3-Next); `norm_offset` 1 for `(1 + w)` q/k
+    norms; `scale` the scores' scale, default `head_dim ** -0.5`."""
     hidden, heads = config.integer("hidden_size"), config.integer("num_attention_heads")
     kv_heads = config.integer("num_key_value_heads", heads)
     size = head_dim(config)
@@ -31,12 +33,12 @@ def attention(config: Config, loader: Loader, prefix: str, layer_type: str, rope
     bias = bool(config.get("attention_bias", False))
     attn = f"{prefix}.self_attn"
     qkv = loader.linear([f"{attn}.q_proj", f"{attn}.k_proj", f"{attn}.v_proj"],
-                        [heads * size, kv_heads * size, kv_heads * size], hidden, bias=bias)
+                        [heads * size * (2 if gated else 1), kv_heads * size, kv_heads * size], hidden, bias=bias)
     o = loader.linear(f"{attn}.o_proj", hidden, heads * size, bias=bias)
     q_norm = loader.norm(f"{attn}.q_norm.weight", size, eps, norm_offset) if qk_norms else None
     k_norm = loader.norm(f"{attn}.k_norm.weight", size, eps, norm_offset) if qk_norms else None
     window = config.integer("sliding_window") if layer_type == "sliding_attention" else None
-    return Attention(qkv, o, heads, kv_heads, size, rope, q_norm, k_norm, window, scale)
+    return Attention(qkv, o, heads, kv_heads, size, rope, q_norm, k_norm, window, scale, gated=gated)
 
 
 def dense_mlp(config: Config, loader: Loader, prefix: str, intermediate: int | None = None,
