@@ -33,7 +33,8 @@ def logits_of(t: Tensor) -> np.ndarray:
 
 
 @pytest.mark.parametrize("name, reference_key", [("qwen3", "logits_1"), ("qwen3_moe", "logits_1"), ("gemma3", "logits_1"),
-                                                 ("gpt_oss", "logits_1"), ("qwen3_moe_mlx4", "logits_f32_1")])
+                                                 ("gpt_oss", "logits_1"), ("qwen3_next", "logits_1"), ("qwen3_5", "logits_1"),
+                                                 ("qwen3_moe_mlx4", "logits_f32_1")])
 def test_fixtures_match_their_references_on_the_gpu(name, reference_key):
     ref = np.load(fixture(name) / "reference.npz")
     m = models.load(fixture(name), dtype="float32", device=gpu, progress=False)

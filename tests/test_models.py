@@ -116,6 +116,31 @@ def test_greedy_generation_of_a_padded_batch_matches_transformers(name):
     np.testing.assert_array_equal(got[1], ref["greedy_1"])
 
 
+@pytest.mark.parametrize("name", ["qwen3", "qwen3_5"])   # qwen3_5: a linear-attention state to empty too
+def test_a_second_generation_reuses_the_cache_and_its_jitted_step(name):
+    """Generations of one shape share a cache, emptied between them: the same tokens as the
+    first (transformers' greedy ones), the decode step replayed without a new capture; the same
+    for a padded batch (its padding written into the same buffer). A generation started while
+    another is under way gets a cache of its own, and neither disturbs the other."""
+    ref, m = reference(name), model(name)
+    prompts = [[ref["prompt_1"].tolist()], [ref["prompt_0"].tolist(), ref["prompt_1"].tolist()]]
+    wants = [[ref["greedy_1"]], [ref["greedy_0"], ref["greedy_1"]]]
+    for prompt, want in zip(prompts, wants):
+        caches, steps = [], []
+        for _ in range(2):
+            got = np.array(list(m.generate_tokens(prompt, max_tokens=8, stop_tokens=()))).T
+            for row, expected in zip(got, want): np.testing.assert_array_equal(row, expected)
+            caches.append(m._generation_cache)
+            steps.append((caches[-1].steps["greedy"], caches[-1].steps["greedy"].cnt))
+        assert caches[0] is caches[1] and steps[0][0] is steps[1][0] and steps[1][1] == steps[0][1] + 7
+    unfinished = m.generate_tokens(prompts[1], max_tokens=8, stop_tokens=())
+    first = next(unfinished)
+    got = np.array(list(m.generate_tokens(prompts[1], max_tokens=8, stop_tokens=()))).T
+    assert m._generation_cache is caches[0] and got.tolist() == [w.tolist() for w in wants[1]]
+    rest = np.array([first, *unfinished]).T
+    assert rest.tolist() == [w.tolist() for w in wants[1]]
+
+
 @pytest.mark.parametrize("name", ["qwen3", "gemma3", "gpt_oss", "qwen3_5"])   # qwen3_5: one hybrid, its 25-token prompt compiles anew
 def test_a_stop_token_stops_generation(name):
     ref = reference(name)

@@ -70,6 +70,7 @@ class KVCache:
         self.position = 0
         self.pads: Tensor | None = None
         self.steps: dict[str, object] = {}     # the jitted decode steps bound to these buffers
+        self.in_use = False                     # a generation runs on it (`Model.generate_tokens`)
 
     def buffers(self) -> list[Tensor]:
         """Every tensor the cache holds (to realize after in-place writes)."""
@@ -83,6 +84,21 @@ class KVCache:
         if len(pads) != self.batch: raise ValueError(f"KVCache: pads must have {self.batch} entries, got {len(pads)}")
         self.pads = Tensor(list(pads), dtype=dtypes.int32, device=self.device).realize() if any(pads) else None
         self.steps.clear()
+
+    def reset(self, pads: list[int]) -> None:
+        """Empty the cache for new sequences padded by `pads`: every buffer zeroed in place, position
+        0. The jitted steps stay bound to the same buffers, so they replay without a new capture,
+        unless the padding changes kind (none against some: the steps differ)."""
+        if len(pads) != self.batch: raise ValueError(f"KVCache: pads must have {self.batch} entries, got {len(pads)}")
+        buffers = self.buffers()
+        for buffer in buffers: buffer.assign(buffer.zeros_like())
+        self.position = 0
+        if any(pads) and self.pads is not None:
+            self.pads.assign(Tensor(list(pads), dtype=dtypes.int32, device=self.device))
+            buffers.append(self.pads)
+        elif any(pads) or self.pads is not None:
+            self.set_padding(pads)
+        Tensor.realize(*buffers)
 
 
 def kv_buffers(batch: int, kv_heads: int, max_length: int, head_dim: int, dtype, device: str) -> tuple[Tensor, Tensor]:

@@ -62,6 +62,7 @@ class Model:
     eos_token_ids: tuple[int, ...] = ()
     last_generation: GenerationStats = field(default_factory=GenerationStats)
     _tokenizer: object = None
+    _generation_cache: KVCache | None = None   # the last generation's, reused by the next of its shape
 
     @property
     def vocab_size(self) -> int:
@@ -220,10 +221,19 @@ class Model:
         stops = set(self.eos_token_ids if stop_tokens is None else stop_tokens)
         sampler = Sampler(temperature, top_p, top_k, seed)
         batch, longest = len(prompts), max(len(p) for p in prompts)
-        cache = self.make_cache(batch, _round_up(longest + max_tokens, 256))
-        cache.set_padding([longest - len(p) for p in prompts])
+        cache = self._cache_for_generation(batch, _round_up(longest + max_tokens, 256), [longest - len(p) for p in prompts])
         padded = np.array([[0] * (longest - len(p)) + list(p) for p in prompts], dtype=np.int32)
         stats = self.last_generation = GenerationStats(prompt_tokens=sum(len(p) for p in prompts), device=self.device)
+        cache.in_use = True
+        try:
+            yield from self._generation(cache, padded, sampler, max_tokens, stops, stats)
+        finally:
+            cache.in_use = False
+
+    def _generation(self, cache: KVCache, padded: np.ndarray, sampler: Sampler, max_tokens: int, stops: set[int],
+                    stats: GenerationStats) -> Iterator[list[int | None]]:
+        """`generate_tokens`'s prefill and decode loop over a cache made for it."""
+        batch, longest = padded.shape
 
         began = time.perf_counter()
         logits = None
@@ -248,6 +258,23 @@ class Model:
             else:
                 next_tokens = sampler(self._step(cache, tokens, greedy=False))
         stats.generation_seconds = time.perf_counter() - began
+
+    def _cache_for_generation(self, batch: int, max_length: int, pads: list[int]) -> KVCache:
+        """The previous generation's cache, emptied, when it has this shape (its jitted decode
+        steps then replay at once: a new cache's steps are captured anew, seconds for a large
+        model); else a new one, which replaces it."""
+        cache = self._generation_cache
+        if cache is not None and cache.in_use:   # another generation is under way: a cache of its own
+            cache = self.make_cache(batch, max_length)
+            cache.set_padding(pads)
+            return cache
+        if cache is not None and (cache.batch, cache.max_length) == (batch, max_length):
+            cache.reset(pads)
+            return cache
+        self._generation_cache = None   # its buffers freed before the new ones are made
+        cache = self._generation_cache = self.make_cache(batch, max_length)
+        cache.set_padding(pads)
+        return cache
 
 
 def _round_up(n: int, multiple: int) -> int:
