@@ -277,7 +277,8 @@ def transformers_times(configs: dict, batches: list[int], prompt: int, generate:
                         *_, cache_class = transformers_generation(torch, model, ids, generate, device)  # warm-up
                         runs = [transformers_generation(torch, model, ids, generate, device)[:3] for _ in range(repeats)]
                     results[(name, impl, b)] = best(runs, b, prompt, generate)
-                    print(f"bench model: transformers {name} {impl} B={b} done ({cache_class})", file=sys.stderr, flush=True)
+                    print(f"bench model: transformers {name} {impl} B={b} done ({cache_class}): "
+                          f"{results[(name, impl, b)].cells()}", file=sys.stderr, flush=True)
             notes.append(f"transformers {name}: cache {cache_class}")
         except Exception as error:  # noqa: BLE001 - a row that says why, not a lost table
             why = f"failed: {type(error).__name__}: {str(error).splitlines()[0][:120] if str(error) else ''}"
