@@ -72,6 +72,14 @@ def test_rope_scalings_match_transformers(name):
     assert_rows_close(f"{name} logits", got, ref["logits_1"], TOL)
 
 
+def test_the_full_forward_matches_transformers_with_tinygrads_optimizations(optimized):
+    """The suite compiles tinygrad's kernels without its hand-coded optimizations (conftest);
+    a user's programs have them: the same logits with them on."""
+    ref = reference("qwen3")
+    got = logits_of(model("qwen3")(ref["prompt_1"][None]))[0]
+    assert_rows_close("qwen3 logits (optimized)", got, ref["logits_1"], TOL)
+
+
 @pytest.mark.parametrize("name", ["qwen3", "qwen3_moe", "gemma3", "gpt_oss", "qwen3_next", "qwen3_5"])   # gemma3, gpt_oss: 19 tokens over a window of 4
 def test_a_prefill_then_single_steps_match_the_full_forward(name):
     ref, m = reference(name), model(name)
