@@ -27,8 +27,7 @@ After the table, per config and format: the weight bytes, and the decode step's 
 it reads at the decode's mean position and any recurrent state read and written, over the
 steady step) against the device's peak.
 
-Configs whose `model_type` is not in `nuvec_tg.models.FAMILIES` are skipped, with a line saying
-so. `--small` runs tiny configs of the same families (float32 on the CPU, which has no bfloat16
+`--small` runs tiny configs of the same families (float32 on the CPU, which has no bfloat16
 conversions).
 """
 from __future__ import annotations
@@ -317,17 +316,10 @@ def run(args) -> list[str]:
     dtype_name = {dtypes.bfloat16: "bf16", dtypes.float32: "fp32"}[dtype]
 
     notes: list[str] = []
-    runnable = {}
-    for name in names:
-        model_type = known[name]["model_type"]
-        if model_type in models.FAMILIES: runnable[name] = known[name]
-        else:
-            line = f"{name}: skipped, model_type {model_type!r} is not in nuvec_tg.models.FAMILIES yet"
-            print(f"bench model: {line}", flush=True)
-            notes.append(line)
+    runnable = {name: known[name] for name in names}
 
     theirs: dict = {}
-    if not getattr(args, "no_transformers", False) and runnable:
+    if not getattr(args, "no_transformers", False):
         theirs, their_notes = transformers_times(runnable, batches, prompt, generate, repeats, small)
         notes += their_notes
         release_torch()

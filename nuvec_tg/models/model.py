@@ -262,18 +262,17 @@ class Model:
     def _cache_for_generation(self, batch: int, max_length: int, pads: list[int]) -> KVCache:
         """The previous generation's cache, emptied, when it has this shape (its jitted decode
         steps then replay at once: a new cache's steps are captured anew, seconds for a large
-        model); else a new one, which replaces it."""
-        cache = self._generation_cache
-        if cache is not None and cache.in_use:   # another generation is under way: a cache of its own
-            cache = self.make_cache(batch, max_length)
-            cache.set_padding(pads)
-            return cache
-        if cache is not None and (cache.batch, cache.max_length) == (batch, max_length):
-            cache.reset(pads)
-            return cache
-        self._generation_cache = None   # its buffers freed before the new ones are made
-        cache = self._generation_cache = self.make_cache(batch, max_length)
+        model); else a new one, which replaces it (or, while another generation runs on the
+        kept one, a cache of its own)."""
+        kept = self._generation_cache
+        free = kept is not None and not kept.in_use   # else another generation is under way on it
+        if free and (kept.batch, kept.max_length) == (batch, max_length):
+            kept.reset(pads)
+            return kept
+        if free: self._generation_cache = None   # its buffers freed before the new ones are made
+        cache = self.make_cache(batch, max_length)
         cache.set_padding(pads)
+        if kept is None or free: self._generation_cache = cache
         return cache
 
 
