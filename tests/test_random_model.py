@@ -66,3 +66,16 @@ def test_an_unknown_family_and_a_missing_dtype_say_so():
         models.random_model({**CONFIG, "model_type": "nope"})
     with pytest.raises(TypeError, match="dtype"):
         models.random_model(CONFIG, dtype=None)
+
+
+def test_fused_random_projections_schedule_no_reduction():
+    """Concatenating random tensors (a fused projection's parts) stays elementwise: on a bare
+    arange the concatenation schedules a reduction over every element, quadratic in the size."""
+    from tinygrad.uop.ops import Ops
+    checkpoint = RandomCheckpoint(dtypes.float32, "CPU")
+    names = [f"layers.0.proj_{i}.weight" for i in range(3)]
+    for name, rows in zip(names, (64, 32, 8)): checkpoint.require(name, (rows, 48))
+    parts = [checkpoint.tensor(name) for name in names]
+    fused = parts[0].cat(*parts[1:], dim=-2)
+    assert not any(u.op is Ops.REDUCE for u in fused.schedule_linear().toposort())
+    np.testing.assert_array_equal(fused.numpy(), np.concatenate([p.numpy() for p in parts], axis=0))

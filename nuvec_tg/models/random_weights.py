@@ -90,4 +90,7 @@ class RandomCheckpoint(Checkpoint):
         shape = self.shape(name)
         if is_norm_weight(name, shape): return Tensor.ones(*shape, dtype=self.dtype, device=self.device)
         key = zlib.crc32(f"{self.seed}:{name}".encode())
-        return random_normal(shape, key, dtypes.float32, self.device).mul(self.std).cast(self.dtype)
+        # contiguous: a tensor built on an arange and then concatenated with others (a fused
+        # projection's parts) is no longer folded into an index by tinygrad's scheduler but summed
+        # as a reduction over every element (41 s for one Qwen3.5-9B in_proj on the H200)
+        return random_normal(shape, key, dtypes.float32, self.device).mul(self.std).cast(self.dtype).contiguous()
