@@ -26,7 +26,7 @@ from typing import Callable, Iterator, NamedTuple, Sequence
 from tinygrad import dtypes
 
 from nuvec_tg.fast.plan import PlanTarget, Vector, plan_call, validate_attention
-from nuvec_tg.kernels import gated_delta
+from nuvec_tg.kernels import gated_delta, rows
 from nuvec_tg.kernels import quant
 from nuvec_tg.kernels.attention import (MATRIX_ROWS, DecodeSpec, default_launch, geometry, matrix_staging_bytes,
                                         paged_unsupported)
@@ -250,7 +250,23 @@ def _qmm_candidates(backend: str) -> Iterator[_Candidate]:
                              ((quant.load_words(bits, k * bits // 32),), (x,)))
 
 
-_WALKS = (_decode_candidates, _gated_delta_candidates, _qmv_candidates, _qvm_candidates, _qmm_candidates)
+def _rms_norm_candidates(backend: str) -> Iterator[_Candidate]:
+    """The RMS norm alone and fused with the add, with and without a weight, every dtype of x,
+    h, the weight and y, at each launch width (one SIMD group up to 1024 threads)."""
+    for x, h, w, out, length, add, weighted in itertools.product(KERNEL_DTYPES, KERNEL_DTYPES, KERNEL_DTYPES, KERNEL_DTYPES,
+                                                                 (7, 4096, 65536), (False, True), (False, True)):
+        if (not add and h != x) or (not weighted and w != x): continue
+        types = dict(x=x, y=out) | (dict(residual=x, h=h) if add else {}) | (dict(weight=w) if weighted else {})
+        threads = rows.plan(length)
+
+        def make(types=types, threads=threads) -> tuple[str, Program]:
+            label = " ".join(f"{name} {dtype_name(t)}" for name, t in types.items()) + f" {threads} threads"
+            return label, rows.rms_norm_program(backend, types, 1e-6, threads)
+        yield _Candidate("nuvec_rms_norm", make, ((add, weighted, threads), (x, h, w, out)), ((add, weighted),))
+
+
+_WALKS = (_decode_candidates, _gated_delta_candidates, _qmv_candidates, _qvm_candidates, _qmm_candidates,
+          _rms_norm_candidates)
 
 
 @functools.cache

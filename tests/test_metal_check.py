@@ -24,7 +24,7 @@ import pytest
 from tinygrad import dtypes
 
 from nuvec_tg.fast.plan import PlanTarget, Vector, plan_call, validate_attention
-from nuvec_tg.kernels import gated_delta
+from nuvec_tg.kernels import gated_delta, rows
 from nuvec_tg.kernels import quant as qmv
 from nuvec_tg.kernels.attention import DecodeSpec
 from nuvec_tg.kernels.program import FAMILIES, KERNEL_DTYPES, Param, Program, Resources, metal_limit_reason, prelude
@@ -201,6 +201,19 @@ def test_every_gated_delta_metal_specialisation_compiles(tmp_path):
     check_metal(tmp_path, cases)
 
 
+def test_every_rms_norm_metal_specialisation_compiles(tmp_path):
+    cases = []
+    for x, h, w, out, length, add, weighted in itertools.product(KERNEL_DTYPES, KERNEL_DTYPES, KERNEL_DTYPES, KERNEL_DTYPES,
+                                                                 (7, 4096, 65536), (False, True), (False, True)):
+        if (not add and h != x) or (not weighted and w != x): continue   # h and the weight only where present
+        types = dict(x=x, y=out) | (dict(residual=x, h=h) if add else {}) | (dict(weight=w) if weighted else {})
+        assert rows.unsupported(tuple(types.values()), 2, length, PlanTarget("metal")) is None
+        threads = rows.plan(length)
+        cases.append((rows.rms_norm_program("metal", types, 1e-6, threads), rows.metal_resources(threads)))
+    assert len(cases) > 100
+    check_metal(tmp_path, cases)
+
+
 def qmv_cases():
     """Each qmv specialisation the routing emits, up to sizes: every mode, width and group, x (and
     y) dtype, affine scales dtype, 1-8 rows; K and N at the kernel's boundaries (half chunks, fewer
@@ -258,5 +271,5 @@ def test_every_qmm_metal_specialisation_compiles(tmp_path):
 
 def test_every_metal_family_is_checked():
     """A new kernel family lands with its Metal specialisations in this file."""
-    checked = {"nuvec_sdpa_decode", "nuvec_sdpa_merge", "nuvec_gated_delta", "nuvec_qmv", "nuvec_qvm", "nuvec_qmm"}
+    checked = {"nuvec_sdpa_decode", "nuvec_sdpa_merge", "nuvec_gated_delta", "nuvec_qmv", "nuvec_qvm", "nuvec_qmm", "nuvec_rms_norm"}
     assert {f.stem for f in FAMILIES if "metal" in f.backends} == checked

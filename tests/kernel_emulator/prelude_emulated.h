@@ -54,6 +54,7 @@ inline int min(int a, int b) { return a < b ? a : b; }
 inline int max(int a, int b) { return a > b ? a : b; }
 inline float fma(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
 inline float exp2(float x) { return __builtin_exp2f(x); }
+inline float sqrt(float x) { return __builtin_sqrtf(x); }
 inline float to_float(float x) { return x; }
 inline float to_float(half x) { return (float)x; }
 inline float to_float(bfloat x) {
