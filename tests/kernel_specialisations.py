@@ -250,19 +250,25 @@ def _qmm_candidates(backend: str) -> Iterator[_Candidate]:
                              ((quant.load_words(bits, k * bits // 32),), (x,)))
 
 
-def _rms_norm_candidates(backend: str) -> Iterator[_Candidate]:
-    """The RMS norm alone and fused with the add, with and without a weight, every dtype of x,
-    h, the weight and y, at each launch width (one SIMD group up to 1024 threads)."""
+def rms_norm_calls() -> Iterator[tuple[dict, int]]:
+    """The RMS norm's calls by `(types, length)`: alone and fused with the add, with and without
+    a weight, every dtype of x, h, the weight and y, at each launch width (one SIMD group up to
+    1024 threads, the longest row looping)."""
     for x, h, w, out, length, add, weighted in itertools.product(KERNEL_DTYPES, KERNEL_DTYPES, KERNEL_DTYPES, KERNEL_DTYPES,
                                                                  (7, 4096, 65536), (False, True), (False, True)):
-        if (not add and h != x) or (not weighted and w != x): continue
-        types = dict(x=x, y=out) | (dict(residual=x, h=h) if add else {}) | (dict(weight=w) if weighted else {})
+        if (not add and h != x) or (not weighted and w != x): continue   # h and the weight only where present
+        yield dict(x=x, y=out) | (dict(residual=x, h=h) if add else {}) | (dict(weight=w) if weighted else {}), length
+
+
+def _rms_norm_candidates(backend: str) -> Iterator[_Candidate]:
+    for types, length in rms_norm_calls():
         threads = rows.plan(length)
 
         def make(types=types, threads=threads) -> tuple[str, Program]:
             label = " ".join(f"{name} {dtype_name(t)}" for name, t in types.items()) + f" {threads} threads"
             return label, rows.rms_norm_program(backend, types, 1e-6, threads)
-        yield _Candidate("nuvec_rms_norm", make, ((add, weighted, threads), (x, h, w, out)), ((add, weighted),))
+        cover = (("residual" in types, "weight" in types, threads), tuple(types.values()))
+        yield _Candidate("nuvec_rms_norm", make, cover, (("residual" in types, "weight" in types),))
 
 
 _WALKS = (_decode_candidates, _gated_delta_candidates, _qmv_candidates, _qvm_candidates, _qmm_candidates,

@@ -27,6 +27,7 @@ from nuvec_tg.fast.plan import PlanTarget, Vector, plan_call, validate_attention
 from nuvec_tg.kernels import gated_delta, rows
 from nuvec_tg.kernels import quant as qmv
 from nuvec_tg.kernels.attention import DecodeSpec
+from kernel_specialisations import rms_norm_calls
 from nuvec_tg.kernels.program import FAMILIES, KERNEL_DTYPES, Param, Program, Resources, metal_limit_reason, prelude
 
 SHIM = pathlib.Path(__file__).parent / "metal_shim"
@@ -203,10 +204,7 @@ def test_every_gated_delta_metal_specialisation_compiles(tmp_path):
 
 def test_every_rms_norm_metal_specialisation_compiles(tmp_path):
     cases = []
-    for x, h, w, out, length, add, weighted in itertools.product(KERNEL_DTYPES, KERNEL_DTYPES, KERNEL_DTYPES, KERNEL_DTYPES,
-                                                                 (7, 4096, 65536), (False, True), (False, True)):
-        if (not add and h != x) or (not weighted and w != x): continue   # h and the weight only where present
-        types = dict(x=x, y=out) | (dict(residual=x, h=h) if add else {}) | (dict(weight=w) if weighted else {})
+    for types, length in rms_norm_calls():
         assert rows.unsupported(tuple(types.values()), 2, length, PlanTarget("metal")) is None
         threads = rows.plan(length)
         cases.append((rows.rms_norm_program("metal", types, 1e-6, threads), rows.metal_resources(threads)))

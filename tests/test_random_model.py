@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from tinygrad import dtypes
+from tinygrad.uop.ops import Ops
 
 from nuvec_tg import models
 from nuvec_tg.models.random_weights import RandomCheckpoint, random_normal
@@ -71,10 +72,10 @@ def test_an_unknown_family_and_a_missing_dtype_say_so():
 def test_fused_random_projections_schedule_no_reduction():
     """Concatenating random tensors (a fused projection's parts) stays elementwise: on a bare
     arange the concatenation schedules a reduction over every element, quadratic in the size."""
-    from tinygrad.uop.ops import Ops
     checkpoint = RandomCheckpoint(dtypes.float32, "CPU")
     names = [f"layers.0.proj_{i}.weight" for i in range(3)]
     for name, rows in zip(names, (64, 32, 8)): checkpoint.require(name, (rows, 48))
+
     def fused():
         parts = [checkpoint.tensor(name) for name in names]
         return parts[0].cat(*parts[1:], dim=-2)

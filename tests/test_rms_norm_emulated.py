@@ -1,6 +1,6 @@
 """The RMS norm kernel (`src/rms_norm.h`) run on the CPU from its CUDA rendering
 (`kernel_emulator`), against float64 numpy: row lengths at each launch shape and its boundaries
-(1, 7, 32, 33, 257 threads' worth, 1000, 8192: one SIMD group up to 1024 threads looping), with
+(1, 7, 32, 33, 300, 1000, 8192: one SIMD group, two, up to 1024 threads looping), with
 and without a weight, the fused residual add (h rounded and stored), float32, float16 and
 bfloat16 in mixed combinations; and a row's bits equal to the row computed alone."""
 from __future__ import annotations

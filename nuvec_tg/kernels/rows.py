@@ -1,15 +1,13 @@
-"""Row operations' kernels. The RMS norm (`src/rms_norm.h`), alone or fused with the residual add:
+"""Row operations' kernels: the RMS norm (`src/rms_norm.h`), alone or fused with the residual add:
 one threadgroup per row, its threads striding over the row, the sum of squares in float32."""
 from __future__ import annotations
 
 import math
-from typing import Callable
 
-from tinygrad import Tensor
 from tinygrad.dtype import DType
 
 from . import Target
-from .program import CTYPES, Backward, Family, Param, Program, Resources, int_buffer, launch, threadgroup_array
+from .program import CTYPES, Family, Param, Program, Resources, threadgroup_array
 
 MAX_THREADS = 1024
 
@@ -44,40 +42,10 @@ def rms_norm_program(backend: str, types: dict[str, DType], eps: float, threads:
     (the fused add), `weight`. eps: a float32 literal in the text (one program per eps)."""
     ctypes = {key: CTYPES[dtype] for key, dtype in types.items()}
     add, weight = "residual" in types, "weight" in types
-    defines = dict(TX=ctypes["x"], TO=ctypes["y"], THREADS=threads, ADD=int(add), WEIGHT=int(weight), EPS=f"{float(eps)!r}f")
-    if add: defines.update(TR=ctypes["residual"], TH=ctypes["h"])
-    if weight: defines["TW"] = ctypes["weight"]
+    defines = dict(TO=ctypes["y"], THREADS=threads, ADD=int(add), WEIGHT=int(weight), EPS=f"{float(eps)!r}f")
+    if add: defines["TH"] = ctypes["h"]
     params = ([Param("h", "out", ctypes["h"])] if add else []) + [Param("y", "out", ctypes["y"]), Param("x", "in", ctypes["x"])]
     if add: params.append(Param("residual", "in", ctypes["residual"]))
     if weight: params.append(Param("weight", "in", ctypes["weight"]))
     params.append(Param("ints", "in", "int"))
     return RMS_NORM.program(backend, defines, params)
-
-
-def rms_norm_kernel(x: Tensor, weight: Tensor | None, eps: float, out_dtype: DType, *, backend: str,
-                    residual: Tensor | None = None, h_dtype: DType | None = None,
-                    composition: Callable | None = None) -> Tensor | tuple[Tensor, Tensor]:
-    """Launch the norm over `x`'s last axis (shapes and dtypes checked by the operation; `x` and
-    `residual` already of one shape). Returns `y` in `out_dtype`, or with `residual` `(h, y)`, `h`
-    in `h_dtype`. composition: the operation from tensor operations on the same arguments, its
-    backward."""
-    shape, length = x.shape, x.shape[-1]
-    rows = math.prod(shape[:-1])
-    device = x.device
-    types = dict(x=x.dtype, y=out_dtype)
-    ins = [x.contiguous()]
-    if residual is not None:
-        types.update(residual=residual.dtype, h=h_dtype)
-        ins.append(residual.contiguous())
-    if weight is not None:
-        types["weight"] = weight.dtype
-        ins.append(weight.contiguous())
-    threads = plan(length)
-    program = rms_norm_program(backend, types, eps, threads)
-    outs = ([Tensor.empty(*shape, dtype=h_dtype, device=device)] if residual is not None else []) + \
-        [Tensor.empty(*shape, dtype=out_dtype, device=device)]
-    backward = None if composition is None else Backward("rms_norm", composition, tuple(ins), wrt=tuple(range(len(ins))))
-    ins.append(int_buffer(device, (length, rows)))
-    results = launch(program, device, outs, ins, (rows, 1, 1), threads, backward=backward,
-                     label=f"{backend} rms_norm{' add' if residual is not None else ''} {rows}x{length}")
-    return tuple(results) if residual is not None else results[0]

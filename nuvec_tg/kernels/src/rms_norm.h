@@ -9,8 +9,8 @@
 // SIMD groups' sums added in order by the first one, so a row's bits depend only on the row,
 // its length and THREADS (the plan picks THREADS from the length alone, never from the row count).
 //
-// Defines: TX (x), TR (residual; ADD), TH (h; ADD), TW (weight; WEIGHT), TO (y), THREADS (a
-// multiple of 32, at most 1024), ADD, WEIGHT, EPS (a float literal).
+// Defines: TH (h's type; ADD), TO (y's), THREADS (a multiple of 32, at most 1024), ADD, WEIGHT,
+// EPS (a float literal). The buffers' types are the parameters'.
 // Runtime integers (`ints`): the row length, the rows.
 
 /* kernel */
