@@ -250,29 +250,36 @@ def _qmm_candidates(backend: str) -> Iterator[_Candidate]:
                              ((quant.load_words(bits, k * bits // 32),), (x,)))
 
 
-def rms_norm_calls() -> Iterator[tuple[dict, int]]:
-    """The RMS norm's calls by `(types, length)`: alone and fused with the add, with and without
-    a weight, every dtype of x, h, the weight and y, at each launch width (one SIMD group up to
-    1024 threads, the longest row looping)."""
+def norm_calls() -> Iterator[tuple[str, dict, int]]:
+    """The norms' calls by `(kind, types, length)`: the RMS norm alone and fused with the add,
+    with and without a weight; the layer norm with and without a weight and a bias; every dtype
+    of each buffer, at each launch shape (single elements, pieces held in registers by one SIMD
+    group up to 1024 threads, the longest row read again each pass)."""
     for x, h, w, out, length, add, weighted in itertools.product(KERNEL_DTYPES, KERNEL_DTYPES, KERNEL_DTYPES, KERNEL_DTYPES,
-                                                                 (7, 4096, 65536), (False, True), (False, True)):
+                                                                 (7, 4096, 32768, 65536), (False, True), (False, True)):
         if (not add and h != x) or (not weighted and w != x): continue   # h and the weight only where present
-        yield dict(x=x, y=out) | (dict(residual=x, h=h) if add else {}) | (dict(weight=w) if weighted else {}), length
+        yield "rms", dict(x=x, y=out) | (dict(residual=x, h=h) if add else {}) | (dict(weight=w) if weighted else {}), length
+    for x, p, out, length, weighted, biased in itertools.product(KERNEL_DTYPES, KERNEL_DTYPES, KERNEL_DTYPES, (7, 4096, 65536),
+                                                                 (False, True), (False, True)):
+        if not (weighted or biased) and p != x: continue
+        yield "layer", dict(x=x, y=out) | (dict(weight=p) if weighted else {}) | (dict(bias=p) if biased else {}), length
 
 
-def _rms_norm_candidates(backend: str) -> Iterator[_Candidate]:
-    for types, length in rms_norm_calls():
-        threads = rows.plan(length)
+def _norm_candidates(backend: str) -> Iterator[_Candidate]:
+    for kind, types, length in norm_calls():
+        shape = rows.plan(length)
 
-        def make(types=types, threads=threads) -> tuple[str, Program]:
-            label = " ".join(f"{name} {dtype_name(t)}" for name, t in types.items()) + f" {threads} threads"
-            return label, rows.rms_norm_program(backend, types, 1e-6, threads)
-        cover = (("residual" in types, "weight" in types, threads), tuple(types.values()))
-        yield _Candidate("nuvec_rms_norm", make, cover, (("residual" in types, "weight" in types),))
+        def make(kind=kind, types=types, shape=shape) -> tuple[str, Program]:
+            label = " ".join(f"{name} {dtype_name(t)}" for name, t in types.items()) + \
+                f" {shape.threads} threads, pieces of {shape.vec}, {shape.per} {'held' if shape.cached else 'looped'}"
+            return label, rows.norm_program(backend, kind, types, 1e-6, shape)
+        buffers = tuple(name in types for name in ("residual", "weight", "bias"))
+        cover = ((buffers, shape), tuple(types.values()))
+        yield _Candidate(f"nuvec_{kind}_norm", make, cover, (buffers,))
 
 
 _WALKS = (_decode_candidates, _gated_delta_candidates, _qmv_candidates, _qvm_candidates, _qmm_candidates,
-          _rms_norm_candidates)
+          _norm_candidates)
 
 
 @functools.cache

@@ -27,7 +27,7 @@ from nuvec_tg.fast.plan import PlanTarget, Vector, plan_call, validate_attention
 from nuvec_tg.kernels import gated_delta, rows
 from nuvec_tg.kernels import quant as qmv
 from nuvec_tg.kernels.attention import DecodeSpec
-from kernel_specialisations import rms_norm_calls
+from kernel_specialisations import norm_calls
 from nuvec_tg.kernels.program import FAMILIES, KERNEL_DTYPES, Param, Program, Resources, metal_limit_reason, prelude
 
 SHIM = pathlib.Path(__file__).parent / "metal_shim"
@@ -202,12 +202,12 @@ def test_every_gated_delta_metal_specialisation_compiles(tmp_path):
     check_metal(tmp_path, cases)
 
 
-def test_every_rms_norm_metal_specialisation_compiles(tmp_path):
+def test_every_norm_metal_specialisation_compiles(tmp_path):
     cases = []
-    for types, length in rms_norm_calls():
+    for kind, types, length in norm_calls():
         assert rows.unsupported(tuple(types.values()), 2, length, PlanTarget("metal")) is None
-        threads = rows.plan(length)
-        cases.append((rows.rms_norm_program("metal", types, 1e-6, threads), rows.metal_resources(threads)))
+        shape = rows.plan(length)
+        cases.append((rows.norm_program("metal", kind, types, 1e-6, shape), rows.metal_resources(shape)))
     assert len(cases) > 100
     check_metal(tmp_path, cases)
 
@@ -269,5 +269,5 @@ def test_every_qmm_metal_specialisation_compiles(tmp_path):
 
 def test_every_metal_family_is_checked():
     """A new kernel family lands with its Metal specialisations in this file."""
-    checked = {"nuvec_sdpa_decode", "nuvec_sdpa_merge", "nuvec_gated_delta", "nuvec_qmv", "nuvec_qvm", "nuvec_qmm", "nuvec_rms_norm"}
+    checked = {"nuvec_sdpa_decode", "nuvec_sdpa_merge", "nuvec_gated_delta", "nuvec_qmv", "nuvec_qvm", "nuvec_qmm", "nuvec_rms_norm", "nuvec_layer_norm"}
     assert {f.stem for f in FAMILIES if "metal" in f.backends} == checked

@@ -31,6 +31,9 @@ compiles dominate the time):
   (negative, >= E, 2^31 - 1) and one entry; qmm at M 9, 65, 130 (not multiples of the 64-row
   tile), N 100, batch axes, nvfp4's half chunk; the sorted gathered qmm with out-of-range experts;
   no rows, no columns, no entries.
+- row norms: rms_norm with and without a weight, add_rms_norm, layer_norm with a weight and a
+  bias or a bias only; rows of 1 and 7 (single elements), 33, 1000 and 4096 (pieces held), 32776
+  and 65536 (the row read again each pass); no rows.
 
 Usage (from the repository root):
     DEV=CUDA PYTHONPATH=. python3 tools/sanitize_cases.py [-k SUBSTR ...] [--list]
@@ -71,6 +74,7 @@ DECODE_TWO_PASSES = ("nuvec_sdpa_decode", "nuvec_sdpa_merge")
 MATRIX = ("nuvec_sdpa_decode_mma", "nuvec_sdpa_merge")
 GATED_DELTA = ("nuvec_gated_delta",)
 QMV, QVM, QMM = ("nuvec_qmv",), ("nuvec_qvm",), ("nuvec_qmm",)
+RMS_NORM, LAYER_NORM = ("nuvec_rms_norm",), ("nuvec_layer_norm",)
 NONE: tuple[str, ...] = ()
 
 # A call's results: (label, tensor, where the contract leaves values unspecified or None).
@@ -393,7 +397,39 @@ QUANT += [Case(f"gathered qmm {fmt(mode, group, bits)} {SHORT[dtype]} 40 sorted 
           for mode, group, bits, k, dtype in (("affine", 64, 4, 320, dtypes.bfloat16),
                                               ("mxfp4", 32, 4, 320, dtypes.float16), ("nvfp4", 16, 4, 272, dtypes.bfloat16))]
 
-CASES = ATTENTION + GATED + QUANT
+
+# ---- row norms -------------------------------------------------------------------------------
+
+def norm(kind: str, rows: int, length: int, dtype: DType, *, weight: bool = True, bias: bool = False,
+         residual: bool = False) -> Setup:
+    """An `rms_norm` (`add_rms_norm` with `residual`) or `layer_norm` call over `rows` rows."""
+    def setup(rng):
+        x = uniform(rng, (rows, length), dtype, -3.0, 3.0)
+        r = uniform(rng, (rows, length), dtype) if residual else None
+        w = uniform(rng, (length,), dtype, 0.5, 1.5) if weight else None
+        b = uniform(rng, (length,), dtype) if bias else None
+
+        def run(kernels: bool) -> Outputs:
+            if kind == "layer": return [("y", fast.layer_norm(x, w, b), None)]
+            if not residual: return [("y", fast.rms_norm(x, w), None)]
+            h, y = fast.add_rms_norm(x, r, w)
+            return [("h", h, None), ("y", y, None)]
+        return run
+    return setup
+
+
+NORMS = [
+    Case("rms_norm f32 3x7 (single elements)", RMS_NORM, norm("rms", 3, 7, dtypes.float32)),
+    Case("rms_norm bf16 5x33 no weight", RMS_NORM, norm("rms", 5, 33, dtypes.bfloat16, weight=False)),
+    Case("add_rms_norm f16 4x1000 (pieces of 8 held)", RMS_NORM, norm("rms", 4, 1000, dtypes.float16, residual=True)),
+    Case("add_rms_norm bf16 2x32776 (the row read again)", RMS_NORM, norm("rms", 2, 32776, dtypes.bfloat16, residual=True)),
+    Case("layer_norm bf16 3x4096 weight and bias", LAYER_NORM, norm("layer", 3, 4096, dtypes.bfloat16, bias=True)),
+    Case("layer_norm f32 2x65536 bias only (looped)", LAYER_NORM, norm("layer", 2, 65536, dtypes.float32, weight=False, bias=True)),
+    Case("layer_norm f32 1x1", LAYER_NORM, norm("layer", 1, 1, dtypes.float32)),
+    Case("rms_norm no rows", NONE, norm("rms", 0, 64, dtypes.float32)),
+]
+
+CASES = ATTENTION + GATED + QUANT + NORMS
 
 
 # ---- running ---------------------------------------------------------------------------------

@@ -6,10 +6,13 @@ then multiplied by the weight and shifted by the bias in the result dtype.
 """
 from __future__ import annotations
 
+import math
+
 from tinygrad import Tensor
 from tinygrad.dtype import DType
 
 from .. import kernels
+from ..kernels import rows as row_kernels
 from ..tensor import (broadcast_shape, check, check_floating, check_number, check_tensor, check_weight,
                       compute_dtype, promote_types)
 
@@ -30,6 +33,39 @@ def _rms_normalized(x: Tensor, dtype: DType, eps: float) -> Tensor:
     return (xf * ((xf * xf).mean(-1, keepdim=True) + eps).rsqrt()).cast(dtype)
 
 
+def _rms_norm(x: Tensor, weight: Tensor | None, dtype: DType, eps: float) -> Tensor:
+    """The RMS norm's composition (no checks)."""
+    y = _rms_normalized(x, dtype, eps)
+    return y if weight is None else y * weight.cast(dtype)
+
+
+def _layer_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None, dtype: DType, eps: float) -> Tensor:
+    """The layer norm's composition (no checks)."""
+    xf = x.cast(dtype).cast(compute_dtype(dtype))
+    centred = xf - xf.mean(-1, keepdim=True)
+    y = (centred * ((centred * centred).mean(-1, keepdim=True) + eps).rsqrt()).cast(dtype)
+    if weight is not None: y = y * weight.cast(dtype)
+    if bias is not None: y = y + bias.cast(dtype)
+    return y
+
+
+def _kernel_backend(op: str, kernel: str, x: Tensor, shape: tuple, types: tuple[DType, ...]) -> str | None:
+    """The backend whose norm kernel runs `op` over rows of `shape` (or None: the composition),
+    saying under NUVEC_DEBUG which, with the launch."""
+    concrete = all(isinstance(size, int) for size in shape)
+    rows, length = (math.prod(shape[:-1]), shape[-1]) if concrete else (0, 0)
+    description = f"{shape} on {x.device}"
+    if concrete and rows and length:
+        launch = row_kernels.plan(length)
+        description += (f" ({launch.threads} threads a row, pieces of {launch.vec}, "
+                        + (f"{launch.per} held a thread)" if launch.cached else "the row read again each pass)"))
+
+    def unsupported(backend: str) -> str | None:
+        if not concrete: return "a symbolic shape"
+        return row_kernels.unsupported(types, rows, length, kernels.target(x.device))
+    return kernels.choose(op, description, x.device, kernel, unsupported)
+
+
 def rms_norm(x: Tensor, weight: Tensor | None = None, eps: float = 1e-5) -> Tensor:
     """RMS normalisation over the last axis: `x / sqrt(mean(x²) + eps) * weight`.
 
@@ -40,9 +76,12 @@ def rms_norm(x: Tensor, weight: Tensor | None = None, eps: float = 1e-5) -> Tens
     check_tensor("rms_norm", "x", x)
     dtype = _norm_dtype("rms_norm", x.shape, x.dtype, weight=weight)
     eps = check_number("rms_norm", "eps", eps)
-    kernels.composition("rms_norm", f"{tuple(x.shape)} on {x.device}")
-    y = _rms_normalized(x, dtype, eps)
-    return y if weight is None else y * weight.cast(dtype)
+    types = (x.dtype, dtype) + (() if weight is None else (weight.dtype,))
+    backend = _kernel_backend("rms_norm", "rms_norm", x, tuple(x.shape), types)
+    if backend is not None:
+        return row_kernels.norm_kernel("rms", x, eps, dtype, backend=backend, weight=weight,
+                                       composition=lambda x, *w: _rms_norm(x, w[0] if w else None, dtype, eps))
+    return _rms_norm(x, weight, dtype, eps)
 
 
 def layer_norm(x: Tensor, weight: Tensor | None = None, bias: Tensor | None = None, eps: float = 1e-5) -> Tensor:
@@ -55,13 +94,15 @@ def layer_norm(x: Tensor, weight: Tensor | None = None, bias: Tensor | None = No
     check_tensor("layer_norm", "x", x)
     dtype = _norm_dtype("layer_norm", x.shape, x.dtype, weight=weight, bias=bias)
     eps = check_number("layer_norm", "eps", eps)
-    kernels.composition("layer_norm", f"{tuple(x.shape)} on {x.device}")
-    xf = x.cast(dtype).cast(compute_dtype(dtype))
-    centred = xf - xf.mean(-1, keepdim=True)
-    y = (centred * ((centred * centred).mean(-1, keepdim=True) + eps).rsqrt()).cast(dtype)
-    if weight is not None: y = y * weight.cast(dtype)
-    if bias is not None: y = y + bias.cast(dtype)
-    return y
+    types = (x.dtype, dtype) + tuple(p.dtype for p in (weight, bias) if p is not None)
+    backend = _kernel_backend("layer_norm", "layer_norm", x, tuple(x.shape), types)
+    if backend is not None:
+        def composition(x: Tensor, *params: Tensor) -> Tensor:
+            given = iter(params)
+            return _layer_norm(x, None if weight is None else next(given), None if bias is None else next(given), dtype, eps)
+        return row_kernels.norm_kernel("layer", x, eps, dtype, backend=backend, weight=weight, bias=bias,
+                                       composition=composition)
+    return _layer_norm(x, weight, bias, dtype, eps)
 
 
 def add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor | None = None,
@@ -76,11 +117,18 @@ def add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor | None = None,
     check_tensor("add_rms_norm", "residual", residual)
     shape = broadcast_shape("add_rms_norm", x.shape, residual.shape)
     h_dtype = promote_types(x.dtype, residual.dtype)
-    _norm_dtype("add_rms_norm", shape, h_dtype, weight=weight)
-    check_number("add_rms_norm", "eps", eps)
-    kernels.composition("add_rms_norm", f"{shape} on {x.device}")
+    dtype = _norm_dtype("add_rms_norm", shape, h_dtype, weight=weight)
+    eps = check_number("add_rms_norm", "eps", eps)
+    types = (x.dtype, residual.dtype, h_dtype, dtype) + (() if weight is None else (weight.dtype,))
+    backend = _kernel_backend("add_rms_norm", "rms_norm", x, shape, types)
+    if backend is not None:
+        def composition(x: Tensor, residual: Tensor, *w: Tensor) -> tuple[Tensor, Tensor]:
+            h = x.cast(h_dtype) + residual.cast(h_dtype)
+            return h, _rms_norm(h, w[0] if w else None, dtype, eps)
+        return row_kernels.norm_kernel("rms", x.expand(shape), eps, dtype, backend=backend, weight=weight,
+                                       residual=residual.expand(shape), h_dtype=h_dtype, composition=composition)
     h = x.cast(h_dtype) + residual.cast(h_dtype)
-    return h, rms_norm(h, weight, eps)
+    return h, _rms_norm(h, weight, dtype, eps)
 
 
 def residual_rms_norm(h: Tensor, x: Tensor, weight: Tensor, eps: float, scale: Tensor | float | None = None,
