@@ -235,7 +235,7 @@ def rate_cells(seconds: float | None, moved: int, peak: float | None) -> str:
     """`µs | GB/s | % peak |` cells (dashes where there is no time)."""
     if not seconds: return "- | - | - |"
     rate = moved / seconds
-    gb = f"{rate / 1e9:.0f}" if rate >= 100e9 else f"{rate / 1e9:.3g}"  # three figures at least
+    gb = f"{rate / 1e9:.0f}" if rate >= 100e9 else f"{rate / 1e9:#.3g}"  # three figures at least
     return f"{seconds * 1e6:.1f} | {gb} | " + (f"{100 * rate / peak:.0f}% |" if peak else "- |")
 
 
