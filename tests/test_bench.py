@@ -1,5 +1,7 @@
 """The benchmarks run end to end on tiny shapes (`--small`) on the CPU: every row is written; and
 `python -m nuvec_tg.bench` picks those shapes by itself off a GPU with nuvec_tg's kernels. The
+row operations' table has every operation, ours beside the composition (timed with the kernels
+off) and PyTorch's dashes where it is missing, and counts each op's bytes. The
 model benchmark writes its rows, transformers' (or why there are none), the roofline rows, and
 skips a config whose family is not there yet. The
 rotation passes twice the L2 or marks the row; the L2 size comes from a table by name where the
@@ -14,17 +16,25 @@ from tinygrad.helpers import Context
 from nuvec_tg import models
 from nuvec_tg.bench import common
 from nuvec_tg.bench import model as model_bench
+from nuvec_tg.bench import rows as rows_bench
+from nuvec_tg.kernels import kernels_enabled
 from nuvec_tg.bench.__main__ import BENCHMARKS, main
 
 KERNEL_BENCHMARKS = [what for what in BENCHMARKS if what != "model"]
+OURS_COLUMN = {"attention": 7, "gated_delta": 3, "quant": 5, "rows": 4}  # ours' µs, counting cells from 1
+
+
+def small_args(**changes) -> argparse.Namespace:
+    return argparse.Namespace(**{**dict(quick=False, small=True, repeats=1, markdown=None, part="1/1", batches=None), **changes})
 
 
 @pytest.mark.parametrize("what", KERNEL_BENCHMARKS)
 def test_the_benchmark_writes_its_table(what, capsys):
-    lines = BENCHMARKS[what](argparse.Namespace(quick=False, small=True, repeats=1, markdown=None, part="1/1", batches=None))
-    rows = [line for line in lines if line.startswith("| ") and not line.startswith("| B |") and not line.startswith("| M |")]
-    assert rows and all(line.count("|") == lines[2].count("|") for line in rows)
-    assert all(float(line.split("|")[3 if what == "gated_delta" else 7 if what == "attention" else 5]) > 0 for line in rows)
+    lines = BENCHMARKS[what](small_args())
+    assert lines[1] == "" and lines[3].startswith("|---")  # the caption, a blank line, the header, its rule
+    rows = lines[4:]
+    assert rows and all(line.startswith("| ") and line.count("|") == lines[2].count("|") for line in rows)
+    assert all(float(line.split("|")[OURS_COLUMN[what]]) > 0 for line in rows)
     assert lines[0] in capsys.readouterr().out
     # --small caps a replay at 16 calls of a few KB, far under twice any L2: every row says so
     assert all(line.split("|")[1].strip().endswith(" (L2)") for line in rows)
@@ -111,3 +121,46 @@ def test_time_jit_warms_the_clocks_after_the_capture_and_before_timing(monkeypat
     x = Tensor([1.0, 2.0]).realize()
     assert common.time_jit(lambda a: events.append("trace") or a * 2, [(x,)], repeats=2) > 0
     assert events == ["trace", "trace", "warm", "time", "time"]
+
+
+def test_the_rows_table_has_every_operation_ours_and_the_composition(monkeypatch, capsys):
+    """Every op has a row (rope at the decode layout too); ours is timed with the kernels on and
+    the composition with them off, over the same calls; without PyTorch its cells are dashes."""
+    timed = []
+
+    def fake_time_jit(fn, calls, repeats):
+        timed.append((kernels_enabled(), tuple(calls[0][0].shape), len(calls[0])))
+        assert calls[0][0].uop.is_realized and all(t.shape for t in calls[0])  # inputs are realized tensors
+        return 2e-6 if kernels_enabled() else 3e-6
+    monkeypatch.setattr(rows_bench, "time_jit", fake_time_jit)
+    monkeypatch.setattr(rows_bench, "cuda_torch", lambda: None)
+    lines = rows_bench.run(small_args())
+    cells = [[c.strip() for c in line.split("|")[1:-1]] for line in lines[4:]]
+    assert [c[:3] for c in cells] == [[op + " (L2)", "16x64", "float32"] for op in rows_bench.OPS] + \
+        [["rope (L2)", "2x64", "float32"]]
+    assert all(c[3] == "2.0" and c[6] == "3.0" and c[9:] == ["-"] * 4 for c in cells)
+    assert timed[-2:] == [(True, (2, 2, 1, 32), 2), (False, (2, 2, 1, 32), 2)]  # x and the per-batch offsets
+    assert [t[0] for t in timed] == [True, False] * len(cells)
+    assert "[1, 2, 16, 32]" in lines[0] and "[2, 2, 1, 32]" in lines[0] and "its columns are -" in lines[0]
+    assert lines[-1] in capsys.readouterr().out
+
+
+def test_the_rows_bytes_count_each_input_and_output_once():
+    big, decode = rows_bench.SHAPES
+    n = 4096 * 4096 * 2  # bfloat16
+    assert rows_bench.moved_bytes("add_rms_norm", big, 2) == 4 * n + 4096 * 2  # x, residual; h, y; the weight
+    assert rows_bench.moved_bytes("cross_entropy", decode, 4) == 32 * 4096 * 4 + 32 * 4 + 32 * 4  # targets, losses
+    assert rows_bench.moved_bytes("rope", decode, 2) == 2 * 32 * 4096 * 2 + 32 * 4  # x, y and the offsets
+    assert rows_bench.moved_bytes("rope", big, 2) == 2 * n
+    assert decode.rope_shape() == (32, 32, 1, 128) and big.rope_shape() == (1, 32, 4096, 128)
+    with pytest.raises(ValueError, match="no operation"):
+        rows_bench.moved_bytes("gelu", big, 2)
+
+
+@pytest.mark.parametrize("changes, count", [({}, 32), ({"quick": True}, 16), ({"batches": "32"}, 16),
+                                            ({"part": "2/4"}, 8)])
+def test_the_rows_grid(changes, count):
+    grid, head = rows_bench.grid_of(small_args(small=False, **changes))
+    assert len(grid) == count and head == 128
+    assert {op for _, op, _ in grid} == set(rows_bench.OPS)
+    if changes.get("batches"): assert all(shape.rows == 32 for shape, _, _ in grid)
