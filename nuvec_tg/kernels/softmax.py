@@ -12,7 +12,7 @@ from typing import Callable
 from tinygrad import Tensor, dtypes
 from tinygrad.dtype import DType
 
-from ..tensor import concrete
+from ..tensor import concrete, dtype_name
 from . import Target
 from .program import (CTYPES, Backward, Family, Param, Program, Resources, int_buffer, launch, metal_limit_reason,
                       threadgroup_array)
@@ -49,7 +49,7 @@ def unsupported(dtype: DType, rows: int, length: int, target: Target) -> str | N
     GPU's limits."""
     if not isinstance(rows, int) or not isinstance(length, int): return "a symbolic shape"
     if rows == 0 or length == 0: return "an empty call"
-    if concrete(dtype) not in CTYPES: return f"{dtype.name} has no kernel (float16, bfloat16 and float32 do)"
+    if concrete(dtype) not in CTYPES: return f"{dtype_name(dtype)} has no kernel (float16, bfloat16 and float32 do)"
     if rows * length > INDEX_LIMIT: return f"{rows} rows of {length} exceed int32 indexing"
     if (reason := target.lacks(bfloat=concrete(dtype) == dtypes.bfloat16)) is not None: return reason
     if target.backend == "metal" and (reason := metal_limit_reason(metal_resources(plan(length)))) is not None:
@@ -85,8 +85,7 @@ def int32_targets(targets: Tensor) -> Tensor:
     integers convert exactly; wider ones are read as int64 (as the composition reads them) and
     clamped into int32, where a value from outside stays outside every class."""
     dtype = concrete(targets.dtype)
-    if dtype == dtypes.int32: return targets
-    if dtype.itemsize < 4: return targets.cast(dtypes.int32)
+    if dtype.itemsize <= 4 and dtype != dtypes.uint32: return targets.cast(dtypes.int32)  # a weak int made concrete too
     return targets.cast(dtypes.int64).clip(-2**31, 2**31 - 1).cast(dtypes.int32)
 
 
@@ -97,7 +96,11 @@ def _launch(mode: str, x: Tensor, targets: Tensor | None, backend: str, composit
     launch_shape = plan(length)
     kernel = program(backend, mode, x.dtype, launch_shape)
     ins = [x.contiguous()]
-    if targets is not None: ins.append(int32_targets(targets.to(device)).contiguous())
+    if targets is not None:
+        targets = int32_targets(targets)
+        if targets.device is None:  # a Python number's constant has no device and no buffer: give it both
+            targets = Tensor.zeros(targets.shape, dtype=dtypes.int32, device=device) + targets
+        ins.append(targets.to(device).contiguous())
     out_dtype = dtypes.float32 if mode == "cross_entropy" else concrete(x.dtype)
     out = Tensor.empty(*shape, dtype=out_dtype, device=device) if mode == "softmax" else \
         Tensor.empty(rows, dtype=out_dtype, device=device)
