@@ -77,12 +77,14 @@ def reference(mode, x, targets=None):
     return cross_entropy_reference(x, targets)
 
 
-def emulate(mode, x_values, dtype, targets=None):
+def emulate(mode, x_values, dtype, targets=None, edit=None):
     """Run the kernel of `mode` over the rows of `x_values` (float64, representable in `dtype`) as
-    the plan launches it; returns its output as float64 (`[rows, L]` or `[rows]`)."""
+    the plan launches it (its rendering changed by `edit`, for planted faults); returns its output
+    as float64 (`[rows, L]` or `[rows]`)."""
     rows, length = x_values.shape
     shape = kernel.plan(length)
     program = kernel.program("cuda", mode, dtype, shape)
+    if edit is not None: program = edit(program)
     out_dtype = F32 if mode == "cross_entropy" else dtype
     out_shape = (rows, length) if mode == "softmax" else (rows,)
     y = np.full(out_shape, np.nan, np.float32) if out_dtype == F32 else np.full(out_shape, 0xFFFF, np.uint16)
@@ -107,12 +109,17 @@ def check(name, mode, got, want, dtype):
     else: assert_close(name, got, want, TOLERANCE[F32 if mode == "cross_entropy" else dtype])
 
 
-@pytest.mark.parametrize("name", CASES)
-def test_emulated_row_kernels_match_numpy(name):
+def check_case(name, edit=None):
+    """The case against float64 numpy (what the test below and the planted faults run)."""
     mode, rows, length, dtype = CASES[name]
     x = inputs(rows, length, dtype)
     targets = targets_for(rows, length) if mode == "cross_entropy" else None
-    check(name, mode, emulate(mode, x, dtype, targets), reference(mode, x, targets), dtype)
+    check(name, mode, emulate(mode, x, dtype, targets, edit), reference(mode, x, targets), dtype)
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_emulated_row_kernels_match_numpy(name):
+    check_case(name)
 
 
 def infinite_rows(length):
@@ -132,16 +139,22 @@ def infinite_rows(length):
     return round_to(x, F32)
 
 
+def check_infinite_rows(length, modes=("softmax", "logsumexp", "cross_entropy"), edit=None):
+    """Each mode over `infinite_rows(length)` against float64 numpy; returns their outputs."""
+    x = infinite_rows(length)
+    # each row's target: -inf (twice), the +inf, one before the first class, the NaN, the one finite element, INT_MIN
+    targets = np.array([0, 3, length - 2, -length - 1, 2, length - 2, INT32_MIN], np.int32)
+    got = {}
+    for mode in modes:
+        got[mode] = emulate(mode, x, F32, targets if mode == "cross_entropy" else None, edit)
+        check(f"{mode} length {length}", mode, got[mode], reference(mode, x, targets), F32)
+    return got
+
+
 @pytest.mark.parametrize("length", [7, 9000], ids=["registers", "looped"])
 def test_infinite_and_nan_rows_are_the_compositions(length):
-    x = infinite_rows(length)
+    got = check_infinite_rows(length)
     late = length - 2
-    # targets: the maximum, a -inf element, the +inf element, one past the end, INT_MIN, ...
-    targets = np.array([0, 3, late, -length - 1, 2, late, INT32_MIN], np.int32)
-    got = {}
-    for mode in ("softmax", "logsumexp", "cross_entropy"):
-        got[mode] = emulate(mode, x, F32, targets if mode == "cross_entropy" else None)
-        check(f"{mode} length {length}", mode, got[mode], reference(mode, x, targets), F32)
     # What the comparison above holds, spelt out: NaN softmax rows where the maximum is infinite
     # or a NaN is present, the infinite maximum as the log-sum-exp, zeros for -inf elements.
     assert np.isnan(got["softmax"][[0, 2, 3, 4]]).all() and np.isnan(got["logsumexp"][4])
@@ -150,14 +163,19 @@ def test_infinite_and_nan_rows_are_the_compositions(length):
     np.testing.assert_array_equal(got["cross_entropy"][[0, 1, 2, 3, 5]], [np.nan, np.inf, np.nan, np.inf, 0.0])
 
 
+def check_hostile_targets(length, edit=None):
+    """Targets far outside the classes against float64 numpy (the emulator fails any read
+    outside the logits); returns the logits and the losses."""
+    x = inputs(9, length, F32, seed=5)
+    targets = np.array([INT32_MIN, INT32_MAX, -length - 1, -length, length, length - 1, -1, 0, 2**30], np.int32)
+    got = emulate("cross_entropy", x, F32, targets, edit)
+    assert_close("hostile targets", got, cross_entropy_reference(x, targets), TOLERANCE[F32])
+    return x, got
+
+
 @pytest.mark.parametrize("length", [7, 30000], ids=["registers", "looped"])
 def test_hostile_targets_hit_no_class_and_read_nothing_outside(length):
-    """Targets far outside the classes (the emulator fails any read outside the logits)."""
-    x = inputs(9, length, F32, seed=5)
-    targets = np.array([INT32_MIN, INT32_MAX, -length - 1, -length, length, length - 1, -1, 0, 2**30], np.int32)[:len(x)]
-    got = emulate("cross_entropy", x, F32, targets)
-    want = cross_entropy_reference(x, targets)
-    assert_close("hostile targets", got, want, TOLERANCE[F32])
+    x, got = check_hostile_targets(length)
     lse = logsumexp_reference(x)
     np.testing.assert_allclose(got[[0, 1, 2, 4, 8]], lse[[0, 1, 2, 4, 8]], rtol=1e-6)   # no class hit
     np.testing.assert_allclose(got[3], lse[3] - x[3, 0], rtol=1e-6)                   # -C is class 0
