@@ -17,8 +17,8 @@
 // thread's partial in element order, a SIMD reduction, then the SIMD groups' partials in order,
 // so a row's bits depend only on the row and the launch (the plan picks it from the length alone).
 //
-// Defines: MODE, TX (x's type), TO (y's), THREADS (a multiple of 32, at most 1024), ITEMS,
-// LOOPED. Runtime integers (`ints`): the row length, the rows.
+// Defines: MODE, TO (y's type; x's is its parameter's), THREADS (a multiple of 32, at most
+// 1024), ITEMS, LOOPED. Runtime integers (`ints`): the row length, the rows.
 
 // e^(v - top) as the composition computes it; an element of -inf adds nothing, also beside a
 // maximum of -inf (where the difference would be NaN).
