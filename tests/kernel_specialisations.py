@@ -24,9 +24,10 @@ from dataclasses import dataclass
 from typing import Callable, Iterator, NamedTuple, Sequence
 
 from tinygrad import dtypes
+from tinygrad.dtype import DType
 
 from nuvec_tg.fast.plan import PlanTarget, Vector, plan_call, validate_attention
-from nuvec_tg.kernels import gated_delta, rows
+from nuvec_tg.kernels import gated_delta, rows, softmax
 from nuvec_tg.kernels import quant
 from nuvec_tg.kernels.attention import (MATRIX_ROWS, DecodeSpec, default_launch, geometry, matrix_staging_bytes,
                                         paged_unsupported)
@@ -278,8 +279,26 @@ def _norm_candidates(backend: str) -> Iterator[_Candidate]:
         yield _Candidate(f"nuvec_{kind}_norm", make, cover, (buffers,))
 
 
+def softmax_calls() -> Iterator[tuple[str, DType, int]]:
+    """The softmax family's calls by `(mode, dtype, length)`: each mode and dtype at a length for
+    every launch the plan emits (32 to 1024 threads holding the row in registers, the looped 1024)."""
+    lengths = [256 * k for k in range(1, softmax.MAX_THREADS // 32 + 1)] + [softmax.MAX_THREADS * softmax.ITEMS + 1]
+    yield from itertools.product(softmax.MODES, KERNEL_DTYPES, lengths)
+
+
+def _softmax_candidates(backend: str) -> Iterator[_Candidate]:
+    for mode, dtype, length in softmax_calls():
+        shape = softmax.plan(length)
+
+        def make(mode=mode, dtype=dtype, shape=shape) -> tuple[str, Program]:
+            label = f"{mode} {dtype_name(dtype)} {shape.threads} threads" + (" looped" if shape.looped else "")
+            return label, softmax.program(backend, mode, dtype, shape)
+        cover = ((dtype, shape.looped), (shape.threads, shape.looped))
+        yield _Candidate(softmax.BY_MODE[mode].stem, make, cover, ((),))  # no inline assembly of its own
+
+
 _WALKS = (_decode_candidates, _gated_delta_candidates, _qmv_candidates, _qvm_candidates, _qmm_candidates,
-          _norm_candidates)
+          _norm_candidates, _softmax_candidates)
 
 
 @functools.cache

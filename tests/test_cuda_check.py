@@ -94,6 +94,9 @@ REACHED = {
     "nuvec_qvm": {"MODE": {"0", "1", "2", "3"}, "XM": {"1", "3", "8"}, "TX": {"half", "bfloat", "float"}},
     "nuvec_qmm": {"MODE": {"0", "1", "2", "3"}, "LOAD_WORDS": {"1", "2", "4"}, "GATHER": {"0", "1"}, "TX": {"half", "bfloat"},
                   "TS": {"half", "bfloat", "float", "uchar"}},
+    "nuvec_softmax": {"MODE": {"0"}, "LOOPED": {"0", "1"}, "TO": {"half", "bfloat", "float"}, "THREADS": {"32", "1024"}},
+    "nuvec_logsumexp": {"MODE": {"1"}, "LOOPED": {"0", "1"}, "TO": {"half", "bfloat", "float"}, "THREADS": {"32", "1024"}},
+    "nuvec_cross_entropy": {"MODE": {"2"}, "LOOPED": {"0", "1"}, "TO": {"float"}, "THREADS": {"32", "1024"}},
 }
 
 

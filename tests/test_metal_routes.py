@@ -10,7 +10,7 @@ import platform
 from tinygrad import dtypes
 
 from nuvec_tg import fast, kernels
-from nuvec_tg.kernels import gated_delta, program
+from nuvec_tg.kernels import gated_delta, program, softmax
 from nuvec_tg.kernels import quant as qmv
 
 bf16, f16, f32 = dtypes.bfloat16, dtypes.float16, dtypes.float32
@@ -74,6 +74,15 @@ def test_gated_delta_takes_bfloat16_only_where_metal_has_it():
     assert gated_delta.unsupported((f16,) * 5 + (f32,), 1, 1, 4, 128, 128, METAL_3_0) is None
 
 
+def test_the_softmax_family_takes_bfloat16_only_where_metal_has_it():
+    assert softmax.unsupported(bf16, 4, 1000, METAL) is None
+    assert softmax.unsupported(bf16, 4, 1000, METAL_3_0) == NO_BFLOAT
+    assert softmax.unsupported(f16, 4, 1000, METAL_3_0) is None and softmax.unsupported(f32, 4, 100000, METAL_3_0) is None
+    assert softmax.unsupported(dtypes.float64, 4, 1000, CUDA) == "float64 has no kernel (float16, bfloat16 and float32 do)"
+    assert softmax.unsupported(f32, 0, 1000, CUDA) == softmax.unsupported(f32, 4, 0, CUDA) == "an empty call"
+    assert softmax.unsupported(f32, 2**20, 2**11, CUDA) == f"{2**20} rows of {2**11} exceed int32 indexing"
+
+
 def test_qmm_fits_metals_threadgroup_memory_and_one_that_does_not_routes_away(monkeypatch):
     """qmm's Metal tiles (two stage buffers of words, float tiles of w and x, no stage for x) take
     22.5-26 KB; with the CUDA build's four stages and x staged they took 44-50 KB."""
@@ -86,7 +95,7 @@ def test_qmm_fits_metals_threadgroup_memory_and_one_that_does_not_routes_away(mo
 
 
 def test_every_route_checks_metals_limits(monkeypatch):
-    """With smaller limits, the decode kernels, qvm and the gated delta kernel route away saying
+    """With smaller limits, the decode kernels, qvm, the gated delta and softmax kernels route away saying
     what they would take; what still fits keeps its kernel."""
     monkeypatch.setattr(program, "METAL_LIMITS", program.Resources(threads=128, threadgroup_bytes=4096))
     plan = decode(f16, METAL)   # 4 SIMD groups of 4 rows of 128 floats, and their maxima and sums
@@ -100,6 +109,8 @@ def test_every_route_checks_metals_limits(monkeypatch):
     assert gated_delta.unsupported((f16,) * 6, 1, 1, 4, 128, 128, METAL) is None   # decode: 2 SIMD groups
     assert gated_delta.unsupported((f16,) * 6, 1, 512, 4, 128, 128, METAL) == \
         "its threadgroup would take 128 threads per threadgroup (Metal allows 64)"
+    assert softmax.unsupported(f16, 1, 512, METAL) is None   # 64 threads
+    assert softmax.unsupported(f16, 1, 513, METAL) == "its threadgroup would take 96 threads per threadgroup (Metal allows 64)"
 
 
 def test_only_bfloat_programs_ask_the_prelude_for_bfloat():

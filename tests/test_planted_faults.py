@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 
+import numpy as np
 import pytest
 from tinygrad import dtypes
 
@@ -16,6 +17,7 @@ import test_decode_emulated as vector
 import test_decode_mma_emulated as matrix
 import test_gated_delta_emulated as gated
 import test_qmv_emulated as quant
+import test_softmax_emulated as rows
 from kernel_emulator import CHECKS_EVERY_ACCESS, COMPILER
 from nuvec_tg.kernels import quant as qmv
 from nuvec_tg.kernels.program import Program
@@ -203,3 +205,35 @@ def test_qmm_faults_fail_its_comparison(fault_name):
     fault = QMM_FAULTS[fault_name]
     qw, x, want = qmm_case()
     expect_failure(fault, lambda: quant.check_rows("qmm", quant.emulated_qmm(x, qw, dtypes.bfloat16, edit=fault), want, dtypes.bfloat16))
+
+
+# The softmax family (softmax.h), through its emulated test's comparisons.
+SOFTMAX_FAULTS = {
+    "drops_the_last_simd_groups_sum": (lambda edit: rows.check_case("softmax_1000_bf16", edit),
+                                       Fault("for (int w = 0; w < THREADS / 32; w++) total += sums[w];",
+                                             "for (int w = 0; w < THREADS / 32 - 1; w++) total += sums[w];")),
+    "keeps_a_sum_on_its_old_maximum": (lambda edit: rows.check_case("logsumexp_20000_looped_f32", edit),
+                                       Fault("sum = fma(sum, shifted_exp(top, grown), shifted_exp(v[0], grown));",
+                                             "sum = sum + shifted_exp(v[0], grown);")),
+    "thread_sums_not_moved_onto_the_rows_maximum": (lambda edit: rows.check_case("softmax_8193_looped_f16", edit),
+                                                    Fault("sum *= shifted_exp(top, row_max);", "")),
+    "negative_targets_not_counted_from_the_end": (lambda edit: rows.check_case("cross_entropy_seven_f32", edit),
+                                                  Fault("if (target < 0) target += length;", "")),
+    "a_minus_inf_element_beside_a_minus_inf_maximum_is_nan": (
+        lambda edit: rows.check_infinite_rows(9000, ("logsumexp",), edit),
+        Fault("return v == -INFINITY ? 0.0f : exp2((v - top) * LOG2E);", "return exp2((v - top) * LOG2E);")),
+}
+
+
+@pytest.mark.parametrize("fault_name", list(SOFTMAX_FAULTS))
+def test_softmax_faults_fail_its_comparison(fault_name):
+    check, fault = SOFTMAX_FAULTS[fault_name]
+    expect_failure(fault, lambda: check(fault), f"{DIFFER}|non-finite values differ")
+
+
+@needs_access_checks
+def test_cross_entropy_reading_an_unchecked_target_fails_the_bounds_check():
+    """Targets one before the first row's classes and one past the last row's, read unchecked."""
+    fault = Fault("(target >= 0 && target < length ? to_float(x[base + target]) : 0.0f)", "to_float(x[base + target])")
+    x, targets = rows.inputs(3, 7, dtypes.float32), np.array([-8, 0, 7], np.int32)
+    expect_failure(fault, lambda: rows.emulate("cross_entropy", x, dtypes.float32, targets, fault), OUTSIDE)

@@ -3,7 +3,9 @@ import numpy as np
 import pytest
 from tinygrad import Tensor, dtypes
 
-from nuvec_tg import fast
+from nuvec_tg import fast, kernels
+from nuvec_tg.kernels import softmax as row_kernels
+from nuvec_tg.kernels.program import Program
 from reference import DTYPES, HALF_DTYPES, TOLERANCE, assert_close, finite_differences, gradients, random, tensor, values
 
 SHAPES = [(5, 10), (2, 3, 257), (3, 5000), (1, 1, 9)]
@@ -116,3 +118,88 @@ def test_cross_entropy_of_the_seeds():
     ce = fast.cross_entropy(x.cast(dtypes.float64), Tensor([2, 0], device="CPU", dtype=dtypes.uint8))
     assert ce.dtype == dtypes.float64
     assert_close("uint8 targets", values(ce), cross_entropy_reference(np.array(rows), np.array([2, 0])), 1e-12)
+
+
+# ---- the kernel path, on the CPU ---------------------------------------------------------------
+# The CPU has no kernels: these tests give the routes a backend and the launch a C stand-in for the
+# kernel (the real kernels run in test_softmax_emulated.py and on a GPU in test_gpu_softmax.py), to
+# check what the operations do around a kernel: the route, shapes and dtypes, the targets as the
+# kernel reads them, and the backward (the composition's gradient).
+
+STAND_INS = {
+    "softmax": "for (int i = 0; i < ints[0] * ints[1]; i++) y[i] = x[i];",             # the input itself
+    "logsumexp": "for (int r = 0; r < ints[1]; r++) y[r] = x[r * ints[0]];",           # each row's first element
+    "cross_entropy": "for (int r = 0; r < ints[1]; r++) y[r] = (float)targets[r];",    # the targets as read
+}
+
+
+@pytest.fixture
+def stand_ins(monkeypatch):
+    """Kernels on for every device, each program replaced by its C stand-in (float32 only)."""
+    render = row_kernels.program
+
+    def stand_in(backend, mode, dtype, shape):
+        params = render(backend, mode, dtype, shape).params
+        signature = ", ".join(f"{'const ' if p.kind == 'in' else ''}{p.ctype}* restrict {p.name}" for p in params)
+        return Program(f"stand_in_{mode}", f"void stand_in_{mode}({signature}) {{ {STAND_INS[mode]} }}", params, None)
+    monkeypatch.setattr(kernels, "active_backend", lambda device: "cuda")
+    monkeypatch.setattr(row_kernels, "program", stand_in)
+
+
+def launched(launches):
+    return [name for name, _ in launches]
+
+
+def test_the_last_axis_launches_the_kernel_with_the_compositions_gradient(stand_ins):
+    rng = np.random.default_rng(0x66)
+    x, xv = random(rng, (2, 3, 5), dtypes.float32, "CPU")
+    (g, _), (gr, _) = random(rng, (2, 3, 5), dtypes.float32, "CPU"), random(rng, (2, 3), dtypes.float32, "CPU")
+    with kernels.record_launches() as launches:
+        y, lse, kept = fast.softmax(x), fast.logsumexp(x), fast.logsumexp(x, -1, keepdims=True)
+        transposed = fast.softmax(x.transpose(1, 2))
+    assert launched(launches) == ["stand_in_softmax", "stand_in_logsumexp", "stand_in_logsumexp", "stand_in_softmax"]
+    assert launches[0][1] == "cuda softmax 6x5" and launches[1][1] == "cuda logsumexp 6x5"
+    assert y.dtype == lse.dtype == dtypes.float32 and lse.shape == (2, 3) and kept.shape == (2, 3, 1)
+    np.testing.assert_array_equal(y.numpy(), xv)
+    np.testing.assert_array_equal(lse.numpy(), xv[..., 0])
+    np.testing.assert_array_equal(kept.numpy(), xv[..., :1])
+    np.testing.assert_array_equal(transposed.numpy(), xv.transpose(0, 2, 1))   # read as its own rows
+    for name, op, cotangent in (("softmax", fast.softmax, g), ("logsumexp", fast.logsumexp, gr),
+                                ("keepdims", lambda x: fast.logsumexp(x, keepdims=True), gr.unsqueeze(-1))):
+        got, = gradients(op(x), cotangent, [x])
+        with kernels.compositions_only():
+            want, = gradients(op(x), cotangent, [x])
+        assert_close(f"{name} gradient", got, want, 1e-6)
+
+
+def test_cross_entropy_targets_reach_the_kernel_as_int32_hitting_the_same_classes(stand_ins):
+    rng = np.random.default_rng(0x67)
+    x, _ = random(rng, (5, 4), dtypes.float32, "CPU")
+    wide = Tensor(np.array([2**40, -2**40, -1, 3, 2**31 + 4]), dtype=dtypes.int64, device="CPU")
+    with kernels.record_launches() as launches:
+        read = fast.cross_entropy(x, wide)
+        narrow = fast.cross_entropy(x, Tensor(np.array([200, 1, 0, 255, 7], np.uint8), device="CPU"))
+    assert launched(launches) == ["stand_in_cross_entropy"] * 2
+    assert read.dtype == dtypes.float32 and read.shape == (5,)
+    clamped = np.array([2**31 - 1, -2**31, -1, 3, 2**31 - 1]).astype(np.float32)   # outside int32: still no class
+    np.testing.assert_array_equal(read.numpy(), clamped)
+    np.testing.assert_array_equal(narrow.numpy(), [200, 1, 0, 255, 7])
+    cotangent = random(rng, (5,), dtypes.float32, "CPU")[0]
+    got, = gradients(fast.cross_entropy(x, wide), cotangent, [x])
+    with kernels.compositions_only():
+        want, = gradients(fast.cross_entropy(x, wide), cotangent, [x])
+    assert_close("cross_entropy gradient", got, want, 1e-6)
+    one = fast.cross_entropy(x[0], Tensor(2, device="CPU"))   # 1-D logits, a scalar (weak int) target
+    assert one.shape == () and one.item() == 2
+
+
+def test_other_axes_float64_and_empty_calls_compose(stand_ins):
+    x = Tensor.ones(2, 3, device="CPU")
+    with kernels.record_launches() as launches:
+        fast.softmax(x, 0).realize()
+        fast.logsumexp(x, -2).realize()
+        fast.softmax(x.cast(dtypes.float64)).realize()
+        fast.cross_entropy(x.cast(dtypes.float64), Tensor([0, 1], device="CPU")).realize()
+        fast.softmax(Tensor.ones(0, 3, device="CPU")).realize()
+        fast.logsumexp(Tensor.ones(2, 0, device="CPU")).realize()
+    assert launches == []

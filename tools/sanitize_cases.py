@@ -34,6 +34,10 @@ compiles dominate the time):
 - row norms: rms_norm with and without a weight, add_rms_norm, layer_norm with a weight and a
   bias or a bias only; rows of 1 and 7 (single elements), 33, 1000 and 4096 (pieces held), 32776
   and 65536 (the row read again each pass); no rows.
+- softmax, logsumexp and cross_entropy over the last axis: one SIMD group, two, 1024 threads in
+  registers, the looped form; rows with -inf elements (a thread's first among them); leading
+  batch axes and 1-D logits; targets at both ends of int32, one past either end of the classes,
+  and int64 ones outside int32; no rows, no classes.
 
 Usage (from the repository root):
     DEV=CUDA PYTHONPATH=. python3 tools/sanitize_cases.py [-k SUBSTR ...] [--list]
@@ -75,6 +79,7 @@ MATRIX = ("nuvec_sdpa_decode_mma", "nuvec_sdpa_merge")
 GATED_DELTA = ("nuvec_gated_delta",)
 QMV, QVM, QMM = ("nuvec_qmv",), ("nuvec_qvm",), ("nuvec_qmm",)
 RMS_NORM, LAYER_NORM = ("nuvec_rms_norm",), ("nuvec_layer_norm",)
+SOFTMAX, LOGSUMEXP, CROSS_ENTROPY = ("nuvec_softmax",), ("nuvec_logsumexp",), ("nuvec_cross_entropy",)
 NONE: tuple[str, ...] = ()
 
 # A call's results: (label, tensor, where the contract leaves values unspecified or None).
@@ -418,6 +423,28 @@ def norm(kind: str, rows: int, length: int, dtype: DType, *, weight: bool = True
     return setup
 
 
+# ---- the softmax family ----------------------------------------------------------------------
+
+def row_op(op: str, shape: tuple[int, ...], dtype: DType, *, targets=None, minus_infinity: bool = False) -> Setup:
+    """`fast.softmax`, `logsumexp` or `cross_entropy` over the last axis of random logits of
+    `shape`. targets: the cross-entropy's, shaped as `shape[:-1]` (int64 where one is outside
+    int32). minus_infinity: every fifth element -inf, each row's first among them (the row's
+    maximum stays finite)."""
+    def setup(rng):
+        logits = rng.uniform(-8, 8, shape).astype(np.float32)
+        if minus_infinity: logits[..., ::5] = -np.inf
+        x = Tensor(logits, device=DEVICE).cast(dtype).realize()
+        given = None if targets is None else np.asarray(targets, np.int64).reshape(shape[:-1])
+        wide = given is not None and given.size and (given.min() < -2**31 or given.max() > INT32_MAX)
+        t = None if given is None else Tensor(given if wide else given.astype(np.int32), device=DEVICE).realize()
+
+        def run(kernels: bool) -> Outputs:
+            out = fast.softmax(x) if op == "softmax" else fast.logsumexp(x) if op == "logsumexp" else fast.cross_entropy(x, t)
+            return [(op, out, None)]
+        return run
+    return setup
+
+
 NORMS = [
     Case("rms_norm f32 3x7 (single elements)", RMS_NORM, norm("rms", 3, 7, dtypes.float32)),
     Case("rms_norm bf16 5x33 no weight", RMS_NORM, norm("rms", 5, 33, dtypes.bfloat16, weight=False)),
@@ -429,7 +456,27 @@ NORMS = [
     Case("rms_norm no rows", NONE, norm("rms", 0, 64, dtypes.float32)),
 ]
 
-CASES = ATTENTION + GATED + QUANT + NORMS
+ROWS = [
+    Case("softmax f32 3x7 (one SIMD group)", SOFTMAX, row_op("softmax", (3, 7), dtypes.float32)),
+    Case("softmax f16 2x257 (two SIMD groups) with -inf", SOFTMAX,
+         row_op("softmax", (2, 257), dtypes.float16, minus_infinity=True)),
+    Case("softmax bf16 batch 2x3x1000", SOFTMAX, row_op("softmax", (2, 3, 1000), dtypes.bfloat16)),
+    Case("softmax f32 2x8193 (looped) with -inf", SOFTMAX, row_op("softmax", (2, 8193), dtypes.float32, minus_infinity=True)),
+    Case("logsumexp f32 5x33", LOGSUMEXP, row_op("logsumexp", (5, 33), dtypes.float32)),
+    Case("logsumexp bf16 2x8192 (1024 threads, in registers)", LOGSUMEXP, row_op("logsumexp", (2, 8192), dtypes.bfloat16)),
+    Case("logsumexp f16 2x9000 (looped) with -inf", LOGSUMEXP,
+         row_op("logsumexp", (2, 9000), dtypes.float16, minus_infinity=True)),
+    Case("cross_entropy f32 6x7 targets -2^31, 2^31-1, -8, 7, -7, -1", CROSS_ENTROPY,
+         row_op("cross_entropy", (6, 7), dtypes.float32, targets=[-2**31, INT32_MAX, -8, 7, -7, -1])),
+    Case("cross_entropy bf16 4x9000 (looped) int64 targets 2^40, -2^40, 8999, -9000", CROSS_ENTROPY,
+         row_op("cross_entropy", (4, 9000), dtypes.bfloat16, targets=[2**40, -2**40, 8999, -9000])),
+    Case("cross_entropy f16 1-D logits 300", CROSS_ENTROPY, row_op("cross_entropy", (300,), dtypes.float16, targets=5)),
+    Case("softmax no rows", NONE, row_op("softmax", (0, 7), dtypes.float32)),
+    Case("softmax no classes", NONE, row_op("softmax", (3, 0), dtypes.float32)),
+    Case("cross_entropy no rows", NONE, row_op("cross_entropy", (0, 7), dtypes.float32, targets=[])),
+]
+
+CASES = ATTENTION + GATED + QUANT + NORMS + ROWS
 
 
 # ---- running ---------------------------------------------------------------------------------

@@ -3,12 +3,18 @@
 `softmax` is precise (MLX's `precise=True`): for float16 and bfloat16 the maximum, the
 exponentials and the sum are float32 and the result is the float32 softmax rounded once, bit for
 bit. float64 stays float64.
+
+Over the last axis, on METAL and CUDA, float16, bfloat16 and float32 calls run the row kernels
+(`kernels/softmax.py`); every other call, and every gradient, is the composition here.
 """
 from __future__ import annotations
+
+import math
 
 from tinygrad import Tensor, dtypes
 
 from .. import kernels
+from ..kernels import softmax as kernel
 from ..tensor import check, check_floating, check_integer, check_tensor, compute_dtype, normalize_axis
 
 
@@ -26,6 +32,35 @@ def _logsumexp(x: Tensor, axis: int) -> Tensor:
     return (row_max.abs() == float("inf")).where(row_max, finite)
 
 
+def _kernel_backend(op: str, x: Tensor, axis: int) -> str | None:
+    """The backend whose row kernel runs `op` over `axis` of `x`, or None (the composition)."""
+    def unsupported(backend: str) -> str | None:
+        if axis != x.ndim - 1: return f"axis {axis} is not the last"
+        return kernel.unsupported(x.dtype, math.prod(x.shape[:-1]), x.shape[-1], kernels.target(x.device))
+    return kernels.choose(op, f"{tuple(x.shape)} on {x.device}", x.device, op, unsupported)
+
+
+def _softmax_composition(x: Tensor, axis: int = -1) -> Tensor:
+    """`_softmax` in float32 (float64 for float64), rounded once to x's dtype."""
+    return _softmax(x.cast(compute_dtype(x.dtype)), axis).cast(x.dtype)
+
+
+def _logsumexp_composition(x: Tensor, axis: int = -1) -> Tensor:
+    """`_logsumexp` in float32 (float64 for float64), `axis` kept, in x's dtype."""
+    return _logsumexp(x.cast(compute_dtype(x.dtype)), axis).cast(x.dtype)
+
+
+def _cross_entropy(logits: Tensor, targets: Tensor) -> Tensor:
+    """The loss per row in float32 (float64 for float64 logits), targets of any integer dtype."""
+    classes = logits.shape[-1]
+    logits = logits.cast(compute_dtype(logits.dtype))
+    targets = targets.to(logits.device).cast(dtypes.int64)
+    targets = (targets < 0).where(targets + classes, targets)
+    hit = targets.unsqueeze(-1) == Tensor.arange(classes, dtype=dtypes.int64)
+    target_logit = hit.where(logits, 0.0).sum(-1)
+    return _logsumexp(logits, -1).squeeze(-1) - target_logit
+
+
 def softmax(x: Tensor, axis: int = -1) -> Tensor:
     """`exp(x) / sum(exp(x))` along `axis`.
 
@@ -36,8 +71,9 @@ def softmax(x: Tensor, axis: int = -1) -> Tensor:
     check(x.ndim >= 1, "softmax", "the input needs at least one dimension, got shape ()")
     check_floating("softmax", "x", x.dtype)
     axis = normalize_axis("softmax", axis, x.ndim)
-    kernels.composition("softmax", f"{tuple(x.shape)} on {x.device}")
-    return _softmax(x.cast(compute_dtype(x.dtype)), axis).cast(x.dtype)
+    backend = _kernel_backend("softmax", x, axis)
+    if backend is not None: return kernel.softmax_kernel(x, backend=backend, composition=_softmax_composition)
+    return _softmax_composition(x, axis)
 
 
 def logsumexp(x: Tensor, axis: int = -1, keepdims: bool = False) -> Tensor:
@@ -50,8 +86,11 @@ def logsumexp(x: Tensor, axis: int = -1, keepdims: bool = False) -> Tensor:
     check(x.ndim >= 1, "logsumexp", "the input needs at least one dimension, got shape ()")
     check_floating("logsumexp", "x", x.dtype)
     axis = normalize_axis("logsumexp", axis, x.ndim)
-    kernels.composition("logsumexp", f"{tuple(x.shape)} on {x.device}")
-    out = _logsumexp(x.cast(compute_dtype(x.dtype)), axis).cast(x.dtype)
+    backend = _kernel_backend("logsumexp", x, axis)
+    if backend is not None:
+        out = kernel.logsumexp_kernel(x, backend=backend, composition=_logsumexp_composition)
+        return out.unsqueeze(-1) if keepdims else out
+    out = _logsumexp_composition(x, axis)
     return out if keepdims else out.squeeze(axis)
 
 
@@ -70,11 +109,6 @@ def cross_entropy(logits: Tensor, targets: Tensor) -> Tensor:
           f"targets of shape {tuple(targets.shape)} do not match logits of shape {tuple(logits.shape)}")
     check_floating(op, "logits", logits.dtype)
     check_integer(op, "targets", targets.dtype)
-    kernels.composition(op, f"{tuple(logits.shape)} on {logits.device}")
-    classes = logits.shape[-1]
-    logits = logits.cast(compute_dtype(logits.dtype))
-    targets = targets.to(logits.device).cast(dtypes.int64)
-    targets = (targets < 0).where(targets + classes, targets)
-    hit = targets.unsqueeze(-1) == Tensor.arange(classes, dtype=dtypes.int64)
-    target_logit = hit.where(logits, 0.0).sum(-1)
-    return _logsumexp(logits, -1).squeeze(-1) - target_logit
+    backend = _kernel_backend(op, logits, logits.ndim - 1)
+    if backend is not None: return kernel.cross_entropy_kernel(logits, targets, backend=backend, composition=_cross_entropy)
+    return _cross_entropy(logits, targets)

@@ -50,10 +50,15 @@ inline float simd_sum(float x) {
   for (int offset = 16; offset > 0; offset /= 2) x += simd_shuffle_xor(x, offset);
   return x;
 }
+inline float simd_max(float x) {  // as CUDA's fmaxf: a NaN gives way to the other value
+  for (int offset = 16; offset > 0; offset /= 2) x = __builtin_fmaxf(x, simd_shuffle_xor(x, offset));
+  return x;
+}
 inline int min(int a, int b) { return a < b ? a : b; }
 inline int max(int a, int b) { return a > b ? a : b; }
 inline float fma(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
 inline float exp2(float x) { return __builtin_exp2f(x); }
+inline float log2(float x) { return __builtin_log2f(x); }
 inline float sqrt(float x) { return __builtin_sqrtf(x); }
 inline float to_float(float x) { return x; }
 inline float to_float(half x) { return (float)x; }

@@ -1,0 +1,134 @@
+"""The softmax family's kernels over the last axis (`src/softmax.h`): one threadgroup per row, its
+threads striding over the row, the maximum and the sum of exponentials in float32. One source,
+three families: `nuvec_softmax` (the row's probabilities, in x's dtype), `nuvec_logsumexp` (one
+value a row, in x's dtype) and `nuvec_cross_entropy` (one float32 loss a row from the logits and
+int32 targets)."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+from tinygrad import Tensor, dtypes
+from tinygrad.dtype import DType
+
+from ..tensor import concrete, dtype_name
+from . import Target
+from .program import (CTYPES, Backward, Family, Param, Program, Resources, int_buffer, launch, metal_limit_reason,
+                      threadgroup_array)
+
+MAX_THREADS = 1024
+# Elements a thread holds in registers (short rows), or reads per block of the online pass (long rows).
+ITEMS = 8
+MODES = {"softmax": 0, "logsumexp": 1, "cross_entropy": 2}
+# A long row's last block reaches up to ITEMS * MAX_THREADS elements past its end: below this
+# many elements in all, every index the kernel forms fits in int32.
+INDEX_LIMIT = 2**31 - ITEMS * MAX_THREADS
+
+
+@dataclass(frozen=True)
+class Launch:
+    """A row's threadgroup: `threads` threads; `looped` where the row is longer than their
+    registers hold (`ITEMS` each), so it is read in blocks (the online maximum and sum)."""
+    threads: int
+    looped: bool
+
+
+def plan(length: int) -> Launch:
+    """The launch of a row of `length` elements, from its length alone (never the row count, so a
+    row's bits do not depend on the batch): about `ITEMS` elements a thread, one SIMD group at
+    least, 1024 threads at most; a row longer than 1024 * ITEMS (8192) loops."""
+    threads = min(MAX_THREADS, max(32, 32 * math.ceil(length / (ITEMS * 32))))
+    return Launch(threads, length > threads * ITEMS)
+
+
+def unsupported(dtype: DType, rows: int, length: int, target: Target) -> str | None:
+    """Why the kernels do not take a call on `target` (None when they do): `rows` rows of
+    `length` elements of `dtype`, float16, bfloat16 or float32 (bfloat16 only where the target
+    has it), nothing empty, every index within int32, and on Metal a threadgroup within an Apple
+    GPU's limits."""
+    if not isinstance(rows, int) or not isinstance(length, int): return "a symbolic shape"
+    if rows == 0 or length == 0: return "an empty call"
+    if concrete(dtype) not in CTYPES: return f"{dtype_name(dtype)} has no kernel (float16, bfloat16 and float32 do)"
+    if rows * length > INDEX_LIMIT: return f"{rows} rows of {length} exceed int32 indexing"
+    if (reason := target.lacks(bfloat=concrete(dtype) == dtypes.bfloat16)) is not None: return reason
+    if target.backend == "metal" and (reason := metal_limit_reason(metal_resources(plan(length)))) is not None:
+        return f"its threadgroup would take {reason}"
+    return None
+
+
+def metal_resources(shape: Launch) -> Resources:
+    """The threadgroup on Metal: `shape.threads` threads and the SIMD groups' maxima and sums."""
+    return Resources(shape.threads, 2 * threadgroup_array(shape.threads // 32, 4))
+
+
+SOFTMAX = Family("nuvec_softmax", ("softmax.h",), unsupported, plan)
+LOGSUMEXP = Family("nuvec_logsumexp", ("softmax.h",), unsupported, plan)
+CROSS_ENTROPY = Family("nuvec_cross_entropy", ("softmax.h",), unsupported, plan)
+BY_MODE = {"softmax": SOFTMAX, "logsumexp": LOGSUMEXP, "cross_entropy": CROSS_ENTROPY}
+
+
+def program(backend: str, mode: str, dtype: DType, shape: Launch) -> Program:
+    """One specialisation: `mode` ("softmax", "logsumexp" or "cross_entropy") over rows of
+    `dtype` (float16, bfloat16 or float32), launched as `shape` (`plan`)."""
+    x = CTYPES[concrete(dtype)]
+    out = "float" if mode == "cross_entropy" else x
+    defines = dict(MODE=MODES[mode], TO=out, THREADS=shape.threads, ITEMS=ITEMS, LOOPED=int(shape.looped))
+    params = [Param("y", "out", out), Param("x", "in", x)]
+    if mode == "cross_entropy": params.append(Param("targets", "in", "int"))
+    params.append(Param("ints", "in", "int"))
+    return BY_MODE[mode].program(backend, defines, params)
+
+
+def int32_targets(targets: Tensor) -> Tensor:
+    """Class indices as the kernel reads them, int32, hitting the classes they hit: narrower
+    integers convert exactly; wider ones are read as int64 (as the composition reads them) and
+    clamped into int32, where a value from outside stays outside every class."""
+    dtype = concrete(targets.dtype)
+    if dtype.itemsize <= 4 and dtype != dtypes.uint32: return targets.cast(dtypes.int32)  # a weak int made concrete too
+    return targets.cast(dtypes.int64).clip(-2**31, 2**31 - 1).cast(dtypes.int32)
+
+
+def _launch(mode: str, x: Tensor, targets: Tensor | None, backend: str, composition: Callable | None) -> Tensor:
+    shape, length = tuple(x.shape), x.shape[-1]
+    rows = math.prod(shape[:-1])
+    device = x.device
+    launch_shape = plan(length)
+    kernel = program(backend, mode, x.dtype, launch_shape)
+    ins = [x.contiguous()]
+    if targets is not None:
+        targets = int32_targets(targets)
+        if targets.device is None:  # a Python number's constant has no device and no buffer: give it both
+            targets = Tensor.zeros(targets.shape, dtype=dtypes.int32, device=device) + targets
+        ins.append(targets.to(device).contiguous())
+    out_dtype = dtypes.float32 if mode == "cross_entropy" else concrete(x.dtype)
+    out = Tensor.empty(*shape, dtype=out_dtype, device=device) if mode == "softmax" else \
+        Tensor.empty(rows, dtype=out_dtype, device=device)
+    backward = None
+    if composition is not None:  # the composition's result in the shape of the buffer the kernel writes
+        backward = Backward(mode, lambda *args: composition(*args).reshape(out.shape), tuple(ins), wrt=(0,))
+    ins.append(int_buffer(device, (length, rows)))
+    (y,) = launch(kernel, device, [out], ins, (rows, 1, 1), launch_shape.threads, backward=backward,
+                  label=f"{backend} {mode} {rows}x{length}")
+    return y if mode == "softmax" else y.reshape(shape[:-1])
+
+
+def softmax_kernel(x: Tensor, *, backend: str, composition: Callable | None = None) -> Tensor:
+    """Softmax over the last axis. x: `[..., L]`, float16, bfloat16 or float32 (checked by the
+    operation). Returns `[..., L]` in x's dtype. composition: `x -> softmax` from tensor
+    operations, whose gradient is the kernel's backward."""
+    return _launch("softmax", x, None, backend, composition)
+
+
+def logsumexp_kernel(x: Tensor, *, backend: str, composition: Callable | None = None) -> Tensor:
+    """Log-sum-exp over the last axis. x: `[..., L]`, float16, bfloat16 or float32. Returns `[...]`
+    in x's dtype. composition: `x -> logsumexp` (any shape of `[...]`'s elements), the backward."""
+    return _launch("logsumexp", x, None, backend, composition)
+
+
+def cross_entropy_kernel(logits: Tensor, targets: Tensor, *, backend: str, composition: Callable | None = None) -> Tensor:
+    """The cross-entropy loss per row. logits: `[..., C]`, float16, bfloat16 or float32; targets:
+    integers of shape `[...]` (negative ones count from the end, others outside `-C..C-1` hit no
+    class). Returns `[...]` float32. composition: `(logits, int32 targets) -> loss`, the backward
+    (the targets get no gradient)."""
+    return _launch("cross_entropy", logits, targets, backend, composition)
