@@ -266,6 +266,18 @@ def norm_calls() -> Iterator[tuple[str, dict, int]]:
         yield "layer", dict(x=x, y=out) | (dict(weight=p) if weighted else {}) | (dict(bias=p) if biased else {}), length
 
 
+def residual_norm_calls() -> Iterator[tuple[dict, int, float | None, float | None]]:
+    """The sandwich norm's calls by `(types, length, scale, next eps)`: every dtype of x (the
+    weight's alike), h, s and y, without and with a scale (a number, a tensor) and the next norm,
+    at each launch shape."""
+    for x, h, s, y, length, scale, next_norm in itertools.product(KERNEL_DTYPES, KERNEL_DTYPES, KERNEL_DTYPES, KERNEL_DTYPES,
+                                                                  (7, 4096, 65536), (None, 0.5, "tensor"), (False, True)):
+        if (not next_norm and y != s) or (h.itemsize > s.itemsize and s != dtypes.float32): continue
+        types = dict(x=x, h=h, weight=x, normed=x, s=s) | (dict(scale=dtypes.float32) if scale == "tensor" else {})
+        if next_norm: types |= dict(y=y, next_weight=y)
+        yield types, length, (None if scale == "tensor" else scale), (1e-6 if next_norm else None)
+
+
 def _norm_candidates(backend: str) -> Iterator[_Candidate]:
     for kind, types, length in norm_calls():
         shape = rows.plan(length)
@@ -297,8 +309,20 @@ def _softmax_candidates(backend: str) -> Iterator[_Candidate]:
         yield _Candidate(softmax.BY_MODE[mode].stem, make, cover, ((),))  # no inline assembly of its own
 
 
+def _residual_norm_candidates(backend: str) -> Iterator[_Candidate]:
+    for types, length, scale, next_eps in residual_norm_calls():
+        shape = rows.plan(length)
+
+        def make(types=types, shape=shape, scale=scale, next_eps=next_eps) -> tuple[str, Program]:
+            label = " ".join(f"{name} {dtype_name(t)}" for name, t in types.items()) + f" scale {scale}" + \
+                f" {shape.threads} threads, pieces of {shape.vec}, {shape.per} {'held' if shape.cached else 'looped'}"
+            return label, rows.residual_norm_program(backend, types, 1e-6, shape, scale=scale, next_eps=next_eps)
+        options = ("scale" in types, scale is not None, next_eps is not None)
+        yield _Candidate("nuvec_residual_norm", make, ((options, shape), tuple(types.values())), (options,))
+
+
 _WALKS = (_decode_candidates, _gated_delta_candidates, _qmv_candidates, _qvm_candidates, _qmm_candidates,
-          _norm_candidates, _softmax_candidates)
+          _norm_candidates, _residual_norm_candidates, _softmax_candidates)
 
 
 @functools.cache

@@ -1,5 +1,6 @@
-"""The norm kernels (`kernels/rows.py`, `src/norm.h`) on a GPU (METAL or CUDA) against float64
-numpy and the composition on the same device: `rms_norm`, `add_rms_norm` and `layer_norm` at row
+"""The norm kernels (`kernels/rows.py`, `src/norm.h`, `src/residual_norm.h`) on a GPU (METAL or
+CUDA) against float64 numpy and the composition on the same device: `rms_norm`, `add_rms_norm`,
+`layer_norm` and `residual_rms_norm` (with a scale, a scale tensor, the next norm) at row
 lengths on every launch shape and its boundaries (1, 7: single elements; 32, 33; 1000, 4096,
 8192: pieces held in registers; 65536: the row read again each pass), row counts 1 to 10k, every
 dtype with and without weights and biases, transposed and sliced inputs, a row's bits equal to the
@@ -168,3 +169,56 @@ def test_what_stays_a_composition():
     empty = Tensor.empty(0, 64, dtype=F32, device=gpu)
     with expect_launches(gpu, None):
         assert fast.layer_norm(empty).realize().shape == (0, 64)
+
+
+RESIDUAL = "nuvec_residual_norm"
+
+
+@pytest.mark.parametrize("rows, length", [(5, 7), (10000, 32), (300, 1000), (16, 4096), (2, 65536)], ids=str)
+@pytest.mark.parametrize("scale", [None, 0.7, "tensor"], ids=str)
+@pytest.mark.parametrize("next_norm", [False, True], ids=["alone", "next"])
+@pytest.mark.parametrize("dtypes_", [(BF16, BF16), (F16, F32)], ids=str)
+def test_residual_rms_norm_matches_numpy_and_the_composition(rows, length, scale, next_norm, dtypes_):
+    branch_dtype, stream_dtype = dtypes_
+    rng = np.random.default_rng(rows * 3 + length)
+    h, hv = random(rng, (rows, length), stream_dtype, gpu)
+    x, xv = random(rng, (rows, length), branch_dtype, gpu, spread=3.0)
+    w, wv = random(rng, (length,), branch_dtype, gpu)
+    w2, w2v = random(rng, (length,), branch_dtype, gpu)
+    factor = Tensor([0.8125], dtype=F32, device=gpu) if scale == "tensor" else scale
+    next_ = (w2, 1e-6) if next_norm else None
+    with expect_launches(gpu, RESIDUAL):
+        s, y = fast.residual_rms_norm(h, x, w, EPS, scale=factor, next=next_)
+        Tensor.realize(*(t for t in (s, y) if t is not None))
+    with expect_launches(gpu, None), compositions_only():
+        cs, cy = fast.residual_rms_norm(h, x, w, EPS, scale=factor, next=next_)
+    assert s.dtype == cs.dtype and s.shape == cs.shape and (y is None) == (not next_norm)
+    normed = numpy_norm(xv, wv, None, branch_dtype, False)
+    want_s = round_to(hv + normed, s.dtype)
+    if scale is not None: want_s = round_to(want_s * round_to(np.float64(0.8125 if scale == "tensor" else scale), s.dtype), s.dtype)
+    # The branch is rounded to its own dtype inside s: the coarser of the two sets the tolerance.
+    coarse = max((branch_dtype, s.dtype), key=lambda d: KERNEL_TOLERANCE[d])
+    check(f"residual s {rows}x{length}", s, want_s, cs, coarse)
+    if next_norm:
+        assert y.dtype == cy.dtype
+        want_y = round_to(round_to(values(s) / np.sqrt((values(s) ** 2).mean(-1, keepdims=True) + 1e-6), y.dtype) * w2v, y.dtype)
+        check(f"residual y {rows}x{length}", y, want_y, cy, max((coarse, y.dtype), key=lambda d: KERNEL_TOLERANCE[d]))
+
+
+def test_residual_rms_norm_broadcasts_and_its_gradients_equal_the_compositions():
+    rng = np.random.default_rng(4)
+    h, _ = random(rng, (2, 3, 512), F32, gpu)
+    x, _ = random(rng, (3, 512), F32, gpu, spread=2.0)
+    w, _ = random(rng, (512,), F32, gpu)
+    w2, _ = random(rng, (512,), F32, gpu)
+    cot, _ = random(rng, (2, 3, 512), F32, gpu)
+    cases = [lambda: list(fast.residual_rms_norm(h, x, w, EPS, next=(w2, 1e-6))),
+             lambda: [fast.residual_rms_norm(h, x, w, EPS, next=(w2, 1e-6))[1]],   # y alone: told from s by its shape
+             lambda: [fast.residual_rms_norm(h, x, w, EPS, scale=2.0)[0]]]
+    for outputs in cases:
+        with expect_launches(gpu, RESIDUAL):
+            got = gradients(sum(outputs()), cot, [h, x, w, w2])
+        with compositions_only():
+            want = gradients(sum(outputs()), cot, [h, x, w, w2])
+        for i, (g, c) in enumerate(zip(got, want)):
+            assert_rows_close(f"residual gradient {i}", g.reshape(-1, g.shape[-1]), c.reshape(-1, c.shape[-1]), 1e-4)

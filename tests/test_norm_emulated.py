@@ -112,3 +112,67 @@ def test_the_programs_refuse_what_their_kind_lacks():
         kernel.norm_program("cuda", "layer", dict(x=F32, y=F32, residual=F32, h=F32), EPS, kernel.plan(8))
     with pytest.raises(ValueError, match="takes no bias"):
         kernel.norm_program("cuda", "rms", dict(x=F32, y=F32, bias=F32), EPS, kernel.plan(8))
+
+
+# (rows, length, x, h, weight, s, next weight or None (no y), scale: None, a number, or "tensor")
+RESIDUAL_CASES = {
+    "seven_f32_next": (3, 7, F32, F32, F32, F32, F32, None),
+    "thousand_bf16_sandwich": (3, 1000, BF16, BF16, BF16, BF16, BF16, None),
+    "4096_bf16_f32_stream_scaled": (2, 4096, BF16, F32, BF16, F32, None, 0.7),
+    "33_f16_scale_tensor_next_f32": (4, 33, F16, F16, F16, F32, F32, "tensor"),
+    "looped_65536_bf16_next": (1, 65536, BF16, BF16, BF16, BF16, BF16, 1.5),
+}
+
+
+def residual_reference(values, types, scale, next_eps):
+    """float64 with each rounding of the composition: n, s (and its scaling), y."""
+    x, h = values["x"], values["h"]
+    normed = round_to(round_to(x / np.sqrt((x * x).mean(-1, keepdims=True) + EPS), types["normed"]) * values["weight"],
+                      types["normed"])
+    s = round_to(h + normed, types["s"])
+    if scale is not None: s = round_to(s * round_to(np.float64(scale), types["s"]), types["s"])
+    if next_eps is None: return s, None
+    y = round_to(round_to(s / np.sqrt((s * s).mean(-1, keepdims=True) + next_eps), types["y"]) * values["next_weight"], types["y"])
+    return s, y
+
+
+def emulate_residual(rows, length, types, scale, next_eps, values):
+    shape = kernel.plan(length)
+    program = kernel.residual_norm_program("cuda", types, EPS, shape, scale=None if scale == "tensor" else scale,
+                                           next_eps=next_eps)
+    poison = {F32: np.float32, F16: np.uint16, BF16: np.uint16}
+    buffers = {name: to_bits(values[name], types[name]) for name in ("x", "h", "weight", "next_weight", "scale") if name in values}
+    buffers["s"] = np.full((rows, length), 0xFFFF, poison[types["s"]])
+    if "y" in types: buffers["y"] = np.full((rows, length), 0xFFFF, poison[types["y"]])
+    buffers["ints"] = np.array([length, rows], np.int32)
+    build(program)([buffers[p.name] for p in program.params], rows, shape.threads)
+    return from_bits(buffers["s"], types["s"]), (from_bits(buffers["y"], types["y"]) if "y" in types else None)
+
+
+@pytest.mark.parametrize("name", RESIDUAL_CASES)
+def test_emulated_residual_norm_matches_numpy(name):
+    rows, length, x_dtype, h_dtype, w_dtype, s_dtype, v_dtype, scale = RESIDUAL_CASES[name]
+    rng = np.random.default_rng(7)
+    values = {"x": round_to(rng.standard_normal((rows, length)) * 3, x_dtype), "h": round_to(rng.standard_normal((rows, length)), h_dtype),
+              "weight": round_to(rng.uniform(0.5, 1.5, length), w_dtype)}
+    types = dict(x=x_dtype, h=h_dtype, weight=w_dtype, normed=x_dtype if x_dtype == w_dtype else F32, s=s_dtype)
+    number = scale
+    if scale == "tensor":
+        types["scale"] = F32
+        values["scale"] = np.array([0.8125])
+        number = 0.8125
+    next_eps = None
+    if v_dtype is not None:
+        next_eps = 1e-5
+        types.update(y=s_dtype if v_dtype == s_dtype else F32, next_weight=v_dtype)
+        values["next_weight"] = round_to(rng.uniform(0.5, 1.5, length), v_dtype)
+    s, y = emulate_residual(rows, length, types, scale, next_eps, values)
+    want_s, want_y = residual_reference(values, types, number, next_eps)
+    assert_rows_close(f"{name} s", s, want_s, TOLERANCE[s_dtype] + TOLERANCE[x_dtype])
+    if y is not None: assert_rows_close(f"{name} y", y, want_y, 2 * (TOLERANCE[types["y"]] + TOLERANCE[x_dtype]))
+
+
+def test_the_residual_program_refuses_a_half_given_next():
+    types = dict(x=F32, h=F32, weight=F32, normed=F32, s=F32, y=F32)
+    with pytest.raises(ValueError, match="come together"):
+        kernel.residual_norm_program("cuda", types, EPS, kernel.plan(8))

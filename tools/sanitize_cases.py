@@ -33,7 +33,8 @@ compiles dominate the time):
   no rows, no columns, no entries.
 - row norms: rms_norm with and without a weight, add_rms_norm, layer_norm with a weight and a
   bias or a bias only; rows of 1 and 7 (single elements), 33, 1000 and 4096 (pieces held), 32776
-  and 65536 (the row read again each pass); no rows.
+  and 65536 (the row read again each pass); no rows; residual_rms_norm with a scale, a scale
+  tensor and the next norm, held and looped.
 - softmax, logsumexp and cross_entropy over the last axis: one SIMD group, two, 1024 threads in
   registers, the looped form; rows with -inf elements (a thread's first among them); leading
   batch axes and 1-D logits; targets at both ends of int32, one past either end of the classes,
@@ -78,7 +79,7 @@ DECODE_TWO_PASSES = ("nuvec_sdpa_decode", "nuvec_sdpa_merge")
 MATRIX = ("nuvec_sdpa_decode_mma", "nuvec_sdpa_merge")
 GATED_DELTA = ("nuvec_gated_delta",)
 QMV, QVM, QMM = ("nuvec_qmv",), ("nuvec_qvm",), ("nuvec_qmm",)
-RMS_NORM, LAYER_NORM = ("nuvec_rms_norm",), ("nuvec_layer_norm",)
+RMS_NORM, LAYER_NORM, RESIDUAL_NORM = ("nuvec_rms_norm",), ("nuvec_layer_norm",), ("nuvec_residual_norm",)
 SOFTMAX, LOGSUMEXP, CROSS_ENTROPY = ("nuvec_softmax",), ("nuvec_logsumexp",), ("nuvec_cross_entropy",)
 NONE: tuple[str, ...] = ()
 
@@ -423,6 +424,20 @@ def norm(kind: str, rows: int, length: int, dtype: DType, *, weight: bool = True
     return setup
 
 
+def residual_norm(rows: int, length: int, dtype: DType, *, scale=None, next_norm: bool = False) -> Setup:
+    """A `residual_rms_norm` call: `scale` None, a number or "tensor"; with the next norm or not."""
+    def setup(rng):
+        h, x = uniform(rng, (rows, length), dtype), uniform(rng, (rows, length), dtype, -3.0, 3.0)
+        w, w2 = uniform(rng, (length,), dtype, 0.5, 1.5), uniform(rng, (length,), dtype, 0.5, 1.5)
+        factor = Tensor([0.75], device=DEVICE).realize() if scale == "tensor" else scale
+
+        def run(kernels: bool) -> Outputs:
+            s, y = fast.residual_rms_norm(h, x, w, 1e-6, scale=factor, next=(w2, 1e-5) if next_norm else None)
+            return [("s", s, None)] + ([("y", y, None)] if next_norm else [])
+        return run
+    return setup
+
+
 # ---- the softmax family ----------------------------------------------------------------------
 
 def row_op(op: str, shape: tuple[int, ...], dtype: DType, *, targets=None, minus_infinity: bool = False) -> Setup:
@@ -454,6 +469,10 @@ NORMS = [
     Case("layer_norm f32 2x65536 bias only (looped)", LAYER_NORM, norm("layer", 2, 65536, dtypes.float32, weight=False, bias=True)),
     Case("layer_norm f32 1x1", LAYER_NORM, norm("layer", 1, 1, dtypes.float32)),
     Case("rms_norm no rows", NONE, norm("rms", 0, 64, dtypes.float32)),
+    Case("residual_rms_norm bf16 3x7 next", RESIDUAL_NORM, residual_norm(3, 7, dtypes.bfloat16, next_norm=True)),
+    Case("residual_rms_norm f16 4x1000 scale 0.5", RESIDUAL_NORM, residual_norm(4, 1000, dtypes.float16, scale=0.5)),
+    Case("residual_rms_norm bf16 2x65536 scale tensor, next (looped)", RESIDUAL_NORM,
+         residual_norm(2, 65536, dtypes.bfloat16, scale="tensor", next_norm=True)),
 ]
 
 ROWS = [

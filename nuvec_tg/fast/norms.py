@@ -158,8 +158,29 @@ def residual_rms_norm(h: Tensor, x: Tensor, weight: Tensor, eps: float, scale: T
         check(isinstance(next, tuple) and len(next) == 2, op, "next must be a (weight, eps) pair")
         _norm_dtype(op, shape, s_dtype, next_weight=next[0])
         check_number(op, "next eps", next[1])
-    kernels.composition(op, f"{shape} on {h.device}")
-    s = h.cast(s_dtype) + rms_norm(x, weight, eps).cast(s_dtype)
+    y_dtype = None if next is None else promote_types(s_dtype, next[0].dtype)
+    types = (h.dtype, x.dtype, weight.dtype, normed_dtype, s_dtype) + \
+        (() if not isinstance(scale, Tensor) else (scale.dtype,)) + (() if next is None else (next[0].dtype, y_dtype))
+    backend = _kernel_backend(op, "residual_norm", x, shape, types)
+    if backend is not None:
+        def composition(h: Tensor, x: Tensor, weight: Tensor, *rest: Tensor):
+            rest = list(rest)
+            given_scale = rest.pop(0).reshape(()) if isinstance(scale, Tensor) else scale
+            given_next = None if next is None else (rest.pop(0), next[1])
+            s, y = _residual_rms_norm(h, x, weight, eps, normed_dtype, s_dtype, given_scale, given_next)
+            return s if next is None else (s, y)
+        return row_kernels.residual_norm_kernel(h.expand(shape), x.expand(shape), weight, eps, normed_dtype, s_dtype,
+                                                backend=backend, scale=scale,
+                                                next=None if next is None else (next[0], next[1], y_dtype),
+                                                composition=composition)
+    return _residual_rms_norm(h, x, weight, eps, normed_dtype, s_dtype, scale, next)
+
+
+def _residual_rms_norm(h: Tensor, x: Tensor, weight: Tensor, eps: float, normed_dtype: DType, s_dtype: DType,
+                       scale: Tensor | float | None, next: tuple[Tensor, float] | None) -> tuple[Tensor, Tensor | None]:
+    """`residual_rms_norm`'s composition (no checks)."""
+    s = h.cast(s_dtype) + _rms_norm(x, weight, normed_dtype, eps).cast(s_dtype)
     if isinstance(scale, Tensor): s = s * scale.reshape(()).cast(s_dtype)
     elif scale is not None: s = s * scale
-    return s, (None if next is None else rms_norm(s, next[0], next[1]))
+    if next is None: return s, None
+    return s, _rms_norm(s, next[0], promote_types(s_dtype, next[0].dtype), next[1])

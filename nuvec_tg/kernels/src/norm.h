@@ -23,23 +23,6 @@
 
 #define PIECES_OF(length) ((length) / VEC)
 
-// VEC elements of `from` (a piece, aligned to its whole size) as floats into `into`.
-#define LOAD_PIECE(CHUNK, COUNT, T, from, into)                                                      \
-  {                                                                                                 \
-    CHUNK raw_[COUNT];                                                                              \
-    _Pragma("unroll") for (int c = 0; c < COUNT; c++) raw_[c] = ((const DEVICE CHUNK*)(from))[c];   \
-    const THREAD T* values_ = (const THREAD T*)raw_;                                                \
-    _Pragma("unroll") for (int e = 0; e < VEC; e++) (into)[e] = to_float(values_[e]);               \
-  }
-// VEC floats of `from` rounded to T (to nearest) and stored as a piece at `to`.
-#define STORE_PIECE(CHUNK, COUNT, T, from, to)                                                       \
-  {                                                                                                 \
-    CHUNK raw_[COUNT];                                                                              \
-    THREAD T* values_ = (THREAD T*)raw_;                                                            \
-    _Pragma("unroll") for (int e = 0; e < VEC; e++) values_[e] = T((from)[e]);                      \
-    _Pragma("unroll") for (int c = 0; c < COUNT; c++) ((DEVICE CHUNK*)(to))[c] = raw_[c];           \
-  }
-
 /* kernel */
   const int row = (int)nv_group.x, me = (int)nv_thread.x;
   const int lane = me % 32, warp = me / 32;  // not "thread": a Metal keyword
@@ -85,7 +68,6 @@
 #endif
 
   // The row's sum of `TERM(value)` over every element, the same in every thread of the group.
-  // (The barrier before the partials are written again lets every thread read the last ones.)
 #if CACHED
 #define ROW_SUM(TERM, into)                                                                         \
   {                                                                                                 \
@@ -94,12 +76,7 @@
       if (me + k * THREADS < pieces) {                                                              \
         _Pragma("unroll") for (int e = 0; e < VEC; e++) { const float value = held[k][e]; sum_ += TERM; } \
       }                                                                                             \
-    sum_ = simd_sum(sum_);                                                                          \
-    threadgroup_barrier();                                                                          \
-    if (lane == 0) partial[warp] = sum_;                                                            \
-    threadgroup_barrier();                                                                          \
-    into = 0.0f;                                                                                    \
-    _Pragma("unroll") for (int w = 0; w < THREADS / 32; w++) into += partial[w];                    \
+    GROUP_SUM(sum_, into)                                                                           \
   }
 #else
 #define ROW_SUM(TERM, into)                                                                         \
@@ -110,12 +87,7 @@
       _Pragma("unroll") for (int e = 0; e < VEC; e++) { const float value = piece[e]; sum_ += TERM; } \
     }                                                                                               \
     first_pass = false;                                                                             \
-    sum_ = simd_sum(sum_);                                                                          \
-    threadgroup_barrier();                                                                          \
-    if (lane == 0) partial[warp] = sum_;                                                            \
-    threadgroup_barrier();                                                                          \
-    into = 0.0f;                                                                                    \
-    _Pragma("unroll") for (int w = 0; w < THREADS / 32; w++) into += partial[w];                    \
+    GROUP_SUM(sum_, into)                                                                           \
   }
   bool first_pass = true;
 #endif
