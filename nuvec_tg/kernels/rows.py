@@ -89,16 +89,17 @@ def norm_program(backend: str, kind: str, types: dict[str, DType], eps: float, s
 
 def norm_kernel(kind: str, x: Tensor, eps: float, out_dtype: DType, *, backend: str, weight: Tensor | None = None,
                 bias: Tensor | None = None, residual: Tensor | None = None, h_dtype: DType | None = None,
-                composition: Callable | None = None) -> Tensor | tuple[Tensor, Tensor]:
+                composition: Callable | None = None, shape: Launch | None = None) -> Tensor | tuple[Tensor, Tensor]:
     """Launch a norm over `x`'s last axis (shapes and dtypes checked by the operation; `x` and
     `residual` of one shape, `weight` and `bias` `[D]`). Returns `y` in `out_dtype`, or with
     `residual` `(h, y)`, `h = x + residual` in `h_dtype`. composition: the operation from tensor
     operations on the same arguments (x, residual, weight, bias: those given, in that order),
-    returning what the call returns, its backward."""
+    returning what the call returns, its backward. shape: the launch (default `plan(D)`; tuning
+    passes others)."""
+    launch_shape = shape or plan(x.shape[-1])
     shape, length = tuple(x.shape), x.shape[-1]
     rows = math.prod(shape[:-1])
     device = x.device
-    launch_shape = plan(length)
     types, ins = dict(x=x.dtype, y=out_dtype), [x.contiguous()]
     for name, given in (("residual", residual), ("weight", weight), ("bias", bias)):
         if given is None: continue
