@@ -56,8 +56,8 @@ def metal_resources(shape: Launch) -> Resources:
     return Resources(shape.threads, threadgroup_array(shape.threads // 32, 4))
 
 
-RMS_NORM = Family("nuvec_rms_norm", ("norm.h",), unsupported, plan)
-LAYER_NORM = Family("nuvec_layer_norm", ("norm.h",), unsupported, plan)
+RMS_NORM = Family("nuvec_rms_norm", ("pieces.h", "norm.h"), unsupported, plan)
+LAYER_NORM = Family("nuvec_layer_norm", ("pieces.h", "norm.h"), unsupported, plan)
 
 # Each buffer's define prefix in norm.h, in the parameters' order.
 _BUFFERS = {"h": "H", "y": "O", "x": "X", "residual": "R", "weight": "W", "bias": "B"}
