@@ -27,7 +27,7 @@ from tinygrad import dtypes
 from tinygrad.dtype import DType
 
 from nuvec_tg.fast.plan import PlanTarget, Vector, plan_call, validate_attention
-from nuvec_tg.kernels import gated_delta, rows, softmax
+from nuvec_tg.kernels import gated_delta, rope, rows, softmax
 from nuvec_tg.kernels import quant
 from nuvec_tg.kernels.attention import (MATRIX_ROWS, DecodeSpec, default_launch, geometry, matrix_staging_bytes,
                                         paged_unsupported)
@@ -321,8 +321,30 @@ def _residual_norm_candidates(backend: str) -> Iterator[_Candidate]:
         yield _Candidate("nuvec_residual_norm", make, ((options, shape), tuple(types.values())), (options,))
 
 
+def rope_calls() -> Iterator[tuple[DType, bool, float, int, int]]:
+    """rope's calls by `(dtype, traditional, scale, length, dims)`: each dtype and pair layout at
+    every piece width (8, 4, 2 and 1 pairs a thread), all features rotated and a part, and a
+    scale other than 1."""
+    shapes = [(128, 128), (128, 64), (80, 40), (6, 4), (7, 6), (256, 256), (64, 32)]
+    for dtype, traditional, (length, dims) in itertools.product(KERNEL_DTYPES, (False, True), shapes):
+        yield dtype, traditional, 1.0, length, dims
+    yield dtypes.bfloat16, False, 0.25, 128, 128
+
+
+def _rope_candidates(backend: str) -> Iterator[_Candidate]:
+    for dtype, traditional, scale, length, dims in rope_calls():
+        shape = rope.plan(length, dims)
+
+        def make(dtype=dtype, traditional=traditional, scale=scale, length=length, dims=dims, shape=shape) -> tuple[str, Program]:
+            label = (f"{dtype_name(dtype)} {'traditional' if traditional else 'halves'} D {length} dims {dims} scale {scale}, "
+                     f"{shape.vec} pairs a thread")
+            return label, rope.program(backend, dtype, traditional, scale, shape)
+        cover = ((dtype, traditional, shape.vec), (shape.vec, shape.units > shape.rotating), (scale,))
+        yield _Candidate(rope.ROPE.stem, make, cover, ((),))  # no inline assembly of its own (sincosf: the library's)
+
+
 _WALKS = (_decode_candidates, _gated_delta_candidates, _qmv_candidates, _qvm_candidates, _qmm_candidates,
-          _norm_candidates, _residual_norm_candidates, _softmax_candidates)
+          _norm_candidates, _residual_norm_candidates, _softmax_candidates, _rope_candidates)
 
 
 @functools.cache

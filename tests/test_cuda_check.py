@@ -103,6 +103,8 @@ REACHED = {
     "nuvec_softmax": {"MODE": {"0"}, "LOOPED": {"0", "1"}, "TO": {"half", "bfloat", "float"}, "THREADS": {"32", "1024"}},
     "nuvec_logsumexp": {"MODE": {"1"}, "LOOPED": {"0", "1"}, "TO": {"half", "bfloat", "float"}, "THREADS": {"32", "1024"}},
     "nuvec_cross_entropy": {"MODE": {"2"}, "LOOPED": {"0", "1"}, "TO": {"float"}, "THREADS": {"32", "1024"}},
+    "nuvec_rope": {"TRADITIONAL": {"0", "1"}, "VEC": {"1", "2", "4", "8"}, "TX": {"half", "bfloat", "float"},
+                   "SCALE": {"1.0f", "0.25f"}},
 }
 
 

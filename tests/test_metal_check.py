@@ -24,10 +24,10 @@ import pytest
 from tinygrad import dtypes
 
 from nuvec_tg.fast.plan import PlanTarget, Vector, plan_call, validate_attention
-from nuvec_tg.kernels import gated_delta, rows, softmax
+from nuvec_tg.kernels import gated_delta, rope, rows, softmax
 from nuvec_tg.kernels import quant as qmv
 from nuvec_tg.kernels.attention import DecodeSpec
-from kernel_specialisations import norm_calls, residual_norm_calls, softmax_calls
+from kernel_specialisations import norm_calls, residual_norm_calls, rope_calls, softmax_calls
 from nuvec_tg.kernels.program import FAMILIES, KERNEL_DTYPES, Param, Program, Resources, metal_limit_reason, prelude
 
 SHIM = pathlib.Path(__file__).parent / "metal_shim"
@@ -234,6 +234,17 @@ def test_every_residual_norm_metal_specialisation_compiles(tmp_path):
     check_metal(tmp_path, cases)
 
 
+def test_every_rope_metal_specialisation_compiles(tmp_path):
+    """rope: every dtype and pair layout at every piece width, with and without features past dims."""
+    cases = []
+    for dtype, traditional, scale, length, dims in rope_calls():
+        assert rope.unsupported(dtype, 2, length, dims, PlanTarget("metal")) is None
+        shape = rope.plan(length, dims)
+        cases.append((rope.program("metal", dtype, traditional, scale, shape), rope.metal_resources(shape)))
+    assert len(cases) == 3 * 2 * 7 + 1
+    check_metal(tmp_path, cases)
+
+
 def qmv_cases():
     """Each qmv specialisation the routing emits, up to sizes: every mode, width and group, x (and
     y) dtype, affine scales dtype, 1-8 rows; K and N at the kernel's boundaries (half chunks, fewer
@@ -292,5 +303,6 @@ def test_every_qmm_metal_specialisation_compiles(tmp_path):
 def test_every_metal_family_is_checked():
     """A new kernel family lands with its Metal specialisations in this file."""
     checked = {"nuvec_sdpa_decode", "nuvec_sdpa_merge", "nuvec_gated_delta", "nuvec_qmv", "nuvec_qvm", "nuvec_qmm", "nuvec_rms_norm",
-               "nuvec_layer_norm", "nuvec_residual_norm", "nuvec_softmax", "nuvec_logsumexp", "nuvec_cross_entropy"}
+               "nuvec_layer_norm", "nuvec_residual_norm", "nuvec_softmax", "nuvec_logsumexp", "nuvec_cross_entropy",
+               "nuvec_rope"}
     assert {f.stem for f in FAMILIES if "metal" in f.backends} == checked

@@ -17,6 +17,7 @@ import test_decode_emulated as vector
 import test_decode_mma_emulated as matrix
 import test_gated_delta_emulated as gated
 import test_qmv_emulated as quant
+import test_rope_emulated as rope
 import test_softmax_emulated as rows
 from kernel_emulator import CHECKS_EVERY_ACCESS, COMPILER
 from nuvec_tg.kernels import quant as qmv
@@ -237,3 +238,30 @@ def test_cross_entropy_reading_an_unchecked_target_fails_the_bounds_check():
     fault = Fault("(target >= 0 && target < length ? to_float(x[base + target]) : 0.0f)", "to_float(x[base + target])")
     x, targets = rows.inputs(3, 7, dtypes.float32), np.array([-8, 0, 7], np.int32)
     expect_failure(fault, lambda: rows.emulate("cross_entropy", x, dtypes.float32, targets, fault), OUTSIDE)
+
+
+# rope (rope.h), through its emulated test's comparisons.
+ROPE_FAULTS = {
+    "halves_paired_as_adjacent_pieces": ("halves_128_f32", Fault("first + (TRADITIONAL ? VEC : pairs)", "first + VEC")),
+    "sine_of_the_wrong_sign": ("traditional_128_bf16", Fault("out[p] = v[p] * c - v[q] * s;", "out[p] = v[p] * c + v[q] * s;")),
+    "every_batch_item_at_the_first_offset": ("halves_dims_64_of_128_per_batch_f16",
+                                             Fault("offsets[per_batch ? b : 0]", "offsets[0]")),
+    "scale_ignored": ("halves_4_of_6_per_batch_bf16", Fault("(float)position * SCALE", "(float)position")),
+    "every_piece_at_the_first_frequencies": ("traditional_dims_40_of_80_freqs_f32",
+                                             Fault("inv_freq[u * VEC + j]", "inv_freq[j]")),
+    "features_past_dims_not_copied": ("halves_dims_64_of_128_per_batch_f16",
+                                      Fault("    STORE_PIECE(CHUNK_X, X_CHUNKS, TX, v, y + at)\n", "")),
+}
+
+
+@pytest.mark.parametrize("fault_name", list(ROPE_FAULTS))
+def test_rope_faults_fail_its_comparison(fault_name):
+    case, fault = ROPE_FAULTS[fault_name]
+    expect_failure(fault, lambda: rope.check_case(case, fault), f"{DIFFER}|not equal")
+
+
+@needs_access_checks
+def test_rope_reading_a_batch_items_offset_of_a_single_offset_fails_the_bounds_check():
+    """One offset for two batch items, read as if there were one per item."""
+    fault = Fault("offsets[per_batch ? b : 0]", "offsets[b]")
+    expect_failure(fault, lambda: rope.check_case("halves_128_f32", fault), OUTSIDE)

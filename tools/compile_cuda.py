@@ -121,9 +121,17 @@ def _load(device, program: Program, cubin: bytes) -> tuple[int, int, int]:
         cuda.cuModuleUnload(module)
 
 
+# Families whose stack frame is expected, and why (spills are never).
+STACK_ALLOWED = {
+    "nuvec_rope": "CUDA's sincosf reduces angles past 105615 radians (Payne-Hanek) through a 28-byte local array: only "
+                  "lanes with such angles touch it, and the full-precision sine and cosine at large positions need it",
+}
+
+
 def compile_nvcc(items: list[Specialisation], jobs: int = os.cpu_count() or 2) -> int:
     """Compile for sm_90 in `jobs` nvcc processes; print registers and local memory (stack frame,
-    spills) per specialisation; nonzero if any fails or uses local memory."""
+    spills) per specialisation; nonzero if any fails or uses local memory (a stack frame allowed
+    only for the families of `STACK_ALLOWED`)."""
     chunks = [items[i::jobs * 4] for i in range(min(len(items), jobs * 4))]
     tmp = tempfile.mkdtemp()
     bad = 0
@@ -145,7 +153,9 @@ def compile_nvcc(items: list[Specialisation], jobs: int = os.cpu_count() or 2) -
             for item in chunk:
                 registers, stack, spill = found[item.program.name]
                 print(f"{registers:4d} registers {stack:4d} stack {spill:4d} spilled  {item.family}: {item.label}", flush=True)
-                bad += stack > 0 or spill > 0
+                bad += (stack > 0 and item.family not in STACK_ALLOWED) or spill > 0
+    for family in sorted({item.family for item in items} & set(STACK_ALLOWED)):
+        print(f"{family}: a stack frame allowed ({STACK_ALLOWED[family]})")
     if bad: print(f"{bad} specialisations use local memory")
     return 1 if bad else 0
 

@@ -39,6 +39,9 @@ compiles dominate the time):
   registers, the looped form; rows with -inf elements (a thread's first among them); leading
   batch axes and 1-D logits; targets at both ends of int32, one past either end of the classes,
   and int64 ones outside int32; no rows, no classes.
+- rope: both pair layouts, 8, 4 and 1 pairs a thread, features past dims, freqs and a scale, rank 5
+  with per-batch offsets, positions from 500000 (sincosf's large-angle reduction, its local
+  memory) and offsets at both ends of int32; no batch, no rows.
 
 Usage (from the repository root):
     DEV=CUDA PYTHONPATH=. python3 tools/sanitize_cases.py [-k SUBSTR ...] [--list]
@@ -81,6 +84,7 @@ GATED_DELTA = ("nuvec_gated_delta",)
 QMV, QVM, QMM = ("nuvec_qmv",), ("nuvec_qvm",), ("nuvec_qmm",)
 RMS_NORM, LAYER_NORM, RESIDUAL_NORM = ("nuvec_rms_norm",), ("nuvec_layer_norm",), ("nuvec_residual_norm",)
 SOFTMAX, LOGSUMEXP, CROSS_ENTROPY = ("nuvec_softmax",), ("nuvec_logsumexp",), ("nuvec_cross_entropy",)
+ROPE = ("nuvec_rope",)
 NONE: tuple[str, ...] = ()
 
 # A call's results: (label, tensor, where the contract leaves values unspecified or None).
@@ -495,7 +499,44 @@ ROWS = [
     Case("cross_entropy no rows", NONE, row_op("cross_entropy", (0, 7), dtypes.float32, targets=[])),
 ]
 
-CASES = ATTENTION + GATED + QUANT + NORMS + ROWS
+
+# ---- rope ------------------------------------------------------------------------------------
+
+def rope_call(shape: tuple[int, ...], dims: int, dtype: DType, *, traditional: bool = False, offsets=None,
+              freqs: bool = False, scale: float = 1.0) -> Setup:
+    """`fast.rope` of random rows: offsets an int32 tensor (one, or one per batch item), or 0;
+    freqs: periods rather than a base. Offsets past 2^16 leave the values unspecified (the
+    composition's own sine loses its range reduction there; the GPU tests hold the kernel to
+    numpy), so only their finiteness is checked."""
+    def setup(rng):
+        x = uniform(rng, shape, dtype, -2.0, 2.0)
+        offset = 0 if offsets is None else integers(offsets)
+        periods = Tensor((1.0 + 3.0 * np.arange(dims // 2)).astype(np.float32), device=DEVICE).realize() if freqs else None
+        huge = offsets is not None and max(abs(int(o)) for o in np.reshape(offsets, -1)) > 2**16
+
+        def run(kernels: bool) -> Outputs:
+            y = fast.rope(x, dims, traditional=traditional, base=None if freqs else 10000.0, scale=scale, offset=offset,
+                          freqs=periods)
+            return [("rope", y, np.ones(shape, bool) if huge else None)]
+        return run
+    return setup
+
+
+ROPES = [
+    Case("rope f32 2x3x5x128 (8 pairs a thread)", ROPE, rope_call((2, 3, 5, 128), 128, dtypes.float32, offsets=[7])),
+    Case("rope bf16 traditional 2x2x4x80 dims 40 freqs (4 pairs, the tail copied)", ROPE,
+         rope_call((2, 2, 4, 80), 40, dtypes.bfloat16, traditional=True, freqs=True, scale=0.5)),
+    Case("rope f16 traditional 1x3x7 dims 6 (single pairs)", ROPE, rope_call((1, 3, 7), 6, dtypes.float16, traditional=True)),
+    Case("rope f32 rank 5 per-batch offsets", ROPE, rope_call((2, 2, 3, 6, 16), 16, dtypes.float32, offsets=[1, 4])),
+    Case("rope f32 positions from 500000 (the large-angle reduction)", ROPE,
+         rope_call((1, 2, 4, 64), 64, dtypes.float32, offsets=[500000])),
+    Case("rope bf16 per-batch offsets 2^31-1, -2^31, -1", ROPE,
+         rope_call((3, 2, 4, 64), 64, dtypes.bfloat16, offsets=[INT32_MAX, -2**31, -1])),
+    Case("rope no batch", NONE, rope_call((0, 2, 4, 64), 64, dtypes.float32)),
+    Case("rope no rows", NONE, rope_call((2, 2, 0, 64), 64, dtypes.float32)),
+]
+
+CASES = ATTENTION + GATED + QUANT + NORMS + ROWS + ROPES
 
 
 # ---- running ---------------------------------------------------------------------------------

@@ -146,19 +146,24 @@ def device_seconds(run: Callable[[], object]) -> float:
 
 def time_jit(fn: Callable[..., Tensor], calls: Sequence[tuple[Tensor, ...]], repeats: int) -> float:
     """Device seconds per call of `fn(*call)` (a Tensor or a tuple of them) for the `calls`, all in
-    one TinyJit replay; the best of `repeats` replays, started on warm clocks."""
+    one TinyJit replay; the best of `repeats` replays, started on warm clocks.
+
+    Each call is realized on its own: calls that take the same input set (fewer sets than calls)
+    build the same lazy graph, which tinygrad would compute once in a joint realize (its graphs
+    are hash-consed), so a composition's row counted one run as several."""
     unique = list({id(t): t for call in calls for t in call}.values())  # TinyJit takes each buffer once
     position = {id(t): i for i, t in enumerate(unique)}
     layout = [tuple(position[id(t)] for t in call) for call in calls]
 
     @TinyJit
     def step(*tensors):
-        outs = []
+        first = None
         for call in layout:
             result = fn(*(tensors[i] for i in call))
-            outs += list(result) if isinstance(result, tuple) else [result]
-        Tensor.realize(*outs)
-        return outs[0]
+            outs = list(result) if isinstance(result, tuple) else [result]
+            Tensor.realize(*outs)
+            first = outs[0] if first is None else first
+        return first
     for _ in range(3): step(*unique)  # the second call captures, the third replays
     Device[Device.DEFAULT].synchronize()
     warm_up()  # the compiles and the capture above may have left the GPU idle long enough to clock down

@@ -8,12 +8,15 @@ features `(2i, 2i + 1)`. Features past `dims` pass through unchanged.
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
 from tinygrad import Tensor, dtypes
 
 from .. import kernels
+from ..kernels import rope as rope_kernel
+from ..kernels.program import int_buffer
 from ..tensor import check, check_floating, check_int, check_integer, check_number, check_tensor, check_weight, compute_dtype
 from .norms import rms_norm
 from .paged import paged_write
@@ -73,22 +76,24 @@ def _inverse_frequencies(dims: int, base: float | None, freqs: Tensor | None, de
     return (pair_index * (-2.0 * math.log2(base) / dims)).exp2()
 
 
-def rope(x: Tensor, dims: int, *, traditional: bool = False, base: float | None = 10000.0, scale: float = 1.0,
-         offset: int | Tensor = 0, freqs: Tensor | None = None) -> Tensor:
-    """Rotary position embedding of the first `dims` features of `x`.
+@functools.lru_cache(maxsize=64)
+def _base_frequencies(device: str, dims: int, base: float) -> Tensor:
+    """`_inverse_frequencies` of a base, realized once per device (the kernel's input): a call then
+    runs no kernel for them. Made from constants on the device, not copied from host memory."""
+    return _inverse_frequencies(dims, base, None, device).contiguous().realize()
 
-    x: `[B, ..., T, D]` (rank >= 3, sequence on axis -2), float16, bfloat16, float32 or float64.
-    dims: even, at most `D`. traditional: rotate adjacent pairs instead of the two halves.
-    base: the frequency base; exactly one of `base` and `freqs` (pass `base=None` with `freqs`).
-    scale: multiplies the positions. offset: the position of row 0, an int or an integer tensor
-    with one element or `B` elements (one per batch item). freqs: `[dims/2]` periods.
-    Returns a tensor of `x`'s shape and dtype.
-    """
-    _check_rope(x, dims, base, scale, offset, freqs)
-    kernels.composition("rope", f"{tuple(x.shape)} on {x.device}")
+
+def _offsets(x: Tensor, offset: int | Tensor) -> Tensor:
+    """The kernel's int32 offsets: one element, or one per batch item."""
+    if not isinstance(offset, Tensor): return int_buffer(x.device, (offset,))
+    return offset.to(x.device).cast(dtypes.int32).reshape(-1).contiguous()
+
+
+def _rope(x: Tensor, dims: int, traditional: bool, scale: float, offset: int | Tensor, inv_freq: Tensor) -> Tensor:
+    """rope's composition from its `[dims/2]` float32 inverse frequencies (no checks)."""
     half = dims // 2
     acc = compute_dtype(x.dtype)
-    angles = (_positions(x, offset) * float(scale)).unsqueeze(-1) * _inverse_frequencies(dims, base, freqs, x.device)
+    angles = (_positions(x, offset) * float(scale)).unsqueeze(-1) * inv_freq
     cos, sin = angles.cos().cast(acc), angles.sin().cast(acc)
     rotated = x[..., :dims].cast(acc)
     if traditional:
@@ -103,6 +108,42 @@ def rope(x: Tensor, dims: int, *, traditional: bool = False, base: float | None 
         rotated = new_first.cat(new_second, dim=-1)
     rotated = rotated.cast(x.dtype)
     return rotated if dims == x.shape[-1] else rotated.cat(x[..., dims:], dim=-1)
+
+
+def _kernel_backend(x: Tensor, dims: int) -> str | None:
+    """The backend whose kernel rotates `x` (or None: the composition), saying under NUVEC_DEBUG
+    which, with the launch."""
+    shape = tuple(x.shape)
+    concrete = all(isinstance(size, int) for size in shape)
+    rows = math.prod(shape[:-1]) if concrete else 0
+    description = f"{shape} on {x.device}"
+    if concrete and rows and shape[-1]: description += f" ({rope_kernel.describe(rope_kernel.plan(shape[-1], dims))})"
+
+    def unsupported(backend: str) -> str | None:
+        if not concrete: return "a symbolic shape"
+        return rope_kernel.unsupported(x.dtype, rows, shape[-1], dims, kernels.target(x.device))
+    return kernels.choose("rope", description, x.device, "rope", unsupported)
+
+
+def rope(x: Tensor, dims: int, *, traditional: bool = False, base: float | None = 10000.0, scale: float = 1.0,
+         offset: int | Tensor = 0, freqs: Tensor | None = None) -> Tensor:
+    """Rotary position embedding of the first `dims` features of `x`.
+
+    x: `[B, ..., T, D]` (rank >= 3, sequence on axis -2), float16, bfloat16, float32 or float64.
+    dims: even, at most `D`. traditional: rotate adjacent pairs instead of the two halves.
+    base: the frequency base; exactly one of `base` and `freqs` (pass `base=None` with `freqs`).
+    scale: multiplies the positions. offset: the position of row 0, an int or an integer tensor
+    with one element or `B` elements (one per batch item). freqs: `[dims/2]` periods.
+    Returns a tensor of `x`'s shape and dtype.
+    """
+    _check_rope(x, dims, base, scale, offset, freqs)
+    scale = float(scale)
+    backend = _kernel_backend(x, dims)
+    if backend is None: return _rope(x, dims, traditional, scale, offset, _inverse_frequencies(dims, base, freqs, x.device))
+    inv_freq = _inverse_frequencies(dims, None, freqs, x.device) if freqs is not None else \
+        _base_frequencies(x.device, dims, float(base))
+    return rope_kernel.rope_kernel(x, dims, inv_freq, _offsets(x, offset), traditional=traditional, scale=scale, backend=backend,
+                                   composition=lambda x, inv_freq: _rope(x, dims, traditional, scale, offset, inv_freq))
 
 
 @dataclass(frozen=True, eq=False)

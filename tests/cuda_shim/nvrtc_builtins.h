@@ -129,6 +129,11 @@ __SHIM_FN float fabsf(float x) { return __builtin_fabsf(x); }
 __SHIM_FN float exp2f(float x) { float y; asm("ex2.approx.f32 %0, %1;" : "=f"(y) : "f"(x)); return y; }
 __SHIM_FN float log2f(float x) { float y; asm("lg2.approx.f32 %0, %1;" : "=f"(y) : "f"(x)); return y; }
 __SHIM_FN float sqrtf(float x) { return __builtin_sqrtf(x); }
+// (the approximate instructions stand in for CUDA's library sincosf, which has no PTX of its own here)
+__SHIM_FN void sincosf(float x, float* s, float* c) {
+  asm("sin.approx.f32 %0, %1;" : "=f"(*s) : "f"(x));
+  asm("cos.approx.f32 %0, %1;" : "=f"(*c) : "f"(x));
+}
 __SHIM_FN float rsqrtf(float x) { return 1.0f / __builtin_sqrtf(x); }
 __SHIM_FN float fmax(float a, float b) { return fmaxf(a, b); }
 __SHIM_FN float fmin(float a, float b) { return fminf(a, b); }

@@ -60,6 +60,7 @@ inline float fma(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
 inline float exp2(float x) { return __builtin_exp2f(x); }
 inline float log2(float x) { return __builtin_log2f(x); }
 inline float sqrt(float x) { return __builtin_sqrtf(x); }
+inline void sin_cos(float x, float* s, float* c) { *s = __builtin_sinf(x); *c = __builtin_cosf(x); }  // the C library's
 inline float to_float(float x) { return x; }
 inline float to_float(half x) { return (float)x; }
 inline float to_float(bfloat x) {

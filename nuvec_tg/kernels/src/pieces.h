@@ -1,6 +1,8 @@
-// Helpers of the row kernels that read a row as pieces of VEC consecutive elements (norm.h,
-// residual_norm.h). Defines they need: VEC, THREADS; the kernel's scope has `lane`, `warp` and a
-// THREADGROUP float `partial[THREADS / 32]`.
+// Pieces of a row: VEC consecutive elements (a define of the kernel), read and written as
+// COUNT chunks of type CHUNK (`chunks()` in program.py: the widest that divides the piece, so
+// every chunk of an aligned piece is aligned), converted to and from float32; and the
+// threadgroup's sum. For the row kernels (norm.h, residual_norm.h, rope.h). GROUP_SUM needs
+// THREADS, and `lane`, `warp` and a THREADGROUP float `partial[THREADS / 32]` in the kernel's scope.
 
 // VEC elements of `from` (a piece, aligned to its whole size) as floats into `into`.
 #define LOAD_PIECE(CHUNK, COUNT, T, from, into)                                                      \

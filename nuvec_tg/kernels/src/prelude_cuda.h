@@ -32,6 +32,9 @@ INLINE float fast_exp2(float x) {
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
 }
+// sin and cos of x to within 2 ulp at any x (sincosf, full precision: tinygrad's nvrtc does not pass
+// --use_fast_math), in one call: sinf and cosf apart put their large-argument reduction in local memory.
+INLINE void sin_cos(float x, float* s, float* c) { sincosf(x, s, c); }
 INLINE float to_float(float x) { return x; }
 INLINE float to_float(half x) { return __half2float(x); }
 INLINE float to_float(bfloat x) { return __bfloat162float(x); }

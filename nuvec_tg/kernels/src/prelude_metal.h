@@ -11,6 +11,8 @@ using namespace metal;
 #define threadgroup_barrier() threadgroup_barrier(mem_flags::mem_threadgroup)
 
 INLINE float fast_exp2(float x) { return fast::exp2(x); }
+// sin and cos of x, the precise forms at any x (not the fast ones, whatever the compiler's math mode).
+INLINE void sin_cos(float x, thread float* s, thread float* c) { *s = precise::sincos(x, *c); }
 INLINE float to_float(float x) { return x; }
 INLINE float to_float(half x) { return float(x); }
 INLINE float to_float(uchar x) { return float(x); }
