@@ -212,13 +212,13 @@ def test_residual_rms_norm_broadcasts_and_its_gradients_equal_the_compositions()
     w, _ = random(rng, (512,), F32, gpu)
     w2, _ = random(rng, (512,), F32, gpu)
     cot, _ = random(rng, (2, 3, 512), F32, gpu)
-    cases = [lambda: list(fast.residual_rms_norm(h, x, w, EPS, next=(w2, 1e-6))),
-             lambda: [fast.residual_rms_norm(h, x, w, EPS, next=(w2, 1e-6))[1]],   # y alone: told from s by its shape
-             lambda: [fast.residual_rms_norm(h, x, w, EPS, scale=2.0)[0]]]
-    for outputs in cases:
+    cases = [(lambda: list(fast.residual_rms_norm(h, x, w, EPS, next=(w2, 1e-6))), [h, x, w, w2]),
+             (lambda: [fast.residual_rms_norm(h, x, w, EPS, next=(w2, 1e-6))[1]], [h, x, w, w2]),   # y alone: told from s by its shape
+             (lambda: [fast.residual_rms_norm(h, x, w, EPS, scale=2.0)[0]], [h, x, w])]
+    for outputs, wrt in cases:
         with expect_launches(gpu, RESIDUAL):
-            got = gradients(sum(outputs()), cot, [h, x, w, w2])
+            got = gradients(sum(outputs()), cot, wrt)
         with compositions_only():
-            want = gradients(sum(outputs()), cot, [h, x, w, w2])
+            want = gradients(sum(outputs()), cot, wrt)
         for i, (g, c) in enumerate(zip(got, want)):
             assert_rows_close(f"residual gradient {i}", g.reshape(-1, g.shape[-1]), c.reshape(-1, c.shape[-1]), 1e-4)

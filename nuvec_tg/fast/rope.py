@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass
 
 from tinygrad import Tensor, dtypes
+from tinygrad.uop.ops import Ops
 
 from .. import kernels
 from ..kernels import rope as rope_kernel
@@ -72,7 +73,8 @@ def _inverse_frequencies(dims: int, base: float | None, freqs: Tensor | None, de
     buffer is made per call (a buffer made from host memory inside TinyJit would be captured)."""
     if freqs is not None:
         return 1.0 / freqs.to(device).cast(dtypes.float32)
-    pair_index = Tensor.arange(dims // 2, dtype=dtypes.float32)
+    # on `device` (a bare arange is a constant of no device: realized, it stays one, and reads on the CPU)
+    pair_index = Tensor.full((dims // 2,), 0.0, dtype=dtypes.float32, device=device) + Tensor.arange(dims // 2, dtype=dtypes.float32)
     return (pair_index * (-2.0 * math.log2(base) / dims)).exp2()
 
 
@@ -86,6 +88,8 @@ def _base_frequencies(device: str, dims: int, base: float) -> Tensor:
 def _offsets(x: Tensor, offset: int | Tensor) -> Tensor:
     """The kernel's int32 offsets: one element, or one per batch item."""
     if not isinstance(offset, Tensor): return int_buffer(x.device, (offset,))
+    if offset.uop.base.op is Ops.CONST:  # a 0-d tensor of a number is a constant, no buffer: its value is known here
+        return int_buffer(x.device, ((int(offset.uop.base.arg) + 2**31) % 2**32 - 2**31,))  # wrapped to int32, as the cast
     return offset.to(x.device).cast(dtypes.int32).reshape(-1).contiguous()
 
 
