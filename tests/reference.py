@@ -194,3 +194,40 @@ def checked_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, **options) 
     dtype = promote_types(promote_types(q.dtype, k.dtype), v.dtype)
     with expect_launches(q.device, attention_kernel(q.device, q.shape, k.shape, v.shape, dtype, **options)):
         return fast.scaled_dot_product_attention(q, k, v, scale, **options).realize()
+
+
+# ---- float64 references of the row operations (the emulator's and the GPU's tests) ----------------
+
+def softmax_reference(x):
+    """float64; a row whose maximum is infinite gives NaN (inf - inf), as the composition does."""
+    with np.errstate(invalid="ignore"):
+        e = np.exp(x - x.max(-1, keepdims=True))
+        return e / e.sum(-1, keepdims=True)
+
+
+def logsumexp_reference(x):
+    """float64; a row whose maximum is infinite gives that maximum."""
+    m = x.max(-1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        finite = np.log(np.exp(x - m[..., None]).sum(-1)) + m
+    return np.where(np.isinf(m), m, finite)
+
+
+def int32_positions(offsets, shape):
+    """`offset + t` in int32 (wrapping), shaped to broadcast against the rows `[B, ..., T]`."""
+    offsets = np.asarray(offsets, np.int64).reshape((-1,) + (1,) * (len(shape) - 2))
+    wide = offsets + np.arange(shape[-2])
+    return ((wide - -2**31) % 2**32 + -2**31).astype(np.int32)
+
+
+def rope_reference(x, dims, traditional, offsets, scale, inv_freq):
+    """float64 rotation by the contract's float32 angles: `(float(p) * scale) * inv_freq`."""
+    positions = int32_positions(offsets, x.shape).astype(np.float32) * np.float32(scale)
+    angles = (positions[..., None] * np.asarray(inv_freq, np.float32)).astype(np.float64)   # float32 products
+    cos, sin = np.cos(angles), np.sin(angles)
+    out = x.copy()
+    half = dims // 2
+    first, second = (slice(0, dims, 2), slice(1, dims, 2)) if traditional else (slice(0, half), slice(half, dims))
+    a, b = x[..., first], x[..., second]
+    out[..., first], out[..., second] = a * cos - b * sin, a * sin + b * cos
+    return out

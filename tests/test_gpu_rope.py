@@ -18,7 +18,8 @@ from conftest import GPU_DEVICES
 from nuvec_tg import fast
 from nuvec_tg.fast.rope import _base_frequencies
 from nuvec_tg.kernels import compositions_only
-from reference import COMPOSITION_TOLERANCE, DTYPES, KERNEL_TOLERANCE, assert_rows_close, expect_launches, gradients, random, values
+from reference import (COMPOSITION_TOLERANCE, DTYPES, KERNEL_TOLERANCE, assert_rows_close, expect_launches, gradients, int32_positions,
+                       random, rope_reference, values)
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not GPU_DEVICES, reason="no GPU")]
 gpu = GPU_DEVICES[0] if GPU_DEVICES else None
@@ -50,23 +51,8 @@ def device_inverse_frequencies(dims, freqs=None):
     return (1.0 / Tensor(freqs, device=gpu)).numpy()
 
 
-def int32_positions(offsets, shape):
-    """`offset + t` in int32 (wrapping), shaped to broadcast against the rows `[B, ..., T]`."""
-    offsets = np.asarray(offsets, np.int64).reshape((-1,) + (1,) * (len(shape) - 2))
-    return ((offsets + np.arange(shape[-2]) - INT32_MIN) % 2**32 + INT32_MIN).astype(np.int32)
 
 
-def rope_reference(x, dims, traditional, offsets, scale, inv_freq):
-    """float64 rotation by the contract's float32 angles `(float(p) * scale) * inv_freq`."""
-    positions = int32_positions(offsets, x.shape).astype(np.float32) * np.float32(scale)
-    angles = (positions[..., None] * inv_freq.astype(np.float32)).astype(np.float64)
-    cos, sin = np.cos(angles), np.sin(angles)
-    out = x.copy()
-    half = dims // 2
-    first, second = (slice(0, dims, 2), slice(1, dims, 2)) if traditional else (slice(0, half), slice(half, dims))
-    a, b = x[..., first], x[..., second]
-    out[..., first], out[..., second] = a * cos - b * sin, a * sin + b * cos
-    return out
 
 
 def call(x, dims, traditional, offset, freqs, scale=0.5):

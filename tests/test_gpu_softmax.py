@@ -14,7 +14,7 @@ from conftest import GPU_DEVICES
 from nuvec_tg import fast
 from nuvec_tg.kernels import compositions_only
 from reference import (COMPOSITION_TOLERANCE, DTYPES, KERNEL_TOLERANCE, assert_rows_close, expect_launches, gradients,
-                       random, tensor, values)
+                       logsumexp_reference, random, softmax_reference, tensor, values)
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not GPU_DEVICES, reason="no GPU")]
 gpu = GPU_DEVICES[0] if GPU_DEVICES else None
@@ -24,19 +24,8 @@ SHAPES = [(10000, 1), (3000, 7), (1, 32), (257, 33), (100, 1000), (9, 4096), (3,
 INT32_MIN, INT32_MAX = -2**31, 2**31 - 1
 
 
-def softmax_reference(x):
-    """float64; a row whose maximum is infinite gives NaN (inf - inf), as the composition does."""
-    with np.errstate(invalid="ignore"):
-        e = np.exp(x - x.max(-1, keepdims=True))
-        return e / e.sum(-1, keepdims=True)
 
 
-def logsumexp_reference(x):
-    """float64; a row whose maximum is infinite gives that maximum."""
-    m = x.max(-1)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        finite = np.log(np.exp(x - m[..., None]).sum(-1)) + m
-    return np.where(np.isinf(m), m, finite)
 
 
 def target_logits(x, targets):

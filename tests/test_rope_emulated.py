@@ -17,7 +17,7 @@ from tinygrad import dtypes
 from emulated_decode import from_bits, to_bits
 from kernel_emulator import COMPILER, build
 from nuvec_tg.kernels import rope as kernel
-from reference import assert_rows_close, round_to
+from reference import assert_rows_close, int32_positions, rope_reference, round_to
 
 pytestmark = pytest.mark.skipif(COMPILER is None, reason="no C++ compiler")
 
@@ -46,24 +46,8 @@ def inverse_frequencies(dims, base=10000.0, freqs=None):
     return np.exp2(np.arange(dims // 2, dtype=np.float32) * np.float32(-2.0 * math.log2(base) / dims)).astype(np.float32)
 
 
-def int32_positions(offsets, shape):
-    """`offset + t` in int32 (wrapping), shaped to broadcast against the rows `[B, ..., T]`."""
-    offsets = np.asarray(offsets, np.int64).reshape((-1,) + (1,) * (len(shape) - 2))
-    wide = offsets + np.arange(shape[-2])
-    return ((wide - INT32_MIN) % 2**32 + INT32_MIN).astype(np.int32)
 
 
-def rope_reference(x, dims, traditional, offsets, scale, inv_freq):
-    """float64 rotation by the contract's float32 angles: `(float(p) * scale) * inv_freq`."""
-    positions = int32_positions(offsets, x.shape).astype(np.float32) * np.float32(scale)
-    angles = (positions[..., None] * inv_freq).astype(np.float64)   # float32 products
-    cos, sin = np.cos(angles), np.sin(angles)
-    out = x.copy()
-    half = dims // 2
-    first, second = (slice(0, dims, 2), slice(1, dims, 2)) if traditional else (slice(0, half), slice(half, dims))
-    a, b = x[..., first], x[..., second]
-    out[..., first], out[..., second] = a * cos - b * sin, a * sin + b * cos
-    return out
 
 
 def emulate(x, dims, traditional, dtype, offsets, scale, inv_freq, edit=None):

@@ -13,7 +13,7 @@ from tinygrad import dtypes
 from emulated_decode import from_bits, to_bits
 from kernel_emulator import COMPILER, build
 from nuvec_tg.kernels import softmax as kernel
-from reference import assert_close, assert_rows_close, round_to
+from reference import assert_close, assert_rows_close, logsumexp_reference, round_to, softmax_reference
 
 pytestmark = pytest.mark.skipif(COMPILER is None, reason="no C++ compiler")
 
@@ -45,19 +45,8 @@ CASES = {
 }
 
 
-def softmax_reference(x):
-    """float64; a row whose maximum is infinite gives NaN (inf - inf), as the composition does."""
-    with np.errstate(invalid="ignore"):
-        e = np.exp(x - x.max(-1, keepdims=True))
-        return e / e.sum(-1, keepdims=True)
 
 
-def logsumexp_reference(x):
-    """float64; a row whose maximum is infinite gives that maximum."""
-    m = x.max(-1)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        finite = np.log(np.exp(x - m[..., None]).sum(-1)) + m
-    return np.where(np.isinf(m), m, finite)
 
 
 def cross_entropy_reference(x, targets):
