@@ -27,7 +27,7 @@ from tinygrad import dtypes
 from tinygrad.dtype import DType
 
 from nuvec_tg.fast.plan import PlanTarget, Vector, plan_call, validate_attention
-from nuvec_tg.kernels import gated_delta, rope, rows, softmax
+from nuvec_tg.kernels import gated_delta, prefill, rope, rows, softmax
 from nuvec_tg.kernels import quant
 from nuvec_tg.kernels.attention import (MATRIX_ROWS, DecodeSpec, default_launch, geometry, matrix_staging_bytes,
                                         paged_unsupported)
@@ -343,7 +343,48 @@ def _rope_candidates(backend: str) -> Iterator[_Candidate]:
         yield _Candidate(rope.ROPE.stem, make, cover, ((),))  # no inline assembly of its own (sincosf: the library's)
 
 
-_WALKS = (_decode_candidates, _gated_delta_candidates, _qmv_candidates, _qvm_candidates, _qmm_candidates,
+# Prefill calls (more than 8 queries): groupings and query/key counts the tiled route sees.
+PREFILL_CALLS = [(8, 8, 512, 512), (32, 8, 1024, 1024), (16, 2, 100, 3000), (12, 4, 2048, 8192)]
+# What the plan sees of a prefill call's options (mask, window), then the kernel's: (mask kind,
+# causal, window, sinks, paged block size; paged only causal, as paged_attention is).
+PREFILL_OPTIONS = {
+    ("none", None): [(0, False, False, sinks, 0) for sinks in (False, True)],
+    ("array", None): [(kind, False, False, sinks, 0) for kind in (1, 2) for sinks in (False, True)],
+    ("causal", None): [(0, True, False, sinks, page) for sinks in (False, True) for page in (0, 16)],
+    ("causal", 100): [(0, True, True, sinks, page) for sinks in (False, True) for page in (0, 16)],
+}
+
+
+def prefill_specs(backend: str) -> Iterator[prefill.PrefillSpec]:
+    """The tiled kernel for every prefill call the walk plans for it on `backend` (every head size
+    and 16-bit dtype, each target), with every option it takes."""
+    for (d, dv), dtype, (hq, hkv, lq, lk), target in itertools.product(sorted(prefill.PREFILL_HEADS), prefill.PREFILL_DTYPES,
+                                                                       PREFILL_CALLS, TARGETS[backend]):
+        for mask, window in PREFILL_OPTIONS:
+            call = validate_attention("check", (1, hq, lq, d), (1, hkv, lk, d), (1, hkv, lk, dv), dtype,
+                                      "causal" if mask == "causal" else None, None, window, None)
+            if mask == "array": call = dataclasses.replace(call, mask="array")  # the plan reads only its kind
+            shape = plan_call(call, target).kernel
+            if not isinstance(shape, prefill.Tiled): continue
+            for mask_kind, causal, window_on, sinks, page in PREFILL_OPTIONS[(mask, window)]:
+                yield prefill.PrefillSpec(dtype, d, dv, hq, hkv, causal, window_on, mask_kind, sinks, page, 0.125, shape)
+
+
+def _prefill_candidates(backend: str) -> Iterator[_Candidate]:
+    for spec in prefill_specs(backend):
+        def make(spec=spec) -> tuple[str, Program]:
+            options = [name for name, on in (("causal", spec.causal), ("window", spec.window), ("sinks", spec.sinks),
+                                             ("bool mask", spec.mask_kind == 1), ("additive mask", spec.mask_kind == 2),
+                                             (f"page {spec.page}", spec.page)) if on]
+            label = (f"{dtype_name(spec.dtype)} D{spec.head_dim}/{spec.value_dim} Hq{spec.q_heads} Hkv{spec.kv_heads} "
+                     f"{prefill.describe(spec.shape)}" + "".join(f" {o}" for o in options))
+            return label, spec.program(backend)
+        options = (spec.mask_kind, spec.causal, spec.window, spec.sinks, spec.page > 0)
+        cover = ((spec.dtype, spec.head_dim, spec.value_dim, spec.shape), (spec.dtype, spec.shape, options))
+        yield _Candidate(prefill.PREFILL.stem, make, cover, ((spec.dtype,),))
+
+
+_WALKS = (_decode_candidates, _prefill_candidates, _gated_delta_candidates, _qmv_candidates, _qvm_candidates, _qmm_candidates,
           _norm_candidates, _residual_norm_candidates, _softmax_candidates, _rope_candidates)
 
 

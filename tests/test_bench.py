@@ -21,7 +21,7 @@ from nuvec_tg.kernels import kernels_enabled
 from nuvec_tg.bench.__main__ import BENCHMARKS, main
 
 KERNEL_BENCHMARKS = [what for what in BENCHMARKS if what != "model"]
-OURS_COLUMN = {"attention": 7, "gated_delta": 3, "quant": 5, "rows": 4}  # ours' µs, counting cells from 1
+OURS_COLUMN = {"attention": 7, "prefill": 7, "gated_delta": 3, "quant": 5, "rows": 4}  # ours' µs, counting cells from 1
 
 
 def small_args(**changes) -> argparse.Namespace:
@@ -36,9 +36,19 @@ def test_the_benchmark_writes_its_table(what, capsys):
     assert rows and all(line.startswith("| ") and line.count("|") == lines[2].count("|") for line in rows)
     assert all(float(line.split("|")[OURS_COLUMN[what]]) > 0 for line in rows)
     assert lines[0] in capsys.readouterr().out
+    if what == "prefill": return  # compute-bound calls of tens of MB: no rotation past the L2
     # --small caps a replay at 16 calls of a few KB, far under twice any L2: every row says so
     assert all(line.split("|")[1].strip().endswith(" (L2)") for line in rows)
     assert "a row marked (L2)" in lines[0] and "16 calls" in lines[0]
+
+
+def test_prefill_counts_the_visible_pairs():
+    from nuvec_tg.bench.prefill import flops, visible_pairs
+    assert visible_pairs(4, 4, None) == 1 + 2 + 3 + 4
+    assert visible_pairs(2, 5, None) == 4 + 5               # lower-right aligned
+    assert visible_pairs(5, 5, 2) == 1 + 2 + 2 + 2 + 2
+    assert visible_pairs(4, 2, None) == 0 + 0 + 1 + 2       # queries before the keys see nothing
+    assert flops(2, 3, 4, 4, 8, 16, None) == 2 * 2 * 3 * 10 * 24
 
 
 def test_the_model_benchmark_writes_its_tables(capsys):

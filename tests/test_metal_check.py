@@ -27,7 +27,7 @@ from nuvec_tg.fast.plan import PlanTarget, Vector, plan_call, validate_attention
 from nuvec_tg.kernels import gated_delta, rope, rows, softmax
 from nuvec_tg.kernels import quant as qmv
 from nuvec_tg.kernels.attention import DecodeSpec
-from kernel_specialisations import norm_calls, residual_norm_calls, rope_calls, softmax_calls
+from kernel_specialisations import norm_calls, prefill_specs, residual_norm_calls, rope_calls, softmax_calls
 from nuvec_tg.kernels.program import FAMILIES, KERNEL_DTYPES, Param, Program, Resources, metal_limit_reason, prelude
 
 SHIM = pathlib.Path(__file__).parent / "metal_shim"
@@ -300,9 +300,17 @@ def test_every_qmm_metal_specialisation_compiles(tmp_path):
     check_metal(tmp_path, cases, per_unit=200)
 
 
+def test_every_prefill_metal_specialisation_compiles(tmp_path):
+    """The tiled prefill kernel: every head size, 16-bit dtype and option at each launch the plan
+    gives an Apple GPU's class."""
+    specs = set(prefill_specs("metal"))
+    assert len(specs) > 100
+    check_metal(tmp_path, [(spec.program("metal"), spec.metal_resources()) for spec in specs], per_unit=100)
+
+
 def test_every_metal_family_is_checked():
     """A new kernel family lands with its Metal specialisations in this file."""
     checked = {"nuvec_sdpa_decode", "nuvec_sdpa_merge", "nuvec_gated_delta", "nuvec_qmv", "nuvec_qvm", "nuvec_qmm", "nuvec_rms_norm",
                "nuvec_layer_norm", "nuvec_residual_norm", "nuvec_softmax", "nuvec_logsumexp", "nuvec_cross_entropy",
-               "nuvec_rope"}
+               "nuvec_rope", "nuvec_sdpa_prefill"}
     assert {f.stem for f in FAMILIES if "metal" in f.backends} == checked

@@ -16,7 +16,8 @@ from reference import KERNEL_TOLERANCE, assert_close, assert_rows_close, expect_
 def checked_paged_attention(q, k_cache, v_cache, block_tables, lengths, scale, *, sinks=None, window=None) -> Tensor:
     """`fast.paged_attention`, realized, asserting what launched: the decode kernels where the plan
     for q's device (kernels on) takes the call over the table's capacity and they read the pool's
-    head size and block size (`paged_unsupported`), nothing otherwise."""
+    head size and block size (`paged_unsupported`), the tiled kernel where the plan is `Tiled` (more
+    than 8 queries), nothing otherwise."""
     b, _, _, d = q.shape
     block_size = k_cache.shape[2]
     cache_shape = (b, k_cache.shape[1], block_tables.shape[1] * block_size, d)
@@ -24,7 +25,8 @@ def checked_paged_attention(q, k_cache, v_cache, block_tables, lengths, scale, *
     plan = fast.plan_attention(q.shape, cache_shape, cache_shape, dtype, mask="causal", sinks=sinks, window=window,
                                device=kernel_target(q.device))
     decodes = isinstance(plan.kernel, fast.Vector) and paged_unsupported(d, block_size) is None
-    with expect_launches(q.device, "nuvec_sdpa_decode" if decodes else None):
+    kernel = "nuvec_sdpa_decode" if decodes else "nuvec_sdpa_prefill" if isinstance(plan.kernel, fast.Tiled) else None
+    with expect_launches(q.device, kernel):
         return fast.paged_attention(q, k_cache, v_cache, block_tables, lengths, scale, sinks=sinks, window=window).realize()
 
 
@@ -58,6 +60,10 @@ CASES = [
     (2, 4, 2, 4, 16, 8, (9, 77), 5),
     (2, 16, 2, 1, 64, 16, (40, 300), None),   # 8 rows a key head: CUDA's matrix-unit pass
     (2, 8, 1, 2, 128, 8, (9, 150), 20),
+    # More than 8 queries: the tiled kernel on a GPU (a chunk of a prompt continuing its sequence).
+    (2, 8, 2, 20, 64, 16, (40, 100), None),
+    (2, 8, 1, 33, 128, 8, (9, 150), 20),      # the first sequence is shorter than the queries
+    (1, 4, 4, 70, 64, 32, (70,), None),       # a whole prompt
 ]
 
 
@@ -117,7 +123,8 @@ def test_paged_attention_gradients_equal_contiguous_ones(device):
 def test_paged_attention_clamps_hostile_tables_and_lengths(device):
     rng = np.random.default_rng(0x6E)
     for b, hq, hkv, lq, d, bs, max_blocks, dtype in ((2, 4, 2, 1, 16, 8, 4, dtypes.float32), (2, 4, 2, 3, 32, 16, 3, dtypes.float32),
-                                                     (2, 16, 2, 1, 64, 8, 4, dtypes.bfloat16)):  # the last: CUDA's matrix pass
+                                                     (2, 16, 2, 1, 64, 8, 4, dtypes.bfloat16),   # CUDA's matrix pass
+                                                     (2, 8, 2, 12, 64, 8, 4, dtypes.bfloat16)):   # the tiled kernel
         blocks = 5
         k_pool, v_pool = (round_to(rng.uniform(-1, 1, (blocks, hkv, bs, d)), dtype) for _ in range(2))
         qv = round_to(rng.uniform(-1, 1, (b, hq, lq, d)), dtype)

@@ -20,7 +20,7 @@ from reference import assert_rows_close
 pytestmark = pytest.mark.skipif(COMPILER is None, reason="no C++ compiler")
 
 F16 = dtypes.float16
-SMALL = Tiled(warps=2, row_tiles=1, keys=32)    # 32-row tiles: several per call at these sizes
+SMALL = Tiled(warps=2, row_tiles=1, keys=32, q_resident=True)    # 32-row tiles: several per call at these sizes
 # Hostile tables: entries past the pool and negative (clamped), a length past the table (clamped)
 # and one shorter than the queries (its first rows see nothing).
 HOSTILE = dict(page=8, pool=9, tables=((3, -3, 9, 0, 6, 2, 8, 1), (2, 7, 1, -1, 4, 5, 0, 3)), lengths=(70, 13))
@@ -77,7 +77,8 @@ def test_emulated_prefill_with_metal_tiles(name):
     check(name, metal_tiles=True)
 
 
-@pytest.mark.parametrize("shape", [Tiled(4, 1, 64), Tiled(1, 2, 16), Tiled(2, 2, 32)])
+@pytest.mark.parametrize("shape", [Tiled(4, 1, 64, True), Tiled(1, 2, 16, True), Tiled(2, 2, 32, False),
+                                   Tiled(2, 1, 16, False), Tiled(1, 1, 16, False)])
 def test_emulated_prefill_launch_shapes(shape):
     """Other SIMD group counts, row tiles and key tiles compute the same attention."""
     check("causal_continuing", shape)

@@ -80,6 +80,7 @@ SHORT = {dtypes.float32: "f32", dtypes.float16: "f16", dtypes.bfloat16: "bf16"}
 DECODE_ONE_PASS = ("nuvec_sdpa_decode",)
 DECODE_TWO_PASSES = ("nuvec_sdpa_decode", "nuvec_sdpa_merge")
 MATRIX = ("nuvec_sdpa_decode_mma", "nuvec_sdpa_merge")
+PREFILL = ("nuvec_sdpa_prefill",)
 GATED_DELTA = ("nuvec_gated_delta",)
 QMV, QVM, QMM = ("nuvec_qmv",), ("nuvec_qvm",), ("nuvec_qmm",)
 RMS_NORM, LAYER_NORM, RESIDUAL_NORM = ("nuvec_rms_norm",), ("nuvec_layer_norm",), ("nuvec_residual_norm",)
@@ -233,6 +234,26 @@ ATTENTION = [
     Case("paged one-pass f32 D256 page16 one sequence length 7", DECODE_ONE_PASS,
          paged(2, 2, 1, 256, 16, [[1, 2]], 3, [7], dtypes.float32)),
     Case("paged no batch", NONE, paged(4, 2, 1, 64, 16, [], 3, [], dtypes.float32)),
+    # the tiled prefill kernel: rows and keys off the tiles, every option, padded head sizes, grouped
+    # rows packed past a tile's end, cache slices, paged pools with hostile tables and lengths
+    Case("prefill bf16 D128 gqa4 Lq9 Lk9 causal", PREFILL, attention(1, 8, 2, 9, 9, 128, 128, dtypes.bfloat16, mask="causal")),
+    Case("prefill f16 D64 gqa3 Lq37 Lk100 no mask", PREFILL, attention(1, 6, 2, 37, 100, 64, 64, dtypes.float16)),
+    Case("prefill bf16 D80 Lq70 Lk70 window13 sinks", PREFILL,
+         attention(2, 2, 2, 70, 70, 80, 80, dtypes.bfloat16, mask="causal", window=13, sinks=True)),
+    Case("prefill f16 D72 gqa8 Lq21 Lk50 bool", PREFILL, attention(1, 8, 1, 21, 50, 72, 72, dtypes.float16, mask="bool")),
+    Case("prefill bf16 D96/64 Lq33 Lk65 additive sinks", PREFILL,
+         attention(1, 4, 2, 33, 65, 96, 64, dtypes.bfloat16, mask="additive", sinks=True)),
+    Case("prefill f16 D256 Lq17 Lk40 causal", PREFILL, attention(1, 2, 1, 17, 40, 256, 256, dtypes.float16, mask="causal")),
+    Case("prefill bf16 D192 Lq20 Lk20 causal", PREFILL, attention(1, 2, 2, 20, 20, 192, 192, dtypes.bfloat16, mask="causal")),
+    Case("prefill bf16 D128 Lq40 keys 5..105 of 200 causal", PREFILL,
+         attention(1, 4, 2, 40, 100, 128, 128, dtypes.bfloat16, mask="causal", cache=(5, 200))),
+    Case("prefill paged f16 D64 page16 Lq12 hostile table, lengths past capacity and negative", PREFILL,
+         paged(4, 2, 12, 64, 16, HOSTILE_TABLE, 5, [65, -3], dtypes.float16)),
+    Case("prefill paged bf16 D128 page32 Lq20 window9 sinks, lengths 2^31-1 and 5", PREFILL,
+         paged(8, 2, 20, 128, 32, [[1, 0, 7, -2, 3], [4, 4, 4, 4, 4]], 6, [INT32_MAX, 5], dtypes.bfloat16, window=9,
+               sinks=True)),
+    Case("prefill no queries bf16 D128", NONE, attention(1, 2, 2, 0, 20, 128, 128, dtypes.bfloat16)),
+    Case("prefill no keys bf16 D128", NONE, attention(1, 2, 2, 20, 0, 128, 128, dtypes.bfloat16)),
 ]
 
 

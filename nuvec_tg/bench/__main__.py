@@ -1,4 +1,4 @@
-"""`python -m nuvec_tg.bench {attention,gated_delta,quant,rows} [--quick] [--small] [--repeats N]
+"""`python -m nuvec_tg.bench {attention,prefill,gated_delta,quant,rows} [--quick] [--small] [--repeats N]
 [--markdown FILE] [--part I/N] [--batches B,...]`: nuvec_tg's hot paths on the default device
 beside tinygrad's compositions and PyTorch's (or flash-linear-attention's) kernels, each timed on
 the device, as a markdown table (see each module's docstring for what it measures).
@@ -18,10 +18,10 @@ import sys
 from tinygrad import Device
 
 from ..kernels import kernel_backend
-from . import attention, gated_delta, model, quant, rows
+from . import attention, gated_delta, model, prefill, quant, rows
 
-BENCHMARKS = {"attention": attention.run, "gated_delta": gated_delta.run, "quant": quant.run, "rows": rows.run,
-              "model": model.run}
+BENCHMARKS = {"attention": attention.run, "prefill": prefill.run, "gated_delta": gated_delta.run, "quant": quant.run,
+              "rows": rows.run, "model": model.run}
 # timed repeats of each measurement, unless --repeats says: a model's are whole generations
 DEFAULT_REPEATS = {"model": 3}
 

@@ -28,10 +28,12 @@ from .program import CTYPES, Family, Param, Program, Resources, int_buffer, laun
 class Tiled:
     """The tiled prefill kernel's launch (the attention plan's `Tiled` route): threadgroups of
     `warps` SIMD groups, each owning `row_tiles` tiles of 16 query rows, over key tiles of `keys`
-    keys."""
+    keys; `q_resident`: Q's fragments held in registers for the whole key loop (else read from
+    threadgroup memory at every key tile)."""
     warps: int
     row_tiles: int
     keys: int
+    q_resident: bool
 
     @property
     def rows(self) -> int:
@@ -50,20 +52,25 @@ def padded(head_dim: int) -> int:
 
 
 def plan(backend: str, head_dim: int, value_dim: int) -> Tiled:
-    """The launch for head sizes `(head_dim, value_dim)` on `backend`. CUDA: 4 SIMD groups of one
-    16-row tile each over 64-key tiles up to D 128 (registers: Q's fragments, the output and a
-    tile's scores per lane), 32-key tiles beyond. Metal: 4 SIMD groups (2 for D above 128: Q's
-    staging must fit 32 KB) of one row tile over 32-key tiles (16 above D 128)."""
+    """The launch for head sizes `(head_dim, value_dim)` on `backend`, within 48 KB of static
+    threadgroup memory (CUDA) or Apple's 32 KB, and the registers of a lane: a 16-row tile's output
+    is `DV / 2` floats a lane, its Q fragments `D / 4` words (CUDA, in registers up to D 128), its
+    scores `KEYS / 2` floats. CUDA: 4 SIMD groups over 64-key tiles with Q in registers up to head
+    size 128; beyond, 2 SIMD groups over 16-key tiles reading Q from threadgroup memory. Metal
+    (whose tiles hold floats): Q from threadgroup memory, 4 SIMD groups over 16-key tiles up to 128,
+    1 SIMD group beyond."""
+    large = max(head_dim, value_dim) > 128
     if backend == "cuda":
-        return Tiled(warps=4, row_tiles=1, keys=64 if max(head_dim, value_dim) <= 128 else 32)
-    if max(head_dim, value_dim) <= 128: return Tiled(warps=4, row_tiles=1, keys=32)
-    return Tiled(warps=2, row_tiles=1, keys=16)
+        return Tiled(warps=2, row_tiles=1, keys=16, q_resident=False) if large else Tiled(4, 1, 64, True)
+    return Tiled(warps=1, row_tiles=1, keys=16, q_resident=False) if large else Tiled(4, 1, 16, False)
 
 
 def threadgroup_bytes(head_dim: int, value_dim: int, dtype: DType, shape: Tiled) -> int:
-    """The kernel's threadgroup memory: one buffer for Q's staging, then K's and V's tiles."""
+    """The kernel's threadgroup memory: Q's rows, then K's and V's tiles (in the same buffer once Q's
+    fragments are in registers)."""
     k_line, v_line = padded(head_dim) + 8, value_dim + 8
-    return threadgroup_array(max(shape.rows * k_line, shape.keys * (k_line + v_line)), dtype.itemsize)
+    q, kv = shape.rows * k_line, shape.keys * (k_line + v_line)
+    return threadgroup_array(max(q, kv) if shape.q_resident else q + kv, dtype.itemsize)
 
 
 def metal_resources(head_dim: int, value_dim: int, dtype: DType, shape: Tiled) -> Resources:
@@ -126,7 +133,7 @@ class PrefillSpec:
         group = self.q_heads // self.kv_heads
         defines = dict(T=CTYPES[self.dtype], D=self.head_dim, DP=padded(self.head_dim), DV=self.value_dim, HQ=self.q_heads,
                        HKV=self.kv_heads, GQA=group, WARPS=self.shape.warps, ROW_TILES=self.shape.row_tiles,
-                       KEYS=self.shape.keys, CAUSAL=int(self.causal), WINDOW_ON=int(self.window), MASK_KIND=self.mask_kind,
+                       KEYS=self.shape.keys, Q_RESIDENT=int(self.shape.q_resident), CAUSAL=int(self.causal), WINDOW_ON=int(self.window), MASK_KIND=self.mask_kind,
                        SINKS=int(self.sinks), PAGED=int(self.page > 0), PAGE=max(self.page, 1),
                        SCALE_LOG2E=f"{self.scale * math.log2(math.e)!r}f",
                        RUNTIME_INTS="".join(f"const int {name} = ints[{i}]; " for i, name in enumerate(self.runtime_names())))
@@ -142,7 +149,8 @@ class PrefillSpec:
 
 def describe(shape: Tiled) -> str:
     """The launch in words, for NUVEC_DEBUG and the launch labels."""
-    return f"{shape.warps} SIMD groups x {shape.row_tiles * 16} rows, {shape.keys}-key tiles"
+    return (f"{shape.warps} SIMD groups x {shape.row_tiles * 16} rows, {shape.keys}-key tiles, Q "
+            + ("in registers" if shape.q_resident else "read each tile"))
 
 
 def prefill_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, shape: Tiled, *, dtype: DType, backend: str,

@@ -5,8 +5,9 @@
 // Its rows are the key head's GQA query heads packed with the positions (row R is position R / GQA
 // of query head kv_head * GQA + R % GQA), so each K and V tile is loaded once for every query head
 // that reads it, and a short chunk of a prompt still fills the tile. Each SIMD group owns ROW_TILES
-// tiles of 16 rows, whose Q fragments stay in registers for the whole key loop (loaded once,
-// through threadgroup memory).
+// tiles of 16 rows. Q is copied once into threadgroup memory; with Q_RESIDENT its fragments then
+// stay in registers for the whole key loop (and the buffer takes K and V), otherwise they are read
+// from the buffer at every key tile (large heads: the registers hold the output instead).
 //
 // Key tiles of KEYS keys, aligned to multiples of KEYS from key 0, run from the first tile any of
 // the threadgroup's rows sees (a window's start) to the last (causal). K and V have one threadgroup
@@ -29,7 +30,7 @@
 //
 // Runtime integers (the `ints` buffer, RUNTIME_INTS names them): q_len, k_len (contiguous K/V: their
 // offsets in longer caches and strides; paged: max_blocks, pool_blocks), the mask's strides, the
-// window. Defines: T, D, DP, DV, HQ, HKV, GQA, WARPS, ROW_TILES, KEYS, CAUSAL, WINDOW_ON, MASK_KIND
+// window. Defines: T, D, DP, DV, HQ, HKV, GQA, WARPS, ROW_TILES, KEYS, Q_RESIDENT, CAUSAL, WINDOW_ON, MASK_KIND
 // (0 none, 1 boolean bytes, 2 additive T), SINKS, PAGED, PAGE, SCALE_LOG2E, RUNTIME_INTS.
 
 #define THREADS (WARPS * 32)
@@ -40,7 +41,13 @@
 #define LDV (DV + 8)
 #define Q_ELEMENTS (BQ * LDK)
 #define KV_ELEMENTS (KEYS * (LDK + LDV))
+#if Q_RESIDENT  // Q's staging, then K's and V's tiles, in one buffer
 #define STAGE_ELEMENTS (Q_ELEMENTS > KV_ELEMENTS ? Q_ELEMENTS : KV_ELEMENTS)
+#define KV_START 0
+#else          // Q, then K's and V's tiles
+#define STAGE_ELEMENTS (Q_ELEMENTS + KV_ELEMENTS)
+#define KV_START Q_ELEMENTS
+#endif
 #define K_STEPS (DP / 16)     // mma steps over the features of a score
 #define KEY_TILES (KEYS / 8)  // 8-key accumulators of a row tile's scores
 #define V_TILES (DV / 8)      // 8-value accumulators of a row tile's output
@@ -100,11 +107,11 @@ INLINE size_t paged_line(const DEVICE int* block_tables, int batch, int max_bloc
 
   THREADGROUP uint4 stage_memory[STAGE_ELEMENTS * sizeof(T) / 16];
   THREADGROUP_PTR T* stage = (THREADGROUP_PTR T*)stage_memory;
-  THREADGROUP_PTR T* k_tile = stage;
-  THREADGROUP_PTR T* v_tile = stage + KEYS * LDK;
+  THREADGROUP_PTR T* k_tile = stage + KV_START;
+  THREADGROUP_PTR T* v_tile = stage + KV_START + KEYS * LDK;
 
-  // Q's rows into threadgroup memory (zeros past the last row and in the padding), then each SIMD
-  // group's fragments into registers.
+  // Q's rows into threadgroup memory (zeros past the last row and in the padding), then (Q_RESIDENT)
+  // each SIMD group's fragments into registers.
   for (int i = thread_id; i < BQ * (DP / 8); i += THREADS) {
     const int r = i / (DP / 8), piece = i % (DP / 8), row = row0 + r;
     const bool present = row < rows_total && piece < D / 8;
@@ -114,21 +121,23 @@ INLINE size_t paged_line(const DEVICE int* block_tables, int batch, int max_bloc
   async_commit();
   async_wait(0);
   threadgroup_barrier();
+  const THREADGROUP_PTR T* q_rows = stage + warp * ROW_TILES * 16 * LDK;  // this SIMD group's
+#if Q_RESIDENT
   TileA<T> q_frags[ROW_TILES][K_STEPS];
-  #pragma unroll
+#pragma unroll
   for (int rt = 0; rt < ROW_TILES; rt++)
-    #pragma unroll
-    for (int ks = 0; ks < K_STEPS; ks++)
-      load_tile_a(q_frags[rt][ks], stage + (warp * ROW_TILES + rt) * 16 * LDK + ks * 16, LDK, lane);
+#pragma unroll
+    for (int ks = 0; ks < K_STEPS; ks++) load_tile_a(q_frags[rt][ks], q_rows + rt * 16 * LDK + ks * 16, LDK, lane);
+#endif
 
   // This lane's rows (frag_row and + 8 of each row tile): position, query head, whether real.
   int row_pos[ROW_TILES][2], row_head[ROW_TILES][2];
   bool row_real[ROW_TILES][2];
   float row_max[ROW_TILES][2], row_sum[ROW_TILES][2];
   TileAcc out_acc[ROW_TILES][V_TILES];
-  #pragma unroll
+#pragma unroll
   for (int rt = 0; rt < ROW_TILES; rt++) {
-    #pragma unroll
+#pragma unroll
     for (int h = 0; h < 2; h++) {
       const int row = row0 + (warp * ROW_TILES + rt) * 16 + frag_row(lane) + 8 * h;
       row_pos[rt][h] = row / GQA;
@@ -137,10 +146,12 @@ INLINE size_t paged_line(const DEVICE int* block_tables, int batch, int max_bloc
       row_max[rt][h] = -INFINITY;
       row_sum[rt][h] = 0.0f;
     }
-    #pragma unroll
+#pragma unroll
     for (int nj = 0; nj < V_TILES; nj++) tile_zero(out_acc[rt][nj]);
   }
-  threadgroup_barrier();  // every SIMD group has its Q fragments: the buffers take K and V
+#if Q_RESIDENT
+  threadgroup_barrier();  // every SIMD group has its Q fragments: the buffer takes K and V
+#endif
 
   const int tile_first = key_lo / KEYS, tile_end = (key_hi + KEYS - 1) / KEYS;
   if (tile_first < tile_end) { COPY_LINES(k_tile, LDK, k, K_LINE, DP / 8, D / 8, tile_first * KEYS) }
@@ -152,22 +163,31 @@ INLINE size_t paged_line(const DEVICE int* block_tables, int batch, int max_bloc
     COPY_LINES(v_tile, LDV, v, V_LINE, DV / 8, DV / 8, k0)
 
     TileAcc scores[ROW_TILES][KEY_TILES];
-    #pragma unroll
+#pragma unroll
     for (int rt = 0; rt < ROW_TILES; rt++)
-      #pragma unroll
+#pragma unroll
       for (int ni = 0; ni < KEY_TILES; ni++) tile_zero(scores[rt][ni]);
-    #pragma unroll
-    for (int ni = 0; ni < KEY_TILES; ni += 2) {
-      #pragma unroll
-      for (int ks = 0; ks < K_STEPS; ks++) {
+#pragma unroll
+    for (int ks = 0; ks < K_STEPS; ks++) {
+#if Q_RESIDENT
+#define Q_FRAG(rt) q_frags[rt][ks]
+#else
+      TileA<T> q_step[ROW_TILES];
+#pragma unroll
+      for (int rt = 0; rt < ROW_TILES; rt++) load_tile_a(q_step[rt], q_rows + rt * 16 * LDK + ks * 16, LDK, lane);
+#define Q_FRAG(rt) q_step[rt]
+#endif
+#pragma unroll
+      for (int ni = 0; ni < KEY_TILES; ni += 2) {
         TileB<T> key_frag0, key_frag1;
         load_tile_b2(key_frag0, key_frag1, k_tile + ni * 8 * LDK + ks * 16, LDK, lane);
-        #pragma unroll
+#pragma unroll
         for (int rt = 0; rt < ROW_TILES; rt++) {
-          tile_mma(scores[rt][ni], q_frags[rt][ks], key_frag0);
-          tile_mma(scores[rt][ni + 1], q_frags[rt][ks], key_frag1);
+          tile_mma(scores[rt][ni], Q_FRAG(rt), key_frag0);
+          tile_mma(scores[rt][ni + 1], Q_FRAG(rt), key_frag1);
         }
       }
+#undef Q_FRAG
     }
 
     // Scores in base 2, invisible ones -inf (a tile every row sees whole skips the checks).
@@ -178,11 +198,11 @@ INLINE size_t paged_line(const DEVICE int* block_tables, int batch, int max_bloc
 #if WINDOW_ON
     whole = whole && k0 > last_pos + shift - window;
 #endif
-    #pragma unroll
+#pragma unroll
     for (int rt = 0; rt < ROW_TILES; rt++) {
-      #pragma unroll
+#pragma unroll
       for (int ni = 0; ni < KEY_TILES; ni++) {
-        #pragma unroll
+#pragma unroll
         for (int e = 0; e < 4; e++) {
           float score = scores[rt][ni].v[e] * SCALE_LOG2E;
           if (!whole) {
@@ -215,12 +235,12 @@ INLINE size_t paged_line(const DEVICE int* block_tables, int batch, int max_bloc
     // Each row's maximum over the tile (its four lanes'), then the lazy move onto it.
     float tile_max[ROW_TILES][2];
     bool grows = false;
-    #pragma unroll
+#pragma unroll
     for (int rt = 0; rt < ROW_TILES; rt++) {
-      #pragma unroll
+#pragma unroll
       for (int h = 0; h < 2; h++) {
         float best = -INFINITY;
-        #pragma unroll
+#pragma unroll
         for (int ni = 0; ni < KEY_TILES; ni++) best = max(best, max(scores[rt][ni].v[2 * h], scores[rt][ni].v[2 * h + 1]));
         best = max(best, simd_shuffle_xor(best, ROW_PEER_A));
         best = max(best, simd_shuffle_xor(best, ROW_PEER_B));
@@ -229,15 +249,15 @@ INLINE size_t paged_line(const DEVICE int* block_tables, int batch, int max_bloc
       }
     }
     if (simd_any(grows)) {
-      #pragma unroll
+#pragma unroll
       for (int rt = 0; rt < ROW_TILES; rt++) {
-        #pragma unroll
+#pragma unroll
         for (int h = 0; h < 2; h++) {
           if (tile_max[rt][h] > row_max[rt][h] + 8.0f) {
             const float factor = exp2(row_max[rt][h] - tile_max[rt][h]);  // 0 from -inf: nothing was summed
             row_max[rt][h] = tile_max[rt][h];
             row_sum[rt][h] *= factor;
-            #pragma unroll
+#pragma unroll
             for (int nj = 0; nj < V_TILES; nj++) {
               out_acc[rt][nj].v[2 * h] *= factor;
               out_acc[rt][nj].v[2 * h + 1] *= factor;
@@ -247,15 +267,15 @@ INLINE size_t paged_line(const DEVICE int* block_tables, int batch, int max_bloc
       }
     }
     // The weights, in the scores' place; a row that has seen nothing keeps a maximum of -inf and 0 weights.
-    #pragma unroll
+#pragma unroll
     for (int rt = 0; rt < ROW_TILES; rt++) {
-      #pragma unroll
+#pragma unroll
       for (int h = 0; h < 2; h++) {
         const float reference = row_max[rt][h] == -INFINITY ? 0.0f : row_max[rt][h];
         float sum = 0.0f;
-        #pragma unroll
+#pragma unroll
         for (int ni = 0; ni < KEY_TILES; ni++) {
-          #pragma unroll
+#pragma unroll
           for (int e = 2 * h; e < 2 * h + 2; e++) {
             const float weight = fast_exp2(scores[rt][ni].v[e] - reference);
             scores[rt][ni].v[e] = weight;
@@ -271,16 +291,16 @@ INLINE size_t paged_line(const DEVICE int* block_tables, int batch, int max_bloc
     threadgroup_barrier();
     if (tile + 1 < tile_end) { COPY_LINES(k_tile, LDK, k, K_LINE, DP / 8, D / 8, k0 + KEYS) }
 
-    #pragma unroll
+#pragma unroll
     for (int kk = 0; kk < KEYS / 16; kk++) {
       TileA<T> weights[ROW_TILES];
-      #pragma unroll
+#pragma unroll
       for (int rt = 0; rt < ROW_TILES; rt++) tile_a_from_acc(weights[rt], scores[rt][2 * kk], scores[rt][2 * kk + 1]);
-      #pragma unroll
+#pragma unroll
       for (int nj = 0; nj + 1 < V_TILES; nj += 2) {
         TileB<T> value_frag0, value_frag1;
         load_tile_b2_rows(value_frag0, value_frag1, v_tile + kk * 16 * LDV + nj * 8, LDV, lane);
-        #pragma unroll
+#pragma unroll
         for (int rt = 0; rt < ROW_TILES; rt++) {
           tile_mma(out_acc[rt][nj], weights[rt], value_frag0);
           tile_mma(out_acc[rt][nj + 1], weights[rt], value_frag1);
@@ -289,7 +309,7 @@ INLINE size_t paged_line(const DEVICE int* block_tables, int batch, int max_bloc
 #if V_TILES % 2
       TileB<T> value_frag;
       load_tile_b_rows(value_frag, v_tile + kk * 16 * LDV + (V_TILES - 1) * 8, LDV, lane);
-      #pragma unroll
+#pragma unroll
       for (int rt = 0; rt < ROW_TILES; rt++) tile_mma(out_acc[rt][V_TILES - 1], weights[rt], value_frag);
 #endif
     }
@@ -297,9 +317,9 @@ INLINE size_t paged_line(const DEVICE int* block_tables, int batch, int max_bloc
   async_wait(0);  // nothing is in flight past the loop
 
   // Each row's sum from its four lanes, the sink, then O / l rounded once.
-  #pragma unroll
+#pragma unroll
   for (int rt = 0; rt < ROW_TILES; rt++) {
-    #pragma unroll
+#pragma unroll
     for (int h = 0; h < 2; h++) {
       float sum = row_sum[rt][h];
       sum += simd_shuffle_xor(sum, ROW_PEER_A);
@@ -313,7 +333,7 @@ INLINE size_t paged_line(const DEVICE int* block_tables, int batch, int max_bloc
 #endif
       const float inverse = sum > 0.0f ? factor / sum : 0.0f;
       DEVICE T* out_row = out + ((size_t)(batch * HQ + row_head[rt][h]) * q_len + row_pos[rt][h]) * DV + frag_col(lane);
-      #pragma unroll
+#pragma unroll
       for (int nj = 0; nj < V_TILES; nj++)
         store_pair(out_acc[rt][nj].v[2 * h] * inverse, out_acc[rt][nj].v[2 * h + 1] * inverse, out_row + nj * 8);
     }
