@@ -242,13 +242,13 @@ def test_cross_entropy_reading_an_unchecked_target_fails_the_bounds_check():
 
 # rope (rope.h), through its emulated test's comparisons.
 ROPE_FAULTS = {
-    "halves_paired_as_adjacent_pieces": ("halves_128_f32", Fault("first + (TRADITIONAL ? VEC : pairs)", "first + VEC")),
-    "sine_of_the_wrong_sign": ("traditional_128_bf16", Fault("out[p] = v[p] * c - v[q] * s;", "out[p] = v[p] * c + v[q] * s;")),
+    "halves_paired_as_adjacent_pieces": ("halves_128_f32", Fault("first + UNIT_GAP(VEC, pairs)", "first + VEC")),
+    "sine_of_the_wrong_sign": ("traditional_128_bf16", Fault("fma((v)[p_], c_, -((v)[q_] * s_))", "fma((v)[p_], c_, (v)[q_] * s_)")),
     "every_batch_item_at_the_first_offset": ("halves_dims_64_of_128_per_batch_f16",
                                              Fault("offsets[per_batch ? b : 0]", "offsets[0]")),
     "scale_ignored": ("halves_4_of_6_per_batch_bf16", Fault("(float)position * SCALE", "(float)position")),
     "every_piece_at_the_first_frequencies": ("traditional_dims_40_of_80_freqs_f32",
-                                             Fault("inv_freq[u * VEC + j]", "inv_freq[j]")),
+                                             Fault("inv_freq + u * VEC", "inv_freq")),
     "features_past_dims_not_copied": ("halves_dims_64_of_128_per_batch_f16",
                                       Fault("    STORE_PIECE(CHUNK_X, X_CHUNKS, TX, v, y + at)\n", "")),
 }

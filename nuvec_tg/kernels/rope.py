@@ -67,7 +67,7 @@ def metal_resources(shape: Launch) -> Resources:
     return Resources(shape.threads, 0)
 
 
-ROPE = Family("nuvec_rope", ("pieces.h", "rope.h"), unsupported, plan)
+ROPE = Family("nuvec_rope", ("pieces.h", "rotation.h", "rope.h"), unsupported, plan)
 
 
 def float_literal(value: float) -> str:
