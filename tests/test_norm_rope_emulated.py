@@ -102,6 +102,7 @@ CASES = {
                                slots=(5, 0, 13, 2, 9, 15)),
     "pool_hostile_slots_f16_into_f32": Case((2, 3, 3, 32), 32, F16, F16, True, (0, 6), into="pool", places=3,
                                             slots=(-1, 12, 4, INT32_MAX, INT32_MIN, 11), into_dtype=F32),
+    "pool_slots_just_past_either_end_f32": Case((1, 2, 3, 32), 32, F32, F32, into="pool", places=3, slots=(-1, 12, 5)),
     "pool_a_threadgroup_a_row_f32": Case((1, 2, 3, 1024), 1024, F32, F32, offsets=(2,), into="pool", places=2,
                                          block_size=2, slots=(3, -5, 0)),
 }
