@@ -2,7 +2,7 @@
 around the fused kernel (a C stand-in on the CPU): its route, destinations, in-place update and backward."""
 import numpy as np
 import pytest
-from tinygrad import Tensor, dtypes
+from tinygrad import Tensor, TinyJit, UOp, dtypes
 
 from nuvec_tg import fast, kernels
 from nuvec_tg.kernels import rope as rope_kernel
@@ -215,9 +215,11 @@ def test_norm_rope_launches_the_kernel_into_a_cache_in_place_and_fresh_rows_with
     g = random(rng, (2, 3, 4, 16), dtypes.float32, "CPU")[0]
     offsets = Tensor([1, 5], device="CPU")
     got = gradients(fast.norm_rope(x, w, 1e-6, rotation, offsets), g, [x, w])
+    got += gradients(fast.norm_rope_kv(x, w, 1e-6, 1e-5, rotation, offsets)[1], g, [x])   # the values' alone
     with kernels.compositions_only():
         want_grads = gradients(fast.norm_rope(x, w, 1e-6, rotation, offsets), g, [x, w])
-    for name, a, e in zip(("dx", "dweight"), got, want_grads):
+        want_grads += gradients(fast.norm_rope_kv(x, w, 1e-6, 1e-5, rotation, offsets)[1], g, [x])
+    for name, a, e in zip(("dx", "dweight", "dx through the values"), got, want_grads):
         assert_close(name, a, e, 1e-5)
 
 
@@ -261,3 +263,23 @@ def test_what_the_kernel_does_not_take_composes(stand_ins):
         fast.norm_rope(x[:, :, :0], Tensor.ones(16, device="CPU"), 1e-6, fast.Rotation(16)).realize()   # empty
         fast.norm_rope(x.cast(dtypes.float64), None, 1e-6, fast.Rotation(16), 0, Tensor.zeros(1, 2, 8, 16, device="CPU")).realize()
     assert not any(name.startswith("stand_in") for name in launched(launches))
+
+
+def test_a_jitted_decode_step_writes_the_cache_in_place_at_a_bound_variables_position(stand_ins):
+    """As a model's decode step: the offset `Tensor(length) - 1` of a bound Variable; each replay
+    writes the new row at its position into the same cache, building nothing."""
+    rng = np.random.default_rng(0x6F)
+    cache, want = random(rng, (2, 2, 8, 16), dtypes.float32, "CPU")
+    cache.realize()
+    w = random(rng, (16,), dtypes.float32, "CPU")[0].realize()
+    rotation = fast.Rotation(16)
+    step = TinyJit(lambda x, length: fast.norm_rope(x, w, 1e-6, rotation, Tensor(length, device="CPU") - 1, cache))
+    length = UOp.variable("length", 1, 8)
+    for i, position in enumerate([2, 5, 0, 7]):
+        x, xv = random(rng, (2, 2, 1, 16), dtypes.float32, "CPU")
+        with kernels.record_launches() as launches:
+            got = step(x.realize(), length.bind(position + 1))
+        assert launched(launches) == (["stand_in_norm_rope_cache"] if i < 2 else [])   # built while capturing, then replayed
+        want[:, :, position] = xv[:, :, 0]
+        np.testing.assert_array_equal(got.numpy(), want)
+        np.testing.assert_array_equal(cache.numpy(), want)
