@@ -6,8 +6,7 @@ from tinygrad import Tensor, TinyJit, UOp, dtypes
 
 from nuvec_tg import fast, kernels
 from nuvec_tg.kernels import rope as rope_kernel
-from nuvec_tg.kernels.program import Program
-from reference import DTYPES, TOLERANCE, assert_close, gradients, random, values
+from reference import DTYPES, TOLERANCE, assert_close, gradients, launched, random, stand_in_program, values
 
 FREQS = Tensor((1.5 + 0.75 * np.arange(32)).astype(np.float32))
 
@@ -177,18 +176,12 @@ def stand_ins(monkeypatch):
 
     def stand_in(backend, types, destination, traditional, scale, shape, *, eps=None, v_eps=None):
         params = render(backend, types, destination, traditional, scale, shape, eps=eps, v_eps=v_eps).params
-        signature = ", ".join(f"{'const ' if p.kind == 'in' else ''}{p.ctype}* restrict {p.name}" for p in params)
         body = STAND_IN.replace("DEST", str(rope_kernel.DESTINATIONS.index(destination)))
         body = body.replace("SLOT", "slots[b * steps + t]" if destination == "pool" else "0")
         body = body.replace("VALUES_LINE", "values[dest * length + i] = -x[r * length + i];" if v_eps is not None else "")
-        name = f"stand_in_norm_rope_{destination}"
-        return Program(name, f"void {name}({signature}) {{ {body} }}", params, None)
+        return stand_in_program(f"stand_in_norm_rope_{destination}", params, body)
     monkeypatch.setattr(kernels, "active_backend", lambda device: "cuda")
     monkeypatch.setattr(rope_kernel, "norm_rope_program", stand_in)
-
-
-def launched(launches):
-    return [name for name, _ in launches]
 
 
 def test_norm_rope_launches_the_kernel_into_a_cache_in_place_and_fresh_rows_with_the_compositions_gradient(stand_ins):
