@@ -291,8 +291,9 @@ def norm_rope_at(x: Tensor, weight: Tensor | None, eps: float, rotation: Rotatio
     x: `[B, H, L, D]`; positions: `[B]` integers (row `l` of sequence `b` is at
     `positions[b] + l`). pool: `[blocks, H, block_size, D]` and slots: `[B, L]` integers, given
     together: row `l` of sequence `b` goes to slot `slots[b, l]` (out-of-range slots skipped; of
-    rows naming one slot the later wins in the composition, either in the kernel, whose rows
-    race). Returns the rotated rows, or the updated pool (on METAL and CUDA written in place).
+    rows naming one slot the composition keeps the later, while the kernel's rows race, so the
+    slot holds pieces of either). Returns the rotated rows, or the updated pool (on METAL and
+    CUDA written in place).
     """
     op = "norm_rope_at"
     check_tensor(op, "x", x)
