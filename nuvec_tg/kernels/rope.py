@@ -141,7 +141,8 @@ class FusedLaunch:
 
     @property
     def held(self) -> int:
-        """Elements a row keeps in threadgroup memory (its pieces' places, the row's and beyond)."""
+        """Elements of threadgroup memory a row takes: a place for each piece its lanes can hold
+        (the row's length or more)."""
         return self.lanes * self.norm.per * self.norm.vec
 
     def groups(self, rows: int) -> int:
