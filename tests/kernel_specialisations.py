@@ -384,8 +384,55 @@ def _prefill_candidates(backend: str) -> Iterator[_Candidate]:
         yield _Candidate(prefill.PREFILL.stem, make, cover, ((spec.dtype,),))
 
 
+NORM_ROPE_SHAPES = [(64, 64), (128, 128), (256, 256), (512, 512), (1024, 1024), (8192, 8192), (80, 40), (7, 6), (6, 4),
+                    (100, 100)]
+
+
+def norm_rope_calls() -> Iterator[tuple[dict[str, DType], str, bool, int, int]]:
+    """norm_rope's calls by `(types, destination, traditional, length, dims)` (`types` as
+    `rope.norm_rope_program` takes them): each dtype and pair layout at every launch shape (8, 16
+    and 32 lanes a row, two pieces a lane, rows of 64 and 1024 lanes, single elements) and unit
+    width the kernel takes; each destination with and without a weight and values (a pool has no
+    values: no operation asks for them); mixed dtypes."""
+    for dtype, traditional, (length, dims) in itertools.product(KERNEL_DTYPES, (False, True), NORM_ROPE_SHAPES):
+        if rope.norm_rope_unsupported((dtype, dtype), 1, length, dims, 0, PlanTarget("cuda")) is None:
+            yield dict(x=dtype, normed=dtype, rotated=dtype, weight=dtype), "fresh", traditional, length, dims
+    for dtype, destination, weight, values in itertools.product(KERNEL_DTYPES, rope.DESTINATIONS, (True, False), (False, True)):
+        if (destination == "pool" and values) or (destination == "fresh" and not weight and not values): continue
+        types = dict(x=dtype, normed=dtype, rotated=dtype) | (dict(weight=dtype) if weight else {}) | \
+            (dict(values=dtype) if values else {})
+        yield types, destination, False, 128, 128
+    yield dict(x=dtypes.float16, normed=dtypes.float32, rotated=dtypes.bfloat16, weight=dtypes.float32, values=dtypes.float32), \
+        "cache", True, 80, 40
+    yield dict(x=dtypes.bfloat16, normed=dtypes.bfloat16, rotated=dtypes.float32, weight=dtypes.bfloat16), "pool", False, 64, 32
+    yield dict(x=dtypes.float16, normed=dtypes.float32, rotated=dtypes.float32, weight=dtypes.bfloat16), "fresh", False, 1024, 512
+
+
+def norm_rope_program(backend: str, types: dict[str, DType], destination: str, traditional: bool, length: int,
+                      dims: int) -> Program:
+    """A `norm_rope_calls` member's program, with its plan's launch."""
+    return rope.norm_rope_program(backend, types, destination, traditional, 1.0, rope.norm_rope_plan(length, dims),
+                                  eps=1e-6 if "weight" in types else None, v_eps=1e-5 if "values" in types else None)
+
+
+def _norm_rope_candidates(backend: str) -> Iterator[_Candidate]:
+    for types, destination, traditional, length, dims in norm_rope_calls():
+        shape = rope.norm_rope_plan(length, dims)
+
+        def make(types=types, destination=destination, traditional=traditional, length=length, dims=dims,
+                 shape=shape) -> tuple[str, Program]:
+            label = " ".join(f"{name} {dtype_name(t)}" for name, t in types.items()) + \
+                f" into {destination} {'traditional' if traditional else 'halves'} D {length} dims {dims}, " \
+                f"{rope.describe_norm_rope(shape)}"
+            return label, norm_rope_program(backend, types, destination, traditional, length, dims)
+        layout = (shape.lanes > 32, shape.norm.per, shape.norm.vec, shape.rotation.vec)
+        options = (destination, "weight" in types, "values" in types)
+        cover = ((types["x"], traditional, layout), (options, tuple(types.values())), (shape.lanes,))
+        yield _Candidate(rope.NORM_ROPE.stem, make, cover, ((),))  # no inline assembly of its own (sincosf: the library's)
+
+
 _WALKS = (_decode_candidates, _prefill_candidates, _gated_delta_candidates, _qmv_candidates, _qvm_candidates, _qmm_candidates,
-          _norm_candidates, _residual_norm_candidates, _softmax_candidates, _rope_candidates)
+          _norm_candidates, _residual_norm_candidates, _softmax_candidates, _rope_candidates, _norm_rope_candidates)
 
 
 @functools.cache

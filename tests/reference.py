@@ -13,6 +13,7 @@ from tinygrad import Tensor, dtypes
 from nuvec_tg import fast
 from nuvec_tg.fast import PlanTarget
 from nuvec_tg.kernels import gpu_class, kernel_backend, multiprocessors, record_launches
+from nuvec_tg.kernels.program import Program
 from nuvec_tg.tensor import promote_types
 
 HALF_DTYPES = (dtypes.float16, dtypes.bfloat16)
@@ -169,6 +170,18 @@ def expect_launches(device: str, kernel: str | None) -> Iterator[list[tuple[str,
     else:
         assert any(name.startswith(kernel) for name in names), \
             f"{device}: expected a launch of {kernel}, got {names or 'no launch'}"
+
+
+def stand_in_program(name: str, params, body: str) -> Program:
+    """A C program for the CPU in a kernel's place, with the kernel's parameters and `body` over
+    them: for testing on the CPU what an operation does around its kernel's launch."""
+    signature = ", ".join(f"{'const ' if p.kind == 'in' else ''}{p.ctype}* restrict {p.name}" for p in params)
+    return Program(name, f"void {name}({signature}) {{ {body} }}", tuple(params), None)
+
+
+def launched(launches: list[tuple[str, str]]) -> list[str]:
+    """The program names of `record_launches`' launches."""
+    return [name for name, _ in launches]
 
 
 def kernel_target(device: str) -> PlanTarget:

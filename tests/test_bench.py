@@ -184,15 +184,19 @@ def test_the_rows_bytes_count_each_input_and_output_once():
     assert rows_bench.moved_bytes("cross_entropy", decode, 4) == 32 * 4096 * 4 + 32 * 4 + 32 * 4  # targets, losses
     assert rows_bench.moved_bytes("rope", decode, 2) == 2 * 32 * 4096 * 2 + 32 * 4  # x, y and the offsets
     assert rows_bench.moved_bytes("rope", big, 2) == 2 * n
+    assert rows_bench.moved_bytes("norm_rope", decode, 2) == 2 * 32 * 4096 * 2 + 32 * 4 + 128 * 2  # and the head's weight
+    assert rows_bench.moved_bytes("norm_then_rope", big, 4, head=32) == 2 * 2 * n + 32 * 4
     assert decode.rope_shape() == (32, 32, 1, 128) and big.rope_shape() == (1, 32, 4096, 128)
     with pytest.raises(ValueError, match="no operation"):
         rows_bench.moved_bytes("gelu", big, 2)
 
 
-@pytest.mark.parametrize("changes, count", [({}, 32), ({"quick": True}, 16), ({"batches": "32"}, 16),
-                                            ({"part": "2/4"}, 8)])
+@pytest.mark.parametrize("changes, count", [({}, 40), ({"quick": True}, 20), ({"batches": "32"}, 20),
+                                            ({"part": "2/4"}, 10), ({"ops": "norm_rope,rope"}, 8)])
 def test_the_rows_grid(changes, count):
     grid, head = rows_bench.grid_of(small_args(small=False, **changes))
     assert len(grid) == count and head == 128
-    assert {op for _, op, _ in grid} == set(rows_bench.OPS)
+    assert {op for _, op, _ in grid} == set(changes.get("ops", ",".join(rows_bench.OPS)).split(","))
     if changes.get("batches"): assert all(shape.rows == 32 for shape, _, _ in grid)
+    with pytest.raises(ValueError, match="no operation gelu"):
+        rows_bench.grid_of(small_args(small=False, ops="rope,gelu"))

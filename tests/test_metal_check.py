@@ -27,7 +27,8 @@ from nuvec_tg.fast.plan import PlanTarget, Vector, plan_call, validate_attention
 from nuvec_tg.kernels import gated_delta, rope, rows, softmax
 from nuvec_tg.kernels import quant as qmv
 from nuvec_tg.kernels.attention import DecodeSpec
-from kernel_specialisations import norm_calls, prefill_specs, residual_norm_calls, rope_calls, softmax_calls
+from kernel_specialisations import norm_calls, norm_rope_calls, norm_rope_program, prefill_specs, residual_norm_calls, \
+    rope_calls, softmax_calls
 from nuvec_tg.kernels.program import FAMILIES, KERNEL_DTYPES, Param, Program, Resources, metal_limit_reason, prelude
 
 SHIM = pathlib.Path(__file__).parent / "metal_shim"
@@ -245,6 +246,19 @@ def test_every_rope_metal_specialisation_compiles(tmp_path):
     check_metal(tmp_path, cases)
 
 
+def test_every_norm_rope_metal_specialisation_compiles(tmp_path):
+    """norm_rope: every dtype and pair layout at every launch shape and unit width, each
+    destination with and without a weight and values, mixed dtypes."""
+    cases = []
+    for types, destination, traditional, length, dims in norm_rope_calls():
+        dtypes_read = (types["x"], types["normed"]) + tuple(t for name, t in types.items() if name not in ("x", "normed"))
+        assert rope.norm_rope_unsupported(dtypes_read, 2, length, dims, 0, PlanTarget("metal")) is None
+        cases.append((norm_rope_program("metal", types, destination, traditional, length, dims),
+                      rope.norm_rope_metal_resources(rope.norm_rope_plan(length, dims), types["normed"])))
+    assert len(cases) > 80
+    check_metal(tmp_path, cases)
+
+
 def qmv_cases():
     """Each qmv specialisation the routing emits, up to sizes: every mode, width and group, x (and
     y) dtype, affine scales dtype, 1-8 rows; K and N at the kernel's boundaries (half chunks, fewer
@@ -312,5 +326,5 @@ def test_every_metal_family_is_checked():
     """A new kernel family lands with its Metal specialisations in this file."""
     checked = {"nuvec_sdpa_decode", "nuvec_sdpa_merge", "nuvec_gated_delta", "nuvec_qmv", "nuvec_qvm", "nuvec_qmm", "nuvec_rms_norm",
                "nuvec_layer_norm", "nuvec_residual_norm", "nuvec_softmax", "nuvec_logsumexp", "nuvec_cross_entropy",
-               "nuvec_rope", "nuvec_sdpa_prefill"}
+               "nuvec_rope", "nuvec_norm_rope", "nuvec_sdpa_prefill"}
     assert {f.stem for f in FAMILIES if "metal" in f.backends} == checked

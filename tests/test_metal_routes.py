@@ -10,7 +10,7 @@ import platform
 from tinygrad import dtypes
 
 from nuvec_tg import fast, kernels
-from nuvec_tg.kernels import gated_delta, program, softmax
+from nuvec_tg.kernels import gated_delta, program, rope, softmax
 from nuvec_tg.kernels import quant as qmv
 
 bf16, f16, f32 = dtypes.bfloat16, dtypes.float16, dtypes.float32
@@ -83,6 +83,20 @@ def test_the_softmax_family_takes_bfloat16_only_where_metal_has_it():
     assert softmax.unsupported(f32, 2**20, 2**11, CUDA) == f"{2**20} rows of {2**11} exceed int32 indexing"
 
 
+def test_norm_rope_takes_bfloat16_only_where_metal_has_it_and_a_threadgroup_that_fits():
+    """norm_rope's kernel: bfloat16 anywhere in the call (x, the rows, a cache) only with Metal's
+    bfloat; rows whose threadgroup would keep more than 16 KB go to the three passes."""
+    assert rope.norm_rope_unsupported((bf16, bf16, bf16), 64, 128, 128, 0, METAL) is None
+    assert rope.norm_rope_unsupported((bf16, bf16, bf16), 64, 128, 128, 0, METAL_3_0) == NO_BFLOAT
+    assert rope.norm_rope_unsupported((f16, f16, f16, bf16), 64, 128, 128, 32, METAL_3_0) == NO_BFLOAT   # a bfloat16 cache
+    assert rope.norm_rope_unsupported((f16, f32, f32), 64, 128, 64, 32, METAL_3_0) is None
+    assert rope.norm_rope_unsupported((f32, f32), 4, 8192, 128, 0, METAL) == \
+        "rows of 8192 take 32768 bytes of threadgroup memory (at most 16384)"
+    assert rope.norm_rope_unsupported((bf16, bf16), 4, 8192, 128, 0, METAL) is None
+    assert rope.norm_rope_unsupported((dtypes.float64, dtypes.float64), 4, 128, 128, 0, CUDA) == "a float64 input or destination"
+    assert rope.norm_rope_unsupported((f32, f32), 0, 128, 128, 0, CUDA) == "an empty call"
+
+
 def test_qmm_fits_metals_threadgroup_memory_and_one_that_does_not_routes_away(monkeypatch):
     """qmm's Metal tiles (two stage buffers of words, float tiles of w and x, no stage for x) take
     22.5-26 KB; with the CUDA build's four stages and x staged they took 44-50 KB."""
@@ -95,7 +109,7 @@ def test_qmm_fits_metals_threadgroup_memory_and_one_that_does_not_routes_away(mo
 
 
 def test_every_route_checks_metals_limits(monkeypatch):
-    """With smaller limits, the decode kernels, qvm, the gated delta and softmax kernels route away saying
+    """With smaller limits, the decode kernels, qvm, the gated delta, softmax and norm_rope kernels route away saying
     what they would take; what still fits keeps its kernel."""
     monkeypatch.setattr(program, "METAL_LIMITS", program.Resources(threads=128, threadgroup_bytes=4096))
     plan = decode(f16, METAL)   # 4 SIMD groups of 4 rows of 128 floats, and their maxima and sums
@@ -111,6 +125,9 @@ def test_every_route_checks_metals_limits(monkeypatch):
         "its threadgroup would take 128 threads per threadgroup (Metal allows 64)"
     assert softmax.unsupported(f16, 1, 512, METAL) is None   # 64 threads
     assert softmax.unsupported(f16, 1, 513, METAL) == "its threadgroup would take 96 threads per threadgroup (Metal allows 64)"
+    assert rope.norm_rope_unsupported((f16, f16), 1, 128, 128, 0, METAL) == \
+        "its threadgroup would take 256 threads per threadgroup (Metal allows 64)"
+    assert rope.norm_rope_unsupported((f16, f16), 1, 128, 128, 0, CUDA) is None
 
 
 def test_only_bfloat_programs_ask_the_prelude_for_bfloat():

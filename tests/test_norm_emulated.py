@@ -49,13 +49,13 @@ def reference(kind, values, out_dtype, h_dtype):
     return h, y
 
 
-def emulate(kind, rows, length, x_dtype, w_dtype, r_dtype, b_dtype, out_dtype, values):
+def emulate(kind, rows, length, x_dtype, w_dtype, r_dtype, b_dtype, out_dtype, values, eps=EPS):
     types = dict(x=x_dtype, y=out_dtype)
     if r_dtype is not None: types.update(residual=r_dtype, h=r_dtype)
     if w_dtype is not None: types["weight"] = w_dtype
     if b_dtype is not None: types["bias"] = b_dtype
     shape = kernel.plan(length)
-    program = kernel.norm_program("cuda", kind, types, EPS, shape)
+    program = kernel.norm_program("cuda", kind, types, eps, shape)
     poison = {F32: np.float32, F16: np.uint16, BF16: np.uint16}
     buffers = {"y": np.full((rows, length), np.nan, np.float32) if out_dtype == F32 else np.full((rows, length), 0xFFFF, poison[out_dtype]),
                "x": to_bits(values["x"], x_dtype), "ints": np.array([length, rows], np.int32)}

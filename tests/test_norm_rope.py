@@ -1,10 +1,12 @@
-"""norm_rope, norm_rope_at and norm_rope_kv equal their compositions (rms_norm, rope, cache writes)."""
+"""norm_rope, norm_rope_at and norm_rope_kv equal their compositions (rms_norm, rope, cache writes);
+around the fused kernel (a C stand-in on the CPU): its route, destinations, in-place update and backward."""
 import numpy as np
 import pytest
-from tinygrad import Tensor, dtypes
+from tinygrad import Tensor, TinyJit, UOp, dtypes
 
-from nuvec_tg import fast
-from reference import DTYPES, TOLERANCE, assert_close, random, values
+from nuvec_tg import fast, kernels
+from nuvec_tg.kernels import rope as rope_kernel
+from reference import DTYPES, TOLERANCE, assert_close, gradients, launched, random, stand_in_program, values
 
 FREQS = Tensor((1.5 + 0.75 * np.arange(32)).astype(np.float32))
 
@@ -44,15 +46,15 @@ def test_norm_rope_equals_rms_norm_rope_and_the_cache_write(device, case, dtype)
         if with_freqs and dims != 64: continue
         rotation = fast.Rotation(dims, traditional, None if with_freqs else 10000.0, 1.0, freqs if with_freqs else None)
         weight = w if normed else None
-        got = fast.norm_rope(x, weight, 1e-6, rotation, offset, cache if cached else None)
+        got = fast.norm_rope(x, weight, 1e-6, rotation, offset, cache.clone() if cached else None)  # the kernel's, in place
         want = composed(x, weight, 1e-6, rotation, offset, cache if cached else None)
         assert got.dtype == dtype
         np.testing.assert_array_equal(values(got), want if cached else values(want))
     # A tensor offset (one element) writes the same rows (an int's angles may be folded at compile
     # time, so to the last bit only within a float32 rounding).
     rotation = fast.Rotation(dims, scale=0.5)
-    at_int = fast.norm_rope(x, w, 1e-6, rotation, offset, cache)
-    at_tensor = fast.norm_rope(x, w, 1e-6, rotation, Tensor([offset], device=device), cache)
+    at_int = fast.norm_rope(x, w, 1e-6, rotation, offset, cache.clone())
+    at_tensor = fast.norm_rope(x, w, 1e-6, rotation, Tensor([offset], device=device), cache.clone())
     assert_close("tensor offset", values(at_tensor), values(at_int), TOLERANCE[dtype])
 
 
@@ -93,9 +95,9 @@ def test_norm_rope_at_positions_and_a_paged_pool(device):
     rotated = fast.norm_rope_at(x, w, 1e-5, rotation, positions)
     want = fast.rope(fast.rms_norm(x, w, 1e-5), 32, traditional=True, offset=positions)
     np.testing.assert_array_equal(values(rotated), values(want))
-    pool = random(rng, (4, 2, 4, 32), dtypes.float32, device)[0]
+    pool = random(rng, (4, 2, 4, 32), dtypes.float32, device)[0].realize()
     slots = Tensor([[0, 1, 2], [13, -1, 99]], device=device)
-    got = fast.norm_rope_at(x, w, 1e-5, rotation, positions, pool, slots)
+    got = fast.norm_rope_at(x, w, 1e-5, rotation, positions, pool.clone(), slots)
     np.testing.assert_array_equal(values(got), values(fast.paged_write(pool, want.transpose(1, 2), slots)))
 
 
@@ -114,10 +116,10 @@ def test_norm_rope_kv_equals_the_composition(device, dtype, d, l):
     np.testing.assert_array_equal(bits(v), bits(want_v))
     k_cache = (Tensor.zeros(1, 2, 16, d, device=device) + 0.5).cast(dtype).realize()
     v_cache = Tensor.zeros(1, 2, 16, d, device=device).cast(dtype).realize()
-    k2, v2 = fast.norm_rope_kv(x, w, 1e-6, 1e-6, rotation, 7, k_cache, v_cache)
+    k2, v2 = fast.norm_rope_kv(x, w, 1e-6, 1e-6, rotation, 7, k_cache, v_cache)   # a kernel writes the caches in place
     np.testing.assert_array_equal(bits(k2[:, :, 7:7 + l]), bits(want_k))
     np.testing.assert_array_equal(bits(v2[:, :, 7:7 + l]), bits(want_v))
-    assert (values(k2[:, :, :7]) == 0.5).all() and (values(k_cache) == 0.5).all()
+    assert (values(k2[:, :, :7]) == 0.5).all() and (values(k2[:, :, 7 + l:]) == 0.5).all() and (values(v2[:, :, :7]) == 0).all()
 
 
 NORM_ROPE_INVALID = [
@@ -141,3 +143,136 @@ NORM_ROPE_INVALID = [
 def test_norm_rope_invalid_arguments(error, call):
     with pytest.raises(error, match="^(norm_rope|norm_rope_at|norm_rope_kv|rope): "):
         call(Tensor.zeros(1, 2, 3, 64), fast.Rotation(64))
+
+
+# ---- the kernel path, on the CPU ---------------------------------------------------------------
+# The CPU has no kernels: these tests give the routes a backend and the launch a C stand-in for the
+# norm_rope kernel (the kernel itself runs in test_norm_rope_emulated.py and on a GPU in
+# test_gpu_norm_rope.py), to check what the operations do around it: the route, the destination's
+# runtime integers, the in-place update, shapes and dtypes, and the backward (the composition's).
+# The stand-in writes x's rows (and their negatives as the values) where the kernel's DEST puts them.
+
+STAND_IN = """
+  const int length = ints[0], steps = ints[2], batch_rows = ints[3], rows = ints[4], places = ints[6];
+  for (int r = 0; r < rows; r++) {
+    const int b = r / batch_rows, t = r % steps;
+    long dest = -1;
+    if (DEST == 0) dest = r;
+    if (DEST == 1 && (long)offsets[0] + t >= 0 && (long)offsets[0] + t < places) dest = (long)(r / steps) * places + offsets[0] + t;
+    if (DEST == 2) {
+      const int slot = SLOT, heads = ints[7], block_size = ints[8];
+      if (slot >= 0 && slot < places) dest = ((long)(slot / block_size) * heads + (r / steps) % heads) * block_size + slot % block_size;
+    }
+    if (dest < 0) continue;
+    for (int i = 0; i < length; i++) { rotated[dest * length + i] = x[r * length + i]; VALUES_LINE }
+  }
+"""
+
+
+@pytest.fixture
+def stand_ins(monkeypatch):
+    """Kernels on for every device, the norm_rope program replaced by its C stand-in (float32 only)."""
+    render = rope_kernel.norm_rope_program
+
+    def stand_in(backend, types, destination, traditional, scale, shape, *, eps=None, v_eps=None):
+        params = render(backend, types, destination, traditional, scale, shape, eps=eps, v_eps=v_eps).params
+        body = STAND_IN.replace("DEST", str(rope_kernel.DESTINATIONS.index(destination)))
+        body = body.replace("SLOT", "slots[b * steps + t]" if destination == "pool" else "0")
+        body = body.replace("VALUES_LINE", "values[dest * length + i] = -x[r * length + i];" if v_eps is not None else "")
+        return stand_in_program(f"stand_in_norm_rope_{destination}", params, body)
+    monkeypatch.setattr(kernels, "active_backend", lambda device: "cuda")
+    monkeypatch.setattr(rope_kernel, "norm_rope_program", stand_in)
+
+
+def test_norm_rope_launches_the_kernel_into_a_cache_in_place_and_fresh_rows_with_the_compositions_gradient(stand_ins):
+    rng = np.random.default_rng(0x6C)
+    x, xv = random(rng, (2, 3, 4, 16), dtypes.float32, "CPU")
+    w = random(rng, (16,), dtypes.float32, "CPU")[0]
+    cache, cv = random(rng, (2, 3, 8, 16), dtypes.float32, "CPU")
+    cache.realize()
+    rotation = fast.Rotation(16)
+    with kernels.record_launches() as launches:
+        updated = fast.norm_rope(x, w, 1e-6, rotation, 3, cache)
+        outside = fast.norm_rope(x, None, 1e-6, rotation, Tensor([-2], device="CPU"), updated.clone())
+        fresh = fast.norm_rope(x, w, 1e-6, rotation, Tensor([1, 5], device="CPU"))   # per-batch offsets
+    assert launched(launches) == ["stand_in_norm_rope_cache", "stand_in_norm_rope_cache", "stand_in_norm_rope_fresh"]
+    assert launches[0][1] == "cuda norm_rope 24x16 dims 16 into cache"
+    want = cv.copy()
+    want[:, :, 3:7] = xv
+    np.testing.assert_array_equal(updated.numpy(), want)
+    np.testing.assert_array_equal(cache.numpy(), want)                        # the caller's buffer, updated in place
+    want[:, :, 0:2] = xv[:, :, 2:]                                             # rows 0 and 1 at -2 and -1: skipped
+    np.testing.assert_array_equal(outside.numpy(), want)
+    assert fresh.shape == x.shape and fresh.dtype == dtypes.float32
+    np.testing.assert_array_equal(fresh.numpy(), xv)
+    g = random(rng, (2, 3, 4, 16), dtypes.float32, "CPU")[0]
+    offsets = Tensor([1, 5], device="CPU")
+    got = gradients(fast.norm_rope(x, w, 1e-6, rotation, offsets), g, [x, w])
+    got += gradients(fast.norm_rope_kv(x, w, 1e-6, 1e-5, rotation, offsets)[1], g, [x])   # the values' alone
+    with kernels.compositions_only():
+        want_grads = gradients(fast.norm_rope(x, w, 1e-6, rotation, offsets), g, [x, w])
+        want_grads += gradients(fast.norm_rope_kv(x, w, 1e-6, 1e-5, rotation, offsets)[1], g, [x])
+    for name, a, e in zip(("dx", "dweight", "dx through the values"), got, want_grads):
+        assert_close(name, a, e, 1e-5)
+
+
+def test_norm_rope_at_writes_a_pool_at_its_slots_in_place(stand_ins):
+    rng = np.random.default_rng(0x6D)
+    x, xv = random(rng, (2, 2, 3, 8), dtypes.float32, "CPU")
+    pool, pv = random(rng, (3, 2, 4, 8), dtypes.float32, "CPU")
+    pool.realize()
+    slots = np.array([[5, -1, 11], [2**31 + 4, 0, 12]])   # int64: one past int32 (clamped, still outside), one past the pool
+    with kernels.record_launches() as launches:
+        got = fast.norm_rope_at(x, None, 1e-6, fast.Rotation(8), Tensor([3, 9], device="CPU"), pool,
+                                Tensor(slots, dtype=dtypes.int64, device="CPU"))
+    assert launched(launches) == ["stand_in_norm_rope_pool"]
+    want = pv.copy()
+    for (b, t), slot in np.ndenumerate(slots):
+        if 0 <= slot < 12: want[slot // 4, :, slot % 4] = xv[b, :, t]
+    np.testing.assert_array_equal(got.numpy(), want)
+
+
+def test_norm_rope_kv_writes_both_caches_from_one_launch(stand_ins):
+    rng = np.random.default_rng(0x6E)
+    x, xv = random(rng, (1, 2, 3, 16), dtypes.float32, "CPU")
+    k_cache, kv = random(rng, (1, 2, 6, 16), dtypes.float32, "CPU")
+    v_cache, vv = random(rng, (1, 2, 6, 16), dtypes.float32, "CPU")
+    with kernels.record_launches() as launches:
+        k, v = fast.norm_rope_kv(x, None, 1e-6, 1e-5, fast.Rotation(16), Tensor([2], device="CPU"), k_cache, v_cache)
+        fresh_k, fresh_v = fast.norm_rope_kv(x, random(rng, (16,), dtypes.float32, "CPU")[0], 1e-6, 1e-5, fast.Rotation(16), 2)
+    assert launched(launches) == ["stand_in_norm_rope_cache", "stand_in_norm_rope_fresh"]
+    kv[:, :, 2:5], vv[:, :, 2:5] = xv, -xv
+    np.testing.assert_array_equal(k.numpy(), kv)
+    np.testing.assert_array_equal(v.numpy(), vv)
+    assert fresh_k.shape == fresh_v.shape == x.shape
+    np.testing.assert_array_equal(fresh_k.numpy(), xv)
+    np.testing.assert_array_equal(fresh_v.numpy(), -xv)
+
+
+def test_what_the_kernel_does_not_take_composes(stand_ins):
+    x = Tensor.ones(1, 2, 3, 16, device="CPU")
+    with kernels.record_launches() as launches:
+        fast.norm_rope(x.cast(dtypes.float64), Tensor.ones(16, dtype=dtypes.float64, device="CPU"), 1e-6, fast.Rotation(16)).realize()
+        fast.norm_rope(x[:, :, :0], Tensor.ones(16, device="CPU"), 1e-6, fast.Rotation(16)).realize()   # empty
+        fast.norm_rope(x.cast(dtypes.float64), None, 1e-6, fast.Rotation(16), 0, Tensor.zeros(1, 2, 8, 16, device="CPU")).realize()
+    assert not any(name.startswith("stand_in") for name in launched(launches))
+
+
+def test_a_jitted_decode_step_writes_the_cache_in_place_at_a_bound_variables_position(stand_ins):
+    """As a model's decode step: the offset `Tensor(length) - 1` of a bound Variable; each replay
+    writes the new row at its position into the same cache, building nothing."""
+    rng = np.random.default_rng(0x6F)
+    cache, want = random(rng, (2, 2, 8, 16), dtypes.float32, "CPU")
+    cache.realize()
+    w = random(rng, (16,), dtypes.float32, "CPU")[0].realize()
+    rotation = fast.Rotation(16)
+    step = TinyJit(lambda x, length: fast.norm_rope(x, w, 1e-6, rotation, Tensor(length, device="CPU") - 1, cache))
+    length = UOp.variable("length", 1, 8)
+    for i, position in enumerate([2, 5, 0, 7]):
+        x, xv = random(rng, (2, 2, 1, 16), dtypes.float32, "CPU")
+        with kernels.record_launches() as launches:
+            got = step(x.realize(), length.bind(position + 1))
+        assert launched(launches) == (["stand_in_norm_rope_cache"] if i < 2 else [])   # built while capturing, then replayed
+        want[:, :, position] = xv[:, :, 0]
+        np.testing.assert_array_equal(got.numpy(), want)
+        np.testing.assert_array_equal(cache.numpy(), want)

@@ -16,6 +16,7 @@ from tinygrad import dtypes
 import test_decode_emulated as vector
 import test_decode_mma_emulated as matrix
 import test_gated_delta_emulated as gated
+import test_norm_rope_emulated as norm_rope
 import test_qmv_emulated as quant
 import test_rope_emulated as rope
 import test_softmax_emulated as rows
@@ -242,13 +243,13 @@ def test_cross_entropy_reading_an_unchecked_target_fails_the_bounds_check():
 
 # rope (rope.h), through its emulated test's comparisons.
 ROPE_FAULTS = {
-    "halves_paired_as_adjacent_pieces": ("halves_128_f32", Fault("first + (TRADITIONAL ? VEC : pairs)", "first + VEC")),
-    "sine_of_the_wrong_sign": ("traditional_128_bf16", Fault("out[p] = v[p] * c - v[q] * s;", "out[p] = v[p] * c + v[q] * s;")),
+    "halves_paired_as_adjacent_pieces": ("halves_128_f32", Fault("first + UNIT_GAP(VEC, pairs)", "first + VEC")),
+    "sine_of_the_wrong_sign": ("traditional_128_bf16", Fault("fma((v)[p_], c_, -((v)[q_] * s_))", "fma((v)[p_], c_, (v)[q_] * s_)")),
     "every_batch_item_at_the_first_offset": ("halves_dims_64_of_128_per_batch_f16",
                                              Fault("offsets[per_batch ? b : 0]", "offsets[0]")),
     "scale_ignored": ("halves_4_of_6_per_batch_bf16", Fault("(float)position * SCALE", "(float)position")),
     "every_piece_at_the_first_frequencies": ("traditional_dims_40_of_80_freqs_f32",
-                                             Fault("inv_freq[u * VEC + j]", "inv_freq[j]")),
+                                             Fault("inv_freq + u * VEC", "inv_freq")),
     "features_past_dims_not_copied": ("halves_dims_64_of_128_per_batch_f16",
                                       Fault("    STORE_PIECE(CHUNK_X, X_CHUNKS, TX, v, y + at)\n", "")),
 }
@@ -265,3 +266,41 @@ def test_rope_reading_a_batch_items_offset_of_a_single_offset_fails_the_bounds_c
     """One offset for two batch items, read as if there were one per item."""
     fault = Fault("offsets[per_batch ? b : 0]", "offsets[b]")
     expect_failure(fault, lambda: rope.check_case("halves_128_f32", fault), OUTSIDE)
+
+
+# norm_rope (norm_rope.h), through its emulated test's comparisons.
+NORM_ROPE_FAULTS = {
+    "every_row_of_a_simd_group_summed_as_its_first": ("fresh_halves_128_bf16",
+                                                      Fault("simd_shuffle(sum, r * LANES + lane % LANES)", "simd_shuffle(sum, lane % LANES)")),
+    "a_row_of_two_simd_groups_summed_by_its_own": ("fresh_1024_a_threadgroup_a_row_f16",
+                                                   Fault("GROUP_SUM(sum, squares)", "squares = simd_sum(sum);")),
+    "the_weight_not_applied": ("kv_fresh_256_freqs_bf16", Fault(") * weight_[e]));", ")));")),
+    "every_row_turns_its_threadgroups_first_row": ("fresh_traditional_64_per_batch_f32",
+                                                   Fault("const int at_row = mine * HELD;", "const int at_row = 0;")),
+    "the_cache_one_position_late": ("cache_int_offset_bf16", Fault("(long)offsets[0] + t;", "(long)offsets[0] + t + 1;")),
+    "every_head_into_the_pools_first": ("pool_shuffled_bf16", Fault("(row / steps) % heads", "0")),
+    "features_past_dims_not_written": ("cache_rows_past_the_cache_f32",
+                                       Fault("      STORE_PIECE(CHUNK_K, K_CHUNKS, TK, out, into + at)\n", "")),
+    "values_not_normalised": ("cache_kv_f32_into_bf16", Fault("to_float(TX(held[k][e] * value_scale))", "held[k][e]")),
+}
+
+
+@pytest.mark.parametrize("fault_name", list(NORM_ROPE_FAULTS))
+def test_norm_rope_faults_fail_its_comparison(fault_name):
+    case, fault = NORM_ROPE_FAULTS[fault_name]
+    expect_failure(fault, lambda: norm_rope.check_case(case, fault), f"{DIFFER}|non-finite values differ")
+
+
+NORM_ROPE_OUTSIDE = {
+    "rows_past_the_last_read": ("fresh_halves_128_bf16", Fault("  if (row < rows) {\n", "  if (true) {\n")),
+    "cache_positions_unchecked": ("cache_rows_past_the_cache_f32",
+                                  Fault("if (position >= 0 && position < places) dest", "dest")),
+    "slots_unchecked": ("pool_slots_just_past_either_end_f32", Fault("if (slot >= 0 && slot < places)\n", "\n")),
+}
+
+
+@needs_access_checks
+@pytest.mark.parametrize("fault_name", list(NORM_ROPE_OUTSIDE))
+def test_norm_rope_reading_or_writing_past_its_buffers_fails_the_bounds_check(fault_name):
+    case, fault = NORM_ROPE_OUTSIDE[fault_name]
+    expect_failure(fault, lambda: norm_rope.check_case(case, fault), OUTSIDE)

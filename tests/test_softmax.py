@@ -5,8 +5,8 @@ from tinygrad import Tensor, dtypes
 
 from nuvec_tg import fast, kernels
 from nuvec_tg.kernels import softmax as row_kernels
-from nuvec_tg.kernels.program import Program
-from reference import DTYPES, HALF_DTYPES, TOLERANCE, assert_close, finite_differences, gradients, random, tensor, values
+from reference import (DTYPES, HALF_DTYPES, TOLERANCE, assert_close, finite_differences, gradients, launched, random,
+                       stand_in_program, tensor, values)
 
 SHAPES = [(5, 10), (2, 3, 257), (3, 5000), (1, 1, 9)]
 
@@ -139,15 +139,9 @@ def stand_ins(monkeypatch):
     render = row_kernels.program
 
     def stand_in(backend, mode, dtype, shape):
-        params = render(backend, mode, dtype, shape).params
-        signature = ", ".join(f"{'const ' if p.kind == 'in' else ''}{p.ctype}* restrict {p.name}" for p in params)
-        return Program(f"stand_in_{mode}", f"void stand_in_{mode}({signature}) {{ {STAND_INS[mode]} }}", params, None)
+        return stand_in_program(f"stand_in_{mode}", render(backend, mode, dtype, shape).params, STAND_INS[mode])
     monkeypatch.setattr(kernels, "active_backend", lambda device: "cuda")
     monkeypatch.setattr(row_kernels, "program", stand_in)
-
-
-def launched(launches):
-    return [name for name, _ in launches]
 
 
 def test_the_last_axis_launches_the_kernel_with_the_compositions_gradient(stand_ins):

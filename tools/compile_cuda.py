@@ -122,10 +122,9 @@ def _load(device, program: Program, cubin: bytes) -> tuple[int, int, int]:
 
 
 # Families whose stack frame is expected, and why (spills are never).
-STACK_ALLOWED = {
-    "nuvec_rope": "CUDA's sincosf reduces angles past 105615 radians (Payne-Hanek) through a 28-byte local array: only "
-                  "lanes with such angles touch it, and the full-precision sine and cosine at large positions need it",
-}
+SINCOSF_FRAME = ("CUDA's sincosf reduces angles past 105615 radians (Payne-Hanek) through a 28-byte local array: only "
+                 "lanes with such angles touch it, and the full-precision sine and cosine at large positions need it")
+STACK_ALLOWED = {"nuvec_rope": SINCOSF_FRAME, "nuvec_norm_rope": SINCOSF_FRAME}
 
 
 def compile_nvcc(items: list[Specialisation], jobs: int = os.cpu_count() or 2) -> int:

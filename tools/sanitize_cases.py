@@ -42,6 +42,12 @@ compiles dominate the time):
 - rope: both pair layouts, 8, 4 and 1 pairs a thread, features past dims, freqs and a scale, rank 5
   with per-batch offsets, positions from 500000 (sincosf's large-angle reduction, its local
   memory) and offsets at both ends of int32; no batch, no rows.
+- norm_rope: every launch shape (16 lanes a row, a threadgroup a row, single elements, two pieces
+  a lane), units of 4 with the tail, many threadgroups; into caches at an int offset and at
+  tensor offsets that put rows before and past the cache and at both ends of int32, in another
+  dtype; norm_rope_at into pools with slots negative, past the pool, at both ends of int32 and
+  shared; norm_rope_kv fresh and into caches; rows too long for the kernel (the three passes);
+  no rows, no batch.
 
 Usage (from the repository root):
     DEV=CUDA PYTHONPATH=. python3 tools/sanitize_cases.py [-k SUBSTR ...] [--list]
@@ -86,6 +92,7 @@ QMV, QVM, QMM = ("nuvec_qmv",), ("nuvec_qvm",), ("nuvec_qmm",)
 RMS_NORM, LAYER_NORM, RESIDUAL_NORM = ("nuvec_rms_norm",), ("nuvec_layer_norm",), ("nuvec_residual_norm",)
 SOFTMAX, LOGSUMEXP, CROSS_ENTROPY = ("nuvec_softmax",), ("nuvec_logsumexp",), ("nuvec_cross_entropy",)
 ROPE = ("nuvec_rope",)
+NORM_ROPE = ("nuvec_norm_rope",)
 NONE: tuple[str, ...] = ()
 
 # A call's results: (label, tensor, where the contract leaves values unspecified or None).
@@ -557,7 +564,80 @@ ROPES = [
     Case("rope no rows", NONE, rope_call((2, 2, 0, 64), 64, dtypes.float32)),
 ]
 
-CASES = ATTENTION + GATED + QUANT + NORMS + ROWS + ROPES
+
+# ---- norm_rope -------------------------------------------------------------------------------
+
+def norm_rope_call(shape: tuple[int, ...], dims: int, dtype: DType, *, weight: bool = True, traditional: bool = False,
+                   offsets=None, freqs: bool = False, cache: int | None = None, pool: tuple[int, int] | None = None,
+                   slots=None, values: bool = False, into: DType | None = None) -> Setup:
+    """`fast.norm_rope` of random rows (norm_rope_kv's keys and values with `values`, norm_rope_at
+    with `pool`): offsets an int32 tensor (one, or one per batch item) or an int; freqs: periods
+    rather than a base; cache: its positions (`[B, H, cache, D]`), pool: (blocks, block_size) at
+    `slots` `[B, T]`, both in `into` (default the rows' dtype) and fresh for each run (the kernel
+    updates them in place). The slot two rows share is unspecified (the kernel's rows race)."""
+    def setup(rng):
+        x = uniform(rng, shape, dtype, -2.0, 2.0)
+        w = uniform(rng, shape[-1:], dtype, 0.5, 1.5) if weight else None
+        offset = offsets if isinstance(offsets, int) else 0 if offsets is None else integers(offsets)
+        periods = Tensor((1.0 + 3.0 * np.arange(dims // 2)).astype(np.float32), device=DEVICE).realize() if freqs else None
+        rotation = fast.Rotation(dims, traditional, None if freqs else 10000.0, 0.5, periods)
+        b, h, t, d = shape if len(shape) == 4 else (0, 0, 0, 0)
+        where = (b, h, cache, d) if cache is not None else (pool[0], h, pool[1], d) if pool is not None else None
+        before = None if where is None else rng.uniform(-1, 1, where).astype(np.float32)
+        unspecified = None
+        if pool is not None:
+            live = [s for s in np.reshape(slots, -1) if 0 <= s < pool[0] * pool[1]]
+            unspecified = np.zeros(where, bool)
+            for shared in {s for s in live if live.count(s) > 1}: unspecified[shared // pool[1], :, shared % pool[1]] = True
+        positions = integers(offsets) if pool is not None else None
+
+        def buffer() -> Tensor:
+            return Tensor(before, device=DEVICE).cast(into or dtype).realize()
+
+        def run(kernels: bool) -> Outputs:
+            if pool is not None:
+                return [("pool", fast.norm_rope_at(x, w, 1e-6, rotation, positions, buffer(), integers(slots)), unspecified)]
+            if values:
+                k, v = fast.norm_rope_kv(x, w, 1e-6, 1e-5, rotation, offset, *((buffer(), buffer()) if cache else ()))
+                return [("k", k, None), ("v", v, None)]
+            return [("rows", fast.norm_rope(x, w, 1e-6, rotation, offset, buffer() if cache else None), None)]
+        return run
+    return setup
+
+
+NORM_ROPES = [
+    Case("norm_rope bf16 2x8x5x128 per-batch offsets (16 rows of 16 lanes)", NORM_ROPE,
+         norm_rope_call((2, 8, 5, 128), 128, dtypes.bfloat16, offsets=[3, 70])),
+    Case("norm_rope f16 traditional 3x2x4x80 dims 40 freqs (units of 4, the tail)", NORM_ROPE,
+         norm_rope_call((3, 2, 4, 80), 40, dtypes.float16, traditional=True, freqs=True, offsets=[5])),
+    Case("norm_rope f32 1x3x4x1024 (a threadgroup a row)", NORM_ROPE, norm_rope_call((1, 3, 4, 1024), 1024, dtypes.float32)),
+    Case("norm_rope f32 1x2x3x100 (single elements, two SIMD groups)", NORM_ROPE, norm_rope_call((1, 2, 3, 100), 100, dtypes.float32)),
+    Case("norm_rope bf16 2x2x3x512 (two pieces a lane)", NORM_ROPE, norm_rope_call((2, 2, 3, 512), 256, dtypes.bfloat16)),
+    Case("norm_rope bf16 decode 64x8x1x128 per-batch offsets (many threadgroups)", NORM_ROPE,
+         norm_rope_call((64, 8, 1, 128), 128, dtypes.bfloat16, offsets=list(range(0, 640, 10)))),
+    Case("norm_rope bf16 into a cache at 9", NORM_ROPE, norm_rope_call((2, 4, 5, 128), 128, dtypes.bfloat16, offsets=9, cache=16)),
+    *[Case(f"norm_rope f16 into a cache at tensor offset {o}", NORM_ROPE,
+           norm_rope_call((1, 4, 5, 64), 64, dtypes.float16, offsets=[o], cache=8))
+      for o in (-3, 6, INT32_MAX, -2**31)],
+    Case("norm_rope no weight f32 into a bf16 cache at -1", NORM_ROPE,
+         norm_rope_call((2, 2, 3, 64), 32, dtypes.float32, weight=False, offsets=[-1], cache=4, into=dtypes.bfloat16)),
+    Case("norm_rope_at bf16 pool slots -1, past the pool, 2^31-1, -2^31, shared", NORM_ROPE,
+         norm_rope_call((2, 2, 4, 128), 128, dtypes.bfloat16, offsets=[0, 40], pool=(3, 4),
+                        slots=[[-1, 12, INT32_MAX, 5], [-2**31, 5, 11, 0]])),
+    Case("norm_rope_at f32 traditional pool into f16 (a threadgroup a row)", NORM_ROPE,
+         norm_rope_call((1, 2, 3, 1024), 512, dtypes.float32, traditional=True, offsets=[2], pool=(2, 2), slots=[[3, 0, 4]],
+                        into=dtypes.float16)),
+    Case("norm_rope_kv bf16 fresh", NORM_ROPE, norm_rope_call((1, 2, 3, 256), 128, dtypes.bfloat16, values=True, offsets=[7])),
+    Case("norm_rope_kv f32 into bf16 caches at 4", NORM_ROPE,
+         norm_rope_call((1, 2, 3, 128), 64, dtypes.float32, values=True, offsets=[4], cache=6, into=dtypes.bfloat16)),
+    Case("norm_rope f32 8192 features (the three passes)", RMS_NORM + ROPE, norm_rope_call((1, 1, 2, 8192), 128, dtypes.float32)),
+    Case("norm_rope no rows", NONE, norm_rope_call((2, 2, 0, 64), 64, dtypes.float32)),
+    Case("norm_rope into a cache, no rows", NONE, norm_rope_call((2, 2, 0, 64), 64, dtypes.float32, offsets=1, cache=4)),
+    Case("norm_rope_at no batch", NONE, norm_rope_call((0, 2, 3, 64), 64, dtypes.float32, offsets=[], pool=(2, 4),
+                                                       slots=np.zeros((0, 3), np.int32))),
+]
+
+CASES = ATTENTION + GATED + QUANT + NORMS + ROWS + ROPES + NORM_ROPES
 
 
 # ---- running ---------------------------------------------------------------------------------

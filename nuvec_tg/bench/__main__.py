@@ -1,5 +1,5 @@
 """`python -m nuvec_tg.bench {attention,prefill,gated_delta,quant,rows} [--quick] [--small] [--repeats N]
-[--markdown FILE] [--part I/N] [--batches B,...]`: nuvec_tg's hot paths on the default device
+[--markdown FILE] [--part I/N] [--batches B,...] [--ops OP,...]`: nuvec_tg's hot paths on the default device
 beside tinygrad's compositions and PyTorch's (or flash-linear-attention's) kernels, each timed on
 the device, as a markdown table (see each module's docstring for what it measures).
 
@@ -37,6 +37,7 @@ def main() -> None:
                         "(to spread a long grid over several device calls)")
     parser.add_argument("--batches", help="B,...: only these batch sizes (attention, gated_delta, model (default 1,8); "
                         "quant: these rows M; rows: these row counts, 4096 or 32)")
+    parser.add_argument("--ops", help=f"rows: these operations only (of {', '.join(rows.OPS)})")
     parser.add_argument("--configs", help=f"model: these configs only (of {', '.join(model.CONFIGS)})")
     parser.add_argument("--formats", help=f"model: these formats only (of {', '.join(model.FORMATS)}: bfloat16, "
                         "and quantized at load to 4-bit affine)")

@@ -21,6 +21,10 @@ The operations and PyTorch's counterparts (eager kernels, captured in a CUDA gra
   an int32 tensor of per-batch offsets). PyTorch: transformers' `q * cos + rotate_half(q) * sin`
   with cos and sin precomputed in x's dtype, `[B, 1, T, 128]`, as transformers' rotary embedding
   makes them once a forward for every layer; each call reads them, the bytes do not count them.
+- norm_rope (Qwen3's per-head q/k norm, then rope, as rope's rows, weight `[128]`): ours the fused
+  kernel (a row read once, written once); PyTorch `F.rms_norm` over the head, then transformers'
+  rope as above. norm_then_rope: the same call as our two kernels of before, `rms_norm` then
+  `rope` (what the fusion saves; its composition and PyTorch columns are norm_rope's again).
 """
 from __future__ import annotations
 
@@ -36,7 +40,9 @@ from ..kernels import compositions_only
 from .common import COPIES, MAX_CALLS, Rotation, cuda_torch, l2_marker, part_of, release_torch, rotation, \
     start_table, time_jit, torch_graph_seconds
 
-OPS = ("rms_norm", "add_rms_norm", "residual_rms_norm", "layer_norm", "softmax", "logsumexp", "cross_entropy", "rope")
+OPS = ("rms_norm", "add_rms_norm", "residual_rms_norm", "layer_norm", "softmax", "logsumexp", "cross_entropy", "rope",
+       "norm_rope", "norm_then_rope")
+ROPE_OPS = ("rope", "norm_rope", "norm_then_rope")  # rows of heads: `Shape.rope_shape`
 DTYPES = ("bfloat16", "float32")
 HEAD = 128          # rope's head size (all of it rotated)
 BASE = 10000.0      # rope's base
@@ -68,9 +74,9 @@ SHAPES = (Shape(4096, 4096, False), Shape(32, 4096, True))
 SMALL_SHAPES, SMALL_HEAD = (Shape(16, 64, False), Shape(2, 64, True)), 32
 
 
-def moved_bytes(op: str, shape: Shape, itemsize: int) -> int:
+def moved_bytes(op: str, shape: Shape, itemsize: int, head: int = HEAD) -> int:
     """The bytes a call must move: each input read once, each output written once (int32 targets,
-    rope's int32 per-batch offsets, float32 cross-entropy losses)."""
+    rope's int32 per-batch offsets, float32 cross-entropy losses, norm_rope's `[head]` weight)."""
     n, row = shape.rows * shape.width * itemsize, shape.width * itemsize
     counts = {
         "rms_norm": 2 * n + row,                   # x, weight; y
@@ -82,6 +88,7 @@ def moved_bytes(op: str, shape: Shape, itemsize: int) -> int:
         "cross_entropy": n + shape.rows * (4 + 4),  # logits, int32 targets; float32 losses
         "rope": 2 * n + (shape.rows * 4 if shape.decode else 0),  # x (and the offsets); y
     }
+    counts["norm_rope"] = counts["norm_then_rope"] = counts["rope"] + head * itemsize  # and the head's weight
     if op not in counts: raise ValueError(f"bench rows: no operation {op!r} (of {', '.join(OPS)})")
     return counts[op]
 
@@ -97,6 +104,10 @@ def our_call(op: str, head: int):
         "logsumexp": lambda x: fast.logsumexp(x, -1),
         "cross_entropy": lambda x, t: fast.cross_entropy(x, t),
         "rope": lambda x, *offsets: fast.rope(x, head, base=BASE, offset=offsets[0] if offsets else 0),
+        "norm_rope": lambda x, w, *offsets: fast.norm_rope(x, w, NORM_EPS, fast.Rotation(head, base=BASE),
+                                                           offsets[0] if offsets else 0),
+        "norm_then_rope": lambda x, w, *offsets: fast.rope(fast.rms_norm(x, w, NORM_EPS), head, base=BASE,
+                                                           offset=offsets[0] if offsets else 0),
     }[op]
 
 
@@ -120,8 +131,9 @@ def random_inputs(rng, op: str, shape: Shape, head: int) -> dict[str, np.ndarray
     rows, width = shape.rows, shape.width
     normal = lambda *s, scale=1.0: normals(rng, s, scale)  # noqa: E731
     weight = lambda: 1.0 + normal(width, scale=0.1)  # noqa: E731
-    if op == "rope":
+    if op in ROPE_OPS:
         made = {"x": normal(*shape.rope_shape(head))}
+        if op != "rope": made["weight"] = 1.0 + normal(head, scale=0.1)
         if shape.decode: made["offsets"] = rng.integers(0, DECODE_POSITIONS, rows, dtype=np.int32)
         return made
     made = {
@@ -174,6 +186,10 @@ def torch_call(torch, op: str, head: int):
     def add_rms_norm(x, r, w):
         h = x + r
         return h, F.rms_norm(h, (h.shape[-1],), w, NORM_EPS)
+
+    def norm_rope(x, w, cos, sin):
+        y = F.rms_norm(x, (x.shape[-1],), w, NORM_EPS)
+        return y * cos + rotate_half(y) * sin
     return {
         "rms_norm": lambda x, w: F.rms_norm(x, (x.shape[-1],), w, NORM_EPS),
         "add_rms_norm": add_rms_norm,
@@ -183,23 +199,27 @@ def torch_call(torch, op: str, head: int):
         "logsumexp": lambda x: torch.logsumexp(x, dim=-1),
         "cross_entropy": lambda x, t: F.cross_entropy(x, t, reduction="none"),
         "rope": lambda x, cos, sin: x * cos + rotate_half(x) * sin,
+        "norm_rope": norm_rope,
+        "norm_then_rope": norm_rope,
     }[op]
 
 
 def torch_inputs(torch, rng, op: str, shape: Shape, dtype_name: str, head: int) -> tuple:
     """One call's tensors for `torch_call` on the GPU: `random_inputs`' (float in `dtype_name`,
-    targets int64); for rope, x with cos and sin `[B, 1, T, head]` of its positions, computed in
-    float32 as transformers' rotary embedding does and cast to x's dtype."""
+    targets int64); for rope (and the norm's weight before), x with cos and sin `[B, 1, T, head]`
+    of its positions, computed in float32 as transformers' rotary embedding does and cast to x's
+    dtype."""
     dtype = getattr(torch, dtype_name)
     made = random_inputs(rng, op, shape, head)
-    if op == "rope":
+    if op in ROPE_OPS:
         x = torch.from_numpy(made["x"]).to("cuda", dtype)
+        weight = (torch.from_numpy(made["weight"]).to("cuda", dtype),) if "weight" in made else ()
         positions = made["offsets"].reshape(-1, 1) if shape.decode else np.arange(shape.rows).reshape(1, -1)
         positions = torch.from_numpy(positions.astype(np.float32)).cuda()  # [B, T]
         inv_freq = 1.0 / (BASE ** (torch.arange(0, head, 2, device="cuda", dtype=torch.float32) / head))
         freqs = positions[..., None] * inv_freq  # [B, T, head / 2]
         emb = torch.cat((freqs, freqs), dim=-1)[:, None]  # [B, 1, T, head]
-        return x, emb.cos().to(dtype), emb.sin().to(dtype)
+        return x, *weight, emb.cos().to(dtype), emb.sin().to(dtype)
     return tuple(torch.from_numpy(a).to("cuda", dtype) if a.dtype == np.float32 else torch.from_numpy(a.astype(np.int64)).cuda()
                  for a in made.values())
 
@@ -209,7 +229,7 @@ def time_torch(op: str, shape: Shape, dtype_name: str, head: int, repeats: int, 
     where PyTorch fails, saying why)."""
     torch = cuda_torch()
     if torch is None: return None
-    turn = rotation(moved_bytes(op, shape, getattr(torch, dtype_name).itemsize), max_calls=max_calls)
+    turn = rotation(moved_bytes(op, shape, getattr(torch, dtype_name).itemsize, head), max_calls=max_calls)
     rng = np.random.default_rng(1)
     call = torch_call(torch, op, head)
     try:
@@ -240,7 +260,8 @@ def rate_cells(seconds: float | None, moved: int, peak: float | None) -> str:
 
 
 def grid_of(args) -> tuple[list[tuple[Shape, str, str]], int]:
-    """The rows `(shape, op, dtype name)` the options ask for, and rope's head size."""
+    """The rows `(shape, op, dtype name)` the options ask for (`--ops`: these operations only), and
+    rope's head size."""
     types = ("bfloat16",) if args.quick else DTYPES
     grid = [(shape, op, dt) for op in OPS for shape in SHAPES for dt in types]
     head = HEAD
@@ -250,6 +271,11 @@ def grid_of(args) -> tuple[list[tuple[Shape, str, str]], int]:
     if getattr(args, "batches", None):  # --batches: these row counts
         wanted = {int(b) for b in args.batches.split(",")}
         grid = [row for row in grid if row[0].rows in wanted]
+    if getattr(args, "ops", None):  # --ops: these operations
+        ops = args.ops.split(",")
+        if unknown := [op for op in ops if op not in OPS]:
+            raise ValueError(f"bench rows: no operation {', '.join(unknown)} (of {', '.join(OPS)})")
+        grid = [row for row in grid if row[1] in ops]
     return part_of(grid, args.part), head
 
 
@@ -271,7 +297,7 @@ def run(args) -> list[str]:
          "% peak", "vs torch"], max_calls)
     rng = np.random.default_rng(0)
     for shape, op, dt in grid:
-        moved = moved_bytes(op, shape, getattr(dtypes, dt).itemsize)
+        moved = moved_bytes(op, shape, getattr(dtypes, dt).itemsize, head)
         turn = rotation(moved, max_calls=max_calls)  # PyTorch's calls rotate alike
         calls = inputs(rng, op, shape, dt, head, turn)
         call = our_call(op, head)

@@ -13,24 +13,27 @@ import math
 from dataclasses import dataclass
 
 from tinygrad import Tensor, dtypes
+from tinygrad.dtype import DType
 from tinygrad.uop.ops import Ops
 
 from .. import kernels
 from ..kernels import rope as rope_kernel
-from ..kernels.program import int_buffer
-from ..tensor import check, check_floating, check_int, check_integer, check_number, check_tensor, check_weight, compute_dtype
-from .norms import rms_norm
+from ..kernels.program import int32_indices, int_buffer
+from ..tensor import (check, check_floating, check_int, check_integer, check_number, check_tensor, check_weight, compute_dtype,
+                      promote_types)
+from .norms import _rms_norm, rms_norm
 from .paged import paged_write
 
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
 
 
 def _check_rope(x: Tensor, dims: int, base: float | None, scale: float, offset: int | Tensor,
-                freqs: Tensor | None) -> None:
-    op = "rope"
+                freqs: Tensor | None, *, op: str = "rope", dtype: DType | None = None) -> None:
+    """rope's arguments, as `op` names them; dtype: the rotated rows' (x's, or norm_rope's
+    normalised rows')."""
     check_tensor(op, "x", x)
     check(x.ndim >= 3, op, f"the input needs at least 3 dimensions [B, ..., T, D], got shape {tuple(x.shape)}")
-    check_floating(op, "x", x.dtype)
+    check_floating(op, "x", x.dtype if dtype is None else dtype)
     check_int(op, "dims", dims)
     check(dims > 0 and dims % 2 == 0 and dims <= x.shape[-1], op,
           f"dims must be even, positive and at most {x.shape[-1]}, got {dims}")
@@ -114,19 +117,31 @@ def _rope(x: Tensor, dims: int, traditional: bool, scale: float, offset: int | T
     return rotated if dims == x.shape[-1] else rotated.cat(x[..., dims:], dim=-1)
 
 
-def _kernel_backend(x: Tensor, dims: int) -> str | None:
-    """The backend whose kernel rotates `x` (or None: the composition), saying under NUVEC_DEBUG
-    which, with the launch."""
+def _kernel_frequencies(dims: int, base: float | None, freqs: Tensor | None, device: str) -> Tensor:
+    """The kernels' `[dims/2]` float32 inverse frequencies: a base's realized once per device."""
+    if freqs is not None: return _inverse_frequencies(dims, None, freqs, device)
+    return _base_frequencies(device, dims, float(base))
+
+
+def _kernel_backend(op: str, x: Tensor, dims: int, fused: tuple[tuple[DType, ...], int] | None = None) -> str | None:
+    """The backend whose kernel runs `op` over `x`'s rows (or None: the composition), saying under
+    NUVEC_DEBUG which, with the launch: the rope kernel, or with `fused` the norm_rope kernel
+    (`fused`: every dtype it reads or writes, the normalised rows' second, and the destination's
+    rows a head, 0 for fresh outputs)."""
     shape = tuple(x.shape)
     concrete = all(isinstance(size, int) for size in shape)
-    rows = math.prod(shape[:-1]) if concrete else 0
+    rows, length = (math.prod(shape[:-1]), shape[-1]) if concrete else (0, 0)
     description = f"{shape} on {x.device}"
-    if concrete and rows and shape[-1]: description += f" ({rope_kernel.describe(rope_kernel.plan(shape[-1], dims))})"
+    if rows and length:
+        launch = rope_kernel.describe(rope_kernel.plan(length, dims)) if fused is None else \
+            rope_kernel.describe_norm_rope(rope_kernel.norm_rope_plan(length, dims))
+        description += f" ({launch})"
 
     def unsupported(backend: str) -> str | None:
         if not concrete: return "a symbolic shape"
-        return rope_kernel.unsupported(x.dtype, rows, shape[-1], dims, kernels.target(x.device))
-    return kernels.choose("rope", description, x.device, "rope", unsupported)
+        if fused is None: return rope_kernel.unsupported(x.dtype, rows, length, dims, kernels.target(x.device))
+        return rope_kernel.norm_rope_unsupported(fused[0], rows, length, dims, fused[1], kernels.target(x.device))
+    return kernels.choose(op, description, x.device, "rope" if fused is None else "norm_rope", unsupported)
 
 
 def rope(x: Tensor, dims: int, *, traditional: bool = False, base: float | None = 10000.0, scale: float = 1.0,
@@ -142,10 +157,9 @@ def rope(x: Tensor, dims: int, *, traditional: bool = False, base: float | None 
     """
     _check_rope(x, dims, base, scale, offset, freqs)
     scale = float(scale)
-    backend = _kernel_backend(x, dims)
+    backend = _kernel_backend("rope", x, dims)
     if backend is None: return _rope(x, dims, traditional, scale, offset, _inverse_frequencies(dims, base, freqs, x.device))
-    inv_freq = _inverse_frequencies(dims, None, freqs, x.device) if freqs is not None else \
-        _base_frequencies(x.device, dims, float(base))
+    inv_freq = _kernel_frequencies(dims, base, freqs, x.device)
     return rope_kernel.rope_kernel(x, dims, inv_freq, _offsets(x, offset), traditional=traditional, scale=scale, backend=backend,
                                    composition=lambda x, inv_freq: _rope(x, dims, traditional, scale, offset, inv_freq))
 
@@ -171,16 +185,23 @@ def _check_rotation(op: str, rotation: Rotation) -> None:
         raise TypeError(f"{op}: rotation must be a fast.Rotation, got {type(rotation).__name__}")
 
 
-def _normalized(op: str, x: Tensor, weight: Tensor | None, eps: float) -> Tensor:
-    """`rms_norm(x, weight, eps)`, or `x` itself without a weight (no normalisation)."""
-    if weight is None: return x
+def _check_norm(op: str, x: Tensor, weight: Tensor | None, eps: float) -> DType:
+    """The normalised rows' dtype: x's promoted with the weight's, or x's without a weight (which
+    normalises nothing)."""
+    if weight is None: return x.dtype
     check_weight(op, "weight", weight, x.shape[-1])
     check_number(op, "eps", eps)
-    return rms_norm(x, weight, eps)
+    return promote_types(x.dtype, weight.dtype)
+
+
+def _normalized(x: Tensor, weight: Tensor | None, eps: float) -> Tensor:
+    """`rms_norm(x, weight, eps)`, or `x` itself without a weight (no normalisation)."""
+    return x if weight is None else rms_norm(x, weight, eps)
 
 
 def _check_offset_fits(op: str, x: Tensor, offset: int | Tensor, cache: Tensor | None, what: str) -> None:
-    """A `[B, H, S, D]` cache that can take `x`'s `L` rows at `offset`."""
+    """A `[B, H, S, D]` cache that can take `x`'s `L` rows at `offset` (an int that fits, or a
+    one-element integer tensor)."""
     if cache is None: return
     check_tensor(op, what, cache)
     shape = tuple(x.shape)
@@ -188,6 +209,9 @@ def _check_offset_fits(op: str, x: Tensor, offset: int | Tensor, cache: Tensor |
     if fits and not isinstance(offset, Tensor):
         fits = 0 <= offset and offset + shape[2] <= cache.shape[2]
     check(fits, op, f"a {what} of shape {tuple(cache.shape)} cannot take {shape} at position {offset}")
+    if isinstance(offset, Tensor):
+        check(offset.numel() == 1, op, f"with a {what} the offset must be an int or a one-element tensor, got shape "
+              f"{tuple(offset.shape)}")
     check_floating(op, what, cache.dtype)
 
 
@@ -206,22 +230,57 @@ def _write_rows(cache: Tensor, rows: Tensor, offset: int | Tensor) -> Tensor:
     return inside.reshape(1, 1, capacity, 1).where(picked, cache)
 
 
+def _fused(op: str, x: Tensor, weight: Tensor | None, eps: float, normed_dtype: DType, rotation: Rotation,
+           offset: int | Tensor, *, v_eps: float | None = None, into: tuple[Tensor, ...] = (),
+           slots: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor] | None:
+    """The norm_rope kernel's call where it takes `op` (None where it does not: the caller runs
+    the composition): the norm (with a weight), the rotation at `offset` and, with `v_eps`, the
+    values `rms_norm(x, None, v_eps)`, into fresh outputs or in place into `into` (caches, or a
+    pool at `slots`). Fresh outputs differentiate through the composition; buffers updated in
+    place have no backward (the design's rule for in-place pools)."""
+    dims = rotation.dims
+    types = (x.dtype, normed_dtype) + (() if weight is None else (weight.dtype,)) + tuple(t.dtype for t in into)
+    places = 0 if not into else into[0].shape[0] * into[0].shape[2] if slots is not None else into[0].shape[2]
+    backend = _kernel_backend(op, x, dims, fused=(types, places))
+    if backend is None: return None
+    scale = float(rotation.scale)
+
+    def composition(x: Tensor, *rest: Tensor) -> Tensor | tuple[Tensor, Tensor]:
+        *given, inv_freq = rest
+        normed = x if weight is None else _rms_norm(x, given[0], normed_dtype, eps)
+        rotated = _rope(normed, dims, rotation.traditional, scale, offset, inv_freq)
+        return rotated if v_eps is None else (rotated, _rms_norm(x, None, x.dtype, v_eps))
+    inv_freq = _kernel_frequencies(dims, rotation.base, rotation.freqs, x.device)
+    return rope_kernel.norm_rope_kernel(
+        x, dims, inv_freq, _offsets(x, offset), backend=backend, traditional=rotation.traditional, scale=scale,
+        normed_dtype=normed_dtype, weight=weight, eps=None if weight is None else float(eps), v_eps=v_eps, into=into,
+        slots=None if slots is None else int32_indices(slots).to(x.device).reshape(-1).contiguous(),
+        composition=None if into else composition)
+
+
 def norm_rope(x: Tensor, weight: Tensor | None, eps: float, rotation: Rotation, offset: int | Tensor = 0,
               cache: Tensor | None = None) -> Tensor:
     """RMS-normalise each head's rows, rotate them, and optionally write them into a cache.
 
     x: `[B, H, L, D]` (or any rank >= 3 without a cache). weight: `[D]`, or None for no
     normalisation. rotation: a `Rotation`. offset: the position of row 0 (an int, or an integer
-    tensor of one element). cache: `[B, H, S, D]` with `S >= offset + L`.
-    Returns the rotated rows `[B, H, L, D]`, or with a cache the cache with them at
-    `offset..offset+L-1` (read through the result: `docs/design.md`, the in-place contract).
+    tensor of one element; without a cache also one per batch item). cache: `[B, H, S, D]` with
+    `S >= offset + L` for an int offset; a tensor offset's rows outside the cache are skipped.
+    Returns the rotated rows `[B, H, L, D]` (x's dtype promoted with the weight's), or with a
+    cache the cache with them at `offset..offset+L-1` (read through the result: `docs/design.md`,
+    the in-place contract). On METAL and CUDA one kernel reads each row once and writes it once,
+    the cache in place.
     """
     op = "norm_rope"
     check_tensor(op, "x", x)
     _check_rotation(op, rotation)
+    normed_dtype = _check_norm(op, x, weight, eps)
+    _check_rope(x, rotation.dims, rotation.base, rotation.scale, offset, rotation.freqs, op=op, dtype=normed_dtype)
     _check_offset_fits(op, x, offset, cache, "cache")
-    kernels.composition(op, f"{tuple(x.shape)} on {x.device}")
-    rotated = rotation.apply(_normalized(op, x, weight, eps), offset)
+    if weight is None and cache is None: return rotation.apply(x, offset)  # the rotation alone
+    fused = _fused(op, x, weight, eps, normed_dtype, rotation, offset, into=() if cache is None else (cache,))
+    if fused is not None: return fused
+    rotated = rotation.apply(_normalized(x, weight, eps), offset)
     return rotated if cache is None else _write_rows(cache, rotated, offset)
 
 
@@ -231,8 +290,10 @@ def norm_rope_at(x: Tensor, weight: Tensor | None, eps: float, rotation: Rotatio
 
     x: `[B, H, L, D]`; positions: `[B]` integers (row `l` of sequence `b` is at
     `positions[b] + l`). pool: `[blocks, H, block_size, D]` and slots: `[B, L]` integers, given
-    together: row `l` of sequence `b` goes to slot `slots[b, l]` (out-of-range slots skipped).
-    Returns the rotated rows, or the updated pool.
+    together: row `l` of sequence `b` goes to slot `slots[b, l]` (out-of-range slots skipped; of
+    rows naming one slot the composition keeps the later, while the kernel's rows race, so the
+    slot holds pieces of either). Returns the rotated rows, or the updated pool (on METAL and
+    CUDA written in place).
     """
     op = "norm_rope_at"
     check_tensor(op, "x", x)
@@ -248,8 +309,14 @@ def norm_rope_at(x: Tensor, weight: Tensor | None, eps: float, rotation: Rotatio
               f"pool must be [blocks, {x.shape[1]}, block_size, {x.shape[3]}], got shape {tuple(pool.shape)}")
         check(tuple(slots.shape) == (x.shape[0], x.shape[2]), op,
               f"slots must be [{x.shape[0]}, {x.shape[2]}], got shape {tuple(slots.shape)}")
-    kernels.composition(op, f"{tuple(x.shape)} on {x.device}")
-    rotated = rotation.apply(_normalized(op, x, weight, eps), positions)
+        check_integer(op, "slots", slots.dtype)
+        check_floating(op, "pool", pool.dtype)
+    normed_dtype = _check_norm(op, x, weight, eps)
+    _check_rope(x, rotation.dims, rotation.base, rotation.scale, positions, rotation.freqs, op=op, dtype=normed_dtype)
+    if weight is None and pool is None: return rotation.apply(x, positions)  # the rotation alone
+    fused = _fused(op, x, weight, eps, normed_dtype, rotation, positions, into=() if pool is None else (pool,), slots=slots)
+    if fused is not None: return fused
+    rotated = rotation.apply(_normalized(x, weight, eps), positions)
     if pool is None: return rotated
     return paged_write(pool, rotated.transpose(1, 2), slots)
 
@@ -261,17 +328,23 @@ def norm_rope_kv(x: Tensor, weight: Tensor | None, eps: float, v_eps: float, rot
 
     `k = norm_rope(x, weight, eps, rotation, offset)` and `v = rms_norm(x, None, v_eps)`; with
     caches (both `[B, H, S, D]`, given together) each is written at `offset..offset+L-1` and the
-    updated caches are returned. x: `[B, H, L, D]`. Returns `(k, v)`.
+    updated caches are returned. x: `[B, H, L, D]`. Returns `(k, v)`. On METAL and CUDA one
+    kernel reads x once and writes both, the caches in place.
     """
     op = "norm_rope_kv"
     check_tensor(op, "x", x)
     _check_rotation(op, rotation)
     check((k_cache is None) == (v_cache is None), op, "k_cache and v_cache go together")
+    normed_dtype = _check_norm(op, x, weight, eps)
+    _check_rope(x, rotation.dims, rotation.base, rotation.scale, offset, rotation.freqs, op=op, dtype=normed_dtype)
+    check_floating(op, "x", x.dtype)  # the values are x's own norm
     _check_offset_fits(op, x, offset, k_cache, "k_cache")
     _check_offset_fits(op, x, offset, v_cache, "v_cache")
-    check_number(op, "v_eps", v_eps)
-    kernels.composition(op, f"{tuple(x.shape)} on {x.device}")
-    keys = rotation.apply(_normalized(op, x, weight, eps), offset)
+    v_eps = check_number(op, "v_eps", v_eps)
+    fused = _fused(op, x, weight, eps, normed_dtype, rotation, offset, v_eps=v_eps,
+                   into=() if k_cache is None else (k_cache, v_cache))
+    if fused is not None: return fused
+    keys = rotation.apply(_normalized(x, weight, eps), offset)
     values = rms_norm(x, None, v_eps)
     if k_cache is None: return keys, values
     return _write_rows(k_cache, keys, offset), _write_rows(v_cache, values, offset)

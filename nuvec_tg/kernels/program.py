@@ -42,6 +42,8 @@ from tinygrad import Device, Tensor, dtypes
 from tinygrad.dtype import AddrSpace
 from tinygrad.uop.ops import KernelInfo, Ops, ProgramInfo, UOp
 
+from ..tensor import concrete
+
 SOURCE_DIR = Path(__file__).parent / "src"
 BODY_MARKER = "/* kernel */"
 BACKENDS = ("cuda", "metal")
@@ -191,6 +193,15 @@ def int_buffer(device: str, values: tuple[int, ...]) -> Tensor:
     The integers travel in a buffer rather than as scalars: one program serves every value, and
     TinyJit keeps a buffer's values where it could not bind a Variable."""
     return Tensor(list(values), dtype=dtypes.int32, device=device).realize()
+
+
+def int32_indices(indices: Tensor) -> Tensor:
+    """Integer indices (class targets, pool slots) as a kernel reads them, int32, naming what they
+    name: narrower integers convert exactly; wider ones are read as int64 (as the compositions
+    read them) and clamped into int32, where a value from outside stays outside."""
+    dtype = concrete(indices.dtype)
+    if dtype.itemsize <= 4 and dtype != dtypes.uint32: return indices.cast(dtypes.int32)  # a weak int made concrete too
+    return indices.cast(dtypes.int64).clip(-2**31, 2**31 - 1).cast(dtypes.int32)
 
 
 @functools.cache

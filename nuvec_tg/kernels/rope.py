@@ -1,7 +1,10 @@
-"""The rotary embedding's kernel (`src/rope.h`): rows of `length` features, each thread taking one
+"""The rotary embedding's kernels. `src/rope.h`: rows of `length` features, each thread taking one
 unit of a row (VEC pairs rotated, or a piece of the features past `dims` copied), 256 threads a
 threadgroup over every row's units in turn; the angles and the rotation in float32, the sine and
-cosine the dialect's precise `sin_cos`."""
+cosine the dialect's precise `sin_cos` (`src/rotation.h`). `src/norm_rope.h`: the RMS norm and the
+rotation in one pass, each row read as the norm kernel reads it (its sum has that kernel's bits)
+and turned in rope's units from threadgroup memory, written into fresh outputs, a cache or a
+paged pool."""
 from __future__ import annotations
 
 import math
@@ -14,7 +17,9 @@ from tinygrad.dtype import DType
 
 from ..tensor import concrete, dtype_name
 from . import Target
-from .program import CTYPES, Backward, Family, Param, Program, Resources, chunks, int_buffer, launch
+from . import rows as norm_rows
+from .program import (CTYPES, Backward, Family, Param, Program, Resources, chunks, int_buffer, launch, metal_limit_reason,
+                      threadgroup_array)
 
 THREADS = 256
 WIDTHS = (8, 4, 2, 1)   # pairs a unit rotates (elements a piece holds): the widest that fits
@@ -67,7 +72,7 @@ def metal_resources(shape: Launch) -> Resources:
     return Resources(shape.threads, 0)
 
 
-ROPE = Family("nuvec_rope", ("pieces.h", "rope.h"), unsupported, plan)
+ROPE = Family("nuvec_rope", ("pieces.h", "rotation.h", "rope.h"), unsupported, plan)
 
 
 def float_literal(value: float) -> str:
@@ -111,3 +116,173 @@ def rope_kernel(x: Tensor, dims: int, inv_freq: Tensor, offsets: Tensor, *, trad
     (y,) = launch(kernel, device, [out], ins, (launch_shape.groups(rows), 1, 1), launch_shape.threads, backward=backward,
                   label=f"{backend} rope {rows}x{length} dims {dims}")
     return y
+
+
+# ---- norm_rope: the RMS norm, the rotation and the write in one pass (src/norm_rope.h) ----------
+
+FUSED_THREADS = 256      # threads a threadgroup of rows of one SIMD group or less
+MIN_LANES = 8            # lanes a row at least: at most 4 rows a SIMD group, a SIMD sum each
+MAX_KEPT_BYTES = 16384   # a threadgroup's rows in threadgroup memory: rows of up to 8192 16-bit or 4096 float32 elements
+DESTINATIONS = ("fresh", "cache", "pool")
+
+
+@dataclass(frozen=True)
+class FusedLaunch:
+    """norm_rope's launch: a row read and summed as the norm kernel's launch `norm` reads it, then
+    turned in rope's units (`rotation`); `lanes` threads a row, `rows` rows a threadgroup."""
+    norm: norm_rows.Launch
+    rotation: Launch
+    lanes: int
+    rows: int
+
+    @property
+    def threads(self) -> int:
+        return self.lanes * self.rows
+
+    @property
+    def held(self) -> int:
+        """Elements of threadgroup memory a row takes: a place for each piece its lanes can hold
+        (the row's length or more)."""
+        return self.lanes * self.norm.per * self.norm.vec
+
+    def groups(self, rows: int) -> int:
+        """Threadgroups for `rows` rows."""
+        return -(-rows // self.rows)
+
+
+def norm_rope_plan(length: int, dims: int) -> FusedLaunch:
+    """The launch for rows of `length` features, `dims` of them rotated, from these sizes alone: the
+    norm kernel's pieces on the norm kernel's lanes (`rows.plan`), so that a row's sum has its bits.
+    A row of more than one SIMD group is a threadgroup, as in that kernel; a shorter one takes the
+    fewest lanes that hold its pieces (a power of two, 8 to 32), 256 threads a threadgroup of such
+    rows. The rotation takes rope's units (`plan`)."""
+    norm = norm_rows.plan(length)
+    rotation = plan(length, dims)
+    if norm.threads > 32: return FusedLaunch(norm, rotation, norm.threads, 1)
+    pieces = -(-length // norm.vec)
+    lanes = 32 if norm.per > 1 else min(32, max(MIN_LANES, 1 << (pieces - 1).bit_length()))
+    return FusedLaunch(norm, rotation, lanes, FUSED_THREADS // lanes)
+
+
+def describe_norm_rope(shape: FusedLaunch) -> str:
+    """The launch in words, for NUVEC_DEBUG."""
+    return (f"{shape.rows} rows of {shape.lanes} threads a threadgroup, pieces of {shape.norm.vec}, "
+            f"{shape.rotation.vec} pairs a unit")
+
+
+def norm_rope_metal_resources(shape: FusedLaunch, normed: DType) -> Resources:
+    """The threadgroup on Metal: its threads, its rows in the normalised rows' dtype `normed`, and
+    the SIMD groups' partial sums of a row of more than one SIMD group."""
+    kept = threadgroup_array(shape.rows * shape.held, concrete(normed).itemsize)
+    return Resources(shape.threads, kept + (threadgroup_array(shape.threads // 32, 4) if shape.lanes > 32 else 0))
+
+
+def norm_rope_unsupported(types: tuple[DType, ...], rows: int, length: int, dims: int, places: int,
+                          target: Target) -> str | None:
+    """Why the kernel does not take a call on `target` (None when it does): `rows` rows of
+    `length` features, `dims` of them rotated, into a destination of `places` rows a head (0:
+    fresh outputs); `types` every dtype read or written, the normalised rows' second (what
+    threadgroup memory holds): float16, bfloat16 or float32 (bfloat16 only where the target has
+    it), nothing empty, x's elements and the destination's rows within int32, a threadgroup's rows
+    within 16 KB of threadgroup memory (and the threadgroup within an Apple GPU's limits)."""
+    if rows == 0 or length == 0: return "an empty call"
+    if any(concrete(t) not in CTYPES for t in types): return "a float64 input or destination"
+    if rows * length >= 2**31 or places >= 2**31: return f"{rows} rows of {length} exceed int32 indexing"
+    shape = norm_rope_plan(length, dims)
+    kept = shape.rows * shape.held * concrete(types[1]).itemsize
+    if kept > MAX_KEPT_BYTES: return f"rows of {length} take {kept} bytes of threadgroup memory (at most {MAX_KEPT_BYTES})"
+    if (reason := target.lacks(bfloat=any(concrete(t) == dtypes.bfloat16 for t in types))) is not None: return reason
+    if target.backend == "metal" and (reason := metal_limit_reason(norm_rope_metal_resources(shape, types[1]))) is not None:
+        return f"its threadgroup would take {reason}"
+    return None
+
+
+NORM_ROPE = Family("nuvec_norm_rope", ("pieces.h", "rotation.h", "norm_rope.h"), norm_rope_unsupported, norm_rope_plan)
+
+
+def norm_rope_program(backend: str, types: dict[str, DType], destination: str, traditional: bool, scale: float,
+                      shape: FusedLaunch, *, eps: float | None = None, v_eps: float | None = None) -> Program:
+    """One specialisation. types: the dtypes of `x`, `normed` (the normalised rows, rope's input),
+    `rotated` (its destination's), and where present `weight` (normalising, with `eps`) and
+    `values` (the values' destination's, with `v_eps`). destination: "fresh", "cache" or "pool".
+    scale, eps, v_eps: float32 literals in the text (one program per value). shape: the launch
+    (`norm_rope_plan`)."""
+    if destination not in DESTINATIONS: raise ValueError(f"norm_rope_program: unknown destination {destination!r}")
+    if ("weight" in types) != (eps is not None) or ("values" in types) != (v_eps is not None):
+        raise ValueError("norm_rope_program: a weight comes with eps, values with v_eps")
+    ctypes = {key: CTYPES[concrete(dtype)] for key, dtype in types.items()}
+    vec, unit = shape.norm.vec, shape.rotation.vec
+    defines: dict[str, object] = dict(
+        TX=ctypes["x"], TO=ctypes["normed"], TK=ctypes["rotated"], NORM=int("weight" in types), VALUES=int("values" in types),
+        DEST=DESTINATIONS.index(destination), TRADITIONAL=int(traditional), SCALE=float_literal(scale), VEC=vec,
+        PER=shape.norm.per, LANES=shape.lanes, ROWS=shape.rows, THREADS=shape.threads, HELD=shape.held, UNIT=unit)
+    for name, prefix, width in (("x", "X", vec), ("weight", "W", vec), ("values", "V", vec), ("rotated", "K", unit)):
+        if name not in types: continue
+        if name in ("weight", "values"): defines[f"T{prefix}"] = ctypes[name]
+        piece = width * concrete(types[name]).itemsize
+        defines.update(chunks(prefix, piece, piece))
+    if eps is not None: defines["EPS"] = float_literal(eps)
+    if v_eps is not None: defines["V_EPS"] = float_literal(v_eps)
+    params = [Param("rotated", "out", ctypes["rotated"])] + ([Param("values", "out", ctypes["values"])] if "values" in types else [])
+    params += [Param("x", "in", ctypes["x"])] + ([Param("weight", "in", ctypes["weight"])] if "weight" in types else [])
+    params += [Param("inv_freq", "in", "float"), Param("offsets", "in", "int")]
+    params += [Param("slots", "in", "int")] if destination == "pool" else []
+    params.append(Param("ints", "in", "int"))
+    return NORM_ROPE.program(backend, defines, params)
+
+
+def norm_rope_kernel(x: Tensor, dims: int, inv_freq: Tensor, offsets: Tensor, *, backend: str, traditional: bool, scale: float,
+                     normed_dtype: DType, weight: Tensor | None = None, eps: float | None = None, v_eps: float | None = None,
+                     into: tuple[Tensor, ...] = (), slots: Tensor | None = None,
+                     composition: Callable[..., Tensor | tuple[Tensor, Tensor]] | None = None) -> Tensor | tuple[Tensor, Tensor]:
+    """Normalise and rotate the first `dims` features of `x`'s rows in one pass (checked by the
+    operation), into fresh outputs or in place.
+
+    x: `[B, ..., T, D]` (`[B, H, T, D]` with `into`), float16, bfloat16 or float32. weight: `[D]`
+    with its `eps`, or None (no normalisation). normed_dtype: the normalised rows' dtype (x's
+    promoted with the weight's). v_eps: with it, the values `rms_norm(x, None, v_eps)` too.
+    inv_freq: `[dims / 2]` float32. offsets: int32, one element, or `B` for fresh outputs.
+    into: () for fresh outputs, or the buffers written in place, rotated rows first, then values:
+    caches `[B, H, S, D]` (row t at position `offsets[0] + t`, skipped outside the cache), or with
+    `slots` (`[B, T]` int32) a pool `[blocks, H, block_size, D]` (out-of-range slots skipped).
+    Returns the rotated rows (`[B, ..., T, D]` in normed_dtype) and with v_eps the values (x's
+    dtype), or the updated buffers. composition: `(x, weight if given, inv_freq) -> what the call
+    returns` from tensor operations, the backward of fresh outputs (buffers updated in place have
+    none, as the gated delta kernel's slot pool).
+    """
+    shape, length = tuple(x.shape), x.shape[-1]
+    rows = math.prod(shape[:-1])
+    device = x.device
+    launch_shape = norm_rope_plan(length, dims)
+    destination = "pool" if slots is not None else "cache" if into else "fresh"
+    types = dict(x=x.dtype, normed=normed_dtype, rotated=into[0].dtype if into else normed_dtype)
+    if weight is not None: types["weight"] = weight.dtype
+    if v_eps is not None: types["values"] = into[1].dtype if into else x.dtype
+    kernel = norm_rope_program(backend, types, destination, traditional, scale, launch_shape,
+                               eps=None if weight is None else eps, v_eps=v_eps)
+    ins = [x.contiguous()] + ([] if weight is None else [weight.contiguous()]) + [inv_freq.contiguous()]
+    backward = None
+    if into:
+        outs = [buffer.contiguous() for buffer in into]  # a realized buffer (or a prefix view of one) is itself
+    else:
+        # With values the rotated rows' buffer has a leading axis of one: a gradient reaching only
+        # one of the two outputs is told apart by its shape (`program.Backward`).
+        outs = [Tensor.empty(*((1,) if v_eps is not None else ()), *shape, dtype=normed_dtype, device=device)]
+        if v_eps is not None: outs.append(Tensor.empty(*shape, dtype=x.dtype, device=device))
+        if composition is not None:
+            def differentiable(*args: Tensor) -> Tensor | tuple[Tensor, Tensor]:
+                result = composition(*args)
+                return (result[0].reshape(1, *shape), result[1]) if v_eps is not None else result
+            backward = Backward("norm_rope", differentiable, tuple(ins), wrt=tuple(range(len(ins))))
+    ins.append(offsets)
+    if slots is not None: ins.append(slots)
+    places, heads, block_size = 0, 0, 0
+    if destination == "cache": places = into[0].shape[2]
+    if destination == "pool": places, heads, block_size = into[0].shape[0] * into[0].shape[2], into[0].shape[1], into[0].shape[2]
+    ins.append(int_buffer(device, (length, dims // 2, shape[-2], rows // shape[0], rows, int(offsets.numel() > 1), places, heads,
+                                   block_size)))
+    label = f"{backend} norm_rope {rows}x{length} dims {dims} into {destination}{' with values' if v_eps is not None else ''}"
+    results = launch(kernel, device, outs, ins, (launch_shape.groups(rows), 1, 1), launch_shape.threads, backward=backward,
+                     label=label, in_place=bool(into))
+    if into: return results[0] if len(results) == 1 else (results[0], results[1])
+    return (results[0].reshape(shape), results[1]) if v_eps is not None else results[0]

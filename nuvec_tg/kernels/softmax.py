@@ -14,8 +14,8 @@ from tinygrad.dtype import DType
 
 from ..tensor import concrete, dtype_name
 from . import Target
-from .program import (CTYPES, Backward, Family, Param, Program, Resources, int_buffer, launch, metal_limit_reason,
-                      threadgroup_array)
+from .program import (CTYPES, Backward, Family, Param, Program, Resources, int32_indices, int_buffer, launch,
+                      metal_limit_reason, threadgroup_array)
 
 MAX_THREADS = 1024
 # Elements a thread holds in registers (short rows), or reads per block of the online pass (long rows).
@@ -80,15 +80,6 @@ def program(backend: str, mode: str, dtype: DType, shape: Launch) -> Program:
     return BY_MODE[mode].program(backend, defines, params)
 
 
-def int32_targets(targets: Tensor) -> Tensor:
-    """Class indices as the kernel reads them, int32, hitting the classes they hit: narrower
-    integers convert exactly; wider ones are read as int64 (as the composition reads them) and
-    clamped into int32, where a value from outside stays outside every class."""
-    dtype = concrete(targets.dtype)
-    if dtype.itemsize <= 4 and dtype != dtypes.uint32: return targets.cast(dtypes.int32)  # a weak int made concrete too
-    return targets.cast(dtypes.int64).clip(-2**31, 2**31 - 1).cast(dtypes.int32)
-
-
 def _launch(mode: str, x: Tensor, targets: Tensor | None, backend: str, composition: Callable | None) -> Tensor:
     shape, length = tuple(x.shape), x.shape[-1]
     rows = math.prod(shape[:-1])
@@ -97,7 +88,7 @@ def _launch(mode: str, x: Tensor, targets: Tensor | None, backend: str, composit
     kernel = program(backend, mode, x.dtype, launch_shape)
     ins = [x.contiguous()]
     if targets is not None:
-        targets = int32_targets(targets)
+        targets = int32_indices(targets)
         if targets.device is None:  # a Python number's constant has no device and no buffer: give it both
             targets = Tensor.zeros(targets.shape, dtype=dtypes.int32, device=device) + targets
         ins.append(targets.to(device).contiguous())

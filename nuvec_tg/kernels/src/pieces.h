@@ -1,23 +1,26 @@
-// Pieces of a row: VEC consecutive elements (a define of the kernel), read and written as
-// COUNT chunks of type CHUNK (`chunks()` in program.py: the widest that divides the piece, so
-// every chunk of an aligned piece is aligned), converted to and from float32; and the
-// threadgroup's sum. For the row kernels (norm.h, residual_norm.h, rope.h). GROUP_SUM needs
-// THREADS, and `lane`, `warp` and a THREADGROUP float `partial[THREADS / 32]` in the kernel's scope.
+// Pieces of a row: consecutive elements read and written as COUNT chunks of type CHUNK
+// (`chunks()` in program.py: the widest that divides the piece, so every chunk of an aligned
+// piece is aligned), converted to and from float32; a piece of T holds PIECE_ELEMENTS of them
+// (a kernel's VEC, or rope's unit in norm_rope.h, which has both). And the threadgroup's sum.
+// For the row kernels (norm.h, residual_norm.h, rope.h, norm_rope.h). GROUP_SUM needs THREADS,
+// and `lane`, `warp` and a THREADGROUP float `partial[THREADS / 32]` in the kernel's scope.
 
-// VEC elements of `from` (a piece, aligned to its whole size) as floats into `into`.
+#define PIECE_ELEMENTS(CHUNK, COUNT, T) ((int)((COUNT) * sizeof(CHUNK) / sizeof(T)))
+
+// The elements of a piece of T at `from` (aligned to its whole size) as floats into `into`.
 #define LOAD_PIECE(CHUNK, COUNT, T, from, into)                                                      \
   {                                                                                                 \
     CHUNK raw_[COUNT];                                                                              \
     _Pragma("unroll") for (int c = 0; c < COUNT; c++) raw_[c] = ((const DEVICE CHUNK*)(from))[c];   \
     const THREAD T* values_ = (const THREAD T*)raw_;                                                \
-    _Pragma("unroll") for (int e = 0; e < VEC; e++) (into)[e] = to_float(values_[e]);               \
+    _Pragma("unroll") for (int e = 0; e < PIECE_ELEMENTS(CHUNK, COUNT, T); e++) (into)[e] = to_float(values_[e]); \
   }
-// VEC floats of `from` rounded to T (to nearest) and stored as a piece at `to`.
+// A piece's floats at `from` rounded to T (to nearest) and stored as a piece at `to`.
 #define STORE_PIECE(CHUNK, COUNT, T, from, to)                                                       \
   {                                                                                                 \
     CHUNK raw_[COUNT];                                                                              \
     THREAD T* values_ = (THREAD T*)raw_;                                                            \
-    _Pragma("unroll") for (int e = 0; e < VEC; e++) values_[e] = T((from)[e]);                      \
+    _Pragma("unroll") for (int e = 0; e < PIECE_ELEMENTS(CHUNK, COUNT, T); e++) values_[e] = T((from)[e]); \
     _Pragma("unroll") for (int c = 0; c < COUNT; c++) ((DEVICE CHUNK*)(to))[c] = raw_[c];           \
   }
 // The threadgroup's total of each thread's `value` into `into` (the same in every thread): a

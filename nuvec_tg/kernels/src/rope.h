@@ -5,9 +5,8 @@
 //
 //   pairs (TRADITIONAL 0): (i, i + pairs), unit u's pieces at u * VEC and u * VEC + pairs
 //         (TRADITIONAL 1): (2i, 2i + 1), unit u's 2 * VEC consecutive elements at 2 * u * VEC
-//   position p = offset of b + t (int32, wrapping) for row r = (b, ..., t): offsets[b], or offsets[0]
-//   angle of pair i = (float(p) * SCALE) * inv_freq[i], in float32 (the composition's order)
-//   (x1, x2) -> (x1 cos - x2 sin, x1 sin + x2 cos) in float32, rounded once to TX
+//   row r = (b, ..., t) at position offsets[b] (or offsets[0]) + t, turned as rotation.h says,
+//   rounded once to TX
 //
 // No unit's arithmetic depends on another's, so a row's bits never depend on the batch. Every
 // read is inside the row, the `pairs` inverse frequencies, or offsets[0] / offsets[b] with b < B.
@@ -34,22 +33,12 @@
     STORE_PIECE(CHUNK_X, X_CHUNKS, TX, v, y + at)
     return;
   }
-  const int b = row / batch_rows, t = row % steps;
-  const int position = (int)((uint)offsets[per_batch ? b : 0] + (uint)t);  // wraps as the composition's int32 add
-  const float scaled = (float)position * SCALE;
-  const long first = base + (TRADITIONAL ? 2L * u * VEC : (long)u * VEC);
-  const long second = first + (TRADITIONAL ? VEC : pairs);
+  const float scaled = scaled_position(offsets, per_batch, row / batch_rows, row % steps);
+  const long first = base + UNIT_FIRST(VEC, u);
+  const long second = first + UNIT_GAP(VEC, pairs);
   LOAD_PIECE(CHUNK_X, X_CHUNKS, TX, x + first, v)
   LOAD_PIECE(CHUNK_X, X_CHUNKS, TX, x + second, v + VEC)
   float out[2 * VEC];
-#pragma unroll
-  for (int j = 0; j < VEC; j++) {
-    const float angle = scaled * inv_freq[u * VEC + j];
-    float s, c;
-    sin_cos(angle, &s, &c);
-    const int p = TRADITIONAL ? 2 * j : j, q = TRADITIONAL ? 2 * j + 1 : VEC + j;
-    out[p] = v[p] * c - v[q] * s;
-    out[q] = v[p] * s + v[q] * c;
-  }
+  ROTATE_UNIT(VEC, v, inv_freq + u * VEC, scaled, out)
   STORE_PIECE(CHUNK_X, X_CHUNKS, TX, out, y + first)
   STORE_PIECE(CHUNK_X, X_CHUNKS, TX, out + VEC, y + second)
