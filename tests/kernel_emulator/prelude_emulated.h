@@ -192,6 +192,18 @@ template <typename T> inline void load_tile_b(TileB<T>& tile, const T* b, int ld
   std::memcpy(&tile.r[0], b + g * ldb + 2 * c, 4);
   std::memcpy(&tile.r[1], b + g * ldb + 2 * c + 8, 4);
 }
+// ldmatrix from each lane's row address (the CUDA prelude's): the SIMD group's addresses are
+// exchanged, as the hardware gathers them (`ldmatrix_emulated`, the runner's).
+void ldmatrix_emulated(uint* registers, int count, const void* row);
+template <typename T> inline void load_tile_a_rows(TileA<T>& tile, const T* row) { ldmatrix_emulated(tile.r, 4, row); }
+template <typename T> inline void load_tile_b_pair_rows(TileB<T>& first, TileB<T>& second, const T* row) {
+  uint r[4];
+  ldmatrix_emulated(r, 4, row);
+  first.r[0] = r[0]; first.r[1] = r[1]; second.r[0] = r[2]; second.r[1] = r[3];
+}
+inline int tile_pair_row(int p, int lane) { return lane / 4 + 8 * p; }
+inline int tile_pair_column(int lane) { return 2 * (lane % 4); }
+inline float tile_pair_value(const TileAcc& acc, int p, int i) { return acc.v[2 * p + i]; }
 template <typename T> inline void tile_mma(TileAcc& acc, const TileA<T>& a, const TileB<T>& b) {
   mma_emulated(acc.v, a.r, b.r[0], b.r[1], !__is_same(T, half));
 }

@@ -154,6 +154,26 @@ template <typename T> INLINE void load_tile_b(TileB<T>& tile, const T* b, int ld
   const unsigned at = (unsigned)__cvta_generic_to_shared(b + (lane % 8) * ldb + ((lane / 8) % 2) * 8);
   asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];" : "=r"(tile.r[0]), "=r"(tile.r[1]) : "r"(at));
 }
+// The same fragments where the tile's layout is not a row stride (swizzled stage buffers): each
+// lane gives the address of the 16-byte row it supplies to ldmatrix. A (16 x 16): lanes 0-15
+// rows 0-15 at column 0, lanes 16-31 the same rows at column 8. A pair of B tiles (16 rows of w,
+// the first tile's 8 then the second's, 16 columns of k): lanes 0-7 rows 0-7 at column 0, lanes
+// 8-15 the same rows at column 8, lanes 16-31 rows 8-15 likewise.
+template <typename T> INLINE void load_tile_a_rows(TileA<T>& tile, const T* row) {
+  const unsigned at = (unsigned)__cvta_generic_to_shared(row);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(tile.r[0]), "=r"(tile.r[1]), "=r"(tile.r[2]), "=r"(tile.r[3]) : "r"(at));
+}
+template <typename T> INLINE void load_tile_b_pair_rows(TileB<T>& first, TileB<T>& second, const T* row) {
+  const unsigned at = (unsigned)__cvta_generic_to_shared(row);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(first.r[0]), "=r"(first.r[1]), "=r"(second.r[0]), "=r"(second.r[1]) : "r"(at));
+}
+// An accumulator's elements where the lane holds them (the mma's C fragment): pair p (0 or 1) is
+// row lane / 4 + 8 p, columns 2 (lane % 4) and the next (for an epilogue straight from registers).
+INLINE int tile_pair_row(int p, int lane) { return lane / 4 + 8 * p; }
+INLINE int tile_pair_column(int lane) { return 2 * (lane % 4); }
+INLINE float tile_pair_value(const TileAcc& acc, int p, int i) { return acc.v[2 * p + i]; }
 INLINE void tile_mma(TileAcc& acc, const TileA<bfloat>& a, const TileB<bfloat>& b) { mma_bf16(acc.v, a.r, b.r[0], b.r[1]); }
 INLINE void tile_mma(TileAcc& acc, const TileA<half>& a, const TileB<half>& b) { mma_f16(acc.v, a.r, b.r[0], b.r[1]); }
 // A float into a tile element (rounded to nearest).
