@@ -7,7 +7,8 @@
 # every CUDA specialisation the plan can emit with nvrtc as tinygrad does (tools/compile_cuda.py,
 # one line per family) into compile_cuda.log; a failure fails the check, and the tests still run.
 # BENCHMARKS picks the benchmarks (default: attention gated_delta quant), BENCH_ARGS adds options;
-# TUNE picks the sweep for `tune` (default: decode, i.e. tools/tune_decode.py; qmv: tools/tune_qmv.py).
+# TUNE picks the sweep for `tune` (default: decode, i.e. tools/tune_decode.py; qmv: tools/tune_qmv.py; linear:
+# tools/tune_linear.py).
 # `sanitize` (not part of `all`) runs tools/sanitize_cases.py under compute-sanitizer, one run per tool in
 # SANITIZE_TOOLS (default: memcheck racecheck initcheck), each stopped after SANITIZE_TIMEOUT seconds
 # (default 170), into sanitize_<tool>.log, then prints a summary line per tool.

@@ -185,6 +185,16 @@ def test_emulated_gemm_in_metals_layout_matches_numpy(dtype, bias_dtype, out_dty
     check_rows("Metal's layout", emulated_gemm(case, slice(0, 70), linear.GEMM_METAL, metal_tiles=True), case.want, out_dtype)
 
 
+def test_every_tile_shape_gives_the_same_bits():
+    """The tile shapes tools/tune_linear.py sweeps (so the plan may pick any by M): a row's bits
+    are the same in each, at M = 70, N = 67, K = 72 (off every tile)."""
+    case = Case(0x120, 70, 72, 67, bf16, bias_dtype=bf16)
+    first = emulated_gemm(case, slice(0, 70), linear.TILE_SHAPES[0])
+    check_rows("first tile shape", first, case.want, bf16)
+    for tiles in linear.TILE_SHAPES[1:]:
+        np.testing.assert_array_equal(emulated_gemm(case, slice(0, 70), tiles), first, err_msg=str(tiles))
+
+
 def test_gemm_plans_follow_the_rows_and_the_backend():
     assert [linear.gemm_plan(m, "cuda") for m in (9, 64, 65, 4096)] == [linear.GEMM_SMALL] * 2 + [linear.GEMM_LARGE] * 2
     assert linear.gemm_plan(4096, "metal") == linear.GEMM_METAL
