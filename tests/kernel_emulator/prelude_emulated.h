@@ -127,7 +127,7 @@ inline void stage_wait(unsigned long long* bar, int parity) {
 inline uint low_halves(uint a, uint b) { return (a & 0xFFFFu) | (b << 16); }
 inline uint high_halves(uint a, uint b) { return (a >> 16) | (b & 0xFFFF0000u); }
 
-// Matrix tiles in threadgroup memory (qmm.h), as the CUDA prelude has them, or under METAL_TILES
+// Matrix tiles in threadgroup memory (qmm.h, gemm.h), as the CUDA prelude has them, or under METAL_TILES
 // as the Metal prelude's simdgroup matrices do: float tiles, x widened into its own (not staged).
 #define THREADGROUP_PTR
 #ifdef METAL_TILES

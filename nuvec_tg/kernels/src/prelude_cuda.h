@@ -114,7 +114,7 @@ INLINE void prefetch_l2(const void* at, int bytes) {
 INLINE uint low_halves(uint a, uint b) { return __byte_perm(a, b, 0x5410); }
 INLINE uint high_halves(uint a, uint b) { return __byte_perm(a, b, 0x7632); }
 
-// Matrix tiles in threadgroup memory, for the kernels that multiply them (qmm.h); Metal's prelude
+// Matrix tiles in threadgroup memory, for the kernels that multiply them (qmm.h, gemm.h); Metal's prelude
 // has the same vocabulary on simdgroup matrices. THREADGROUP_PTR qualifies a pointer into
 // threadgroup memory; MMA_INPUT(T) is a tile's element type for activations of type T; a TileAcc
 // is a 16 x 8 float32 accumulator of one SIMD group (here: the mma's C fragment).

@@ -28,12 +28,14 @@ INLINE void from_float(float x, device bfloat* out) { *out = bfloat(x); }
 INLINE float round_bfloat(float x) { return float(bfloat(x)); }
 #endif
 
-// Matrix tiles in threadgroup memory (qmm.h), on simdgroup matrices: the CUDA prelude's
+// Matrix tiles in threadgroup memory (qmm.h, gemm.h), on simdgroup matrices: the CUDA prelude's
 // vocabulary. Tiles hold floats here (simdgroup_float8x8).
-// Simdgroup matrices need an Apple7 GPU (A14, M1) or later: the routes keep qmm off older ones.
+// Simdgroup matrices need an Apple7 GPU (A14, M1) or later: the routes keep qmm and gemm off older ones.
 #define THREADGROUP_PTR threadgroup
 #define MMA_INPUT(T) float
-#define MMA_DIRECT 0  // 16-bit inputs are widened into float tiles first
+// 16-bit inputs are widened into float tiles first; the CUDA prelude's loads from each lane's row
+// address and its accumulator pairs (`load_tile_a_rows`, `tile_pair_value`) serve MMA_DIRECT only.
+#define MMA_DIRECT 0
 // The CUDA prelude's asynchronous copies into threadgroup memory, as plain copies (done when the
 // call returns; async_commit and async_wait do nothing). `present` false writes zeros.
 INLINE void async_copy16(threadgroup void* to, const device void* from, bool present) {
