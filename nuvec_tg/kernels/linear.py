@@ -154,7 +154,7 @@ def unsupported(x_dtype: DType, w_dtype: DType, bias_dtype: DType | None, out_dt
     return route(x_dtype, w_dtype, bias_dtype, out_dtype, rows, k, n, target)[1]
 
 
-GEMV = Family("nuvec_gemv", ("pieces.h", "gemv.h"), unsupported, gemv_plan)
+GEMV = Family("nuvec_gemv", ("pieces.h", "column_sums.h", "gemv.h"), unsupported, gemv_plan)
 GEMM = Family("nuvec_gemm", ("gemm.h",), unsupported, gemm_plan)
 
 

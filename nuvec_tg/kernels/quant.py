@@ -142,7 +142,7 @@ def qmv_metal_resources(rows: int, qmv_plan: QmvPlan) -> Resources:
                      threadgroup_array(qmv_plan.k_split * qmv_plan.column_warps * rows * qmv_plan.columns_per_warp, 4))
 
 
-QMV = Family("nuvec_qmv", ("quant_codes.h", "qmv.h"), qmv_unsupported, plan)
+QMV = Family("nuvec_qmv", ("quant_codes.h", "column_sums.h", "qmv.h"), qmv_unsupported, plan)
 
 
 def load_words(bits: int, words_per_row: int) -> int:
