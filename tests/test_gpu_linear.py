@@ -58,14 +58,15 @@ GEMV_DTYPES = [(F32, F32, F32), (F16, F16, None), (BF16, BF16, BF16), (BF16, BF1
 @pytest.mark.parametrize("x_dtype, w_dtype, bias_dtype", GEMV_DTYPES, ids=str)
 @pytest.mark.parametrize("k, n", [(552, 13), (4100, 37), (257, 3), (4096, 4096)], ids=str)
 def test_gemv_matches_numpy_and_the_composition_and_keeps_one_row_bits(x_dtype, w_dtype, bias_dtype, k, n):
-    """1 to 8 rows: K two SIMD steps and a part, pieces of 4 and of 1 element, the usual square; N
-    off a SIMD group's 4 columns and below them. Each row of each row count equals that row alone."""
+    """1 to 8 rows (at K 552; 1, 3 and 8 elsewhere): K two SIMD steps and a part, pieces of 4 and of
+    1 element, the usual square; N off a SIMD group's 4 columns and below them. Each row of each
+    row count equals that row alone."""
     x, w, b, want = inputs(0x21, (8, k), n, x_dtype, w_dtype, bias_dtype)
     alone = []
     for row in range(8):
         with expect_launches(gpu, GEMV):
             alone.append(bits_of(fast.linear(x[row:row + 1].contiguous(), w, b)))
-    for rows in range(1, 9):
+    for rows in range(1, 9) if k == 552 else (1, 3, 8):
         y = assert_matches(f"M{rows} K{k} N{n}", x[:rows].contiguous(), w, b, GEMV, want[:rows])
         for row in range(rows):
             np.testing.assert_array_equal(bits_of(y)[row:row + 1], alone[row], err_msg=f"M{rows} row {row}")
