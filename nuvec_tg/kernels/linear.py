@@ -97,9 +97,12 @@ GEMM_METAL = Tiles(64, 64, 2, 2, 1)
 SMALL_ROWS = 64
 # Tile shapes the source takes (SIMD groups of 16-row and 16-column multiples, whole pieces a
 # thread) within 48 KB of stages, which tools/tune_linear.py sweeps: 128 x 128 of 8 or 4 SIMD
-# groups, 128 x 64 and 64 x 128, 64 x 64 at 4 and 6 stages; for a short x, whose product reads w
-# at memory's pace, narrow tiles deep in stages (more threadgroups, more copies in flight).
-TILE_SHAPES = (GEMM_LARGE, Tiles(128, 128, 4, 2, 3), Tiles(128, 128, 2, 2, 3), Tiles(128, 64, 2, 2, 4),
+# groups; 128 x 256 and 256 x 128 at 2 stages (a third less of L2's bandwidth a FLOP, which 128 x
+# 128 tiles need 5.9 TB/s of at 375 TFLOP/s); 128 x 64 and 64 x 128, 64 x 64 at 4 and 6 stages;
+# for a short x, whose product reads w at memory's pace, narrow tiles deep in stages (more
+# threadgroups, more copies in flight).
+TILE_SHAPES = (GEMM_LARGE, Tiles(128, 128, 4, 2, 3), Tiles(128, 128, 2, 2, 3), Tiles(128, 256, 2, 4, 2),
+               Tiles(256, 128, 4, 2, 2), Tiles(128, 64, 2, 2, 4),
                Tiles(64, 128, 2, 2, 4), GEMM_SMALL, Tiles(64, 64, 2, 2, 6), Tiles(32, 64, 1, 2, 6),
                Tiles(16, 64, 1, 2, 8), Tiles(32, 32, 1, 1, 8))
 
