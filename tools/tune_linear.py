@@ -12,10 +12,11 @@ Each cell is timed as the benchmark times (TinyJit replays of calls over rotated
 `bench.common.rotation` and `time_jit`): device µs per call and TFLOP/s (gemv: also TB/s of w, x and
 y), best first, the default marked `*`, with the largest error against the composition and
 PyTorch's F.linear beside. `--quick`: M 1 and 512 at (4096, 14336) only. Every kernel is compiled
-first in worker processes (`tune_qmv.precompile`). About a second a cell: `--gemv` (some 370
-cells) wants two device calls (`--rows 1`, then `--rows 4,8`), `--gemm` (96) one. `bash scripts/device_check.sh tune` with
-TUNE=linear runs it; the plan's constants in `nuvec_tg/kernels/linear.py` are read off its output
-(kept in `benchmarks/linear_h200.md`)."""
+first in worker processes (`tune_qmv.precompile`). About a second a cell: gemv's 370 cells want
+two device calls (`--rows 1`, then `--rows 4,8`), gemm's 144 two (`--rows 16,64`, then `--rows
+512,2048`). `bash scripts/device_check.sh tune` with TUNE=linear (and TUNE_ARGS) runs it; the
+plan's constants in `nuvec_tg/kernels/linear.py` are read off its output (kept in
+`benchmarks/linear_h200.md`)."""
 import math
 import sys
 
