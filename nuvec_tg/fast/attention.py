@@ -11,8 +11,9 @@ from tinygrad import Tensor, dtypes
 
 from .. import kernels
 from ..kernels.attention import decode_attention
+from ..kernels.prefill import prefill_attention
 from ..tensor import check, check_floating, check_number, check_tensor, compute_dtype, dtype_name, promote_types, zero_after
-from .plan import AttentionCall, AttentionPlan, BlockedD512, ComposedBlocks, Vector, block_bounds, plan_call, \
+from .plan import AttentionCall, AttentionPlan, BlockedD512, ComposedBlocks, Tiled, Vector, block_bounds, plan_call, \
     validate_attention
 
 
@@ -107,6 +108,10 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, 
     symbolic = [n for n in (*q.shape, *k.shape, *v.shape) if not isinstance(n, int)]
     check(not symbolic, op, "a symbolic size (a bound variable) runs only on the decode kernels (METAL or CUDA, "
                             f"at most 8 queries); this call's plan is {plan.kernel}")
+    if isinstance(plan.kernel, Tiled):
+        return prefill_attention(q, k, v, scale, plan.kernel, dtype=dtype, backend=target.backend,
+                                 causal=call.mask == "causal", window=call.window, mask=array_mask, sinks=sinks,
+                                 composition=lambda q, k, v, m, s: compose(call, q, k, v, scale, m, s, call.q_len))
     rows = plan.kernel.rows if isinstance(plan.kernel, (ComposedBlocks, BlockedD512)) else call.q_len
     return compose(call, q, k, v, scale, array_mask, sinks, rows)
 
@@ -116,6 +121,7 @@ def report_plan(op: str, description: str, device: str, plan: AttentionPlan) -> 
     if not kernels.debugging(): return
     where = f"{op} {description} on {device}: {plan.kernel}"
     if isinstance(plan.kernel, Vector): kernels.debug(f"{where}, the decode kernels")
+    elif isinstance(plan.kernel, Tiled): kernels.debug(f"{where}, the tiled kernel")
     else: kernels.debug(f"{where}, composition ({plan.reason if kernels.active_backend(device) else kernels.unavailable(device)})")
 
 

@@ -14,9 +14,10 @@ from tinygrad import Tensor, dtypes
 
 from .. import kernels
 from ..kernels.attention import decode_attention, paged_unsupported
+from ..kernels.prefill import prefill_attention
 from ..tensor import check, check_floating, check_integer, check_number, check_tensor, dtype_name, promote_types, put_rows, take_rows
 from .attention import compose_attention, report_plan
-from .plan import AttentionPlan, Composed, Vector, plan_call, validate_attention
+from .plan import AttentionPlan, Composed, Tiled, Vector, plan_call, validate_attention
 
 
 def _check_pool(op: str, what: str, pool: Tensor) -> None:
@@ -76,12 +77,16 @@ def paged_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: T
     if isinstance(plan.kernel, Vector) and (reason := paged_unsupported(head_dim, block_size)) is not None:
         plan = AttentionPlan(Composed(), 0, 0, False, reason)
     report_plan(op, f"{tuple(q.shape)} over {tuple(k_cache.shape)} pages {dtype_name(dtype)}", q.device, plan)
+    def composition(q, k_pool, v_pool, _mask, sinks):
+        return _paged_composition(q, k_pool, v_pool, block_ids, lengths, scale, sinks, window)
     if isinstance(plan.kernel, Vector):
-        def composition(q, k_pool, v_pool, _mask, sinks):
-            return _paged_composition(q, k_pool, v_pool, block_ids, lengths, scale, sinks, window)
         return decode_attention(q, k_cache, v_cache, scale, plan.kernel, dtype=dtype, backend=target.backend, causal=True,
                                 window=call.window, mask=None, sinks=sinks, paged=(block_ids, lengths, block_size),
                                 composition=composition)
+    if isinstance(plan.kernel, Tiled):
+        return prefill_attention(q, k_cache, v_cache, scale, plan.kernel, dtype=dtype, backend=target.backend, causal=True,
+                                 window=call.window, mask=None, sinks=sinks, paged=(block_ids, lengths, block_size),
+                                 composition=composition)
     return _paged_composition(q.cast(dtype), k_cache.cast(dtype), v_cache.cast(dtype), block_ids, lengths, scale, sinks,
                               window)
 

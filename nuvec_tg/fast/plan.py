@@ -38,13 +38,11 @@ from tinygrad.dtype import DType
 
 from .. import kernels
 from ..kernels.attention import Vector, decode_metal_resources, decode_plan, decode_unsupported
+from ..kernels.prefill import PREFILL_HEADS, Tiled
+from ..kernels.prefill import plan as prefill_plan
+from ..kernels.prefill import unsupported as prefill_unsupported
 from ..kernels.program import metal_limit_reason
 from ..tensor import check, check_floating, check_int, check_tensor, dtype_name, is_floating, promote_types
-
-
-@dataclass(frozen=True)
-class Tiled:
-    """The tiled prefill kernel."""
 
 
 @dataclass(frozen=True)
@@ -100,6 +98,7 @@ class AttentionCall:
     sinks: bool
     window: int | None   # None: no window (or one covering every key)
     max_score_bytes: int | None
+    mask_copy_bytes: int = 0  # an array mask's copy for the kernels (booleans as bytes, another dtype cast)
 
     @property
     def group(self) -> int:
@@ -151,6 +150,7 @@ def validate_attention(op: str, q_shape, k_shape, v_shape, dtype: DType, mask, s
           f"incompatible shapes q {q_shape}, k {k_shape} and v {v_shape}")
     check(hkv > 0 and hq % hkv == 0, op, f"the query heads ({hq}) must be a multiple of the key heads ({hkv})")
     check_floating(op, "q, k and v (promoted)", dtype)
+    mask_copy_bytes = 0
     if mask is None:
         mask_kind = "none"
     elif isinstance(mask, str):
@@ -166,6 +166,9 @@ def validate_attention(op: str, q_shape, k_shape, v_shape, dtype: DType, mask, s
             if not is_floating(mask.dtype) or promote_types(mask.dtype, dtype) != dtype:
                 raise TypeError(f"{op}: an additive mask must be a float dtype that promotes to {dtype}, got {mask.dtype}")
         mask_kind = "array"
+        count = 1
+        for size in mask.shape: count *= size
+        mask_copy_bytes = count if mask.dtype == dtypes.bool else 0 if mask.dtype == dtype else count * dtype.itemsize
     if sinks is not None:
         check_tensor(op, "sinks", sinks)
         check(sinks.ndim == 1 and sinks.shape[0] == hq, op, f"sinks must be [{hq}], got shape {tuple(sinks.shape)}")
@@ -177,7 +180,8 @@ def validate_attention(op: str, q_shape, k_shape, v_shape, dtype: DType, mask, s
         if window >= lk:
             window = None  # every key a query can see is in its window: plain causal
     if max_score_bytes is not None: check_int(op, "max_score_bytes", max_score_bytes, 0)
-    return AttentionCall(b, hq, hkv, lq, lk, d, dv, dtype, mask_kind, sinks is not None, window, max_score_bytes)
+    return AttentionCall(b, hq, hkv, lq, lk, d, dv, dtype, mask_kind, sinks is not None, window, max_score_bytes,
+                         mask_copy_bytes)
 
 
 # ---- routing ---------------------------------------------------------------------------------
@@ -204,12 +208,17 @@ def _vector_route(call: AttentionCall, target: PlanTarget) -> Vector | str:
     return vector
 
 
-# Why the `Tiled` and `BlockedD512` routes run a composition until the tiled prefill kernel lands.
-NO_TILED_KERNEL = "the tiled kernel has not landed"
+# Why the `BlockedD512` route runs blocks of the composition.
+NO_D512_KERNEL = "head size 512 has no tiled kernel (the composition in blocks of rows)"
 
 
-def _tiled_route(call: AttentionCall) -> bool:
+def _tiled_route(call: AttentionCall, target: PlanTarget) -> bool:
+    """Whether a prefill call (more than 8 queries) takes the tiled kernel's route: on CUDA every
+    head size the kernel takes; on Metal MLX's rules (its kernel's head sizes; 192 only above 8 GiB
+    of scores, 256 above that or causal with `Lq >= 1024` and `Lk <= 8192`; no causal call with
+    `Lq > Lk`)."""
     d = call.head_dim
+    if target.backend == "cuda": return (d, call.v_head_dim) in PREFILL_HEADS
     if (d, call.v_head_dim) not in _TILED_HEADS or (call.mask == "causal" and call.q_len > call.k_len):
         return False
     huge = call.batch * call.q_heads * call.q_len * call.k_len * call.dtype.itemsize > _HUGE_SCORES
@@ -259,7 +268,7 @@ def plan_call(call: AttentionCall, target: PlanTarget, op: str = "plan_attention
         vector = _vector_route(call, target)
         if isinstance(vector, Vector):
             partials = call.batch * call.q_heads * call.q_len * vector.blocks * (call.v_head_dim + 2) * 4
-            return AttentionPlan(vector, partials if vector.passes == 2 else 0, 0, False)
+            return AttentionPlan(vector, (partials if vector.passes == 2 else 0) + call.mask_copy_bytes, 0, False)
         reason = vector
     elif _blocked_d512(call):
         rows, capped = _BLOCKED_D512_ROWS, False
@@ -268,10 +277,12 @@ def plan_call(call: AttentionCall, target: PlanTarget, op: str = "plan_attention
             rows, capped = rows // 2, True
         if call.max_score_bytes is None or call.score_bytes(rows) <= call.max_score_bytes:
             return AttentionPlan(BlockedD512(rows), _composed_scratch(call, rows), call.score_bytes(rows), capped,
-                                 NO_TILED_KERNEL)
+                                 NO_D512_KERNEL)
         reason = f"max_score_bytes {call.max_score_bytes} is below {_BLOCKED_D512_MIN_ROWS} rows' scores"
-    elif _tiled_route(call):
-        return AttentionPlan(Tiled(), 0, 0, False, NO_TILED_KERNEL)
+    elif _tiled_route(call, target):
+        reason = prefill_unsupported(call.head_dim, call.v_head_dim, call.dtype, target)
+        if reason is None:
+            return AttentionPlan(prefill_plan(target.backend, call.head_dim, call.v_head_dim), call.mask_copy_bytes, 0, False)
     else:
         reason = f"{call.q_len} queries of head sizes D {call.head_dim} / DV {call.v_head_dim} have no tiled route"
     rows, capped = _composed_rows(call, op)

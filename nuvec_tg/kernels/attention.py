@@ -432,30 +432,22 @@ def decode_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, vector: Vect
     length_scalars: list[UOp] = []
     length_params: list[Param] = []
     length = "ints"
-    key_of = value_of = _whole
+    key_of = value_of = whole
     if paged is None:
-        keys, values = k.cast(dtype), v.cast(dtype)
-        key_view, value_view = cache_view(keys), cache_view(values)
-        key_of, value_of = _logical(key_view, keys), _logical(value_view, values)
-        ins += [key_view.base, value_view.base]
-        runtime += [key_view.offset, value_view.offset, kv_heads * key_view.capacity * head_dim,
-                    key_view.capacity * head_dim, kv_heads * value_view.capacity * value_dim,
-                    value_view.capacity * value_dim]
+        buffers, strides, key_of, value_of = kv_buffers(k, v, dtype)
+        ins += buffers
+        runtime += strides
         if not isinstance(k.shape[2], int): length = _length_expression(k.shape[2], length_scalars, length_params)
     else:
         block_tables, lengths, page = paged
         ins += [k.cast(dtype), v.cast(dtype)]
         runtime += [block_tables.shape[1], k.shape[0]]
     if mask is not None:
-        mask = mask.reshape((1,) * (4 - mask.ndim) + tuple(mask.shape))
-        strides, running = [], 1
-        for size in reversed(mask.shape):  # key, query, head, batch
-            strides.append(0 if size == 1 else running)
-            running *= size
-        ins.append(mask.cast(dtypes.uint8) if mask_kind == 1 else mask.cast(dtype))
+        mask, strides = mask_buffer(mask, dtype)
+        ins.append(mask)
         runtime += strides
     if sinks is not None: ins.append(sinks.cast(dtype))
-    backward = _backward(composition, tuple(ins), key_of, value_of, mask_kind, sinks is not None)
+    backward = attention_backward(composition, tuple(ins), key_of, value_of, mask_kind, sinks is not None)
     if paged is not None: ins += [block_tables, lengths]
     if window is not None: runtime.append(window)
     if length == "ints" and paged is None: runtime.append(k.shape[2])
@@ -485,12 +477,37 @@ def decode_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, vector: Vect
     return launch(programs[1], device, [out], merge_ins, (rows, 1, 1), spec.merge_threads(), backward=backward, label=label)[0]
 
 
-def _backward(composition: Callable | None, inputs: tuple[Tensor, ...], key_of: Callable, value_of: Callable, mask_kind: int,
-              sinks: bool) -> Backward | None:
-    """The kernels' backward: the gradient of `composition(q, k, v, mask, sinks)` in q, k, v and the
-    sinks, from the call's inputs `(q, k or its cache, v or its cache[, mask][, sinks])`; `key_of`
-    and `value_of` give the call's keys and values from what the kernel reads, and a boolean mask
-    (passed as bytes) is read back as bool."""
+def kv_buffers(k: Tensor, v: Tensor, dtype: DType) -> tuple[list[Tensor], list[int], Callable, Callable]:
+    """K and V `[B, Hkv, Lk, D|DV]` as the kernels read them: their buffers in `dtype` (where one is a
+    slice of a longer cache along the sequence, that cache, read in place), their runtime integers
+    (`k_offset, v_offset, k_batch_stride, k_head_stride, v_batch_stride, v_head_stride`), and how
+    the composition sees K and V from those buffers (`key_of`, `value_of`)."""
+    kv_heads, head_dim, value_dim = k.shape[1], k.shape[3], v.shape[3]
+    keys, values = k.cast(dtype), v.cast(dtype)
+    key_view, value_view = cache_view(keys), cache_view(values)
+    strides = [key_view.offset, value_view.offset, kv_heads * key_view.capacity * head_dim, key_view.capacity * head_dim,
+               kv_heads * value_view.capacity * value_dim, value_view.capacity * value_dim]
+    return [key_view.base, value_view.base], strides, _logical(key_view, keys), _logical(value_view, values)
+
+
+def mask_buffer(mask: Tensor, dtype: DType) -> tuple[Tensor, list[int]]:
+    """An array mask as the kernels read it (a boolean one as bytes, an additive one in `dtype`) and
+    its element strides over `[B, Hq, Lq, Lk]` in the order key, query, head, batch (0 where it
+    broadcasts)."""
+    mask = mask.reshape((1,) * (4 - mask.ndim) + tuple(mask.shape))
+    strides, running = [], 1
+    for size in reversed(mask.shape):
+        strides.append(0 if size == 1 else running)
+        running *= size
+    return (mask.cast(dtypes.uint8) if mask.dtype == dtypes.bool else mask.cast(dtype)), strides
+
+
+def attention_backward(composition: Callable | None, inputs: tuple[Tensor, ...], key_of: Callable, value_of: Callable,
+                       mask_kind: int, sinks: bool) -> Backward | None:
+    """The attention kernels' backward: the gradient of `composition(q, k, v, mask, sinks)` in q, k, v
+    and the sinks, from the call's inputs `(q, k or its cache, v or its cache[, mask][, sinks])`;
+    `key_of` and `value_of` give the call's keys and values from what the kernel reads, and a
+    boolean mask (passed as bytes) is read back as bool."""
     if composition is None: return None
 
     def composed(q: Tensor, k_base: Tensor, v_base: Tensor, *rest: Tensor) -> Tensor:
@@ -499,12 +516,13 @@ def _backward(composition: Callable | None, inputs: tuple[Tensor, ...], key_of: 
     return Backward("scaled_dot_product_attention", composed, inputs, wrt=(0, 1, 2) + ((len(inputs) - 1,) if sinks else ()))
 
 
-def _whole(base: Tensor) -> Tensor:
+def whole(base: Tensor) -> Tensor:
+    """A kernel's K or V argument as the composition sees it: itself (not a slice of a cache)."""
     return base
 
 
 def _logical(view: CacheView, t: Tensor) -> Callable[[Tensor], Tensor]:
     """How the composition sees `t` (K or V in the call's dtype) from the kernel's argument: the
     argument itself, or the slice of the cache it views."""
-    if view.base is t: return _whole
+    if view.base is t: return whole
     return lambda base: base[:, :, view.offset:view.offset + t.shape[2]]

@@ -124,10 +124,9 @@ def copy_bytes(k: int) -> int:
 
 def gemm_metal_resources(tiles: Tiles) -> Resources:
     """gemm's threadgroup on Metal: its float tiles of x and w (`x_tile`, `w_tile`: GEMM_TILE_LD
-    floats a row) and each SIMD group's 16 x 8 float scratch (`out_tile`)."""
+    floats a row)."""
     return Resources(tiles.threads, threadgroup_array(tiles.rows * GEMM_TILE_LD, 4)
-                     + threadgroup_array(tiles.columns * GEMM_TILE_LD, 4)
-                     + threadgroup_array(tiles.warps_m * tiles.warps_n * 16 * 8, 4))
+                     + threadgroup_array(tiles.columns * GEMM_TILE_LD, 4))
 
 
 def route(x_dtype: DType, w_dtype: DType, bias_dtype: DType | None, out_dtype: DType, rows: int, k: int, n: int,

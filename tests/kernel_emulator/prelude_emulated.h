@@ -150,32 +150,69 @@ inline void async_commit() {}
 inline void prefetch_l2(const void* at, int bytes) { check_read(at, bytes); }  // a hint: only its range is checked
 #define async_wait(n)
 #ifdef METAL_TILES
-// A simdgroup matrix belongs to the whole SIMD group: here every lane holds all of it (the lanes
-// load the same elements), and a store writes each element from one lane.
-struct TileAcc { float v[16][8]; };
-inline void tile_zero(TileAcc& acc) { for (auto& row : acc.v) for (float& v : row) v = 0.0f; }
-template <typename T> struct TileA { float v[16][16]; };
-template <typename T> struct TileB { float v[8][16]; };  // B's transpose: 8 rows of 16
-inline void load_tile_a(TileA<float>& tile, const float* a, int lda, int lane) {
-  for (int r = 0; r < 16; r++) for (int c = 0; c < 16; c++) tile.v[r][c] = a[r * lda + c];
+// The Metal prelude's tiles: a lane's elements of each 8 x 8 simdgroup matrix (row frag_row,
+// columns frag_col and + 1), the multiply gathering every lane's (mma_emulated_metal, the runner's).
+void mma_emulated_metal(float* acc, const float* a, const float* b);
+inline int frag_row(int lane) { return ((lane / 4) & 4) + (lane / 2) % 4; }
+inline int frag_col(int lane) { return ((lane / 4) & 2) * 2 + (lane % 2) * 2; }
+#define ROW_PEER_A 1
+#define ROW_PEER_B 8
+struct TileAcc { float v[4]; };
+template <typename T> struct TileA { float v[8]; };
+template <typename T> struct TileB { float v[4]; };
+inline void tile_zero(TileAcc& acc) { acc.v[0] = acc.v[1] = acc.v[2] = acc.v[3] = 0.0f; }
+template <typename U, typename T> inline void load_tile_a(TileA<T>& tile, const U* a, int lda, int lane) {
+  const int r = frag_row(lane), c = frag_col(lane);
+  for (int part = 0; part < 4; part++) {
+    const U* at = a + (r + 8 * (part % 2)) * lda + c + 8 * (part / 2);
+    tile.v[2 * part] = to_float(at[0]);
+    tile.v[2 * part + 1] = to_float(at[1]);
+  }
 }
-inline void load_tile_b(TileB<float>& tile, const float* b, int ldb, int lane) {
-  for (int r = 0; r < 8; r++) for (int c = 0; c < 16; c++) tile.v[r][c] = b[r * ldb + c];
+template <typename U, typename T> inline void load_tile_b(TileB<T>& tile, const U* b, int ldb, int lane) {
+  const int k = frag_row(lane), n = frag_col(lane);
+  for (int part = 0; part < 2; part++) {
+    tile.v[2 * part] = to_float(b[n * ldb + k + 8 * part]);
+    tile.v[2 * part + 1] = to_float(b[(n + 1) * ldb + k + 8 * part]);
+  }
 }
-inline void tile_mma(TileAcc& acc, const TileA<float>& a, const TileB<float>& b) {
-  for (int i = 0; i < 16; i++)
-    for (int j = 0; j < 8; j++) {
-      float sum = acc.v[i][j];
-      for (int k = 0; k < 16; k++) sum += a.v[i][k] * b.v[j][k];
-      acc.v[i][j] = sum;
-    }
+template <typename U, typename T> inline void load_tile_b2(TileB<T>& b0, TileB<T>& b1, const U* b, int ldb, int lane) {
+  load_tile_b(b0, b, ldb, lane);
+  load_tile_b(b1, b + 8 * ldb, ldb, lane);
+}
+template <typename U, typename T> inline void load_tile_b_rows(TileB<T>& tile, const U* b, int ldb, int lane) {
+  const int k = frag_row(lane), n = frag_col(lane);
+  for (int part = 0; part < 2; part++) {
+    tile.v[2 * part] = to_float(b[(k + 8 * part) * ldb + n]);
+    tile.v[2 * part + 1] = to_float(b[(k + 8 * part) * ldb + n + 1]);
+  }
+}
+template <typename U, typename T> inline void load_tile_b2_rows(TileB<T>& b0, TileB<T>& b1, const U* b, int ldb, int lane) {
+  load_tile_b_rows(b0, b, ldb, lane);
+  load_tile_b_rows(b1, b + 8, ldb, lane);
+}
+template <typename T> inline void tile_mma(TileAcc& acc, const TileA<T>& a, const TileB<T>& b) { mma_emulated_metal(acc.v, a.v, b.v); }
+template <typename T> inline void tile_a_from_acc(TileA<T>& tile, const TileAcc& left, const TileAcc& right) {
+  for (int e = 0; e < 4; e++) {
+    tile.v[e] = left.v[e];
+    tile.v[4 + e] = right.v[e];
+  }
 }
 inline void to_tile(float value, float* at) { *at = value; }
 template <typename T> inline void to_tile2(float low, float high, T* at) { to_tile(low, at); to_tile(high, at + 1); }
+template <typename T> inline void store_pair(float low, float high, T* at) { from_float(low, at); from_float(high, at + 1); }
 inline void tile_store(const TileAcc& acc, float* out, int ld, int lane) {
-  for (int e = lane; e < 16 * 8; e += 32) out[e / 8 * ld + e % 8] = acc.v[e / 8][e % 8];
+  const int r = frag_row(lane), c = frag_col(lane);
+  out[r * ld + c] = acc.v[0];
+  out[r * ld + c + 1] = acc.v[1];
+  out[(r + 8) * ld + c] = acc.v[2];
+  out[(r + 8) * ld + c + 1] = acc.v[3];
 }
 #else
+inline int frag_row(int lane) { return lane / 4; }
+inline int frag_col(int lane) { return 2 * (lane % 4); }
+#define ROW_PEER_A 1
+#define ROW_PEER_B 2
 struct TileAcc { float v[4]; };
 inline void tile_zero(TileAcc& acc) { acc.v[0] = acc.v[1] = acc.v[2] = acc.v[3] = 0.0f; }
 template <typename T> struct TileA { uint r[4]; };
@@ -192,24 +229,48 @@ template <typename T> inline void load_tile_b(TileB<T>& tile, const T* b, int ld
   std::memcpy(&tile.r[0], b + g * ldb + 2 * c, 4);
   std::memcpy(&tile.r[1], b + g * ldb + 2 * c + 8, 4);
 }
-// ldmatrix from each lane's row address (the CUDA prelude's): the SIMD group's addresses are
-// exchanged, as the hardware gathers them (`ldmatrix_emulated`, the runner's).
+template <typename T> inline void load_tile_b2(TileB<T>& b0, TileB<T>& b1, const T* b, int ldb, int lane) {
+  load_tile_b(b0, b, ldb, lane);
+  load_tile_b(b1, b + 8 * ldb, ldb, lane);
+}
+// ldmatrix's transpose: a lane's word holds B[2c][g] (low half) and B[2c + 1][g].
+template <typename T> inline uint column_pair(const T* b, int ldb, int k, int n) {
+  T pair[2] = {b[k * ldb + n], b[(k + 1) * ldb + n]};
+  uint word;
+  std::memcpy(&word, pair, 4);
+  return word;
+}
+template <typename T> inline void load_tile_b_rows(TileB<T>& tile, const T* b, int ldb, int lane) {
+  const int g = lane / 4, c = lane % 4;
+  tile.r[0] = column_pair(b, ldb, 2 * c, g);
+  tile.r[1] = column_pair(b, ldb, 2 * c + 8, g);
+}
+template <typename T> inline void load_tile_b2_rows(TileB<T>& b0, TileB<T>& b1, const T* b, int ldb, int lane) {
+  load_tile_b_rows(b0, b, ldb, lane);
+  load_tile_b_rows(b1, b + 8, ldb, lane);
+}
+// ldmatrix from each lane's row address (the CUDA prelude's `_at` loads): the SIMD group's
+// addresses exchanged, as the hardware gathers them (`ldmatrix_emulated`, the runner's).
 void ldmatrix_emulated(uint* registers, int count, const void* row);
-template <typename T> inline void load_tile_a_rows(TileA<T>& tile, const T* row) { ldmatrix_emulated(tile.r, 4, row); }
-template <typename T> inline void load_tile_b_pair_rows(TileB<T>& first, TileB<T>& second, const T* row) {
+template <typename T> inline void load_tile_a_at(TileA<T>& tile, const T* row) { ldmatrix_emulated(tile.r, 4, row); }
+template <typename T> inline void load_tile_b2_at(TileB<T>& b0, TileB<T>& b1, const T* row) {
   uint r[4];
   ldmatrix_emulated(r, 4, row);
-  first.r[0] = r[0]; first.r[1] = r[1]; second.r[0] = r[2]; second.r[1] = r[3];
+  b0.r[0] = r[0]; b0.r[1] = r[1]; b1.r[0] = r[2]; b1.r[1] = r[3];
 }
-inline int tile_pair_row(int p, int lane) { return lane / 4 + 8 * p; }
-inline int tile_pair_column(int lane) { return 2 * (lane % 4); }
-inline float tile_pair_value(const TileAcc& acc, int p, int i) { return acc.v[2 * p + i]; }
 template <typename T> inline void tile_mma(TileAcc& acc, const TileA<T>& a, const TileB<T>& b) {
   mma_emulated(acc.v, a.r, b.r[0], b.r[1], !__is_same(T, half));
+}
+template <typename T> inline void tile_a_from_acc(TileA<T>& tile, const TileAcc& left, const TileAcc& right) {
+  tile.r[0] = pack_pair(left.v[0], left.v[1], T());
+  tile.r[1] = pack_pair(left.v[2], left.v[3], T());
+  tile.r[2] = pack_pair(right.v[0], right.v[1], T());
+  tile.r[3] = pack_pair(right.v[2], right.v[3], T());
 }
 inline void to_tile(float value, bfloat* at) { from_float(value, at); }
 inline void to_tile(float value, half* at) { from_float(value, at); }
 template <typename T> inline void to_tile2(float low, float high, T* at) { to_tile(low, at); to_tile(high, at + 1); }
+template <typename T> inline void store_pair(float low, float high, T* at) { from_float(low, at); from_float(high, at + 1); }
 inline void tile_store(const TileAcc& acc, float* out, int ld, int lane) {
   const int g = lane / 4, c = lane % 4;
   out[g * ld + 2 * c] = acc.v[0];

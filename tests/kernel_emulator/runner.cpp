@@ -13,6 +13,7 @@ struct Block {
   std::barrier<>* warps[32];
   float lanes[1024];
   uint mma_a[1024][4], mma_b[1024][2];  // the fragments of each lane's last mma
+  float metal_a[1024][8], metal_b[1024][4];  // the same for Metal's tiles (METAL_TILES)
   bool votes[1024];
   const char* rows[1024];               // each lane's ldmatrix row address
 };
@@ -166,6 +167,30 @@ void ldmatrix_emulated(uint* registers, int count, const void* row) {
   block()->warps[warp]->arrive_and_wait();
   for (int i = 0; i < count; i++) std::memcpy(&registers[i], block()->rows[warp * 32 + 8 * i + lane / 4] + 4 * (lane % 4), 4);
   block()->warps[warp]->arrive_and_wait();
+}
+// Metal's simdgroup multiply on the lanes' fragments (METAL_TILES): each lane holds, of every 8 x 8
+// matrix, row frag_row and columns frag_col, + 1 (the Metal prelude's layout, MLX's).
+void mma_emulated_metal(float* acc, const float* a, const float* b) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  for (int i = 0; i < 8; i++) block()->metal_a[threadIdx.x][i] = a[i];
+  for (int i = 0; i < 4; i++) block()->metal_b[threadIdx.x][i] = b[i];
+  block()->warps[warp]->arrive_and_wait();
+  float A[16][16], B[16][8];
+  for (int l = 0; l < 32; l++) {
+    const int r = ((l / 4) & 4) + (l / 2) % 4, c = ((l / 4) & 2) * 2 + (l % 2) * 2, at = warp * 32 + l;
+    for (int part = 0; part < 4; part++)
+      for (int e = 0; e < 2; e++) A[r + 8 * (part % 2)][c + 8 * (part / 2) + e] = block()->metal_a[at][2 * part + e];
+    for (int part = 0; part < 2; part++)
+      for (int e = 0; e < 2; e++) B[r + 8 * part][c + e] = block()->metal_b[at][2 * part + e];
+  }
+  block()->warps[warp]->arrive_and_wait();
+  const int r = ((lane / 4) & 4) + (lane / 2) % 4, c = ((lane / 4) & 2) * 2 + (lane % 2) * 2;
+  for (int e = 0; e < 4; e++) {
+    const int row = r + 8 * (e / 2), col = c + e % 2;
+    float sum = acc[e];
+    for (int k = 0; k < 16; k++) sum += A[row][k] * B[k][col];
+    acc[e] = sum;
+  }
 }
 void simd_barrier() { block()->warps[threadIdx.x / 32]->arrive_and_wait(); }
 

@@ -12,12 +12,12 @@
 // stored in an order swizzled by the row (`swizzled`): the eight rows one ldmatrix reads at a
 // piece, and the pieces that eight consecutive threads copy, fall in distinct banks without
 // padding (3 stages of 128 x 128 tiles are 48 KB, the most a kernel may declare statically).
-// Each lane gives ldmatrix its own row's address (`load_tile_a_rows`), and the epilogue writes
-// each lane's accumulator pairs straight to y.
+// Each lane gives ldmatrix its own row's address (`load_tile_a_at`, `load_tile_b2_at`).
 // Metal (no MMA_DIRECT): copies are plain loads, so staging buys nothing: every thread widens its
 // pieces of x and w from device memory into float tiles (TILE_LD floats a row: padding against
-// bank conflicts), simdgroup matrices multiply them, and each 16 x 8 result goes out through its
-// SIMD group's scratch.
+// bank conflicts), and simdgroup matrices multiply them.
+// Both write each lane's accumulator elements (`frag_row`, `frag_col`) straight to y, in pairs
+// where N is even.
 //
 // Bits. Every element of y sums its K products in one order, the matrix units' steps of 16 along
 // K in increasing order into one float32 accumulator, whatever the tile shape, the grid or M; the
@@ -154,9 +154,9 @@ INLINE void copy_piece(THREADGROUP_PTR TX* to, const DEVICE TX* from, const DEVI
       TileA<TileT> a[MI];
       TileB<TileT> b[NI];
 #pragma unroll
-      for (int mi = 0; mi < MI; mi++) load_tile_a_rows(a[mi], x_tile + (warp_m + 16 * mi) * BK + a_lane[h]);
+      for (int mi = 0; mi < MI; mi++) load_tile_a_at(a[mi], x_tile + (warp_m + 16 * mi) * BK + a_lane[h]);
 #pragma unroll
-      for (int ni = 0; ni < NI; ni += 2) load_tile_b_pair_rows(b[ni], b[ni + 1], w_tile + (warp_n + 8 * ni) * BK + b_lane[h]);
+      for (int ni = 0; ni < NI; ni += 2) load_tile_b2_at(b[ni], b[ni + 1], w_tile + (warp_n + 8 * ni) * BK + b_lane[h]);
 #pragma unroll
       for (int mi = 0; mi < MI; mi++)
 #pragma unroll
@@ -164,35 +164,9 @@ INLINE void copy_piece(THREADGROUP_PTR TX* to, const DEVICE TX* from, const DEVI
     }
   }
   async_wait(0);  // only empty groups are left: none outlives the kernel
-
-  // Each lane's pairs of y, the bias added in float32, rounded once.
-#pragma unroll
-  for (int ni = 0; ni < NI; ni++) {
-    const int column = n_first + warp_n + 8 * ni + tile_pair_column(lane);
-#if BIAS
-    const float bias_pair[2] = {column < n_size ? to_float(bias[column]) : 0.0f,
-                                column + 1 < n_size ? to_float(bias[column + 1]) : 0.0f};
-#endif
-#pragma unroll
-    for (int mi = 0; mi < MI; mi++)
-#pragma unroll
-      for (int p = 0; p < 2; p++) {
-        const int row = m_first + warp_m + 16 * mi + tile_pair_row(p, lane);
-#pragma unroll
-        for (int i = 0; i < 2; i++) {
-          if (row >= m_size || column + i >= n_size) continue;
-          float value = tile_pair_value(acc[mi][ni], p, i);
-#if BIAS
-          value += bias_pair[i];
-#endif
-          from_float(value, &y[(size_t)row * n_size + column + i]);
-        }
-      }
-  }
 #else
   THREADGROUP TileT x_tile[BM * TILE_LD];
   THREADGROUP TileT w_tile[BN * TILE_LD];
-  THREADGROUP float out_tile[WARPS_M * WARPS_N * 16 * 8];
   for (int step = 0; step < steps; step++) {
     // Every SIMD group is done with the step before's tiles; this thread's pieces of x and w are
     // widened into them (zeros past M, N or K).
@@ -223,26 +197,35 @@ INLINE void copy_piece(THREADGROUP_PTR TX* to, const DEVICE TX* from, const DEVI
         for (int ni = 0; ni < NI; ni++) tile_mma(acc[mi][ni], a[mi], b[ni]);
     }
   }
+#endif
 
-  // Each 16 x 8 tile through the SIMD group's scratch, then out: the bias added in float32, rounded once.
-  THREADGROUP_PTR float* scratch = out_tile + warp * 16 * 8;
+  // Each lane's elements of y (rows frag_row and + 8, columns frag_col and + 1 of each 16 x 8 tile),
+  // the bias added in float32, rounded once; a pair in one store where N is even (then aligned).
+  const int lane_row = frag_row(lane), lane_column = frag_col(lane);
 #pragma unroll
-  for (int mi = 0; mi < MI; mi++) {
-#pragma unroll
-    for (int ni = 0; ni < NI; ni++) {
-      tile_store(acc[mi][ni], scratch, 8, lane);
-      simd_barrier();
-#pragma unroll
-      for (int i = 0; i < 4; i++) {
-        const int index = lane + 32 * i, row = m_first + warp_m + 16 * mi + index / 8, column = n_first + warp_n + 8 * ni + index % 8;
-        if (row >= m_size || column >= n_size) continue;
-        float value = scratch[index];
+  for (int ni = 0; ni < NI; ni++) {
+    const int column = n_first + warp_n + 8 * ni + lane_column;
 #if BIAS
-        value += to_float(bias[column]);
+    const float bias_pair[2] = {column < n_size ? to_float(bias[column]) : 0.0f,
+                                column + 1 < n_size ? to_float(bias[column + 1]) : 0.0f};
 #endif
-        from_float(value, &y[(size_t)row * n_size + column]);
+#pragma unroll
+    for (int mi = 0; mi < MI; mi++)
+#pragma unroll
+      for (int half_tile = 0; half_tile < 2; half_tile++) {
+        const int row = m_first + warp_m + 16 * mi + lane_row + 8 * half_tile;
+        if (row >= m_size) continue;
+        float low = acc[mi][ni].v[2 * half_tile], high = acc[mi][ni].v[2 * half_tile + 1];
+#if BIAS
+        low += bias_pair[0];
+        high += bias_pair[1];
+#endif
+        DEVICE TY* out = y + (size_t)row * n_size + column;
+        if (n_size % 2 == 0 && column + 1 < n_size) {
+          store_pair(low, high, out);
+        } else {
+          if (column < n_size) from_float(low, out);
+          if (column + 1 < n_size) from_float(high, out + 1);
+        }
       }
-      simd_barrier();
-    }
   }
-#endif

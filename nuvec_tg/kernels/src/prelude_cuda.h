@@ -154,26 +154,39 @@ template <typename T> INLINE void load_tile_b(TileB<T>& tile, const T* b, int ld
   const unsigned at = (unsigned)__cvta_generic_to_shared(b + (lane % 8) * ldb + ((lane / 8) % 2) * 8);
   asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];" : "=r"(tile.r[0]), "=r"(tile.r[1]) : "r"(at));
 }
-// The same fragments where the tile's layout is not a row stride (swizzled stage buffers): each
-// lane gives the address of the 16-byte row it supplies to ldmatrix. A (16 x 16): lanes 0-15
-// rows 0-15 at column 0, lanes 16-31 the same rows at column 8. A pair of B tiles (16 rows of w,
-// the first tile's 8 then the second's, 16 columns of k): lanes 0-7 rows 0-7 at column 0, lanes
-// 8-15 the same rows at column 8, lanes 16-31 rows 8-15 likewise.
-template <typename T> INLINE void load_tile_a_rows(TileA<T>& tile, const T* row) {
+// Two 16 x 8 tiles B at once (ldmatrix.x4): B0 from the 8 rows at `b`, B1 from the 8 after them.
+template <typename T> INLINE void load_tile_b2(TileB<T>& b0, TileB<T>& b1, const T* b, int ldb, int lane) {
+  const unsigned at = (unsigned)__cvta_generic_to_shared(b + ((lane % 8) + 8 * (lane / 16)) * ldb + ((lane / 8) % 2) * 8);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(b0.r[0]), "=r"(b0.r[1]), "=r"(b1.r[0]), "=r"(b1.r[1]) : "r"(at));
+}
+// B's fragments from B itself rather than its transpose: 16 rows (k) of 8 columns (n) at `b`, row
+// stride ldb (ldmatrix's transpose hands each lane B's column g at k 2c, 2c + 1 and 2c + 8, 2c + 9);
+// load_tile_b2_rows: two such tiles side by side, B0 at columns 0-7 and B1 at 8-15.
+template <typename T> INLINE void load_tile_b_rows(TileB<T>& tile, const T* b, int ldb, int lane) {
+  const unsigned at = (unsigned)__cvta_generic_to_shared(b + (lane % 16) * ldb);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];" : "=r"(tile.r[0]), "=r"(tile.r[1]) : "r"(at));
+}
+template <typename T> INLINE void load_tile_b2_rows(TileB<T>& b0, TileB<T>& b1, const T* b, int ldb, int lane) {
+  const unsigned at = (unsigned)__cvta_generic_to_shared(b + (lane % 16) * ldb + (lane / 16) * 8);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(b0.r[0]), "=r"(b0.r[1]), "=r"(b1.r[0]), "=r"(b1.r[1]) : "r"(at));
+}
+// The same fragments where the tile's layout is not a row stride (swizzled stage buffers, gemm.h):
+// each lane gives the address of the 16-byte row it supplies to ldmatrix. A (16 x 16): lanes 0-15
+// rows 0-15 at column 0, lanes 16-31 the same rows at column 8. Two B tiles (16 rows of B's
+// transpose, B0's 8 then B1's, 16 columns of k): lanes 0-7 rows 0-7 at column 0, lanes 8-15 the
+// same rows at column 8, lanes 16-31 rows 8-15 likewise.
+template <typename T> INLINE void load_tile_a_at(TileA<T>& tile, const T* row) {
   const unsigned at = (unsigned)__cvta_generic_to_shared(row);
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
                : "=r"(tile.r[0]), "=r"(tile.r[1]), "=r"(tile.r[2]), "=r"(tile.r[3]) : "r"(at));
 }
-template <typename T> INLINE void load_tile_b_pair_rows(TileB<T>& first, TileB<T>& second, const T* row) {
+template <typename T> INLINE void load_tile_b2_at(TileB<T>& b0, TileB<T>& b1, const T* row) {
   const unsigned at = (unsigned)__cvta_generic_to_shared(row);
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-               : "=r"(first.r[0]), "=r"(first.r[1]), "=r"(second.r[0]), "=r"(second.r[1]) : "r"(at));
+               : "=r"(b0.r[0]), "=r"(b0.r[1]), "=r"(b1.r[0]), "=r"(b1.r[1]) : "r"(at));
 }
-// An accumulator's elements where the lane holds them (the mma's C fragment): pair p (0 or 1) is
-// row lane / 4 + 8 p, columns 2 (lane % 4) and the next (for an epilogue straight from registers).
-INLINE int tile_pair_row(int p, int lane) { return lane / 4 + 8 * p; }
-INLINE int tile_pair_column(int lane) { return 2 * (lane % 4); }
-INLINE float tile_pair_value(const TileAcc& acc, int p, int i) { return acc.v[2 * p + i]; }
 INLINE void tile_mma(TileAcc& acc, const TileA<bfloat>& a, const TileB<bfloat>& b) { mma_bf16(acc.v, a.r, b.r[0], b.r[1]); }
 INLINE void tile_mma(TileAcc& acc, const TileA<half>& a, const TileB<half>& b) { mma_f16(acc.v, a.r, b.r[0], b.r[1]); }
 // A float into a tile element (rounded to nearest).
@@ -182,6 +195,25 @@ INLINE void to_tile(float value, half* at) { *at = __float2half_rn(value); }
 // Two floats into consecutive tile elements (4-byte aligned), each rounded to nearest.
 INLINE void to_tile2(float low, float high, bfloat* at) { *(__nv_bfloat162*)at = __floats2bfloat162_rn(low, high); }
 INLINE void to_tile2(float low, float high, half* at) { *(__half2*)at = __floats2half2_rn(low, high); }
+// A lane's elements of an accumulator (the kernels that read them: sdpa_prefill.h): acc.v[e] is
+// row frag_row(lane) + 8 * (e / 2), column frag_col(lane) + e % 2 of the 16 x 8 tile; the four
+// lanes holding one row are those `lane ^ ROW_PEER_A`, `lane ^ ROW_PEER_B` and both apart.
+INLINE int frag_row(int lane) { return lane / 4; }
+INLINE int frag_col(int lane) { return 2 * (lane % 4); }
+#define ROW_PEER_A 1
+#define ROW_PEER_B 2
+// A's fragment of the 16 x 16 tile whose columns 0-7 are accumulator `left` and 8-15 `right`,
+// rounded to T (the C fragments of mma are its A fragments' halves: no exchange between lanes).
+template <typename T> INLINE void tile_a_from_acc(TileA<T>& tile, const TileAcc& left, const TileAcc& right) {
+  tile.r[0] = pack_pair(left.v[0], left.v[1], T());
+  tile.r[1] = pack_pair(left.v[2], left.v[3], T());
+  tile.r[2] = pack_pair(right.v[0], right.v[1], T());
+  tile.r[3] = pack_pair(right.v[2], right.v[3], T());
+}
+// Two floats rounded into consecutive elements of device memory (aligned to the pair), one store.
+INLINE void store_pair(float low, float high, bfloat* at) { *(__nv_bfloat162*)at = __floats2bfloat162_rn(low, high); }
+INLINE void store_pair(float low, float high, half* at) { *(__half2*)at = __floats2half2_rn(low, high); }
+INLINE void store_pair(float low, float high, float* at) { *(float2*)at = make_float2(low, high); }
 // The accumulator into 16 x 8 floats of threadgroup memory at `out` (row stride ld).
 INLINE void tile_store(const TileAcc& acc, float* out, int ld, int lane) {
   const int g = lane / 4, c = lane % 4;

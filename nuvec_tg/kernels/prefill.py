@@ -1,0 +1,191 @@
+"""The tiled prefill attention kernel (`src/sdpa_prefill.h`), the attention plan's `Tiled` route:
+FlashAttention-style tiles of query rows against tiles of keys on the matrix units (CUDA mma.sync,
+Metal simdgroup matrices), over contiguous K/V (or slices of longer caches, read in place) or a
+paged pool.
+
+A threadgroup of `warps` SIMD groups serves `warps * row_tiles * 16` query rows of one key head and
+one batch item (the head's grouped query heads packed with the positions); its key tiles hold
+`keys` keys. `plan` chooses these from the head sizes, the dtype and the backend only, never from
+the batch or the lengths, so a row's bits never depend on the call it is in.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+from tinygrad import Tensor, dtypes
+from tinygrad.dtype import DType
+
+from ..tensor import dtype_name
+from . import Target
+from .attention import attention_backward, kv_buffers, mask_buffer, whole
+from .program import CTYPES, Family, Param, Program, Resources, int_buffer, launch, metal_limit_reason, \
+    threadgroup_array
+
+
+@dataclass(frozen=True)
+class Tiled:
+    """The tiled prefill kernel's launch (the attention plan's `Tiled` route): threadgroups of
+    `warps` SIMD groups, each owning `row_tiles` tiles of 16 query rows, over key tiles of `keys`
+    keys."""
+    warps: int
+    row_tiles: int
+    keys: int
+
+    @property
+    def rows(self) -> int:
+        """Query rows (grouped heads x positions) a threadgroup serves."""
+        return self.warps * self.row_tiles * 16
+
+
+# Head sizes (D, DV) the kernel takes: D a multiple of 8 (padded to 16 for the products), DV of 8.
+PREFILL_HEADS = frozenset({(d, d) for d in (64, 72, 80, 96, 128, 192, 256)} | {(96, 64)})
+PREFILL_DTYPES = (dtypes.float16, dtypes.bfloat16)
+
+
+def padded(head_dim: int) -> int:
+    """D rounded up to the 16 features of an mma step."""
+    return -(-head_dim // 16) * 16
+
+
+def plan(backend: str, head_dim: int, value_dim: int) -> Tiled:
+    """The launch for head sizes `(head_dim, value_dim)` on `backend`. CUDA: 4 SIMD groups of one
+    16-row tile each over 64-key tiles up to D 128 (registers: Q's fragments, the output and a
+    tile's scores per lane), 32-key tiles beyond. Metal: 4 SIMD groups (2 for D above 128: Q's
+    staging must fit 32 KB) of one row tile over 32-key tiles (16 above D 128)."""
+    if backend == "cuda":
+        return Tiled(warps=4, row_tiles=1, keys=64 if max(head_dim, value_dim) <= 128 else 32)
+    if max(head_dim, value_dim) <= 128: return Tiled(warps=4, row_tiles=1, keys=32)
+    return Tiled(warps=2, row_tiles=1, keys=16)
+
+
+def threadgroup_bytes(head_dim: int, value_dim: int, dtype: DType, shape: Tiled) -> int:
+    """The kernel's threadgroup memory: one buffer for Q's staging, then K's and V's tiles."""
+    k_line, v_line = padded(head_dim) + 8, value_dim + 8
+    return threadgroup_array(max(shape.rows * k_line, shape.keys * (k_line + v_line)), dtype.itemsize)
+
+
+def metal_resources(head_dim: int, value_dim: int, dtype: DType, shape: Tiled) -> Resources:
+    """The threadgroup on Metal: its threads and its one threadgroup array."""
+    return Resources(shape.warps * 32, threadgroup_bytes(head_dim, value_dim, dtype, shape))
+
+
+def unsupported(head_dim: int, value_dim: int, dtype: DType, target: Target) -> str | None:
+    """Why the tiled kernel does not take a prefill call on `target` (None when it does): head sizes
+    in PREFILL_HEADS, float16 or bfloat16 (float32 composes), a target with matrix units (and bfloat
+    for bfloat16), a threadgroup within an Apple GPU's limits on Metal."""
+    if (head_dim, value_dim) not in PREFILL_HEADS: return f"head sizes D {head_dim} / DV {value_dim} have no tiled kernel"
+    if dtype not in PREFILL_DTYPES: return f"{dtype_name(dtype)} has no tiled kernel (float16 and bfloat16 do; float32 composes)"
+    if (reason := target.lacks(bfloat=dtype == dtypes.bfloat16, matrix_units=True)) is not None: return reason
+    if target.backend == "metal":
+        over = metal_limit_reason(metal_resources(head_dim, value_dim, dtype, plan("metal", head_dim, value_dim)))
+        if over is not None: return f"the tiled kernel's threadgroup would take {over}"
+    return None
+
+
+PREFILL = Family("nuvec_sdpa_prefill", ("sdpa_prefill.h",), unsupported, plan)
+
+
+@dataclass(frozen=True)
+class PrefillSpec:
+    """A specialisation of the tiled kernel: everything its source depends on."""
+    dtype: DType
+    head_dim: int
+    value_dim: int
+    q_heads: int
+    kv_heads: int
+    causal: bool
+    window: bool
+    mask_kind: int   # 0 none, 1 boolean, 2 additive
+    sinks: bool
+    page: int        # the paged block size; 0: contiguous K/V
+    scale: float
+    shape: Tiled
+
+    def runtime_names(self) -> list[str]:
+        """The integers the kernel reads from its `ints` buffer, in order."""
+        names = ["q_len"] + (["max_blocks", "pool_blocks"] if self.page else
+                             ["k_len", "k_offset", "v_offset", "k_batch_stride", "k_head_stride", "v_batch_stride",
+                              "v_head_stride"])
+        if self.mask_kind: names += ["mask_key_stride", "mask_query_stride", "mask_head_stride", "mask_batch_stride"]
+        if self.window: names.append("window")
+        return names
+
+    def params(self) -> list[Param]:
+        """The kernel's parameters in launch order: the output, then its inputs."""
+        ctype = CTYPES[self.dtype]
+        ins = [Param("q", "in", ctype), Param("k", "in", ctype), Param("v", "in", ctype)]
+        if self.mask_kind: ins.append(Param("mask", "in", "unsigned char" if self.mask_kind == 1 else ctype))
+        if self.sinks: ins.append(Param("sinks", "in", ctype))
+        if self.page: ins += [Param("block_tables", "in", "int"), Param("lengths", "in", "int")]
+        return [Param("out", "out", ctype)] + ins + [Param("ints", "in", "int")]
+
+    def program(self, backend: str) -> Program:
+        """The specialisation for `backend`."""
+        group = self.q_heads // self.kv_heads
+        defines = dict(T=CTYPES[self.dtype], D=self.head_dim, DP=padded(self.head_dim), DV=self.value_dim, HQ=self.q_heads,
+                       HKV=self.kv_heads, GQA=group, WARPS=self.shape.warps, ROW_TILES=self.shape.row_tiles,
+                       KEYS=self.shape.keys, CAUSAL=int(self.causal), WINDOW_ON=int(self.window), MASK_KIND=self.mask_kind,
+                       SINKS=int(self.sinks), PAGED=int(self.page > 0), PAGE=max(self.page, 1),
+                       SCALE_LOG2E=f"{self.scale * math.log2(math.e)!r}f",
+                       RUNTIME_INTS="".join(f"const int {name} = ints[{i}]; " for i, name in enumerate(self.runtime_names())))
+        return PREFILL.program(backend, defines, self.params())
+
+    def grid(self, batch: int, q_len: int) -> tuple[int, int, int]:
+        """Threadgroups: the tiles of each key head's `q_len * GQA` rows, the key heads, the batch."""
+        return (-(-q_len * (self.q_heads // self.kv_heads) // self.shape.rows), self.kv_heads, batch)
+
+    def metal_resources(self) -> Resources:
+        return metal_resources(self.head_dim, self.value_dim, self.dtype, self.shape)
+
+
+def describe(shape: Tiled) -> str:
+    """The launch in words, for NUVEC_DEBUG and the launch labels."""
+    return f"{shape.warps} SIMD groups x {shape.row_tiles * 16} rows, {shape.keys}-key tiles"
+
+
+def prefill_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, shape: Tiled, *, dtype: DType, backend: str,
+                      causal: bool, window: int | None, mask: Tensor | None, sinks: Tensor | None,
+                      paged: tuple[Tensor, Tensor, int] | None = None, composition: Callable | None = None) -> Tensor:
+    """Launch the tiled kernel; returns `[B, Hq, Lq, DV]` in `dtype` (float16 or bfloat16).
+
+    q: `[B, Hq, Lq, D]`. Without `paged`, k and v are `[B, Hkv, Lk, D|DV]` (slices of longer caches
+    along the sequence are read in place); with `paged = (block_tables int32 [B, M], lengths int32
+    [B], page)` (tables and lengths as `paged_attention` clamps them: entries are clamped again in
+    the kernel), k and v are pools `[blocks, Hkv, page, D|DV]` and the queries are each sequence's
+    last positions. mask: bool or additive in `dtype`, broadcastable to `[B, Hq, Lq, Lk]`. window:
+    with `causal`. composition: `(q, k, v, mask, sinks) -> out` from tensor operations on the
+    call's own inputs, whose gradient is the kernel's backward.
+    """
+    batch, q_heads, q_len, head_dim = q.shape
+    kv_heads, value_dim = k.shape[1], v.shape[3]
+    if batch > 65535 or kv_heads > 65535:
+        raise ValueError(f"prefill_attention: a batch of {batch} and {kv_heads} key heads exceed the grid's 65535")
+    device = q.device
+    mask_kind = 0 if mask is None else 1 if mask.dtype == dtypes.bool else 2
+    ins = [q.cast(dtype).contiguous()]
+    key_of = value_of = whole
+    if paged is None:
+        buffers, strides, key_of, value_of = kv_buffers(k, v, dtype)
+        ins += buffers
+        runtime = [q_len, k.shape[2], *strides]
+    else:
+        block_tables, lengths, page = paged
+        ins += [k.cast(dtype), v.cast(dtype)]
+        runtime = [q_len, block_tables.shape[1], k.shape[0]]
+    if mask is not None:
+        mask, strides = mask_buffer(mask, dtype)
+        ins.append(mask)
+        runtime += strides
+    if sinks is not None: ins.append(sinks.cast(dtype))
+    backward = attention_backward(composition, tuple(ins), key_of, value_of, mask_kind, sinks is not None)
+    if paged is not None: ins += [block_tables, lengths]
+    if window is not None: runtime.append(window)
+    ins.append(int_buffer(device, tuple(runtime)))
+    spec = PrefillSpec(dtype, head_dim, value_dim, q_heads, kv_heads, causal, window is not None, mask_kind,
+                       sinks is not None, paged[2] if paged is not None else 0, scale, shape)
+    label = f"{backend} {dtype_name(dtype)} D{head_dim}/{value_dim} gqa{q_heads // kv_heads} Lq{q_len} tiled ({describe(shape)})"
+    out = Tensor.empty(batch, q_heads, q_len, value_dim, dtype=dtype, device=device)
+    return launch(spec.program(backend), device, [out], ins, spec.grid(batch, q_len), shape.warps * 32, backward=backward,
+                  label=label)[0]
