@@ -6,8 +6,9 @@
 # `compile` (also first in `tests` and `all` on CUDA; COMPILE_CHECK=0 leaves it out there) compiles
 # every CUDA specialisation the plan can emit with nvrtc as tinygrad does (tools/compile_cuda.py,
 # one line per family) into compile_cuda.log; a failure fails the check, and the tests still run.
-# BENCHMARKS picks the benchmarks (default: attention gated_delta quant), BENCH_ARGS adds options;
-# TUNE picks the sweep for `tune` (default: decode, i.e. tools/tune_decode.py; qmv: tools/tune_qmv.py).
+# BENCHMARKS picks the benchmarks (default: attention gated_delta linear quant), BENCH_ARGS adds options;
+# TUNE picks the sweep for `tune` (default: decode, i.e. tools/tune_decode.py; qmv: tools/tune_qmv.py; linear:
+# tools/tune_linear.py).
 # `sanitize` (not part of `all`) runs tools/sanitize_cases.py under compute-sanitizer, one run per tool in
 # SANITIZE_TOOLS (default: memcheck racecheck initcheck), each stopped after SANITIZE_TIMEOUT seconds
 # (default 170), into sanitize_<tool>.log, then prints a summary line per tool.
@@ -32,7 +33,7 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
   python3 -m pytest -q -m gpu -p no:cacheprovider "$@" tests 2>&1 | tee "$out/gpu_tests.log" || status=1
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
-  for benchmark in ${BENCHMARKS:-attention gated_delta quant}; do
+  for benchmark in ${BENCHMARKS:-attention gated_delta linear quant}; do
     python3 -m nuvec_tg.bench "$benchmark" ${BENCH_ARGS:-} --markdown "$out/$benchmark.md" 2>&1 | tee "$out/bench_$benchmark.log" || status=1
   done
 fi

@@ -1,6 +1,6 @@
 """The specialisations of every kernel family that the plan can emit, rendered for a backend
 through the functions a launch uses (`DecodeSpec.programs`, `gated_delta.program`,
-`quant.qmv_program`, `qvm_program`, `qmm_program`): for the compile checks
+`quant.qmv_program`, `qvm_program`, `qmm_program`, `linear.gemv_program`, `gemm_program`): for the compile checks
 (`tests/test_cuda_check.py`, `tools/compile_cuda.py`).
 
 Each family walks its whole space of specialisations (for attention, what `plan_call` gives over
@@ -27,12 +27,12 @@ from tinygrad import dtypes
 from tinygrad.dtype import DType
 
 from nuvec_tg.fast.plan import PlanTarget, Vector, plan_call, validate_attention
-from nuvec_tg.kernels import gated_delta, prefill, rope, rows, softmax
+from nuvec_tg.kernels import gated_delta, linear, prefill, rope, rows, softmax
 from nuvec_tg.kernels import quant
 from nuvec_tg.kernels.attention import (MATRIX_ROWS, DecodeSpec, default_launch, geometry, matrix_staging_bytes,
                                         paged_unsupported)
 from nuvec_tg.kernels.program import FAMILIES, KERNEL_DTYPES, Param, Program, prelude
-from nuvec_tg.tensor import dtype_name
+from nuvec_tg.tensor import dtype_name, promote_types
 
 
 @dataclass(frozen=True)
@@ -251,6 +251,52 @@ def _qmm_candidates(backend: str) -> Iterator[_Candidate]:
                              ((quant.load_words(bits, k * bits // 32),), (x,)))
 
 
+def gemv_calls() -> Iterator[tuple[DType, DType, DType | None, DType, int, int, int, quant.QmvPlan]]:
+    """gemv's calls by `(x, w, bias, y dtypes, rows, K, N, plan)`, as `linear.route` gives them to
+    the kernel: every dtype of x and w, no bias, a bias of x's dtype or float32 (y their promotion);
+    1-8 rows at K = N = 4096, 1 and 8 at a vocabulary's N (no K split), 1, 3 and 8 rows at K of each
+    narrower piece (4, 2, 1 elements) with N off a SIMD group's columns and below them; the default
+    plan and, for 1 and 8 rows, another."""
+    for x, w in itertools.product(FLOATS, FLOATS):
+        for bias in dict.fromkeys((None, x, dtypes.float32)):
+            out = promote_types(promote_types(x, w), bias or x)
+            for k, n, row_counts in ((4096, 4096, range(1, 9)), (4096, 151936, (1, 8)), (4100, 13, (1, 3, 8)),
+                                     (4098, 3, (1, 3, 8)), (257, 5, (1, 3, 8))):
+                for rows in row_counts:
+                    plans = {linear.gemv_plan(rows, k, n)} | ({quant.QmvPlan(3, 2, 2, 3)} if n > 3 and rows in (1, 8) else set())
+                    for p in sorted(plans, key=str): yield x, w, bias, out, rows, k, n, p
+
+
+def gemm_calls(backend: str) -> Iterator[tuple[DType, DType | None, DType, int, linear.Tiles]]:
+    """gemm's calls on `backend` by `(x and w dtype, bias dtype, y dtype, K, tiles)`: both 16-bit
+    types, no bias or a bias of each kernel dtype (y their promotion), K of each copy width (16, 8
+    and 4 bytes; on Metal an odd K too, read element by element), each tile shape the plan emits."""
+    tiles = (linear.GEMM_SMALL, linear.GEMM_LARGE) if backend == "cuda" else (linear.GEMM_METAL,)
+    for dtype, bias, k, shape in itertools.product((dtypes.float16, dtypes.bfloat16), (None,) + FLOATS,
+                                                   (4096, 4100, 4098) + ((4097,) if backend == "metal" else ()), tiles):
+        yield dtype, bias, promote_types(dtype, bias or dtype), k, shape
+
+
+def _gemv_candidates(backend: str) -> Iterator[_Candidate]:
+    for x, w, bias, out, rows, k, n, p in gemv_calls():
+        label = f"x {dtype_name(x)} w {dtype_name(w)} bias {dtype_name(bias) if bias else '-'} M{rows} K{k} N{n} {p}"
+        make = functools.partial(_labelled, label, linear.gemv_program, backend, x, w, bias, out, rows=rows, k=k, n=n, plan=p)
+        yield _Candidate("nuvec_gemv", make, ((x, w, bias, out), (rows, p), (linear.piece_width(k), x, w)), ((),))
+
+
+def _gemm_candidates(backend: str) -> Iterator[_Candidate]:
+    for dtype, bias, out, k, tiles in gemm_calls(backend):
+        label = f"x and w {dtype_name(dtype)} bias {dtype_name(bias) if bias else '-'} y {dtype_name(out)} K{k} {tiles}"
+        make = functools.partial(_labelled, label, linear.gemm_program, backend, dtype, bias, out, k=k, tiles=tiles)
+        # assembled: each mma type, copy width and tile shape (ldmatrix and cp.async from each layout)
+        yield _Candidate("nuvec_gemm", make, ((dtype, bias, out), (dtype, k, tiles)),
+                         ((dtype,), (linear.copy_bytes(k),), (tiles,)))
+
+
+def _labelled(label: str, program: Callable[..., Program], *args, **kwargs) -> tuple[str, Program]:
+    return label, program(*args, **kwargs)
+
+
 def norm_calls() -> Iterator[tuple[str, dict, int]]:
     """The norms' calls by `(kind, types, length)`: the RMS norm alone and fused with the add,
     with and without a weight; the layer norm with and without a weight and a bias; every dtype
@@ -432,7 +478,8 @@ def _norm_rope_candidates(backend: str) -> Iterator[_Candidate]:
 
 
 _WALKS = (_decode_candidates, _prefill_candidates, _gated_delta_candidates, _qmv_candidates, _qvm_candidates, _qmm_candidates,
-          _norm_candidates, _residual_norm_candidates, _softmax_candidates, _rope_candidates, _norm_rope_candidates)
+          _norm_candidates, _residual_norm_candidates, _softmax_candidates, _rope_candidates, _norm_rope_candidates,
+          _gemv_candidates, _gemm_candidates)
 
 
 @functools.cache

@@ -62,6 +62,18 @@ CASES = [
     (TypeError, "logsumexp", lambda: fast.logsumexp(x.cast(dtypes.uint8))),
     (ValueError, "cross_entropy", lambda: fast.cross_entropy(Tensor(1.0, device="CPU"), zero)),
     (TypeError, "cross_entropy", lambda: fast.cross_entropy(x.cast(dtypes.int32), Tensor.zeros(2, device="CPU", dtype=dtypes.int32))),
+    # Dense products: w [N, K] against x [..., K], bias [N].
+    (ValueError, "linear", lambda: fast.linear(x, Tensor.ones(3, 5, device="CPU"))),
+    (ValueError, "linear", lambda: fast.linear(x, Tensor.ones(4, device="CPU"))),
+    (ValueError, "linear", lambda: fast.linear(x, Tensor.ones(1, 3, 4, device="CPU"))),
+    (ValueError, "linear", lambda: fast.linear(Tensor(1.0, device="CPU"), Tensor.ones(3, 1, device="CPU"))),
+    (ValueError, "linear", lambda: fast.linear(x, Tensor.ones(3, 4, device="CPU"), Tensor.ones(4, device="CPU"))),
+    (ValueError, "linear", lambda: fast.linear(x, Tensor.ones(3, 4, device="CPU"), Tensor.ones(1, 3, device="CPU"))),
+    (TypeError, "linear", lambda: fast.linear(x.cast(dtypes.int32), Tensor.ones(3, 4, device="CPU"))),
+    (TypeError, "linear", lambda: fast.linear(x, Tensor.ones(3, 4, device="CPU", dtype=dtypes.int8))),
+    (TypeError, "linear", lambda: fast.linear(x, Tensor.ones(3, 4, device="CPU"), Tensor.ones(3, device="CPU") > 0)),
+    (TypeError, "linear", lambda: fast.linear(x.numpy(), Tensor.ones(3, 4, device="CPU"))),
+    (TypeError, "linear", lambda: fast.linear(x, Tensor.ones(3, 4, device="CPU"), [0.0, 1.0, 2.0])),
 ]
 
 

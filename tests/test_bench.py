@@ -15,13 +15,14 @@ from tinygrad.helpers import Context
 
 from nuvec_tg import models
 from nuvec_tg.bench import common
+from nuvec_tg.bench import linear as linear_bench
 from nuvec_tg.bench import model as model_bench
 from nuvec_tg.bench import rows as rows_bench
 from nuvec_tg.kernels import kernels_enabled
 from nuvec_tg.bench.__main__ import BENCHMARKS, main
 
 KERNEL_BENCHMARKS = [what for what in BENCHMARKS if what != "model"]
-OURS_COLUMN = {"attention": 7, "prefill": 7, "gated_delta": 3, "quant": 5, "rows": 4}  # ours' µs, counting cells from 1
+OURS_COLUMN = {"attention": 7, "prefill": 7, "gated_delta": 3, "linear": 4, "quant": 5, "rows": 4}  # ours' µs, counting cells from 1
 
 
 def small_args(**changes) -> argparse.Namespace:
@@ -189,6 +190,15 @@ def test_the_rows_bytes_count_each_input_and_output_once():
     assert decode.rope_shape() == (32, 32, 1, 128) and big.rope_shape() == (1, 32, 4096, 128)
     with pytest.raises(ValueError, match="no operation"):
         rows_bench.moved_bytes("gelu", big, 2)
+
+
+def test_the_linear_grid_and_its_bytes():
+    """Every M at each weight shape (--batches picks M), and the bytes of w, x and y once."""
+    assert len(linear_bench.grid_of(small_args(small=False))) == 15
+    assert linear_bench.grid_of(small_args(small=False, batches="1,512")) == [(1, 4096, 14336), (512, 4096, 14336),
+                                                                            (1, 4096, 4096), (512, 4096, 4096),
+                                                                            (1, 14336, 4096), (512, 14336, 4096)]
+    assert linear_bench.moved_bytes(1, 4096, 4096) == 2 * (4096 * 4096 + 4096 + 4096)
 
 
 @pytest.mark.parametrize("changes, count", [({}, 40), ({"quick": True}, 20), ({"batches": "32"}, 20),

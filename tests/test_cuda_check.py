@@ -109,6 +109,11 @@ REACHED = {
                         "LANES": {"8", "16", "32", "64", "512"}, "PER": {"1", "2"}, "VEC": {"1", "8"},
                         "UNIT": {"1", "2", "4", "8"}, "TX": {"half", "bfloat", "float"}, "TO": {"half", "bfloat", "float"},
                         "TK": {"half", "bfloat", "float"}},
+    "nuvec_gemv": {"XM": {str(m) for m in range(1, 9)}, "VEC": {"1", "2", "4", "8"}, "BIAS": {"0", "1"},
+                   "TX": {"half", "bfloat", "float"}, "TW": {"half", "bfloat", "float"}, "TY": {"half", "bfloat", "float"},
+                   "CHUNK_W": {"uint4", "uint2", "uint", "ushort"}, "K_SPLIT": {"1", "2", "8"}, "COLUMNS": {"3", "4"}},
+    "nuvec_gemm": {"TX": {"half", "bfloat"}, "TY": {"half", "bfloat", "float"}, "BIAS": {"0", "1"},
+                   "COPY_BYTES": {"4", "8", "16"}, "BM": {"64", "128"}, "WARPS_N": {"2", "4"}},
 }
 
 
@@ -123,12 +128,15 @@ def test_the_covering_set_reaches_every_code_path():
             for name, value in _defines(item.program).items(): found.setdefault(name, set()).add(value)
         for name, values in wanted.items():
             assert values <= found.get(name, set()), f"{family}: {name} never takes {sorted(values - found.get(name, set()))}"
-    # the assembled set: the matrix pass's mma types and L2 hint, qmm's copy widths and mma types
+    # the assembled set: the matrix pass's mma types and L2 hint, qmm's and gemm's copy widths and mma types
     assembled = {family: [_defines(item.program) for item in items] for family, items in ks.assembled("cuda").items()}
     assert {d["MMA"] for d in assembled["nuvec_sdpa_decode_mma"]} == {"mma_f16", "mma_bf16"}
     assert {d["L2_AHEAD"] for d in assembled["nuvec_sdpa_decode_mma"]} == {"0", "2"}
     assert {d["LOAD_WORDS"] for d in assembled["nuvec_qmm"]} == {"1", "2", "4"}
     assert {d["TX"] for d in assembled["nuvec_qmm"]} == {"half", "bfloat"}
+    assert {d["COPY_BYTES"] for d in assembled["nuvec_gemm"]} == {"4", "8", "16"}
+    assert {d["TX"] for d in assembled["nuvec_gemm"]} == {"half", "bfloat"}
+    assert {d["BM"] for d in assembled["nuvec_gemm"]} == {"64", "128"}
 
 
 @pytest.mark.parametrize("family", [f.stem for f in FAMILIES if "cuda" in f.backends])

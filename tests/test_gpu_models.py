@@ -1,6 +1,6 @@
 """nuvec_tg.models on a GPU (METAL or CUDA): the fixtures against transformers' and mlx-lm's
 logits, and a random Qwen3 checkpoint with 128-wide heads, whose decode steps run the decode
-attention kernels over a symbolic key count (and the qmv kernels when quantized), against the
+attention kernels over a symbolic key count and the gemv kernels (qmv when quantized), against the
 full forward on the same device and, where torch and transformers are installed, transformers'."""
 from __future__ import annotations
 
@@ -136,4 +136,5 @@ def test_jitted_decode_steps_run_the_kernels_and_equal_the_full_forward(checkpoi
     programs = {program for program, _ in launches}
     assert any("sdpa" in p for p in programs), f"no decode attention kernel ran: {programs}"
     if quantize: assert any("qmv" in p for p in programs), f"no qmv kernel ran: {programs}"
+    else: assert any("gemv" in p for p in programs), f"no gemv kernel ran: {programs}"  # the dense projections
     assert len(compiled) == after_capture, "a decode step compiled after the jit captured"

@@ -140,6 +140,32 @@ def test_quant_tolerances_pass_the_kernels_and_fail_planted_faults():
             assert error >= MARGIN * COMPOSITION_TOLERANCE[dtype], (dtype.name, fault, error)
 
 
+def test_dense_tolerances_pass_the_kernels_and_fail_planted_faults():
+    """A dense product with a bias as test_gpu_linear's gemv (N 13, K two steps of 256 and 40): the
+    kernels (exact products summed in float32, the bias added, rounded once) against float64, the
+    CPU's composition (each product rounded to the dtype first) within COMPOSITION_TOLERANCE of
+    them, and faults: the K tail (40) dropped, the bias left out, columns shifted by one."""
+    rng = np.random.default_rng(0x21)
+    n, k, rows = 13, 552, 8
+    for dtype in DTYPES:
+        x, w, bias = (round_to(rng.uniform(-1, 1, shape), dtype) for shape in ((rows, k), (n, k), (n,)))
+        want = x @ w.T + bias
+
+        def product(x, w, bias, rounded=False):
+            products = x[:, None, :].astype(np.float32) * w[None, :, :].astype(np.float32)
+            if rounded: products = round_to(products, dtype).astype(np.float32)
+            return round_to(products.sum(-1, dtype=np.float32) + bias.astype(np.float32), dtype)
+        kernel = product(x, w, bias)
+        assert row_error(kernel, want) * MARGIN <= KERNEL_TOLERANCE[dtype]
+        assert row_error(kernel, product(x, w, bias, rounded=True)) * MARGIN <= COMPOSITION_TOLERANCE[dtype]
+        tail = w.copy()
+        tail[:, -40:] = 0
+        for fault, got in (("tail", product(x, tail, bias)), ("bias", product(x, w, 0 * bias)),
+                           ("columns", product(x, np.roll(w, 1, axis=0), np.roll(bias, 1)))):
+            error = row_error(got, want)
+            assert error >= MARGIN * COMPOSITION_TOLERANCE[dtype], (dtype.name, fault, error)
+
+
 # ---- the helpers -----------------------------------------------------------------------------
 
 def test_row_error_and_assert_rows_close_measure_each_row_by_its_largest_value():

@@ -1,5 +1,5 @@
 """The Metal check: every Metal specialisation the plans and routes can emit (decode attention,
-gated delta, qmv, qvm, qmm), rendered and compiled by a C++ compiler in syntax-only mode against a
+gated delta, qmv, qvm, qmm, the row kernels, gemv, gemm), rendered and compiled by a C++ compiler in syntax-only mode against a
 Metal shim (`tests/metal_shim/metal_stdlib`), since no Metal compiler runs on Linux.
 
 - C++14 with `-pedantic-errors`: the Metal language up to 3.2 is C++14, so C++17 syntax (which a
@@ -24,11 +24,11 @@ import pytest
 from tinygrad import dtypes
 
 from nuvec_tg.fast.plan import PlanTarget, Vector, plan_call, validate_attention
-from nuvec_tg.kernels import gated_delta, rope, rows, softmax
+from nuvec_tg.kernels import gated_delta, linear, rope, rows, softmax
 from nuvec_tg.kernels import quant as qmv
 from nuvec_tg.kernels.attention import DecodeSpec
-from kernel_specialisations import norm_calls, norm_rope_calls, norm_rope_program, prefill_specs, residual_norm_calls, \
-    rope_calls, softmax_calls
+from kernel_specialisations import gemm_calls, gemv_calls, norm_calls, norm_rope_calls, norm_rope_program, prefill_specs, \
+    residual_norm_calls, rope_calls, softmax_calls
 from nuvec_tg.kernels.program import FAMILIES, KERNEL_DTYPES, Param, Program, Resources, metal_limit_reason, prelude
 
 SHIM = pathlib.Path(__file__).parent / "metal_shim"
@@ -322,9 +322,34 @@ def test_every_prefill_metal_specialisation_compiles(tmp_path):
     check_metal(tmp_path, [(spec.program("metal"), spec.metal_resources()) for spec in specs], per_unit=100)
 
 
+def test_every_gemv_metal_specialisation_compiles(tmp_path):
+    """gemv: every dtype of x and w, with and without a bias, 1-8 rows, each piece width (K), N
+    below a SIMD group's columns, the default plans and another (`gemv_calls`), each one the route
+    gives the kernel on Metal."""
+    cases = []
+    for x, w, bias, out, rows_, k, n, p in gemv_calls():
+        assert linear.route(x, w, bias, out, rows_, k, n, PlanTarget("metal")) == ("gemv", None)
+        cases.append((linear.gemv_program("metal", x, w, bias, out, rows=rows_, k=k, n=n, plan=p),
+                      linear.gemv_metal_resources(rows_, p)))
+    assert len(cases) > 400
+    check_metal(tmp_path, cases, per_unit=400)
+
+
+def test_every_gemm_metal_specialisation_compiles(tmp_path):
+    """gemm: both 16-bit types, every bias dtype (and none), K of every alignment (odd too: Metal
+    reads element by element), on an Apple7 GPU (`gemm_calls`)."""
+    cases = []
+    for dtype, bias, out, k, tiles in gemm_calls("metal"):
+        assert linear.route(dtype, dtype, bias, out, 64, k, 4096, PlanTarget("metal")) == ("gemm", None)
+        assert linear.gemm_plan(64, "metal") == tiles
+        cases.append((linear.gemm_program("metal", dtype, bias, out, k=k, tiles=tiles), linear.gemm_metal_resources(tiles)))
+    assert len(cases) == 2 * 4 * 4
+    check_metal(tmp_path, cases)
+
+
 def test_every_metal_family_is_checked():
     """A new kernel family lands with its Metal specialisations in this file."""
     checked = {"nuvec_sdpa_decode", "nuvec_sdpa_merge", "nuvec_gated_delta", "nuvec_qmv", "nuvec_qvm", "nuvec_qmm", "nuvec_rms_norm",
                "nuvec_layer_norm", "nuvec_residual_norm", "nuvec_softmax", "nuvec_logsumexp", "nuvec_cross_entropy",
-               "nuvec_rope", "nuvec_norm_rope", "nuvec_sdpa_prefill"}
+               "nuvec_rope", "nuvec_norm_rope", "nuvec_sdpa_prefill", "nuvec_gemv", "nuvec_gemm"}
     assert {f.stem for f in FAMILIES if "metal" in f.backends} == checked

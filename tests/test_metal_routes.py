@@ -10,7 +10,7 @@ import platform
 from tinygrad import dtypes
 
 from nuvec_tg import fast, kernels
-from nuvec_tg.kernels import gated_delta, program, rope, softmax
+from nuvec_tg.kernels import gated_delta, linear, program, rope, softmax
 from nuvec_tg.kernels import quant as qmv
 
 bf16, f16, f32 = dtypes.bfloat16, dtypes.float16, dtypes.float32
@@ -66,6 +66,35 @@ def test_qmm_runs_only_on_gpus_with_simdgroup_matrices():
     assert gathered(f16, 64, 2, BEFORE_APPLE7, True) == ("qmm", NO_MATRICES)
     assert product(f16, 1, BEFORE_APPLE7) == ("qmv", None)  # the vector kernels use no matrix units
     assert isinstance(decode(f16, BEFORE_APPLE7).kernel, fast.Vector)
+
+
+def dense(dtype, rows, target, k=4096, bias=None):
+    """fast.linear's route for `rows` rows of x against a [4096, K] weight of one dtype."""
+    return linear.route(dtype, dtype, bias, dtype, rows, k, 4096, target)
+
+
+def test_dense_products_take_bfloat16_only_where_metal_has_it_and_gemm_only_with_simdgroup_matrices():
+    for rows, kernel in ((1, "gemv"), (8, "gemv"), (9, "gemm")):
+        assert dense(bf16, rows, METAL) == (kernel, None)
+        assert dense(bf16, rows, METAL_3_0) == (kernel, NO_BFLOAT)
+        assert dense(f16, rows, METAL_3_0) == (kernel, None)
+    assert dense(f16, 1, BEFORE_APPLE7) == ("gemv", None)     # the vector kernel uses no matrix units
+    assert dense(f16, 64, BEFORE_APPLE7) == ("gemm", NO_MATRICES)
+    assert linear.route(f16, f16, bf16, f32, 2, 64, 64, METAL_3_0) == ("gemv", NO_BFLOAT)  # a bfloat16 bias alone
+    # Metal reads gemm's rows element by element: an odd K runs there, not on CUDA (4-byte copies)
+    assert dense(f16, 64, METAL, k=4097) == ("gemm", None)
+    assert dense(f16, 64, CUDA, k=4097) == ("gemm", "K = 4097 is odd (gemm's copies need 4-byte aligned rows)")
+    assert linear.gemm_metal_resources(linear.GEMM_METAL).threadgroup_bytes == 20480
+
+
+def test_dense_products_that_no_kernel_takes_say_why():
+    assert linear.route(f32, f32, None, f32, 64, 64, 64, CUDA) == (
+        "gemm", "float32 x and float32 w (gemm multiplies x and w of one 16-bit dtype)")
+    assert linear.route(f16, bf16, None, f32, 64, 64, 64, CUDA)[1].startswith("float16 x and bfloat16 w")
+    assert linear.route(f32, f32, None, f32, 8, 64, 64, CUDA) == ("gemv", None)
+    assert linear.route(dtypes.float64, f32, None, dtypes.float64, 1, 64, 64, CUDA) == ("gemv", "a float64 input or result")
+    assert linear.route(f16, f16, None, f16, 0, 64, 64, CUDA) == ("gemv", "an empty product")
+    assert linear.route(f16, f16, None, f16, 9, 64, 0, CUDA) == ("gemm", "an empty product")
 
 
 def test_gated_delta_takes_bfloat16_only_where_metal_has_it():

@@ -17,10 +17,12 @@ import test_decode_emulated as vector
 import test_decode_mma_emulated as matrix
 import test_gated_delta_emulated as gated
 import test_norm_rope_emulated as norm_rope
+import test_linear_emulated as dense
 import test_qmv_emulated as quant
 import test_rope_emulated as rope
 import test_softmax_emulated as rows
 from kernel_emulator import CHECKS_EVERY_ACCESS, COMPILER
+from nuvec_tg.kernels import linear
 from nuvec_tg.kernels import quant as qmv
 from nuvec_tg.kernels.program import Program
 
@@ -207,6 +209,61 @@ def test_qmm_faults_fail_its_comparison(fault_name):
     fault = QMM_FAULTS[fault_name]
     qw, x, want = qmm_case()
     expect_failure(fault, lambda: quant.check_rows("qmm", quant.emulated_qmm(x, qw, dtypes.bfloat16, edit=fault), want, dtypes.bfloat16))
+
+
+# The dense products (gemv.h, gemm.h), through their emulated tests' comparisons.
+@functools.cache
+def gemv_case():
+    return dense.Case(0x11A, 3, 2 * 256 + 40, 13, dtypes.float32, bias_dtype=dtypes.float32)
+
+
+GEMV_FAULTS = {
+    "drops_a_k_split_partial": Fault("for (int s = 1; s < K_SPLIT; s++)", "for (int s = 1; s < K_SPLIT - 1; s++)"),
+    "drops_the_last_k_step": Fault("if (piece >= PIECES) continue;\n      float w_values",
+                                   "if (piece >= (STEPS - 1) * 32) continue;\n      float w_values"),
+    "skips_the_bias": Fault("total += to_float(bias[n]);", ""),
+}
+
+
+@pytest.mark.parametrize("fault_name", list(GEMV_FAULTS))
+def test_gemv_faults_fail_its_comparison(fault_name):
+    fault, case = GEMV_FAULTS[fault_name], gemv_case()
+    plan = linear.gemv_plan(3, *case.x.shape[1:], case.w.shape[0])
+    assert plan.k_split == 2
+    expect_failure(fault, lambda: dense.check_rows("gemv", dense.emulated_gemv(case, slice(0, 3), plan, fault), case.want,
+                                                   dtypes.float32))
+
+
+@functools.cache
+def gemm_case():
+    return dense.Case(0x11E, 70, 100, 67, dtypes.bfloat16, bias_dtype=dtypes.bfloat16)
+
+
+GEMM_FAULTS = {
+    "drops_the_last_k_step": (DIFFER, Fault("const int steps = (k_size + BK - 1) / BK;",
+                                            "const int steps = (k_size + BK - 1) / BK - 1;")),
+    # the tail's copies past K: the next row's first elements, and past the last row the buffer's end
+    "copies_past_k": (OUTSIDE, Fault("const bool present = row_in && k + c * COPY_ELEMENTS < k_size;",
+                                     "const bool present = row_in && k + c * COPY_ELEMENTS <= k_size;")),
+    # fragments read from the unswizzled places of the rows the copies swizzled
+    "reads_x_unswizzled": (DIFFER, Fault("a_lane[h] = swizzled(lane % 16, 16 * h + (lane / 16) * 8);",
+                                         "a_lane[h] = (lane % 16) * BK + 16 * h + (lane / 16) * 8;")),
+}
+
+
+@pytest.mark.parametrize("fault_name", list(GEMM_FAULTS))
+def test_gemm_faults_fail_its_comparison(fault_name):
+    message, fault = GEMM_FAULTS[fault_name]
+    case = gemm_case()
+    expect_failure(fault, lambda: dense.check_rows("gemm", dense.emulated_gemm(case, slice(0, 70), linear.GEMM_SMALL, edit=fault),
+                                                   case.want, dtypes.bfloat16), message)
+
+
+def test_gemm_in_metals_layout_reading_past_k_fails_its_comparison():
+    fault = Fault("x_in[i] && k + j < k_size ?", "x_in[i] && k + j <= k_size ?")
+    case = gemm_case()
+    expect_failure(fault, lambda: dense.check_rows("gemm", dense.emulated_gemm(case, slice(0, 70), linear.GEMM_METAL, True, fault),
+                                                   case.want, dtypes.bfloat16), f"{DIFFER}|{OUTSIDE}")
 
 
 # The softmax family (softmax.h), through its emulated test's comparisons.

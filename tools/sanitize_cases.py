@@ -39,6 +39,11 @@ compiles dominate the time):
   registers, the looped form; rows with -inf elements (a thread's first among them); leading
   batch axes and 1-D logits; targets at both ends of int32, one past either end of the classes,
   and int64 ones outside int32; no rows, no classes.
+- dense products (`fast.linear`): gemv at 1, 3 and 8 rows (and a 1-D x) with K off a SIMD step and
+  of pieces of 4 and 1 element, N off a SIMD group's columns and below them, mixed dtypes, a bias
+  or none; gemm at M 9, 65 and 257 (both tile shapes and their tails), K off the step of 32 with
+  copies of 16, 8 and 4 bytes, N off the tiles, batch axes, a float32 bias; float32 beyond 8 rows
+  (the composition); no rows, no columns, no K.
 - rope: both pair layouts, 8, 4 and 1 pairs a thread, features past dims, freqs and a scale, rank 5
   with per-batch offsets, positions from 500000 (sincosf's large-angle reduction, its local
   memory) and offsets at both ends of int32; no batch, no rows.
@@ -89,6 +94,7 @@ MATRIX = ("nuvec_sdpa_decode_mma", "nuvec_sdpa_merge")
 PREFILL = ("nuvec_sdpa_prefill",)
 GATED_DELTA = ("nuvec_gated_delta",)
 QMV, QVM, QMM = ("nuvec_qmv",), ("nuvec_qvm",), ("nuvec_qmm",)
+GEMV, GEMM = ("nuvec_gemv",), ("nuvec_gemm",)
 RMS_NORM, LAYER_NORM, RESIDUAL_NORM = ("nuvec_rms_norm",), ("nuvec_layer_norm",), ("nuvec_residual_norm",)
 SOFTMAX, LOGSUMEXP, CROSS_ENTROPY = ("nuvec_softmax",), ("nuvec_logsumexp",), ("nuvec_cross_entropy",)
 ROPE = ("nuvec_rope",)
@@ -436,6 +442,36 @@ QUANT += [Case(f"gathered qmm {fmt(mode, group, bits)} {SHORT[dtype]} 40 sorted 
                                               ("mxfp4", 32, 4, 320, dtypes.float16), ("nvfp4", 16, 4, 272, dtypes.bfloat16))]
 
 
+# ---- dense products ---------------------------------------------------------------------------
+
+def dense(x_shape: tuple[int, ...], n: int, x_dtype: DType, w_dtype: DType | None = None,
+          bias_dtype: DType | None = None) -> Setup:
+    """`fast.linear(x, w, bias)` for x of `x_shape` (K its last size), w `[n, K]`, bias `[n]` or None."""
+    def setup(rng):
+        x = uniform(rng, x_shape, x_dtype)
+        w = uniform(rng, (n, x_shape[-1]), w_dtype or x_dtype)
+        bias = None if bias_dtype is None else uniform(rng, (n,), bias_dtype)
+        return lambda kernels: [("y", fast.linear(x, w, bias), None)]
+    return setup
+
+
+DENSE = [
+    Case("gemv bf16 M1 K552 N13 bias", GEMV, dense((1, 552), 13, dtypes.bfloat16, bias_dtype=dtypes.bfloat16)),
+    Case("gemv f16 x bf16 w M3 K4100 (pieces of 4) N37", GEMV, dense((3, 4100), 37, dtypes.float16, dtypes.bfloat16)),
+    Case("gemv f32 M8 K257 (pieces of 1) N3 bias", GEMV, dense((8, 257), 3, dtypes.float32, bias_dtype=dtypes.float32)),
+    Case("gemv f32 x bf16 w 1-D x K320 N5", GEMV, dense((320,), 5, dtypes.float32, dtypes.bfloat16)),
+    Case("gemm bf16 M9 K104 N130 bias", GEMM, dense((9, 104), 130, dtypes.bfloat16, bias_dtype=dtypes.bfloat16)),
+    Case("gemm f16 M65 K100 (copies of 8 bytes) N200", GEMM, dense((65, 100), 200, dtypes.float16)),
+    Case("gemm bf16 M257 K98 (copies of 4 bytes) N72 f32 bias", GEMM,
+         dense((257, 98), 72, dtypes.bfloat16, bias_dtype=dtypes.float32)),
+    Case("gemm f16 batch 5x13 K320 N100 bias", GEMM, dense((5, 13, 320), 100, dtypes.float16, bias_dtype=dtypes.float16)),
+    Case("linear f32 M20 (the composition)", NONE, dense((20, 64), 32, dtypes.float32)),
+    Case("linear no rows", NONE, dense((0, 64), 32, dtypes.bfloat16)),
+    Case("linear no columns", NONE, dense((20, 64), 0, dtypes.bfloat16)),
+    Case("linear no K", NONE, dense((3, 0), 16, dtypes.bfloat16, bias_dtype=dtypes.bfloat16)),
+]
+
+
 # ---- row norms -------------------------------------------------------------------------------
 
 def norm(kind: str, rows: int, length: int, dtype: DType, *, weight: bool = True, bias: bool = False,
@@ -637,7 +673,7 @@ NORM_ROPES = [
                                                        slots=np.zeros((0, 3), np.int32))),
 ]
 
-CASES = ATTENTION + GATED + QUANT + NORMS + ROWS + ROPES + NORM_ROPES
+CASES = ATTENTION + GATED + QUANT + DENSE + NORMS + ROWS + ROPES + NORM_ROPES
 
 
 # ---- running ---------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""`python -m nuvec_tg.bench {attention,prefill,gated_delta,quant,rows} [--quick] [--small] [--repeats N]
+"""`python -m nuvec_tg.bench {attention,prefill,gated_delta,linear,quant,rows} [--quick] [--small] [--repeats N]
 [--markdown FILE] [--part I/N] [--batches B,...] [--ops OP,...]`: nuvec_tg's hot paths on the default device
 beside tinygrad's compositions and PyTorch's (or flash-linear-attention's) kernels, each timed on
 the device, as a markdown table (see each module's docstring for what it measures).
@@ -18,9 +18,10 @@ import sys
 from tinygrad import Device
 
 from ..kernels import kernel_backend
-from . import attention, gated_delta, model, prefill, quant, rows
+from . import attention, gated_delta, linear, model, prefill, quant, rows
 
-BENCHMARKS = {"attention": attention.run, "prefill": prefill.run, "gated_delta": gated_delta.run, "quant": quant.run,
+BENCHMARKS = {"attention": attention.run, "prefill": prefill.run, "gated_delta": gated_delta.run, "linear": linear.run,
+              "quant": quant.run,
               "rows": rows.run, "model": model.run}
 # timed repeats of each measurement, unless --repeats says: a model's are whole generations
 DEFAULT_REPEATS = {"model": 3}
@@ -36,7 +37,7 @@ def main() -> None:
     parser.add_argument("--part", default="1/1", help="I/N: only the I-th of N interleaved slices of the grid "
                         "(to spread a long grid over several device calls)")
     parser.add_argument("--batches", help="B,...: only these batch sizes (attention, gated_delta, model (default 1,8); "
-                        "quant: these rows M; rows: these row counts, 4096 or 32)")
+                        "quant, linear: these rows M; rows: these row counts, 4096 or 32)")
     parser.add_argument("--ops", help=f"rows: these operations only (of {', '.join(rows.OPS)})")
     parser.add_argument("--configs", help=f"model: these configs only (of {', '.join(model.CONFIGS)})")
     parser.add_argument("--formats", help=f"model: these formats only (of {', '.join(model.FORMATS)}: bfloat16, "

@@ -17,6 +17,8 @@ from tinygrad import Device, GlobalCounters, Tensor, TinyJit, dtypes
 from tinygrad.helpers import Context
 
 PEAK_BANDWIDTH = {"NVIDIA H200": 4.8e12, "NVIDIA H100 80GB HBM3": 3.35e12}
+# Dense 16-bit matrix-unit peaks (no sparsity), by GPU name.
+PEAK_FLOPS = {"NVIDIA H200": 989e12, "NVIDIA H100 80GB HBM3": 989e12}
 # L2 sizes by GPU name, where neither PyTorch nor tinygrad's CUDA runtime reads it from the device.
 L2_BYTES = {"NVIDIA H200": 50 << 20, "NVIDIA H100 80GB HBM3": 50 << 20}
 DEFAULT_L2_BYTES = 128 << 20  # an unknown device's L2: larger than any listed GPU's, so that it rotates enough

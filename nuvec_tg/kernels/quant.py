@@ -68,13 +68,18 @@ class QmvPlan:
 
 
 def k_split_for(k: int, n: int) -> int:
-    """SIMD groups per set of columns: a power of two, at most MAX_K_SPLIT and K's step count. K is
-    split in two while fewer than TARGET_WARPS SIMD groups run and each would keep 2 steps or more;
-    a launch of fewer than FEW_WARPS SIMD groups is split down to one step a SIMD group. A function
-    of K and N only (a row's order of summation). The H200 sweeps that chose it:
-    `benchmarks/quant_h200.md` (the K split)."""
-    steps = math.ceil(k / CODES_PER_STEP)
-    column_sets = math.ceil(n / COLUMNS_PER_WARP)
+    """SIMD groups per set of columns for K and N (`split_steps` over qmv's steps and column sets):
+    a function of K and N only (a row's order of summation)."""
+    return split_steps(math.ceil(k / CODES_PER_STEP), math.ceil(n / COLUMNS_PER_WARP))
+
+
+def split_steps(steps: int, column_sets: int) -> int:
+    """SIMD groups sharing a set of columns, each a slice of a row's `steps` SIMD steps: a power of
+    two, at most MAX_K_SPLIT and the step count. The steps are split in two while fewer than
+    TARGET_WARPS SIMD groups run and each would keep 2 steps or more; a launch of fewer than
+    FEW_WARPS SIMD groups is split down to one step a SIMD group. The H200 sweeps that chose it:
+    `benchmarks/quant_h200.md` (the K split); the dense gemv shares it (512 bytes of a weight row
+    a SIMD step, as qmv's at 4 bits)."""
     split = 1
     while (split * 2 <= min(MAX_K_SPLIT, steps) and column_sets * split < TARGET_WARPS
            and (math.ceil(steps / (split * 2)) >= 2 or column_sets * split < FEW_WARPS)):
@@ -137,7 +142,7 @@ def qmv_metal_resources(rows: int, qmv_plan: QmvPlan) -> Resources:
                      threadgroup_array(qmv_plan.k_split * qmv_plan.column_warps * rows * qmv_plan.columns_per_warp, 4))
 
 
-QMV = Family("nuvec_qmv", ("quant_codes.h", "qmv.h"), qmv_unsupported, plan)
+QMV = Family("nuvec_qmv", ("quant_codes.h", "column_sums.h", "qmv.h"), qmv_unsupported, plan)
 
 
 def load_words(bits: int, words_per_row: int) -> int:

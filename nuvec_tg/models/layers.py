@@ -3,7 +3,8 @@
 Every layer holds its parameters (dense tensors or `QuantizedWeight`s, set by the `Loader`) and
 is called on activations `[B, T, ...]` in the model's dtype:
 
-- `Linear` (one product, or several fused ones split back), `Embedding` (also the tied head),
+- `Linear` (one product, or several fused ones split back; dense weights through `fast.linear`),
+  `Embedding` (also the tied head),
   `Norm` (RMS norm), `Parameter` (a tensor a layer uses as stored: a filter, sinks, a gate's constants);
 - `MLP` (SwiGLU, or GeLU-gated), `MoE` (softmax router, `moe_route`, experts through `gather_mm` or
   `gather_qmm`, `weighted_sum`; or gpt-oss's: a biased router, top-k then softmax, biased
@@ -28,10 +29,13 @@ from .rope import RotaryEmbedding
 Weight = Tensor | QuantizedWeight
 
 
-def _product(x: Tensor, w: Weight) -> Tensor:
-    """`x · wᵀ` for a dense `[N, K]` or quantized weight."""
-    if isinstance(w, QuantizedWeight): return quant.quantized_matmul(x, w)
-    return x @ w.cast(x.dtype).T
+def _product(x: Tensor, w: Weight, bias: Tensor | None = None) -> Tensor:
+    """`x · wᵀ (+ bias)` in x's dtype for a dense `[N, K]` weight (`fast.linear`, the bias added
+    before the one rounding) or a quantized one (the bias added after it)."""
+    if isinstance(w, QuantizedWeight):
+        y = quant.quantized_matmul(x, w)
+        return y if bias is None else y + bias.cast(y.dtype)
+    return fast.linear(x, w.cast(x.dtype), None if bias is None else bias.cast(x.dtype))
 
 
 def _fuse(weights: list[Weight]) -> Weight | None:
@@ -77,9 +81,12 @@ class Linear:
 
     def __call__(self, x: Tensor) -> Tensor | tuple[Tensor, ...]:
         """x: `[..., K]`. Returns `[..., N]` (or one tensor per module)."""
-        parts = [_product(x, w) for w in self.weights]
-        y = parts[0] if len(parts) == 1 else parts[0].cat(*parts[1:], dim=-1)
-        if self.bias is not None: y = y + self.bias.cast(y.dtype)
+        if len(self.weights) == 1:
+            y = _product(x, self.weights[0], self.bias)
+        else:  # weights stored unalike: one product each, the bias added to their outputs together
+            parts = [_product(x, w) for w in self.weights]
+            y = parts[0].cat(*parts[1:], dim=-1)
+            if self.bias is not None: y = y + self.bias.cast(y.dtype)
         if len(self.outs) == 1: return y
         return tuple(y.split(self.outs, dim=-1))
 

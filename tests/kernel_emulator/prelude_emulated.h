@@ -127,7 +127,7 @@ inline void stage_wait(unsigned long long* bar, int parity) {
 inline uint low_halves(uint a, uint b) { return (a & 0xFFFFu) | (b << 16); }
 inline uint high_halves(uint a, uint b) { return (a >> 16) | (b & 0xFFFF0000u); }
 
-// Matrix tiles in threadgroup memory (qmm.h), as the CUDA prelude has them, or under METAL_TILES
+// Matrix tiles in threadgroup memory (qmm.h, gemm.h), as the CUDA prelude has them, or under METAL_TILES
 // as the Metal prelude's simdgroup matrices do: float tiles, x widened into its own (not staged).
 #define THREADGROUP_PTR
 #ifdef METAL_TILES
@@ -248,6 +248,15 @@ template <typename T> inline void load_tile_b_rows(TileB<T>& tile, const T* b, i
 template <typename T> inline void load_tile_b2_rows(TileB<T>& b0, TileB<T>& b1, const T* b, int ldb, int lane) {
   load_tile_b_rows(b0, b, ldb, lane);
   load_tile_b_rows(b1, b + 8, ldb, lane);
+}
+// ldmatrix from each lane's row address (the CUDA prelude's `_at` loads): the SIMD group's
+// addresses exchanged, as the hardware gathers them (`ldmatrix_emulated`, the runner's).
+void ldmatrix_emulated(uint* registers, int count, const void* row);
+template <typename T> inline void load_tile_a_at(TileA<T>& tile, const T* row) { ldmatrix_emulated(tile.r, 4, row); }
+template <typename T> inline void load_tile_b2_at(TileB<T>& b0, TileB<T>& b1, const T* row) {
+  uint r[4];
+  ldmatrix_emulated(r, 4, row);
+  b0.r[0] = r[0]; b0.r[1] = r[1]; b1.r[0] = r[2]; b1.r[1] = r[3];
 }
 template <typename T> inline void tile_mma(TileAcc& acc, const TileA<T>& a, const TileB<T>& b) {
   mma_emulated(acc.v, a.r, b.r[0], b.r[1], !__is_same(T, half));

@@ -15,6 +15,7 @@ struct Block {
   uint mma_a[1024][4], mma_b[1024][2];  // the fragments of each lane's last mma
   float metal_a[1024][8], metal_b[1024][4];  // the same for Metal's tiles (METAL_TILES)
   bool votes[1024];
+  const char* rows[1024];               // each lane's ldmatrix row address
 };
 __thread EmulatedThread emulated;
 static Block* block() { return (Block*)emulated.sync; }
@@ -157,6 +158,15 @@ void mma_emulated(float* acc, const uint* a, uint b0, uint b1, bool bf16) {
     for (int k = 0; k < 16; k++) sum += A[row][k] * B[k][col];
     acc[e] = sum;
   }
+}
+// ldmatrix (m8n8, 16-bit): `count` 8 x 8 matrices, matrix i's rows at the addresses of lanes 8i to
+// 8i + 7; lane 4g + c receives row g, elements 2c and 2c + 1 of each, in registers[i].
+void ldmatrix_emulated(uint* registers, int count, const void* row) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  block()->rows[threadIdx.x] = (const char*)row;
+  block()->warps[warp]->arrive_and_wait();
+  for (int i = 0; i < count; i++) std::memcpy(&registers[i], block()->rows[warp * 32 + 8 * i + lane / 4] + 4 * (lane % 4), 4);
+  block()->warps[warp]->arrive_and_wait();
 }
 // Metal's simdgroup multiply on the lanes' fragments (METAL_TILES): each lane holds, of every 8 x 8
 // matrix, row frag_row and columns frag_col, + 1 (the Metal prelude's layout, MLX's).

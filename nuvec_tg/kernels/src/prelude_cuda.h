@@ -114,7 +114,7 @@ INLINE void prefetch_l2(const void* at, int bytes) {
 INLINE uint low_halves(uint a, uint b) { return __byte_perm(a, b, 0x5410); }
 INLINE uint high_halves(uint a, uint b) { return __byte_perm(a, b, 0x7632); }
 
-// Matrix tiles in threadgroup memory, for the kernels that multiply them (qmm.h); Metal's prelude
+// Matrix tiles in threadgroup memory, for the kernels that multiply them (qmm.h, gemm.h); Metal's prelude
 // has the same vocabulary on simdgroup matrices. THREADGROUP_PTR qualifies a pointer into
 // threadgroup memory; MMA_INPUT(T) is a tile's element type for activations of type T; a TileAcc
 // is a 16 x 8 float32 accumulator of one SIMD group (here: the mma's C fragment).
@@ -172,6 +172,21 @@ template <typename T> INLINE void load_tile_b2_rows(TileB<T>& b0, TileB<T>& b1, 
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
                : "=r"(b0.r[0]), "=r"(b0.r[1]), "=r"(b1.r[0]), "=r"(b1.r[1]) : "r"(at));
 }
+// The same fragments where the tile's layout is not a row stride (swizzled stage buffers, gemm.h):
+// each lane gives the address of the 16-byte row it supplies to ldmatrix. A (16 x 16): lanes 0-15
+// rows 0-15 at column 0, lanes 16-31 the same rows at column 8. Two B tiles (16 rows of B's
+// transpose, B0's 8 then B1's, 16 columns of k): lanes 0-7 rows 0-7 at column 0, lanes 8-15 the
+// same rows at column 8, lanes 16-31 rows 8-15 likewise.
+template <typename T> INLINE void load_tile_a_at(TileA<T>& tile, const T* row) {
+  const unsigned at = (unsigned)__cvta_generic_to_shared(row);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(tile.r[0]), "=r"(tile.r[1]), "=r"(tile.r[2]), "=r"(tile.r[3]) : "r"(at));
+}
+template <typename T> INLINE void load_tile_b2_at(TileB<T>& b0, TileB<T>& b1, const T* row) {
+  const unsigned at = (unsigned)__cvta_generic_to_shared(row);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(b0.r[0]), "=r"(b0.r[1]), "=r"(b1.r[0]), "=r"(b1.r[1]) : "r"(at));
+}
 INLINE void tile_mma(TileAcc& acc, const TileA<bfloat>& a, const TileB<bfloat>& b) { mma_bf16(acc.v, a.r, b.r[0], b.r[1]); }
 INLINE void tile_mma(TileAcc& acc, const TileA<half>& a, const TileB<half>& b) { mma_f16(acc.v, a.r, b.r[0], b.r[1]); }
 // A float into a tile element (rounded to nearest).
@@ -195,9 +210,10 @@ template <typename T> INLINE void tile_a_from_acc(TileA<T>& tile, const TileAcc&
   tile.r[2] = pack_pair(right.v[0], right.v[1], T());
   tile.r[3] = pack_pair(right.v[2], right.v[3], T());
 }
-// Two floats rounded into consecutive elements of device memory (4-byte aligned), one store.
+// Two floats rounded into consecutive elements of device memory (aligned to the pair), one store.
 INLINE void store_pair(float low, float high, bfloat* at) { *(__nv_bfloat162*)at = __floats2bfloat162_rn(low, high); }
 INLINE void store_pair(float low, float high, half* at) { *(__half2*)at = __floats2half2_rn(low, high); }
+INLINE void store_pair(float low, float high, float* at) { *(float2*)at = make_float2(low, high); }
 // The accumulator into 16 x 8 floats of threadgroup memory at `out` (row stride ld).
 INLINE void tile_store(const TileAcc& acc, float* out, int ld, int lane) {
   const int g = lane / 4, c = lane % 4;

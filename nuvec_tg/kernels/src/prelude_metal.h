@@ -28,7 +28,7 @@ INLINE void from_float(float x, device bfloat* out) { *out = bfloat(x); }
 INLINE float round_bfloat(float x) { return float(bfloat(x)); }
 #endif
 
-// Matrix tiles (qmm.h, sdpa_prefill.h) on simdgroup matrices: the CUDA prelude's vocabulary. A
+// Matrix tiles (qmm.h, sdpa_prefill.h, gemm.h) on simdgroup matrices: the CUDA prelude's vocabulary. A
 // tile is kept as this lane's elements of its 8 x 8 simdgroup matrices (MLX's fragments: a lane
 // holds row frag_row(lane), columns frag_col(lane) and + 1 of each), moved into simdgroup_float8x8
 // values for the multiply, so that kernels read and write a tile's elements as CUDA's do: acc.v[e]
@@ -37,7 +37,9 @@ INLINE float round_bfloat(float x) { return float(bfloat(x)); }
 // Simdgroup matrices need an Apple7 GPU (A14, M1) or later: the routes keep the matrix kernels off older ones.
 #define THREADGROUP_PTR threadgroup
 #define MMA_INPUT(T) float
-#define MMA_DIRECT 0  // qmm: 16-bit inputs are widened into float tiles first
+// qmm, gemm: 16-bit inputs are widened into float tiles first (the CUDA prelude's loads from each
+// lane's row address, `load_tile_a_at` and `load_tile_b2_at`, serve MMA_DIRECT only).
+#define MMA_DIRECT 0
 // The CUDA prelude's asynchronous copies into threadgroup memory, as plain copies (done when the
 // call returns; async_commit and async_wait do nothing). `present` false writes zeros.
 INLINE void async_copy16(threadgroup void* to, const device void* from, bool present) {

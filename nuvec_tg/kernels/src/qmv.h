@@ -203,18 +203,10 @@ INLINE void accumulate_chunk(const DEVICE TX* x_chunk, bool half_chunk, const TH
     }
   }
 
-  // Lanes by simd_sum, then the K_SPLIT SIMD groups of a column set in order, through threadgroup memory.
+  // Lanes by simd_sum, then the K_SPLIT SIMD groups of a column set in order (`column_sums.h`).
   THREADGROUP float partials[K_SPLIT * COLUMN_WARPS * XM * COLUMNS];
-  #pragma unroll
-  for (int i = 0; i < XM * COLUMNS; i++) {
-    const float total = simd_sum(sums[i]);
-    if (lane == 0) partials[(k_warp * COLUMN_WARPS + column_warp) * XM * COLUMNS + i] = total;
-  }
-  threadgroup_barrier();
+  store_partials(sums, partials, lane, k_warp, column_warp);
   if (k_warp == 0) {
-    for (int i = lane; i < XM * COLUMNS; i += 32) {
-      float total = partials[column_warp * XM * COLUMNS + i];
-      for (int s = 1; s < K_SPLIT; s++) total += partials[(s * COLUMN_WARPS + column_warp) * XM * COLUMNS + i];
-      from_float(total, &y_at[(i / COLUMNS) * N_TOTAL + first_n + i % COLUMNS]);
-    }
+    for (int i = lane; i < XM * COLUMNS; i += 32)
+      from_float(column_total(partials, column_warp, i), &y_at[(i / COLUMNS) * N_TOTAL + first_n + i % COLUMNS]);
   }

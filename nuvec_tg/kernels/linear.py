@@ -1,0 +1,240 @@
+"""The dense products' kernels, `y = x · wᵀ (+ bias)` with float32 accumulation: `gemv`
+(`src/gemv.h`) for up to 8 rows of x, memory-bound, reading w once; `gemm` (`src/gemm.h`) for more
+rows, on the matrix units (CUDA's mma.sync, Metal's simdgroup matrices).
+
+Which kernel runs (`route`, the same rule on METAL and CUDA; `fast.linear` asks with the device's
+`kernels.Target`, anything else is the composition):
+- up to MAX_ROWS rows: gemv, any of float16, bfloat16 and float32 for x, w, bias and y;
+- more rows: gemm, x and w of one 16-bit dtype (bias and y any kernel dtype: the products of
+  16-bit values are exact in float32, so promoting them changes nothing); float32 products stay on
+  the composition (the matrix units would round them). On CUDA K must be even (the copies need
+  4-byte aligned rows), on Metal the target needs simdgroup matrices;
+- on every route: bfloat16 anywhere needs a target with bfloat, and on Metal a kernel's
+  threadgroup (`*_metal_resources`) must fit an Apple GPU.
+
+Bits. gemv's arithmetic order depends on K and N only (its piece width and K split), gemm's on K
+only (whatever its tiles), so a row's bits never depend on how many rows share the call: a row of
+1-8 rows has the bits of that row alone, and a row of more than 8 the bits of that row in any
+other product of more than 8 rows.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from tinygrad import Tensor, dtypes
+from tinygrad.dtype import DType
+
+from ..tensor import dtype_name
+from . import Target
+from .program import (CTYPES, Backward, Family, Param, Program, Resources, chunks, int_buffer, launch, metal_limit_reason,
+                      threadgroup_array)
+from .quant import QmvPlan, split_steps
+
+MAX_ROWS = 8             # rows of x gemv takes (more: gemm)
+VEC = 8                  # elements of a lane's piece of a row where K allows (16 bytes of a 16-bit w)
+# gemv's launch-shape defaults (`gemv_plan`): starting points until tools/tune_linear.py sweeps them
+# on the device.
+COLUMNS_PER_WARP = 4     # output columns a SIMD group serves (each x value it loads serves them all)
+COLUMN_WARPS = 1         # SIMD groups of a threadgroup serving different columns
+UNROLL = 2               # steps whose w loads a lane issues together
+GEMM_DTYPES = (dtypes.float16, dtypes.bfloat16)   # the matrix units' inputs
+
+
+def piece_width(k: int) -> int:
+    """gemv's elements a piece: the widest of 8, 4, 2, 1 dividing K (so no piece is partial).
+    A function of K alone; it is part of a row's order of summation."""
+    width = VEC
+    while k % width: width //= 2
+    return width
+
+
+def gemv_plan(rows: int, k: int, n: int) -> QmvPlan:
+    """gemv's launch shape (qmv's layout of SIMD groups, `QmvPlan`): COLUMNS_PER_WARP columns a SIMD
+    group (at most N), COLUMN_WARPS column sets a threadgroup, UNROLL steps of loads in flight (at
+    most a SIMD group's steps), and the K split `quant.split_steps` gives for a SIMD step of 32
+    pieces and these column sets: a function of K and N only (a row's order of summation), the
+    rest changes no row's arithmetic."""
+    columns = min(COLUMNS_PER_WARP, n)
+    steps = math.ceil(k // piece_width(k) / 32)
+    split = split_steps(steps, math.ceil(n / COLUMNS_PER_WARP))
+    return QmvPlan(columns, COLUMN_WARPS, split, max(1, min(UNROLL, math.ceil(steps / split))))
+
+
+def gemv_metal_resources(rows: int, plan: QmvPlan) -> Resources:
+    """gemv's threadgroup on Metal: its threads and the SIMD groups' sums (`partials` in `gemv.h`:
+    K_SPLIT x COLUMN_WARPS x XM x COLUMNS floats)."""
+    return Resources(plan.threads, threadgroup_array(plan.k_split * plan.column_warps * rows * plan.columns_per_warp, 4))
+
+
+@dataclass(frozen=True)
+class Tiles:
+    """gemm's tile shape: `rows` x `columns` outputs a threadgroup, `warps_m` x `warps_n` SIMD groups
+    each taking a `rows / warps_m` x `columns / warps_n` part, `stages` copies in flight (CUDA)."""
+    rows: int
+    columns: int
+    warps_m: int
+    warps_n: int
+    stages: int
+
+    @property
+    def threads(self) -> int: return 32 * self.warps_m * self.warps_n
+
+    def grid(self, m: int, n: int) -> tuple[int, int, int]:
+        """(row tiles, column tiles, 1): a tile of w's threadgroups launch together."""
+        return math.ceil(m / self.rows), math.ceil(n / self.columns), 1
+
+
+GEMM_STEP = 32             # k a step (BK)
+GEMM_TILE_LD = GEMM_STEP + 8  # Metal's float tiles' row stride (padding against bank conflicts)
+# CUDA: 128 x 128 tiles of 8 SIMD groups (each 64 x 32), 3 stages of copies (48 KB, the most a
+# kernel declares statically); up to SMALL_ROWS rows, 64 x 64 tiles of 4 SIMD groups (32 x 32
+# each) and 4 stages, so that a short x still makes enough threadgroups. Metal: 64 x 64 float
+# tiles of 4 SIMD groups, unstaged, within 32 KB. Tile shapes change no bit (`gemm.h`).
+GEMM_LARGE = Tiles(128, 128, 2, 4, 3)
+GEMM_SMALL = Tiles(64, 64, 2, 2, 4)
+GEMM_METAL = Tiles(64, 64, 2, 2, 1)
+SMALL_ROWS = 64
+# Tile shapes the source takes (SIMD groups of 16-row and 16-column multiples, whole pieces a
+# thread) within 48 KB of stages, which tools/tune_linear.py sweeps: 128 x 128 of 8 or 4 SIMD
+# groups; 128 x 256 and 256 x 128 at 2 stages (a third less of L2's bandwidth a FLOP, which 128 x
+# 128 tiles need 5.9 TB/s of at 375 TFLOP/s); 128 x 64 and 64 x 128, 64 x 64 at 4 and 6 stages;
+# for a short x, whose product reads w at memory's pace, narrow tiles deep in stages (more
+# threadgroups, more copies in flight).
+TILE_SHAPES = (GEMM_LARGE, Tiles(128, 128, 4, 2, 3), Tiles(128, 128, 2, 2, 3), Tiles(128, 256, 2, 4, 2),
+               Tiles(256, 128, 4, 2, 2), Tiles(128, 64, 2, 2, 4),
+               Tiles(64, 128, 2, 2, 4), GEMM_SMALL, Tiles(64, 64, 2, 2, 6), Tiles(32, 64, 1, 2, 6),
+               Tiles(16, 64, 1, 2, 8), Tiles(32, 32, 1, 1, 8))
+
+
+def gemm_plan(rows: int, backend: str) -> Tiles:
+    """gemm's tiles for M rows on `backend`: GEMM_METAL on Metal; on CUDA GEMM_SMALL up to
+    SMALL_ROWS rows, else GEMM_LARGE. Any tile shape gives the same bits, so the plan may follow M."""
+    if backend == "metal": return GEMM_METAL
+    return GEMM_SMALL if rows <= SMALL_ROWS else GEMM_LARGE
+
+
+def copy_bytes(k: int) -> int:
+    """gemm's copy width on CUDA: the widest of 16, 8 and 4 bytes dividing a 16-bit row of K (4 for
+    an odd K, which CUDA's route refuses; Metal reads element by element)."""
+    width = 16
+    while width > 4 and (2 * k) % width: width //= 2
+    return width
+
+
+def gemm_metal_resources(tiles: Tiles) -> Resources:
+    """gemm's threadgroup on Metal: its float tiles of x and w (`x_tile`, `w_tile`: GEMM_TILE_LD
+    floats a row)."""
+    return Resources(tiles.threads, threadgroup_array(tiles.rows * GEMM_TILE_LD, 4)
+                     + threadgroup_array(tiles.columns * GEMM_TILE_LD, 4))
+
+
+def route(x_dtype: DType, w_dtype: DType, bias_dtype: DType | None, out_dtype: DType, rows: int, k: int, n: int,
+          target: Target) -> tuple[str, str | None]:
+    """`fast.linear`'s kernel on `target` for `rows` rows of x against w `[N, K]`: `("gemv" | "gemm",
+    reason it cannot run or None)`."""
+    kernel = "gemv" if rows <= MAX_ROWS else "gemm"
+    if rows == 0 or k == 0 or n == 0: return kernel, "an empty product"
+    types = (x_dtype, w_dtype, out_dtype) + (() if bias_dtype is None else (bias_dtype,))
+    if any(t not in CTYPES for t in types): return kernel, "a float64 input or result"
+    if kernel == "gemm":
+        if x_dtype != w_dtype or x_dtype not in GEMM_DTYPES:
+            return kernel, (f"{dtype_name(x_dtype)} x and {dtype_name(w_dtype)} w (gemm multiplies x and w of one "
+                            "16-bit dtype)")
+        if target.backend == "cuda" and k % 2: return kernel, f"K = {k} is odd (gemm's copies need 4-byte aligned rows)"
+        if math.ceil(n / gemm_plan(rows, target.backend or "cuda").columns) > 65535:
+            return kernel, f"N = {n} (more than 65535 column tiles)"
+    reason = target.lacks(bfloat=dtypes.bfloat16 in types, matrix_units=kernel == "gemm")
+    if reason is None and target.backend == "metal":
+        resources = (gemv_metal_resources(rows, gemv_plan(rows, k, n)) if kernel == "gemv"
+                     else gemm_metal_resources(GEMM_METAL))
+        if (over := metal_limit_reason(resources)) is not None: reason = f"its threadgroup would take {over}"
+    return kernel, reason
+
+
+def unsupported(x_dtype: DType, w_dtype: DType, bias_dtype: DType | None, out_dtype: DType, rows: int, k: int, n: int,
+                target: Target) -> str | None:
+    """Why neither dense kernel takes a call on `target` (None when one does): `route`'s reason."""
+    return route(x_dtype, w_dtype, bias_dtype, out_dtype, rows, k, n, target)[1]
+
+
+GEMV = Family("nuvec_gemv", ("pieces.h", "column_sums.h", "gemv.h"), unsupported, gemv_plan)
+GEMM = Family("nuvec_gemm", ("gemm.h",), unsupported, gemm_plan)
+
+
+def _params(out_dtype: DType, x_dtype: DType, w_dtype: DType, bias_dtype: DType | None) -> list[Param]:
+    """The products' buffer parameters: y, x, w (, bias)."""
+    params = [Param("y", "out", CTYPES[out_dtype]), Param("x", "in", CTYPES[x_dtype]), Param("w", "in", CTYPES[w_dtype])]
+    if bias_dtype is not None: params.append(Param("bias", "in", CTYPES[bias_dtype]))
+    return params
+
+
+def gemv_program(backend: str, x_dtype: DType, w_dtype: DType, bias_dtype: DType | None, out_dtype: DType, *,
+                 rows: int, k: int, n: int, plan: QmvPlan) -> Program:
+    """The gemv specialisation for these arguments (`bias_dtype` None: no bias)."""
+    if plan.columns_per_warp > n: raise ValueError(f"gemv: {plan.columns_per_warp} columns per SIMD group > N = {n}")
+    vec = piece_width(k)
+    defines: dict[str, object] = dict(TX=CTYPES[x_dtype], TW=CTYPES[w_dtype], TY=CTYPES[out_dtype], BIAS=int(bias_dtype is not None))
+    if bias_dtype is not None: defines["TB"] = CTYPES[bias_dtype]
+    defines.update(N_TOTAL=n, K_TOTAL=k, XM=rows, VEC=vec, COLUMNS=plan.columns_per_warp, COLUMN_WARPS=plan.column_warps,
+                   K_SPLIT=plan.k_split, UNROLL=plan.unroll)
+    defines.update(chunks("W", k * w_dtype.itemsize, vec * w_dtype.itemsize))
+    defines.update(chunks("X", k * x_dtype.itemsize, vec * x_dtype.itemsize))
+    return GEMV.program(backend, defines, _params(out_dtype, x_dtype, w_dtype, bias_dtype))
+
+
+def gemm_program(backend: str, dtype: DType, bias_dtype: DType | None, out_dtype: DType, *, k: int, tiles: Tiles) -> Program:
+    """The gemm specialisation: x and w of `dtype` (16-bit), parameters y, x, w (, bias), ints (M,
+    N, K). K only picks the width of CUDA's copies (its rows' alignment)."""
+    defines: dict[str, object] = dict(TX=CTYPES[dtype], TY=CTYPES[out_dtype], BIAS=int(bias_dtype is not None))
+    if bias_dtype is not None: defines["TB"] = CTYPES[bias_dtype]
+    defines.update(BM=tiles.rows, BN=tiles.columns, BK=GEMM_STEP, WARPS_M=tiles.warps_m, WARPS_N=tiles.warps_n,
+                   STAGES=tiles.stages, COPY_BYTES=copy_bytes(k), TILE_LD=GEMM_TILE_LD)
+    return GEMM.program(backend, defines, _params(out_dtype, dtype, dtype, bias_dtype) + [Param("ints", "in", "int")])
+
+
+def _inputs(x: Tensor, w: Tensor, bias: Tensor | None) -> list[Tensor]:
+    return [x.contiguous(), w.contiguous()] + ([] if bias is None else [bias.contiguous()])
+
+
+def _backward(composition, ins: list[Tensor]) -> Backward | None:
+    """The call's backward: the gradient of `composition(x, w, bias)` (bias None where there is
+    none) in every input."""
+    if composition is None: return None
+
+    def composed(x: Tensor, w: Tensor, *bias: Tensor) -> Tensor:
+        return composition(x, w, bias[0] if bias else None)
+    return Backward("linear", composed, tuple(ins), wrt=tuple(range(len(ins))))
+
+
+def gemv(x: Tensor, w: Tensor, bias: Tensor | None, *, out_dtype: DType, backend: str, composition=None,
+         plan: QmvPlan | None = None) -> Tensor:
+    """`x [M, K] · wᵀ (+ bias)` for `w [N, K]`, `bias [N]` or None, M at most MAX_ROWS; returns
+    `[M, N]` in `out_dtype`. composition: `(x, w, bias) -> y`, whose gradient is the backward.
+    `plan` overrides `gemv_plan` (tuning)."""
+    rows, k = x.shape
+    n = w.shape[0]
+    plan = plan or gemv_plan(rows, k, n)
+    program = gemv_program(backend, x.dtype, w.dtype, None if bias is None else bias.dtype, out_dtype, rows=rows, k=k, n=n,
+                           plan=plan)
+    ins = _inputs(x, w, bias)
+    y = Tensor.empty(rows, n, dtype=out_dtype, device=x.device)
+    return launch(program, x.device, [y], ins, (plan.groups(n), 1, 1), plan.threads, backward=_backward(composition, ins),
+                  label=f"{backend} gemv M{rows} K{k} N{n} {plan}")[0]
+
+
+def gemm(x: Tensor, w: Tensor, bias: Tensor | None, *, out_dtype: DType, backend: str, composition=None,
+         tiles: Tiles | None = None) -> Tensor:
+    """`x [M, K] · wᵀ (+ bias)` for x and `w [N, K]` of one 16-bit dtype, `bias [N]` or None;
+    returns `[M, N]` in `out_dtype`. composition: as `gemv`'s. `tiles` overrides `gemm_plan`
+    (tuning)."""
+    rows, k = x.shape
+    n = w.shape[0]
+    tiles = tiles or gemm_plan(rows, backend)
+    program = gemm_program(backend, x.dtype, None if bias is None else bias.dtype, out_dtype, k=k, tiles=tiles)
+    ins = _inputs(x, w, bias)
+    backward = _backward(composition, ins)
+    ins.append(int_buffer(x.device, (rows, n, k)))
+    y = Tensor.empty(rows, n, dtype=out_dtype, device=x.device)
+    return launch(program, x.device, [y], ins, tiles.grid(rows, n), tiles.threads, backward=backward,
+                  label=f"{backend} gemm M{rows} K{k} N{n} {tiles}")[0]

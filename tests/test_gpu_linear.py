@@ -1,0 +1,156 @@
+"""The dense product kernels (`kernels/linear.py`: gemv, gemm) on a GPU (METAL or CUDA) against
+float64 numpy and the composition on the same device, row by row (`assert_rows_close`: tolerances
+scaled by each row's largest |want|, reference.py): M at the route's boundary (8, 9) and odd (13,
+100, 257), K and N off every tile and step, every dtype and promotion, a bias or none, leading
+axes, strided x; each gemv row's bits equal to that row alone (M 1-8), each gemm row's bits equal
+to that row in another row count (9, 13, 100, 257: both tile shapes); gradients equal to the
+composition's; a replayed TinyJit step; what stays a composition (float32 and mixed x and w beyond
+8 rows, an odd K on CUDA, float64). Every call meant for a kernel asserts that it launched."""
+import numpy as np
+import pytest
+from tinygrad import Tensor, TinyJit, dtypes
+
+from conftest import GPU_DEVICES
+from nuvec_tg import fast
+from nuvec_tg.kernels import compositions_only, kernel_backend
+from reference import COMPOSITION_TOLERANCE, KERNEL_TOLERANCE, assert_rows_close, expect_launches, random, values
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not GPU_DEVICES, reason="no GPU")]
+gpu = GPU_DEVICES[0] if GPU_DEVICES else None
+F16, BF16, F32 = dtypes.float16, dtypes.bfloat16, dtypes.float32
+GEMV, GEMM = "nuvec_gemv", "nuvec_gemm"
+
+
+def bits_of(t: Tensor) -> np.ndarray:
+    return t.bitcast({2: dtypes.uint16, 4: dtypes.uint32}[t.dtype.itemsize]).numpy()
+
+
+def inputs(seed: int, shape: tuple[int, ...], n: int, x_dtype, w_dtype=None, bias_dtype=None):
+    """x of `shape` (K its last size), w `[N, K]`, bias `[N]` or None, realized, and the float64
+    reference `x · wᵀ + bias` from their exact values."""
+    rng = np.random.default_rng(seed)
+    x, xv = random(rng, shape, x_dtype, gpu)
+    w, wv = random(rng, (n, shape[-1]), w_dtype or x_dtype, gpu)
+    b, bv = random(rng, (n,), bias_dtype, gpu) if bias_dtype else (None, 0.0)
+    return x.realize(), w.realize(), None if b is None else b.realize(), xv @ wv.T + bv
+
+
+def assert_matches(name: str, x: Tensor, w: Tensor, bias: Tensor | None, kernel: str | None, want: np.ndarray) -> Tensor:
+    """`fast.linear(x, w, bias)` launches the program named `kernel...` (None: nothing) and is
+    within the kernels' tolerance of the float64 `want` and within the composition's of the
+    composition on the device (which launches nothing), row by row. Returns the result."""
+    with expect_launches(gpu, kernel):
+        got = fast.linear(x, w, bias).realize()
+    with expect_launches(gpu, None), compositions_only():
+        composed = fast.linear(x, w, bias).realize()
+    assert got.dtype == composed.dtype and got.shape == composed.shape
+    assert_rows_close(f"{name} vs numpy", values(got), want, KERNEL_TOLERANCE[got.dtype])
+    assert_rows_close(f"{name} vs composition", values(got), values(composed), COMPOSITION_TOLERANCE[got.dtype])
+    return got
+
+
+# (x, w, bias) dtypes: each kernel dtype, with and without a bias; float32 x with bfloat16 w;
+# float16 with bfloat16 (float32); a float32 bias on 16-bit x and w (float32).
+GEMV_DTYPES = [(F32, F32, F32), (F16, F16, None), (BF16, BF16, BF16), (BF16, BF16, None), (F32, BF16, None),
+               (F16, BF16, F16), (BF16, BF16, F32)]
+
+
+@pytest.mark.parametrize("x_dtype, w_dtype, bias_dtype", GEMV_DTYPES, ids=str)
+@pytest.mark.parametrize("k, n", [(552, 13), (4100, 37), (257, 3), (4096, 4096)], ids=str)
+def test_gemv_matches_numpy_and_the_composition_and_keeps_one_row_bits(x_dtype, w_dtype, bias_dtype, k, n):
+    """1 to 8 rows (at K 552; 1, 3 and 8 elsewhere): K two SIMD steps and a part, pieces of 4 and of
+    1 element, the usual square; N off a SIMD group's 4 columns and below them. Each row of each
+    row count equals that row alone."""
+    x, w, b, want = inputs(0x21, (8, k), n, x_dtype, w_dtype, bias_dtype)
+    alone = []
+    for row in range(8):
+        with expect_launches(gpu, GEMV):
+            alone.append(bits_of(fast.linear(x[row:row + 1].contiguous(), w, b)))
+    for rows in range(1, 9) if k == 552 else (1, 3, 8):
+        y = assert_matches(f"M{rows} K{k} N{n}", x[:rows].contiguous(), w, b, GEMV, want[:rows])
+        for row in range(rows):
+            np.testing.assert_array_equal(bits_of(y)[row:row + 1], alone[row], err_msg=f"M{rows} row {row}")
+
+
+@pytest.mark.parametrize("dtype, bias_dtype", [(BF16, BF16), (F16, None), (BF16, F32), (F16, F16)], ids=str)
+@pytest.mark.parametrize("k, n", [(104, 130), (100, 200), (98, 72), (4096, 1000)], ids=str)
+def test_gemm_matches_numpy_and_the_composition_and_keeps_a_rows_bits(dtype, bias_dtype, k, n):
+    """M = 9 (the route's boundary), 13, 100 and 257 (tails of both tile shapes), K off the step of
+    32 (copies of 16, 8 and 4 bytes), N off every tile width. A row's bits are the same in every
+    row count (and so in both tile shapes: up to 64 rows and more)."""
+    x, w, b, want = inputs(0x22, (257, k), n, dtype, bias_dtype=bias_dtype)
+    results = {}
+    for rows in (9, 13, 100, 257):
+        y = assert_matches(f"M{rows} K{k} N{n}", x[257 - rows:].contiguous(), w, b, GEMM, want[257 - rows:])
+        results[rows] = bits_of(y)
+    for rows in (9, 13, 100):
+        np.testing.assert_array_equal(results[rows], results[257][257 - rows:], err_msg=f"the last {rows} rows")
+
+
+def test_eight_and_nine_rows_take_each_kernel():
+    x, w, b, want = inputs(0x23, (9, 256), 64, BF16, bias_dtype=BF16)
+    assert_matches("M8", x[:8].contiguous(), w, b, GEMV, want[:8])
+    assert_matches("M9", x, w, b, GEMM, want)
+
+
+@pytest.mark.parametrize("shape", [(2, 50, 320), (3, 1, 320), (4, 2, 3, 320)], ids=str)
+def test_leading_axes_are_rows(shape):
+    """x `[..., K]`: its leading axes flattened into rows (100, 3 and 24 of them), the result shaped back."""
+    x, w, b, want = inputs(0x24, shape, 100, BF16, bias_dtype=BF16)
+    rows = int(np.prod(shape[:-1]))
+    y = assert_matches(f"{shape}", x, w, b, GEMV if rows <= 8 else GEMM, want)
+    assert y.shape == shape[:-1] + (100,)
+
+
+def test_strided_x_is_copied_to_rows_first():
+    """A transposed x (and a slice of one) gives the contiguous x's result, bit for bit."""
+    rng = np.random.default_rng(0x25)
+    base = random(rng, (320, 40), F16, gpu)[0].realize()
+    w, b = (random(rng, shape, F16, gpu)[0].realize() for shape in ((64, 320), (64,)))
+    for view, kernel in ((base.T, GEMM), (base.T[3:7], GEMV)):
+        with expect_launches(gpu, kernel):
+            strided = bits_of(fast.linear(view, w, b))
+        np.testing.assert_array_equal(strided, bits_of(fast.linear(view.contiguous(), w, b)))
+
+
+@pytest.mark.parametrize("rows", [3, 40], ids=lambda r: f"M{r}")
+def test_gradients_equal_the_compositions(rows):
+    x, w, b, _ = inputs(0x26, (rows, 96), 48, BF16, bias_dtype=BF16)
+    upstream = random(np.random.default_rng(0x27), (rows, 48), BF16, gpu)[0].realize()
+    with expect_launches(gpu, GEMV if rows <= 8 else GEMM):
+        grads = [g.realize() for g in (fast.linear(x, w, b) * upstream).sum().gradient(x, w, b)]
+    with expect_launches(gpu, None), compositions_only():
+        composed = [g.realize() for g in (fast.linear(x, w, b) * upstream).sum().gradient(x, w, b)]
+    for name, got, want in zip(("dx", "dw", "dbias"), grads, composed):
+        assert_rows_close(name, values(got), values(want), COMPOSITION_TOLERANCE[BF16])
+
+
+def test_a_jitted_step_replays_the_kernels_with_new_inputs():
+    """A decode step under TinyJit (as the models run it): replays with new x give new results."""
+    _, w, b, _ = inputs(0x28, (1, 512), 256, BF16, bias_dtype=BF16)
+    step = TinyJit(lambda x: fast.linear(x, w, b).realize())
+    rng = np.random.default_rng(0x29)
+    for i in range(4):
+        x, xv = random(rng, (2, 512), BF16, gpu)
+        with expect_launches(gpu, GEMV if i < 2 else None):   # captured by the second call, then replayed
+            y = step(x.realize())
+        assert_rows_close(f"call {i}", values(y), xv @ values(w).T + values(b), KERNEL_TOLERANCE[BF16])
+
+
+def test_what_no_kernel_takes_is_the_composition():
+    """float32 (and mixed) x and w beyond 8 rows, an odd K on CUDA, float64 (not on Metal), empty products."""
+    for x_dtype, w_dtype in ((F32, F32), (F16, BF16)):
+        x, w, _, want = inputs(0x2A, (20, 64), 32, x_dtype, w_dtype)
+        assert_matches(f"{x_dtype} x {w_dtype} w", x, w, None, None, want)
+    x, w, _, want = inputs(0x2B, (20, 63), 32, F16)
+    assert_matches("odd K", x, w, None, GEMM if kernel_backend(gpu) == "metal" else None, want)
+    with expect_launches(gpu, None):
+        assert fast.linear(Tensor.zeros(0, 64, device=gpu), Tensor.ones(8, 64, device=gpu)).numpy().shape == (0, 8)
+        assert fast.linear(Tensor.ones(20, 64, device=gpu, dtype=F16), Tensor.ones(0, 64, device=gpu, dtype=F16)).numpy().shape == (20, 0)
+
+
+@pytest.mark.parametrize("rows, k, n", [(1, 4096, 4096), (4, 4096, 14336), (512, 4096, 4096)], ids=str)
+def test_the_benchmarks_shapes(rows, k, n):
+    """Real sizes: decode rows against a square and a wide weight, a prefill's 512 rows."""
+    x, w, b, want = inputs(0x2C + rows, (rows, k), n, BF16)
+    assert_matches(f"M{rows} K{k} N{n}", x, w, b, GEMV if rows <= 8 else GEMM, want)

@@ -1,0 +1,201 @@
+"""The dense product kernels' CUDA renderings run on the CPU (`kernel_emulator`) against float64
+numpy: gemv (1-8 rows) and gemm (more rows, CUDA's staged swizzled tiles at both tile shapes and
+Metal's float tiles), every dtype (and mixed ones), with and without a bias, K and N off every
+tile and step (K not a multiple of 8: narrower pieces and copies), N below a SIMD group's columns;
+each gemv row's bits equal to a one-row launch's, each gemm row's bits equal to that row's in
+another row count and another tile shape.
+
+Alignment: gemv reads pieces of 8 elements where 8 divides K, else of 4, 2 or 1 (loads as wide as
+the rows' alignment allows); gemm's CUDA copies need K even (4-byte rows: `linear.route` sends an
+odd K to the composition there), Metal's layout reads element by element."""
+import numpy as np
+import pytest
+from tinygrad import dtypes
+
+from kernel_emulator import COMPILER, build
+from nuvec_tg.kernels import linear
+from nuvec_tg.kernels.quant import QmvPlan
+from reference import KERNEL_TOLERANCE, assert_rows_close, round_to
+
+pytestmark = pytest.mark.skipif(COMPILER is None, reason="no C++ compiler")
+f16, bf16, f32 = dtypes.float16, dtypes.bfloat16, dtypes.float32
+
+
+def raw(values: np.ndarray, dtype) -> np.ndarray:
+    """Values (representable in `dtype`) as the bytes a kernel reads: float32, or 16-bit patterns."""
+    if dtype == f32: return values.astype(np.float32)
+    if dtype == f16: return values.astype(np.float16).view(np.uint16)
+    return (values.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+
+
+def as_float(bits: np.ndarray, dtype) -> np.ndarray:
+    if dtype == f16: return bits.view(np.float16).astype(np.float64)
+    if dtype == bf16: return (bits.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    return bits.astype(np.float64)
+
+
+def check_rows(name: str, got: np.ndarray, want: np.ndarray, dtype) -> None:
+    """The kernel's raw rows against float64 numpy, each within KERNEL_TOLERANCE of its largest |want|."""
+    assert_rows_close(name, as_float(got, dtype), want, KERNEL_TOLERANCE[dtype])
+
+
+def edited(program, edit):
+    """`program`, or `edit(program)` (a planted fault)."""
+    return program if edit is None else edit(program)
+
+
+class Case:
+    """A product's inputs, exact in their dtypes: x `[M, K]`, w `[N, K]`, bias `[N]` (or None), the
+    result dtype, and the float64 reference `x · wᵀ + bias`."""
+
+    def __init__(self, seed: int, m: int, k: int, n: int, x_dtype, w_dtype=None, bias_dtype=None, out_dtype=None):
+        rng = np.random.default_rng(seed)
+        self.x_dtype, self.w_dtype = x_dtype, w_dtype or x_dtype
+        self.bias_dtype, self.out_dtype = bias_dtype, out_dtype or x_dtype
+        self.x = round_to(rng.uniform(-1, 1, (m, k)), self.x_dtype)
+        self.w = round_to(rng.uniform(-1, 1, (n, k)), self.w_dtype)
+        self.bias = None if bias_dtype is None else round_to(rng.uniform(-1, 1, n), bias_dtype)
+        self.want = self.x @ self.w.T + (0 if self.bias is None else self.bias)
+
+    def buffers(self, rows: slice, y: np.ndarray) -> list[np.ndarray]:
+        return [y, raw(self.x[rows], self.x_dtype), raw(self.w, self.w_dtype)] + (
+            [] if self.bias is None else [raw(self.bias, self.bias_dtype)])
+
+    def empty(self, m: int) -> np.ndarray:
+        """y's buffer for `m` rows, filled with NaN patterns: an output the kernel misses shows."""
+        return np.full((m, self.w.shape[0]), np.nan if self.out_dtype == f32 else 0xFFFF,
+                       np.float32 if self.out_dtype == f32 else np.uint16)
+
+
+def emulated_gemv(case: Case, rows: slice, plan: QmvPlan | None = None, edit=None) -> np.ndarray:
+    """y's raw values from the emulated gemv for `case`'s rows `rows` (its program edited first where asked)."""
+    m = len(range(*rows.indices(case.x.shape[0])))
+    n, k = case.w.shape
+    plan = plan or linear.gemv_plan(m, k, n)
+    program = edited(linear.gemv_program("cuda", case.x_dtype, case.w_dtype, case.bias_dtype, case.out_dtype, rows=m, k=k, n=n,
+                                         plan=plan), edit)
+    y = case.empty(m)
+    build(program)(case.buffers(rows, y), plan.groups(n), plan.threads)
+    return y
+
+
+def emulated_gemm(case: Case, rows: slice, tiles: linear.Tiles, metal_tiles: bool = False, edit=None) -> np.ndarray:
+    """y's raw values from the emulated gemm for `case`'s rows `rows` with `tiles` (`metal_tiles`:
+    in Metal's layout, float tiles widened from memory)."""
+    m = len(range(*rows.indices(case.x.shape[0])))
+    n, k = case.w.shape
+    program = edited(linear.gemm_program("cuda", case.x_dtype, case.bias_dtype, case.out_dtype, k=k, tiles=tiles), edit)
+    y = case.empty(m)
+    groups, groups_y, _ = tiles.grid(m, n)
+    build(program, metal_tiles)(case.buffers(rows, y) + [np.array([m, n, k], np.int32)], groups, tiles.threads, groups_y)
+    return y
+
+
+# (x, w, bias, y) dtypes: each kernel dtype alone, with and without a bias, and mixed ones (float32
+# x with bfloat16 w; float16 with bfloat16, which promotes to float32; a float32 bias).
+GEMV_DTYPES = [(f32, f32, None, f32), (f16, f16, f16, f16), (bf16, bf16, bf16, bf16), (bf16, bf16, None, bf16),
+               (f32, bf16, None, f32), (f16, bf16, f32, f32)]
+
+
+@pytest.mark.parametrize("x_dtype, w_dtype, bias_dtype, out_dtype", GEMV_DTYPES, ids=str)
+def test_emulated_gemv_matches_numpy_and_keeps_one_row_bits(x_dtype, w_dtype, bias_dtype, out_dtype):
+    """N = 13 (not a multiple of 4 columns: the last set moved back); K = 2 SIMD steps and 5 pieces,
+    split across SIMD groups with a part step; the default plan and one with 3 columns, 2 column
+    sets a threadgroup, K split in 2 and 3 steps unrolled. Each row of 1, 3 and 8 rows equals that
+    row launched alone, bit for bit."""
+    case = Case(0x11A, 8, 2 * 256 + 40, 13, x_dtype, w_dtype, bias_dtype, out_dtype)
+    for plan in (None, QmvPlan(3, 2, 2, 3)):
+        alone = [emulated_gemv(case, slice(r, r + 1), plan) for r in range(8)]
+        for rows in (1, 3, 8):
+            got = emulated_gemv(case, slice(0, rows), plan)
+            check_rows(f"{plan} rows {rows}", got, case.want[:rows], out_dtype)
+            for r in range(rows):
+                np.testing.assert_array_equal(got[r], alone[r][0], err_msg=f"{plan} rows {rows} row {r}")
+
+
+def test_emulated_gemv_keeps_one_row_bits_at_every_row_count():
+    """M 1 to 8 with the default plans (one per row count: the K split is the same): every row of
+    every count equals that row alone."""
+    case = Case(0x11B, 8, 4 * 256 + 8, 21, bf16, bias_dtype=bf16)
+    alone = [emulated_gemv(case, slice(r, r + 1)) for r in range(8)]
+    for rows in range(2, 9):
+        got = emulated_gemv(case, slice(0, rows))
+        check_rows(f"rows {rows}", got, case.want[:rows], bf16)
+        for r in range(rows): np.testing.assert_array_equal(got[r], alone[r][0], err_msg=f"rows {rows} row {r}")
+
+
+@pytest.mark.parametrize("k, n", [(300, 13), (258, 5), (257, 3), (4, 7), (9 * 256 + 64, 37)], ids=str)
+def test_emulated_gemv_at_its_boundaries(k, n):
+    """K a multiple of 4, 2 and neither (pieces of 4, 2 and 1 element: narrower loads); fewer
+    columns than a SIMD group serves (N = 3); K shorter than one piece a lane; K split in 8 with a
+    part step. The default plans, rows 1, 2 and 5, each row's bits equal to that row alone."""
+    case = Case(0x11C, 5, k, n, f16, bias_dtype=f32, out_dtype=f32)
+    for rows in (1, 2, 5):
+        got = emulated_gemv(case, slice(0, rows))
+        check_rows(f"rows {rows}", got, case.want[:rows], f32)
+        for r in range(rows): np.testing.assert_array_equal(got[r], emulated_gemv(case, slice(r, r + 1))[0])
+
+
+def test_default_gemv_plans_split_k_by_k_and_n_alone():
+    """The K split (a row's order) comes from K and N, whatever the rows; 4 columns a SIMD group (at
+    most N); 2 steps unrolled (at most a SIMD group's); pieces of 8 where K allows."""
+    cases = {(4096, 4096): 4, (4096, 14336): 2, (14336, 4096): 4, (4096, 1024): 8, (257, 13): 8, (4, 3): 1}
+    for (k, n), split in cases.items():
+        plans = {linear.gemv_plan(rows, k, n) for rows in range(1, 9)}
+        assert len(plans) == 1, (k, n, plans)
+        plan = plans.pop()
+        assert (plan.columns_per_warp, plan.column_warps, plan.k_split) == (min(4, n), 1, split), (k, n, plan)
+    assert [linear.piece_width(k) for k in (4096, 4100, 4098, 4097)] == [8, 4, 2, 1]
+
+
+# (x and w, bias, y) dtypes of gemm: both 16-bit types, with and without a bias, a float32 bias (y float32).
+GEMM_DTYPES = [(bf16, None, bf16), (f16, f16, f16), (bf16, bf16, bf16), (f16, f32, f32)]
+
+
+@pytest.mark.parametrize("dtype, bias_dtype, out_dtype", GEMM_DTYPES, ids=str)
+def test_emulated_gemm_matches_numpy_at_both_tile_shapes(dtype, bias_dtype, out_dtype):
+    """M = 100 (tails of both tile heights), N = 72 (off both tile widths), K = 104 (not a multiple of
+    a step of 32): CUDA's 64 x 64 and 128 x 128 tiles; a row's bits equal in both, and in M = 9 and 13."""
+    case = Case(0x11D, 100, 104, 72, dtype, bias_dtype=bias_dtype, out_dtype=out_dtype)
+    small = emulated_gemm(case, slice(0, 100), linear.GEMM_SMALL)
+    large = emulated_gemm(case, slice(0, 100), linear.GEMM_LARGE)
+    check_rows("64 x 64 tiles", small, case.want, out_dtype)
+    np.testing.assert_array_equal(small, large)
+    for m in (9, 13):
+        np.testing.assert_array_equal(emulated_gemm(case, slice(100 - m, 100), linear.GEMM_SMALL), small[100 - m:])
+
+
+@pytest.mark.parametrize("k", [100, 98, 4], ids=lambda k: f"K{k}")
+def test_emulated_gemm_copies_rows_of_any_even_k(k):
+    """K a multiple of 4 and of 2 only (copies of 8 and 4 bytes, the tail's pieces zero past K), and
+    K shorter than a piece; M = 257 (past two 128-row tiles), N = 130."""
+    case = Case(0x11E, 257, k, 130, bf16, bias_dtype=bf16)
+    assert linear.copy_bytes(k) == {100: 8, 98: 4, 4: 8}[k]
+    got = emulated_gemm(case, slice(0, 257), linear.GEMM_LARGE)
+    check_rows(f"K {k}", got, case.want, bf16)
+    np.testing.assert_array_equal(emulated_gemm(case, slice(200, 213), linear.GEMM_SMALL), got[200:213])
+
+
+@pytest.mark.parametrize("dtype, bias_dtype, out_dtype, k", [(bf16, bf16, bf16, 104), (f16, None, f16, 77),
+                                                             (bf16, f32, f32, 33)], ids=str)
+def test_emulated_gemm_in_metals_layout_matches_numpy(dtype, bias_dtype, out_dtype, k):
+    """gemm as Metal runs it (x and w widened from memory into float tiles, results through each
+    SIMD group's scratch): tails of rows and columns, K off the step, odd K (element-wise reads)."""
+    case = Case(0x11F, 70, k, 67, dtype, bias_dtype=bias_dtype, out_dtype=out_dtype)
+    check_rows("Metal's layout", emulated_gemm(case, slice(0, 70), linear.GEMM_METAL, metal_tiles=True), case.want, out_dtype)
+
+
+def test_every_tile_shape_gives_the_same_bits():
+    """The tile shapes tools/tune_linear.py sweeps (so the plan may pick any by M): a row's bits
+    are the same in each, at M = 70, N = 67, K = 72 (off every tile)."""
+    case = Case(0x120, 70, 72, 67, bf16, bias_dtype=bf16)
+    first = emulated_gemm(case, slice(0, 70), linear.TILE_SHAPES[0])
+    check_rows("first tile shape", first, case.want, bf16)
+    for tiles in linear.TILE_SHAPES[1:]:
+        np.testing.assert_array_equal(emulated_gemm(case, slice(0, 70), tiles), first, err_msg=str(tiles))
+
+
+def test_gemm_plans_follow_the_rows_and_the_backend():
+    assert [linear.gemm_plan(m, "cuda") for m in (9, 64, 65, 4096)] == [linear.GEMM_SMALL] * 2 + [linear.GEMM_LARGE] * 2
+    assert linear.gemm_plan(4096, "metal") == linear.GEMM_METAL
+    assert linear.GEMM_LARGE.grid(257, 130) == (3, 2, 1)
