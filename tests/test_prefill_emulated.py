@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from tinygrad import dtypes
 
-from emulated_decode import TOLERANCE, Case, from_bits, make_inputs
+from emulated_decode import TOLERANCE, Case, from_bits, make_inputs, reference
 from kernel_emulator import COMPILER, build
 from nuvec_tg.kernels.prefill import PrefillSpec, Tiled
 from reference import assert_rows_close
@@ -43,10 +43,12 @@ CASES = {
 }
 
 
-def run_prefill(case: Case, inputs, shape: Tiled = SMALL, metal_tiles: bool = False, edit=None) -> np.ndarray:
-    """The emulated kernel's output `[B, Hq, Lq, DV]` (float64; NaN where it wrote nothing)."""
+def run_prefill(case: Case, inputs, shape: Tiled = SMALL, metal_tiles: bool = False, edit=None, scale: float | None = None) -> np.ndarray:
+    """The emulated kernel's output `[B, Hq, Lq, DV]` (float64; NaN where it wrote nothing), at
+    `scale` (default D^-0.5, as `make_inputs`'s reference)."""
+    scale = case.head_dim ** -0.5 if scale is None else scale
     spec = PrefillSpec(case.dtype, case.head_dim, case.value_dim, case.q_heads, case.kv_heads, case.causal or case.page > 0,
-                       case.window is not None, case.mask, case.sinks, case.page, case.head_dim ** -0.5, shape)
+                       case.window is not None, case.mask, case.sinks, case.page, scale, shape)
     program = spec.program("cuda")
     if edit is not None: program = edit(program)
     out = np.full(case.batch * case.q_heads * case.q_len * case.value_dim, 0xFFFF, np.uint16)  # NaN until written
@@ -97,3 +99,13 @@ def test_emulated_prefill_row_alone_has_the_same_bits():
         item = dataclasses.replace(inputs, arrays={key: (value[b:b + 1] if key in ("q", "k", "v") else value)
                                                    for key, value in inputs.arrays.items()})
         np.testing.assert_array_equal(run_prefill(alone_case, item), together[b:b + 1], err_msg=f"item {b}")
+
+
+@pytest.mark.parametrize("name", ["additive_mask_f16", "sinks_causal", "window_below"])
+def test_emulated_prefill_with_a_negative_scale(name):
+    """A negative scale keeps its scores scaled before their maximum (the products' maximum would be
+    the scaled scores' minimum)."""
+    case = CASES[name]
+    inputs = make_inputs(name, case)
+    want = reference(inputs.q, inputs.k, inputs.v, -0.3, inputs.visible, inputs.bias, inputs.sinks)
+    assert_rows_close(name, run_prefill(case, inputs, scale=-0.3), want, TOLERANCE[case.dtype])

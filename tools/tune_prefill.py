@@ -58,14 +58,30 @@ def candidates(head_dim: int):
     """Launches within the threadgroup memory a static array may take (and at most 8 row tiles):
     4 and 8 SIMD groups over 32-128 keys, 2 and 4 over 16 and 32 for heads past 128."""
     warps_keys = ((2, 4), (16, 32)) if head_dim > 128 else ((4, 8), (32, 64, 128))
-    for warps, row_tiles, keys, resident in itertools.product(warps_keys[0], (1, 2), warps_keys[1], (True, False)):
-        shape = prefill.Tiled(warps, row_tiles, keys, resident)
+    for warps, row_tiles, keys, resident, groups in itertools.product(warps_keys[0], (1, 2), warps_keys[1], (True, False),
+                                                                      (0, 2, 3)):
+        if groups and warps * row_tiles > 4: continue  # a cap only where 2 or 3 threadgroups could fit
+        shape = prefill.Tiled(warps, row_tiles, keys, resident, groups)
         if prefill.threadgroup_bytes(head_dim, head_dim, dtypes.bfloat16, shape) > STATIC_LIMIT: continue
         if warps * row_tiles > 8: continue
         yield shape
 
 
-def sweep(head_dim: int, length: int, repeats: int, quick: bool) -> None:
+def label(shape: prefill.Tiled) -> str:
+    """warps x row tiles / keys, r (Q in registers) or s (read each tile), then @groups where capped."""
+    return (f"{shape.warps}x{shape.row_tiles}/{shape.keys}{'r' if shape.q_resident else 's'}"
+            + (f"@{shape.resident_groups}" if shape.resident_groups else ""))
+
+
+def parse(text: str) -> prefill.Tiled:
+    """A `label` back into its launch: `4x1/64r@3`."""
+    head, _, groups = text.partition("@")
+    sizes, keys = head.split("/")
+    warps, row_tiles = sizes.split("x")
+    return prefill.Tiled(int(warps), int(row_tiles), int(keys[:-1]), keys[-1] == "r", int(groups or 0))
+
+
+def sweep(head_dim: int, length: int, repeats: int, quick: bool, only: list[prefill.Tiled] | None = None) -> None:
     rng = np.random.default_rng(head_dim)
     make = lambda *s: Tensor(rng.standard_normal(s, dtype=np.float32)).cast(dtypes.bfloat16).contiguous().realize()  # noqa: E731
     sets = [(make(1, 32, length, head_dim), make(1, 8, length, head_dim), make(1, 8, length, head_dim)) for _ in range(3)]
@@ -77,21 +93,21 @@ def sweep(head_dim: int, length: int, repeats: int, quick: bool) -> None:
                                                          backend=BACKEND, causal=True, window=None, mask=None, sinks=None)
     reference = call(planned)(*sets[0]).float().numpy()
     cells = []
-    shapes = [planned] if quick else list(candidates(head_dim))
+    shapes = [planned] if quick else [planned] + [s for s in only if s != planned] if only else list(candidates(head_dim))
     for shape in shapes:
         try:
             got = call(shape)(*sets[0]).float().numpy()
             error = float(np.abs(got - reference).max())
             seconds = time_jit(call(shape), sets, repeats)
         except Exception as failure:  # noqa: BLE001 - a launch the device refuses: say so and go on
-            cells.append(f"{shape.warps}x{shape.row_tiles}/{shape.keys}{'r' if shape.q_resident else 's'}: {type(failure).__name__}")
+            cells.append(f"{label(shape)}: {type(failure).__name__}")
             continue
         mark = "*" if shape == planned else ""
         flag = "" if error < 0.05 else f" WRONG ({error:.3g})"
-        cells.append(f"{mark}{shape.warps}x{shape.row_tiles}/{shape.keys}{'r' if shape.q_resident else 's'}: "
-                     f"{seconds * 1e6:.0f} µs {work / seconds / 1e12:.0f}{flag}")
+        cells.append(f"{mark}{label(shape)}: {seconds * 1e6:.0f} µs {work / seconds / 1e12:.0f}{flag}")
         print(f"D {head_dim} L {length}: {cells[-1]}", flush=True)
-    print(f"D {head_dim} L {length} (warps x row tiles / keys, r: Q in registers, s: read each tile): " + "  ".join(cells),
+    print(f"D {head_dim} L {length} (warps x row tiles / keys, r: Q in registers, s: read each tile, @ threadgroups a "
+          "multiprocessor must hold): " + "  ".join(cells),
           flush=True)
 
 
@@ -102,10 +118,13 @@ def main() -> None:
     parser.add_argument("--heads", default="128,64,256")
     parser.add_argument("--length", type=int, default=4096)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--shapes", help="D:label,label;D:... only these launches (and the plan's) for those head sizes")
     args = parser.parse_args()
+    only = {int(d): [parse(x) for x in labels.split(",")] for d, labels in
+            (part.split(":") for part in args.shapes.split(";"))} if args.shapes else {}
     if args.ceiling and BACKEND == "cuda": ceiling(args.repeats)
     for head_dim in (int(d) for d in args.heads.split(",")):
-        sweep(head_dim, args.length, args.repeats, args.quick)
+        sweep(head_dim, args.length, args.repeats, args.quick, only.get(head_dim))
 
 
 if __name__ == "__main__":

@@ -49,10 +49,9 @@ def torch_seconds(b, hq, hkv, length, d, window, backend: str, repeats: int) -> 
         options["attn_mask"] = band
     else:
         options["is_causal"] = True
-    backends = [SDPBackend.FLASH_ATTENTION] if backend == "flash" else list(SDPBackend)
-
     def call(q, k, v):
-        with sdpa_kernel(backends): return F.scaled_dot_product_attention(q, k, v, **options)
+        if backend != "flash": return F.scaled_dot_product_attention(q, k, v, **options)
+        with sdpa_kernel([SDPBackend.FLASH_ATTENTION]): return F.scaled_dot_product_attention(q, k, v, **options)
     try:
         for q, k, v in sets: call(q, k, v)
         torch.cuda.synchronize()

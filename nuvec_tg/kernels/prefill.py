@@ -29,11 +29,13 @@ class Tiled:
     """The tiled prefill kernel's launch (the attention plan's `Tiled` route): threadgroups of
     `warps` SIMD groups, each owning `row_tiles` tiles of 16 query rows, over key tiles of `keys`
     keys; `q_resident`: Q's fragments held in registers for the whole key loop (else read from
-    threadgroup memory at every key tile)."""
+    threadgroup memory at every key tile); `resident_groups` (CUDA): threadgroups a multiprocessor
+    must hold at once, which caps the compiler's registers (0: no cap)."""
     warps: int
     row_tiles: int
     keys: int
     q_resident: bool
+    resident_groups: int = 0
 
     @property
     def rows(self) -> int:
@@ -136,8 +138,11 @@ class PrefillSpec:
                        KEYS=self.shape.keys, Q_RESIDENT=int(self.shape.q_resident), CAUSAL=int(self.causal), WINDOW_ON=int(self.window), MASK_KIND=self.mask_kind,
                        SINKS=int(self.sinks), PAGED=int(self.page > 0), PAGE=max(self.page, 1),
                        SCALE_LOG2E=f"{self.scale * math.log2(math.e)!r}f",
+                       SCALE_POSITIVE=int(self.scale > 0),
                        RUNTIME_INTS="".join(f"const int {name} = ints[{i}]; " for i, name in enumerate(self.runtime_names())))
-        return PREFILL.program(backend, defines, self.params())
+        groups = self.shape.resident_groups
+        return PREFILL.program(backend, defines, self.params(),
+                               occupancy=(self.shape.warps * 32, groups) if groups and backend == "cuda" else None)
 
     def grid(self, batch: int, q_len: int) -> tuple[int, int, int]:
         """Threadgroups: the tiles of each key head's `q_len * GQA` rows, the key heads, the batch."""

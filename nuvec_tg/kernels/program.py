@@ -85,13 +85,16 @@ def chunks(which: str, line_bytes: int, lane_bytes: int) -> dict[str, object]:
     return {f"CHUNK_{which}": _CHUNK_TYPES[width], f"{which}_CHUNKS": lane_bytes // width}
 
 
-def _signature(backend: str, name: str, params: Sequence[Param]) -> str:
-    """The kernel's signature for `backend`, and the lines binding `nv_group` / `nv_thread`."""
+def _signature(backend: str, name: str, params: Sequence[Param], occupancy: tuple[int, int] | None = None) -> str:
+    """The kernel's signature for `backend`, and the lines binding `nv_group` / `nv_thread`.
+    `occupancy` (CUDA): (threads, threadgroups) that must fit a multiprocessor together, which caps
+    the compiler's registers (`__launch_bounds__`)."""
     if backend == "cuda":
         def param(p: Param) -> str:
             if p.kind == "scalar": return f"const int {p.name}"
             return f"{'const ' if p.kind == 'in' else ''}{p.ctype}* __restrict__ {p.name}"
-        return (f'extern "C" __global__ void {name}({", ".join(param(p) for p in params)}) {{\n'
+        bounds = f"__launch_bounds__({occupancy[0]}, {occupancy[1]}) " if occupancy else ""
+        return (f'extern "C" __global__ void {bounds}{name}({", ".join(param(p) for p in params)}) {{\n'
                 "  const uint3 nv_group = blockIdx, nv_thread = threadIdx;\n")
     def metal_param(i: int, p: Param) -> str:
         if p.kind == "scalar": return f"constant int& {p.name} [[buffer({i})]]"
@@ -172,15 +175,17 @@ class Family:
     def __post_init__(self) -> None:
         FAMILIES.append(self)
 
-    def program(self, backend: str, defines: dict[str, object], params: Sequence[Param]) -> Program:
+    def program(self, backend: str, defines: dict[str, object], params: Sequence[Param],
+                occupancy: tuple[int, int] | None = None) -> Program:
         """The family specialised by `defines` for `backend`, with the signature of `params` (in
         launch order: outputs, inputs, then scalars), named `<stem>_<hash of its text>`. It needs
-        bfloat where a define's value or a parameter's type names it."""
+        bfloat where a define's value or a parameter's type names it. `occupancy`: (threads,
+        threadgroups) a CUDA multiprocessor must hold at once (`_signature`)."""
         if backend not in self.backends: raise ValueError(f"{self.stem}: no {backend} kernel (only {', '.join(self.backends)})")
         helpers, body = _source(self.sources[-1]).split(BODY_MARKER)
         helpers = "".join(_source(f) for f in self.sources[:-1]) + helpers
         define_lines = "".join(f"#define {key} {value}\n" for key, value in defines.items())
-        text = f"{define_lines}{helpers}\n{_signature(backend, self.stem, params)}{body}}}\n"
+        text = f"{define_lines}{helpers}\n{_signature(backend, self.stem, params, occupancy)}{body}}}\n"
         name = f"{self.stem}_{hashlib.sha256(text.encode()).hexdigest()[:12]}"
         bfloat = any("bfloat" in str(value) for value in defines.values()) or any(p.ctype == "bfloat" for p in params)
         return Program(name, text.replace(f"{self.stem}(", f"{name}("), tuple(params), backend, bfloat)

@@ -16,11 +16,12 @@
 // Lines of keys outside the threadgroup's range, and the head-size padding (D up to DP, a multiple
 // of 16), are zeros in the tiles and are read from nowhere.
 //
-// Per key tile and SIMD group: S = Q · Kᵀ (16 rows x KEYS keys per row tile); the scores in base 2
-// (times scale · log2 e; an additive mask times log2 e added), invisible ones -inf; each row's
-// running maximum m, lazily (O and the row's sum l move onto a new maximum only when it grows by
-// more than 8, so weights stay below 2^8); P = 2^(S - m) straight from S's accumulators into the A
-// fragments of O += P · V (rounded to T on CUDA). At the end each row's sum is gathered from the
+// Per key tile and SIMD group: S = Q · Kᵀ (16 rows x KEYS keys per row tile), kept as the products
+// themselves where the scale is positive (an additive mask added divided by the scale; otherwise
+// times scale · log2 e); invisible scores -inf; each row's running maximum m of them, lazily (O and
+// the row's sum l move onto a new maximum only when 2^((S - m) · EXP_SCALE) would pass 2^8, as
+// FlashAttention-4 does); P = 2^(S · EXP_SCALE - m · EXP_SCALE), one fma and one exp2 an element,
+// straight from S's accumulators into the A fragments of O += P · V (rounded to T on CUDA). At the end each row's sum is gathered from the
 // four lanes holding it, the sink joins it, and O / l is rounded once. A row that sees no key is
 // zeros. Rows past the last (a partial tile) compute on zeros and store nothing.
 //
@@ -31,7 +32,7 @@
 // Runtime integers (the `ints` buffer, RUNTIME_INTS names them): q_len, k_len (contiguous K/V: their
 // offsets in longer caches and strides; paged: max_blocks, pool_blocks), the mask's strides, the
 // window. Defines: T, D, DP, DV, HQ, HKV, GQA, WARPS, ROW_TILES, KEYS, Q_RESIDENT, CAUSAL, WINDOW_ON, MASK_KIND
-// (0 none, 1 boolean bytes, 2 additive T), SINKS, PAGED, PAGE, SCALE_LOG2E, RUNTIME_INTS.
+// (0 none, 1 boolean bytes, 2 additive T), SINKS, PAGED, PAGE, SCALE_LOG2E, SCALE_POSITIVE, RUNTIME_INTS.
 
 #define THREADS (WARPS * 32)
 #define BQ (WARPS * ROW_TILES * 16)
@@ -51,6 +52,15 @@
 #define K_STEPS (DP / 16)     // mma steps over the features of a score
 #define KEY_TILES (KEYS / 8)  // 8-key accumulators of a row tile's scores
 #define V_TILES (DV / 8)      // 8-value accumulators of a row tile's output
+#if SCALE_POSITIVE  // the maximum of the products is the maximum of the scaled scores: scale in the exponent's fma
+#define EXP_SCALE SCALE_LOG2E
+#define MASK_SCALE (LOG2E / SCALE_LOG2E)
+#define STORED(product) (product)
+#else
+#define EXP_SCALE 1.0f
+#define MASK_SCALE LOG2E
+#define STORED(product) ((product) * SCALE_LOG2E)
+#endif
 
 #if KEYS % 16 != 0 || DP % 16 != 0 || DV % 8 != 0 || D % 8 != 0
 #error "sdpa_prefill.h: KEYS and DP must be multiples of 16, D and DV of 8"
@@ -71,12 +81,21 @@ INLINE size_t paged_line(const DEVICE int* block_tables, int batch, int max_bloc
 
 // This thread's share of the copies of KEYS lines, keys FIRST.., into TO (row stride LD): PIECES
 // 16-byte pieces a line, of which REAL are read (the rest, the padding, are zeros); lines of keys
-// outside [key_lo, key_hi) are zeros.
+// outside [key_lo, key_hi) are zeros. Where the threads divide into whole lines, a thread keeps one
+// piece of every THREADS / PIECES-th line (its line's address then grows by a constant).
+#define COPY_ONE(TO, LD, SOURCE, LINE, REAL, FIRST, line, piece)                                      \
+  {                                                                                                 \
+    const int key = (FIRST) + (line);                                                               \
+    const bool present = key >= key_lo && key < key_hi && (piece) < (REAL);                        \
+    async_copy16((TO) + (line) * (LD) + (piece) * 8, present ? (SOURCE) + LINE(key) + (piece) * 8 : (SOURCE), present); \
+  }
 #define COPY_LINES(TO, LD, SOURCE, LINE, PIECES, REAL, FIRST)                                         \
-  for (int i = thread_id; i < KEYS * (PIECES); i += THREADS) {                                      \
-    const int line = i / (PIECES), piece = i % (PIECES), key = (FIRST) + line;                      \
-    const bool present = key >= key_lo && key < key_hi && piece < (REAL);                          \
-    async_copy16((TO) + line * (LD) + piece * 8, present ? (SOURCE) + LINE(key) + piece * 8 : (SOURCE), present); \
+  if (THREADS % (PIECES) == 0) {                                                                    \
+    const int piece = thread_id % (PIECES);                                                         \
+    _Pragma("unroll") for (int line = thread_id / (PIECES); line < KEYS; line += THREADS / (PIECES)) \
+      COPY_ONE(TO, LD, SOURCE, LINE, REAL, FIRST, line, piece)                                      \
+  } else {                                                                                          \
+    for (int i = thread_id; i < KEYS * (PIECES); i += THREADS) COPY_ONE(TO, LD, SOURCE, LINE, REAL, FIRST, i / (PIECES), i % (PIECES)) \
   }                                                                                                 \
   async_commit();
 
@@ -204,7 +223,7 @@ INLINE size_t paged_line(const DEVICE int* block_tables, int batch, int max_bloc
       for (int ni = 0; ni < KEY_TILES; ni++) {
 #pragma unroll
         for (int e = 0; e < 4; e++) {
-          float score = scores[rt][ni].v[e] * SCALE_LOG2E;
+          float score = STORED(scores[rt][ni].v[e]);
           if (!whole) {
             const int h = e / 2, key = k0 + ni * 8 + frag_col(lane) + e % 2, pos = row_pos[rt][h];
             bool visible = row_real[rt][h] && key >= key_lo && key < key_hi;
@@ -221,7 +240,7 @@ INLINE size_t paged_line(const DEVICE int* block_tables, int batch, int max_bloc
 #if MASK_KIND == 1
               visible = mask[at] != 0;
 #else
-              score = fma(to_float(mask[at]), LOG2E, score);
+              score = fma(to_float(mask[at]), MASK_SCALE, score);
 #endif
             }
 #endif
@@ -245,7 +264,7 @@ INLINE size_t paged_line(const DEVICE int* block_tables, int batch, int max_bloc
         best = max(best, simd_shuffle_xor(best, ROW_PEER_A));
         best = max(best, simd_shuffle_xor(best, ROW_PEER_B));
         tile_max[rt][h] = best;
-        grows = grows || best > row_max[rt][h] + 8.0f;
+        grows = grows || best > row_max[rt][h] + 8.0f / EXP_SCALE;
       }
     }
     if (simd_any(grows)) {
@@ -253,8 +272,8 @@ INLINE size_t paged_line(const DEVICE int* block_tables, int batch, int max_bloc
       for (int rt = 0; rt < ROW_TILES; rt++) {
 #pragma unroll
         for (int h = 0; h < 2; h++) {
-          if (tile_max[rt][h] > row_max[rt][h] + 8.0f) {
-            const float factor = exp2(row_max[rt][h] - tile_max[rt][h]);  // 0 from -inf: nothing was summed
+          if (tile_max[rt][h] > row_max[rt][h] + 8.0f / EXP_SCALE) {
+            const float factor = exp2((row_max[rt][h] - tile_max[rt][h]) * EXP_SCALE);  // 0 from -inf: nothing was summed
             row_max[rt][h] = tile_max[rt][h];
             row_sum[rt][h] *= factor;
 #pragma unroll
@@ -271,13 +290,13 @@ INLINE size_t paged_line(const DEVICE int* block_tables, int batch, int max_bloc
     for (int rt = 0; rt < ROW_TILES; rt++) {
 #pragma unroll
       for (int h = 0; h < 2; h++) {
-        const float reference = row_max[rt][h] == -INFINITY ? 0.0f : row_max[rt][h];
+        const float shift_by = row_max[rt][h] == -INFINITY ? 0.0f : -row_max[rt][h] * EXP_SCALE;
         float sum = 0.0f;
 #pragma unroll
         for (int ni = 0; ni < KEY_TILES; ni++) {
 #pragma unroll
           for (int e = 2 * h; e < 2 * h + 2; e++) {
-            const float weight = fast_exp2(scores[rt][ni].v[e] - reference);
+            const float weight = fast_exp2(fma(scores[rt][ni].v[e], EXP_SCALE, shift_by));
             scores[rt][ni].v[e] = weight;
             sum += weight;
           }
@@ -327,8 +346,8 @@ INLINE size_t paged_line(const DEVICE int* block_tables, int batch, int max_bloc
       if (!row_real[rt][h]) continue;
       float factor = 1.0f;
 #if SINKS
-      const float sink = to_float(sinks[row_head[rt][h]]) * LOG2E, top = max(row_max[rt][h], sink);
-      factor = exp2(row_max[rt][h] - top);  // 0 where the row saw no key
+      const float seen = row_max[rt][h] * EXP_SCALE, sink = to_float(sinks[row_head[rt][h]]) * LOG2E, top = max(seen, sink);
+      factor = exp2(seen - top);  // 0 where the row saw no key
       sum = sum * factor + exp2(sink - top);
 #endif
       const float inverse = sum > 0.0f ? factor / sum : 0.0f;
