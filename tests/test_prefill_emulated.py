@@ -79,8 +79,8 @@ def test_emulated_prefill_with_metal_tiles(name):
     check(name, metal_tiles=True)
 
 
-@pytest.mark.parametrize("shape", [Tiled(4, 1, 64, True), Tiled(1, 2, 16, True), Tiled(2, 2, 32, False),
-                                   Tiled(2, 1, 16, False), Tiled(1, 1, 16, False)])
+@pytest.mark.parametrize("shape", [Tiled(4, 1, 64, True), Tiled(4, 2, 64, True), Tiled(4, 1, 32, True), Tiled(1, 2, 16, True),
+                                   Tiled(2, 2, 32, False), Tiled(2, 1, 16, False), Tiled(1, 1, 16, False)])
 def test_emulated_prefill_launch_shapes(shape):
     """Other SIMD group counts, row tiles and key tiles compute the same attention."""
     check("causal_continuing", shape)

@@ -125,6 +125,13 @@ def _load(device, program: Program, cubin: bytes) -> tuple[int, int, int]:
 SINCOSF_FRAME = ("CUDA's sincosf reduces angles past 105615 radians (Payne-Hanek) through a 28-byte local array: only "
                  "lanes with such angles touch it, and the full-precision sine and cosine at large positions need it")
 STACK_ALLOWED = {"nuvec_rope": SINCOSF_FRAME, "nuvec_norm_rope": SINCOSF_FRAME}
+# Spills allowed, by family, for the specialisations whose label matches, and why.
+SPILLS_ALLOWED = {
+    "nuvec_sdpa_prefill": (re.compile(r" D(192|256)/"),
+                           "heads of 192 and 256 hold a 16-row tile's output (DV / 2 floats a lane) beside Q's fragments or "
+                           "the score tile: at most about 80 bytes spill, and the H200 sweep measured the launch 1.7x faster "
+                           "than the one that does not spill (benchmarks/attention_h200.md)"),
+}
 
 
 def compile_nvcc(items: list[Specialisation], jobs: int = os.cpu_count() or 2) -> int:
@@ -152,9 +159,13 @@ def compile_nvcc(items: list[Specialisation], jobs: int = os.cpu_count() or 2) -
             for item in chunk:
                 registers, stack, spill = found[item.program.name]
                 print(f"{registers:4d} registers {stack:4d} stack {spill:4d} spilled  {item.family}: {item.label}", flush=True)
-                bad += (stack > 0 and item.family not in STACK_ALLOWED) or spill > 0
+                spill_allowed = item.family in SPILLS_ALLOWED and SPILLS_ALLOWED[item.family][0].search(item.label)
+                bad += not spill_allowed and ((stack > 0 and item.family not in STACK_ALLOWED) or spill > 0)
     for family in sorted({item.family for item in items} & set(STACK_ALLOWED)):
         print(f"{family}: a stack frame allowed ({STACK_ALLOWED[family]})")
+    for family in sorted({item.family for item in items} & set(SPILLS_ALLOWED)):
+        print(f"{family}: spills allowed where the label matches {SPILLS_ALLOWED[family][0].pattern!r} "
+              f"({SPILLS_ALLOWED[family][1]})")
     if bad: print(f"{bad} specialisations use local memory")
     return 1 if bad else 0
 

@@ -77,7 +77,7 @@ def grid(args) -> list[tuple]:
     rows = [(b, hq, hkv, d, length, window) for window in (None, WINDOW) for d in (128, 64, 256)
             for hq, hkv in ((32, 8), (16, 2), (64, 8)) for length in (1024, 4096, 16384) for b in (1, 4)
             if not (window and length <= WINDOW)]
-    if args.quick: rows = [r for r in rows if r[0] == 1 and r[1:3] == (32, 8) and r[3] in (64, 128)]
+    if args.quick: rows = [r for r in rows if (r[0] == 1 and r[1:3] == (32, 8)) or (r[3] == 128 and r[4] == 4096)]
     if args.small: rows = [(1, 4, 2, 64, 40, None)]
     return part_of(rows, args.part, args.batches)
 

@@ -282,7 +282,8 @@ def plan_call(call: AttentionCall, target: PlanTarget, op: str = "plan_attention
     elif _tiled_route(call, target):
         reason = prefill_unsupported(call.head_dim, call.v_head_dim, call.dtype, target)
         if reason is None:
-            return AttentionPlan(prefill_plan(target.backend, call.head_dim, call.v_head_dim), call.mask_copy_bytes, 0, False)
+            shape = prefill_plan(target.backend, call.head_dim, call.v_head_dim, call.mask == "array")
+            return AttentionPlan(shape, call.mask_copy_bytes, 0, False)
     else:
         reason = f"{call.q_len} queries of head sizes D {call.head_dim} / DV {call.v_head_dim} have no tiled route"
     rows, capped = _composed_rows(call, op)

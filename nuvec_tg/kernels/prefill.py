@@ -53,18 +53,24 @@ def padded(head_dim: int) -> int:
     return -(-head_dim // 16) * 16
 
 
-def plan(backend: str, head_dim: int, value_dim: int) -> Tiled:
-    """The launch for head sizes `(head_dim, value_dim)` on `backend`, within 48 KB of static
-    threadgroup memory (CUDA) or Apple's 32 KB, and the registers of a lane: a 16-row tile's output
-    is `DV / 2` floats a lane, its Q fragments `D / 4` words (CUDA, in registers up to D 128), its
-    scores `KEYS / 2` floats. CUDA: 4 SIMD groups over 64-key tiles with Q in registers up to head
-    size 128; beyond, 2 SIMD groups over 16-key tiles reading Q from threadgroup memory. Metal
-    (whose tiles hold floats): Q from threadgroup memory, 4 SIMD groups over 16-key tiles up to 128,
-    1 SIMD group beyond."""
-    large = max(head_dim, value_dim) > 128
+def plan(backend: str, head_dim: int, value_dim: int, array_mask: bool = False) -> Tiled:
+    """The launch for head sizes `(head_dim, value_dim)` on `backend` (`array_mask`: the call reads a
+    mask array), within 48 KB of static threadgroup memory (CUDA) or Apple's 32 KB, and a lane's
+    registers without spilling: a 16-row tile's output is `DV / 2` floats a lane, its Q fragments
+    `D / 4` words (in registers where `q_resident`), its scores `KEYS / 2` floats. From the H200
+    sweep (`tools/tune_prefill.py`, benchmarks/attention_h200.md): CUDA, 4 SIMD groups over 64-key
+    tiles with Q in registers, two row tiles each up to head size 64 (the fragments of K and V
+    serve twice the rows) but one under an array mask (whose addressing would spill); past 128,
+    32-key tiles, or under an array mask 2 SIMD groups over 16-key tiles reading Q from threadgroup
+    memory. Metal (whose
+    tiles hold floats): Q from threadgroup memory, 4 SIMD groups over 16-key tiles up to 128, 1
+    SIMD group beyond."""
+    largest = max(head_dim, value_dim)
     if backend == "cuda":
-        return Tiled(warps=2, row_tiles=1, keys=16, q_resident=False) if large else Tiled(4, 1, 64, True)
-    return Tiled(warps=1, row_tiles=1, keys=16, q_resident=False) if large else Tiled(4, 1, 16, False)
+        if largest <= 64: return Tiled(4, 1 if array_mask else 2, 64, True)
+        if largest <= 128: return Tiled(4, 1, 64, True)
+        return Tiled(2, 1, 16, False) if array_mask else Tiled(4, 1, 32, True)
+    return Tiled(1, 1, 16, False) if largest > 128 else Tiled(4, 1, 16, False)
 
 
 def threadgroup_bytes(head_dim: int, value_dim: int, dtype: DType, shape: Tiled) -> int:
@@ -88,7 +94,7 @@ def unsupported(head_dim: int, value_dim: int, dtype: DType, target: Target) -> 
     if dtype not in PREFILL_DTYPES: return f"{dtype_name(dtype)} has no tiled kernel (float16 and bfloat16 do; float32 composes)"
     if (reason := target.lacks(bfloat=dtype == dtypes.bfloat16, matrix_units=True)) is not None: return reason
     if target.backend == "metal":
-        over = metal_limit_reason(metal_resources(head_dim, value_dim, dtype, plan("metal", head_dim, value_dim)))
+        over = metal_limit_reason(metal_resources(head_dim, value_dim, dtype, plan("metal", head_dim, value_dim, True)))
         if over is not None: return f"the tiled kernel's threadgroup would take {over}"
     return None
 

@@ -83,6 +83,13 @@ INLINE size_t paged_line(const DEVICE int* block_tables, int batch, int max_bloc
 // 16-byte pieces a line, of which REAL are read (the rest, the padding, are zeros); lines of keys
 // outside [key_lo, key_hi) are zeros. Where the threads divide into whole lines, a thread keeps one
 // piece of every THREADS / PIECES-th line (its line's address then grows by a constant).
+// Large heads with Q in registers keep the copies' loop rolled: their registers hold Q's fragments
+// and the output.
+#if DP > 128 && Q_RESIDENT
+#define COPY_UNROLL _Pragma("unroll 1")
+#else
+#define COPY_UNROLL _Pragma("unroll")
+#endif
 #define COPY_ONE(TO, LD, SOURCE, LINE, REAL, FIRST, line, piece)                                      \
   {                                                                                                 \
     const int key = (FIRST) + (line);                                                               \
@@ -92,7 +99,7 @@ INLINE size_t paged_line(const DEVICE int* block_tables, int batch, int max_bloc
 #define COPY_LINES(TO, LD, SOURCE, LINE, PIECES, REAL, FIRST)                                         \
   if (THREADS % (PIECES) == 0) {                                                                    \
     const int piece = thread_id % (PIECES);                                                         \
-    _Pragma("unroll") for (int line = thread_id / (PIECES); line < KEYS; line += THREADS / (PIECES)) \
+    COPY_UNROLL for (int line = thread_id / (PIECES); line < KEYS; line += THREADS / (PIECES))     \
       COPY_ONE(TO, LD, SOURCE, LINE, REAL, FIRST, line, piece)                                      \
   } else {                                                                                          \
     for (int i = thread_id; i < KEYS * (PIECES); i += THREADS) COPY_ONE(TO, LD, SOURCE, LINE, REAL, FIRST, i / (PIECES), i % (PIECES)) \
