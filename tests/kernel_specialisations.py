@@ -271,7 +271,7 @@ def gemm_calls(backend: str) -> Iterator[tuple[DType, DType | None, DType, int, 
     """gemm's calls on `backend` by `(x and w dtype, bias dtype, y dtype, K, tiles)`: both 16-bit
     types, no bias or a bias of each kernel dtype (y their promotion), K of each copy width (16, 8
     and 4 bytes; on Metal an odd K too, read element by element), each tile shape the plan emits."""
-    tiles = (linear.GEMM_SMALL, linear.GEMM_LARGE) if backend == "cuda" else (linear.GEMM_METAL,)
+    tiles = (linear.GEMM_SMALL, linear.GEMM_MEDIUM, linear.GEMM_LARGE) if backend == "cuda" else (linear.GEMM_METAL,)
     for dtype, bias, k, shape in itertools.product((dtypes.float16, dtypes.bfloat16), (None,) + FLOATS,
                                                    (4096, 4100, 4098) + ((4097,) if backend == "metal" else ()), tiles):
         yield dtype, bias, promote_types(dtype, bias or dtype), k, shape

@@ -113,7 +113,7 @@ REACHED = {
                    "TX": {"half", "bfloat", "float"}, "TW": {"half", "bfloat", "float"}, "TY": {"half", "bfloat", "float"},
                    "CHUNK_W": {"uint4", "uint2", "uint", "ushort"}, "K_SPLIT": {"1", "2", "8"}, "COLUMNS": {"3", "4"}},
     "nuvec_gemm": {"TX": {"half", "bfloat"}, "TY": {"half", "bfloat", "float"}, "BIAS": {"0", "1"},
-                   "COPY_BYTES": {"4", "8", "16"}, "BM": {"64", "128"}, "WARPS_N": {"2", "4"}},
+                   "COPY_BYTES": {"4", "8", "16"}, "BM": {"64", "128"}, "BN": {"64", "128"}},
 }
 
 

@@ -155,12 +155,13 @@ GEMM_DTYPES = [(bf16, None, bf16), (f16, f16, f16), (bf16, bf16, bf16), (f16, f3
 @pytest.mark.parametrize("dtype, bias_dtype, out_dtype", GEMM_DTYPES, ids=str)
 def test_emulated_gemm_matches_numpy_at_both_tile_shapes(dtype, bias_dtype, out_dtype):
     """M = 100 (tails of both tile heights), N = 72 (off both tile widths), K = 104 (not a multiple of
-    a step of 32): CUDA's 64 x 64 and 128 x 128 tiles; a row's bits equal in both, and in M = 9 and 13."""
+    a step of 32): CUDA's 64 x 64, 64 x 128 and 128 x 128 tiles; a row's bits equal in each, and in M = 9 and 13."""
     case = Case(0x11D, 100, 104, 72, dtype, bias_dtype=bias_dtype, out_dtype=out_dtype)
     small = emulated_gemm(case, slice(0, 100), linear.GEMM_SMALL)
     large = emulated_gemm(case, slice(0, 100), linear.GEMM_LARGE)
     check_rows("64 x 64 tiles", small, case.want, out_dtype)
     np.testing.assert_array_equal(small, large)
+    np.testing.assert_array_equal(small, emulated_gemm(case, slice(0, 100), linear.GEMM_MEDIUM))
     for m in (9, 13):
         np.testing.assert_array_equal(emulated_gemm(case, slice(100 - m, 100), linear.GEMM_SMALL), small[100 - m:])
 
@@ -196,6 +197,7 @@ def test_every_tile_shape_gives_the_same_bits():
 
 
 def test_gemm_plans_follow_the_rows_and_the_backend():
-    assert [linear.gemm_plan(m, "cuda") for m in (9, 64, 65, 4096)] == [linear.GEMM_SMALL] * 2 + [linear.GEMM_LARGE] * 2
+    assert [linear.gemm_plan(m, "cuda") for m in (9, 64, 65, 1024, 1025, 4096)] == \
+        [linear.GEMM_SMALL] * 2 + [linear.GEMM_MEDIUM] * 2 + [linear.GEMM_LARGE] * 2
     assert linear.gemm_plan(4096, "metal") == linear.GEMM_METAL
     assert linear.GEMM_LARGE.grid(257, 130) == (3, 2, 1)

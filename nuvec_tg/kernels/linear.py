@@ -87,31 +87,35 @@ class Tiles:
 
 GEMM_STEP = 32             # k a step (BK)
 GEMM_TILE_LD = GEMM_STEP + 8  # Metal's float tiles' row stride (padding against bank conflicts)
-# CUDA: 128 x 128 tiles of 8 SIMD groups (each 64 x 32), 3 stages of copies (48 KB, the most a
-# kernel declares statically); up to SMALL_ROWS rows, 64 x 64 tiles of 4 SIMD groups (32 x 32
-# each) and 4 stages, so that a short x still makes enough threadgroups. Metal: 64 x 64 float
-# tiles of 4 SIMD groups, unstaged, within 32 KB. Tile shapes change no bit (`gemm.h`).
-GEMM_LARGE = Tiles(128, 128, 2, 4, 3)
+# CUDA, from the H200 sweep (tools/tune_linear.py, benchmarks/linear_h200.md): up to SMALL_ROWS rows,
+# 64 x 64 tiles of 4 SIMD groups (32 x 32 each) and 4 stages, so that a short x still makes enough
+# threadgroups; up to MEDIUM_ROWS, 64 x 128 tiles of 4 SIMD groups (32 x 64 each), 4 stages (M 512:
+# 334 TFLOP/s against 300 for 128 x 128 of 8); beyond, 128 x 128 of 4 SIMD groups (64 x 64 each), 3
+# stages (48 KB, the most a kernel declares statically; M 2048: 368 against 349). Metal: 64 x 64
+# float tiles of 4 SIMD groups, unstaged, within 32 KB. Tile shapes change no bit (`gemm.h`).
+GEMM_LARGE = Tiles(128, 128, 2, 2, 3)
+GEMM_MEDIUM = Tiles(64, 128, 2, 2, 4)
 GEMM_SMALL = Tiles(64, 64, 2, 2, 4)
 GEMM_METAL = Tiles(64, 64, 2, 2, 1)
-SMALL_ROWS = 64
+SMALL_ROWS, MEDIUM_ROWS = 64, 1024
 # Tile shapes the source takes (SIMD groups of 16-row and 16-column multiples, whole pieces a
 # thread) within 48 KB of stages, which tools/tune_linear.py sweeps: 128 x 128 of 8 or 4 SIMD
 # groups; 128 x 256 and 256 x 128 at 2 stages (a third less of L2's bandwidth a FLOP, which 128 x
 # 128 tiles need 5.9 TB/s of at 375 TFLOP/s); 128 x 64 and 64 x 128, 64 x 64 at 4 and 6 stages;
 # for a short x, whose product reads w at memory's pace, narrow tiles deep in stages (more
 # threadgroups, more copies in flight).
-TILE_SHAPES = (GEMM_LARGE, Tiles(128, 128, 4, 2, 3), Tiles(128, 128, 2, 2, 3), Tiles(128, 256, 2, 4, 2),
+TILE_SHAPES = (GEMM_LARGE, Tiles(128, 128, 4, 2, 3), Tiles(128, 128, 2, 4, 3), Tiles(128, 256, 2, 4, 2),
                Tiles(256, 128, 4, 2, 2), Tiles(128, 64, 2, 2, 4),
-               Tiles(64, 128, 2, 2, 4), GEMM_SMALL, Tiles(64, 64, 2, 2, 6), Tiles(32, 64, 1, 2, 6),
+               GEMM_MEDIUM, GEMM_SMALL, Tiles(64, 64, 2, 2, 6), Tiles(32, 64, 1, 2, 6),
                Tiles(16, 64, 1, 2, 8), Tiles(32, 32, 1, 1, 8))
 
 
 def gemm_plan(rows: int, backend: str) -> Tiles:
     """gemm's tiles for M rows on `backend`: GEMM_METAL on Metal; on CUDA GEMM_SMALL up to
-    SMALL_ROWS rows, else GEMM_LARGE. Any tile shape gives the same bits, so the plan may follow M."""
+    SMALL_ROWS rows, GEMM_MEDIUM up to MEDIUM_ROWS, else GEMM_LARGE. Any tile shape gives the same
+    bits, so the plan may follow M."""
     if backend == "metal": return GEMM_METAL
-    return GEMM_SMALL if rows <= SMALL_ROWS else GEMM_LARGE
+    return GEMM_SMALL if rows <= SMALL_ROWS else GEMM_MEDIUM if rows <= MEDIUM_ROWS else GEMM_LARGE
 
 
 def copy_bytes(k: int) -> int:
