@@ -130,7 +130,7 @@ SPILLS_ALLOWED = {
     "nuvec_sdpa_prefill": (re.compile(r" D(192|256)/"),
                            "heads of 192 and 256 hold a 16-row tile's output (DV / 2 floats a lane) beside Q's fragments or "
                            "the score tile: at most about 80 bytes spill, and the H200 sweep measured the launch 1.7x faster "
-                           "than the one that does not spill (benchmarks/attention_h200.md)"),
+                           "than the one that does not spill (benchmarks/prefill_h200.md)"),
 }
 
 

@@ -58,7 +58,7 @@ def plan(backend: str, head_dim: int, value_dim: int, array_mask: bool = False) 
     mask array), within 48 KB of static threadgroup memory (CUDA) or Apple's 32 KB, and a lane's
     registers without spilling: a 16-row tile's output is `DV / 2` floats a lane, its Q fragments
     `D / 4` words (in registers where `q_resident`), its scores `KEYS / 2` floats. From the H200
-    sweep (`tools/tune_prefill.py`, benchmarks/attention_h200.md): CUDA, 4 SIMD groups over 64-key
+    sweep (`tools/tune_prefill.py`, benchmarks/prefill_h200.md): CUDA, 4 SIMD groups over 64-key
     tiles with Q in registers, two row tiles each up to head size 64 (the fragments of K and V
     serve twice the rows) but one under an array mask (whose addressing would spill); past 128,
     32-key tiles, or under an array mask 2 SIMD groups over 16-key tiles reading Q from threadgroup
