@@ -427,28 +427,12 @@ def decode_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, vector: Vect
     kv_heads, value_dim = k.shape[1], v.shape[3]
     device = q.device
     mask_kind = 0 if mask is None else 1 if mask.dtype == dtypes.bool else 2
-    ins = [q.cast(dtype).contiguous()]
-    runtime: list[int] = []
+    ins, runtime, backward = attention_inputs(q, k, v, dtype, mask, sinks, paged, composition)
     length_scalars: list[UOp] = []
     length_params: list[Param] = []
     length = "ints"
-    key_of = value_of = whole
-    if paged is None:
-        buffers, strides, key_of, value_of = kv_buffers(k, v, dtype)
-        ins += buffers
-        runtime += strides
-        if not isinstance(k.shape[2], int): length = _length_expression(k.shape[2], length_scalars, length_params)
-    else:
-        block_tables, lengths, page = paged
-        ins += [k.cast(dtype), v.cast(dtype)]
-        runtime += [block_tables.shape[1], k.shape[0]]
-    if mask is not None:
-        mask, strides = mask_buffer(mask, dtype)
-        ins.append(mask)
-        runtime += strides
-    if sinks is not None: ins.append(sinks.cast(dtype))
-    backward = attention_backward(composition, tuple(ins), key_of, value_of, mask_kind, sinks is not None)
-    if paged is not None: ins += [block_tables, lengths]
+    if paged is None and not isinstance(k.shape[2], int):
+        length = _length_expression(k.shape[2], length_scalars, length_params)
     if window is not None: runtime.append(window)
     if length == "ints" and paged is None: runtime.append(k.shape[2])
     if matrix:  # each threadgroup's share of the blocks (block_groups threadgroups, or one per block)
@@ -475,6 +459,35 @@ def decode_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, vector: Vect
     # The first pass's inputs ride along, unread, so that the merge's backward reaches them.
     merge_ins = list(partials) + ([ins[3 + (mask_kind > 0)]] if sinks is not None else []) + ins
     return launch(programs[1], device, [out], merge_ins, (rows, 1, 1), spec.merge_threads(), backward=backward, label=label)[0]
+
+
+def attention_inputs(q: Tensor, k: Tensor, v: Tensor, dtype: DType, mask: Tensor | None, sinks: Tensor | None,
+                     paged: tuple[Tensor, Tensor, int] | None, composition: Callable | None
+                     ) -> tuple[list[Tensor], list[int], Backward | None]:
+    """What the attention kernels read, as `decode_attention` and `prefill_attention` take their
+    arguments: the buffers in parameter order (q, K and V or their caches or pools, the mask, the
+    sinks, then with `paged` the block tables and lengths), the runtime integers they start with
+    (K's and V's offsets and strides, or the table's width and the pool's blocks; then the mask's
+    strides), and the backward from `composition`."""
+    ins = [q.cast(dtype).contiguous()]
+    key_of = value_of = whole
+    if paged is None:
+        buffers, runtime, key_of, value_of = kv_buffers(k, v, dtype)
+        ins += buffers
+    else:
+        block_tables, lengths, _ = paged
+        ins += [k.cast(dtype), v.cast(dtype)]
+        runtime = [block_tables.shape[1], k.shape[0]]
+    mask_kind = 0
+    if mask is not None:
+        mask_kind = 1 if mask.dtype == dtypes.bool else 2
+        mask, strides = mask_buffer(mask, dtype)
+        ins.append(mask)
+        runtime += strides
+    if sinks is not None: ins.append(sinks.cast(dtype))
+    backward = attention_backward(composition, tuple(ins), key_of, value_of, mask_kind, sinks is not None)
+    if paged is not None: ins += [block_tables, lengths]
+    return ins, runtime, backward
 
 
 def kv_buffers(k: Tensor, v: Tensor, dtype: DType) -> tuple[list[Tensor], list[int], Callable, Callable]:

@@ -19,7 +19,7 @@ from tinygrad.dtype import DType
 
 from ..tensor import dtype_name
 from . import Target
-from .attention import attention_backward, kv_buffers, mask_buffer, whole
+from .attention import attention_inputs
 from .program import CTYPES, Family, Param, Program, Resources, int_buffer, launch, metal_limit_reason, \
     threadgroup_array
 
@@ -183,23 +183,8 @@ def prefill_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, shape: Tile
         raise ValueError(f"prefill_attention: a batch of {batch} and {kv_heads} key heads exceed the grid's 65535")
     device = q.device
     mask_kind = 0 if mask is None else 1 if mask.dtype == dtypes.bool else 2
-    ins = [q.cast(dtype).contiguous()]
-    key_of = value_of = whole
-    if paged is None:
-        buffers, strides, key_of, value_of = kv_buffers(k, v, dtype)
-        ins += buffers
-        runtime = [q_len, k.shape[2], *strides]
-    else:
-        block_tables, lengths, page = paged
-        ins += [k.cast(dtype), v.cast(dtype)]
-        runtime = [q_len, block_tables.shape[1], k.shape[0]]
-    if mask is not None:
-        mask, strides = mask_buffer(mask, dtype)
-        ins.append(mask)
-        runtime += strides
-    if sinks is not None: ins.append(sinks.cast(dtype))
-    backward = attention_backward(composition, tuple(ins), key_of, value_of, mask_kind, sinks is not None)
-    if paged is not None: ins += [block_tables, lengths]
+    ins, runtime, backward = attention_inputs(q, k, v, dtype, mask, sinks, paged, composition)
+    runtime = [q_len] + ([] if paged is not None else [k.shape[2]]) + runtime
     if window is not None: runtime.append(window)
     ins.append(int_buffer(device, tuple(runtime)))
     spec = PrefillSpec(dtype, head_dim, value_dim, q_heads, kv_heads, causal, window is not None, mask_kind,
