@@ -5,7 +5,9 @@ stay in registers, for causal bf16 self-attention of 32 query heads over 8 key h
 over the visible pairs, its output checked against the plan's launch; `*` marks the plan's.
 
 `--ceiling` first measures what the matrix units give through `mma.sync` (m16n8k16, bf16 into
-float32) with every operand in registers: the rate no kernel built on it can pass."""
+float32) with every operand in registers: the rate no kernel built on it can pass. `--shapes
+"128:4x1/64r@3,4x1/32r;64:..."` times only those launches (and the plan's) per head size: SIMD
+groups x row tiles / keys, `r` or `s`, `@n` an occupancy cap. Results: benchmarks/prefill_h200.md."""
 import argparse
 import itertools
 import sys
