@@ -17,6 +17,7 @@ import test_decode_emulated as vector
 import test_decode_mma_emulated as matrix
 import test_gated_delta_emulated as gated
 import test_norm_rope_emulated as norm_rope
+import test_prefill_emulated as prefill
 import test_linear_emulated as dense
 import test_qmv_emulated as quant
 import test_rope_emulated as rope
@@ -361,3 +362,31 @@ NORM_ROPE_OUTSIDE = {
 def test_norm_rope_reading_or_writing_past_its_buffers_fails_the_bounds_check(fault_name):
     case, fault = NORM_ROPE_OUTSIDE[fault_name]
     expect_failure(fault, lambda: norm_rope.check_case(case, fault), OUTSIDE)
+
+
+# Tiled prefill (sdpa_prefill.h).
+PREFILL_FAULTS = {
+    "drop_last_key_tile": ("causal_continuing", Fault("tile < tile_end; tile++", "tile < tile_end - 1; tile++")),
+    "sum_not_moved_onto_a_new_maximum": ("causal_continuing", Fault("row_sum[rt][h] *= factor;", "")),
+    "row_sum_of_two_lanes_only": ("causal_gqa4", Fault("sum += simd_shuffle_xor(sum, ROW_PEER_B);", "")),
+    "causal_off_by_one": ("causal_gqa4", Fault("visible = visible && key <= pos + shift;",
+                                               "visible = visible && key <= pos + shift + 1;")),
+    "window_off_by_one": ("window_below", Fault("visible = visible && key > pos + shift - window;",
+                                                "visible = visible && key >= pos + shift - window;")),
+    # Row R's query head taken as R / positions rather than R % GQA (the packing read the other way).
+    "head_packing": ("sinks_causal", Fault("row_head[rt][h] = kv_head * GQA + row % GQA;",
+                                           "row_head[rt][h] = kv_head * GQA + row / q_len % GQA;")),
+}
+
+
+@pytest.mark.parametrize("fault_name", list(PREFILL_FAULTS))
+def test_prefill_faults_fail_its_comparison(fault_name):
+    case, fault = PREFILL_FAULTS[fault_name]
+    expect_failure(fault, lambda: prefill.check(case, edit=fault), f"{DIFFER}|an output not written")
+
+
+@needs_access_checks
+def test_prefill_reading_unclamped_table_entries_fails_the_bounds_check():
+    fault = Fault("const int page = min(max(block_tables[batch * max_blocks + key / PAGE], 0), pool_blocks - 1);",
+                  "const int page = block_tables[batch * max_blocks + key / PAGE];")
+    expect_failure(fault, lambda: prefill.check("paged_hostile", edit=fault), OUTSIDE)
