@@ -26,7 +26,7 @@ from kernel_emulator import COMPILER, build
 from nuvec_tg.kernels import Target
 from nuvec_tg.kernels import rope as kernel
 from nuvec_tg.kernels.program import metal_limit_reason
-from reference import assert_rows_close, int32_positions, rope_reference, round_to
+from reference import assert_rows_close, rope_reference, round_to
 
 pytestmark = pytest.mark.skipif(COMPILER is None, reason="no C++ compiler")
 
