@@ -1,7 +1,18 @@
 """The gated delta rule computed directly in float64 numpy, for the gated delta tests."""
+import math
+
 import numpy as np
 
-from reference import round_to
+from nuvec_tg.kernels.gated_delta import CHUNK
+from reference import KERNEL_TOLERANCE, round_to
+
+
+def chunked_tolerance(dtype, steps: int) -> float:
+    """The chunked prefill against the float64 recurrence, relative to a row's largest element: its
+    products take 16-bit operands (the state and each chunk's corrections rounded to q's dtype
+    `dtype`), and each chunk's rounding is carried into the next chunk's state, so the tolerance
+    is the kernels' for that dtype grown with the logarithm of the number of chunks."""
+    return KERNEL_TOLERANCE[dtype] * (1 + math.log2(max(-(-steps // CHUNK), 1)))
 
 
 def gated_delta_reference(q, k, v, g, beta, state, storage=None):

@@ -197,6 +197,31 @@ def _gated_delta_candidates(backend: str) -> Iterator[_Candidate]:
             yield _Candidate("nuvec_gated_delta", make, cover, ((),))
 
 
+def _gated_delta_chunked_candidates(backend: str) -> Iterator[_Candidate]:
+    """The chunked prefill's two passes: head sizes from 16 to the largest it takes (Dv past Dk),
+    both 16-bit activations, gates and rates of each dtype, the decay and its logarithm, every
+    state dtype, the final state and the pool, and each threadgroup of the state pass."""
+    for (dk, dv), activation, gate, log_decay in itertools.product(
+            [(128, 128), (64, 48), (32, 16), (96, 64), (128, 256)], (dtypes.float16, dtypes.bfloat16), KERNEL_DTYPES, (False, True)):
+        types = dict(q=activation, g=gate, beta=activation if log_decay else gate)
+
+        def make_chunks(types=types, dk=dk, dv=dv, log_decay=log_decay) -> tuple[str, Program]:
+            label = f"Dk{dk} Dv{dv} " + " ".join(f"{name} {dtype_name(t)}" for name, t in types.items()) + (" log decay" * log_decay)
+            return label, gated_delta.chunks_program(backend, types, dk, dv, 2, 4, gated_delta.CHUNK, log_decay)
+        yield _Candidate(gated_delta.GATED_DELTA_CHUNKS.stem, make_chunks, ((dk, dv, activation), (activation, gate, log_decay)), ((),))
+    for (dk, dv), activation, state, slots, warps in itertools.product(
+            [(128, 128), (64, 48), (32, 16), (96, 64), (128, 256)], (dtypes.float16, dtypes.bfloat16), KERNEL_DTYPES, (False, True),
+            gated_delta.CHUNKED_WARPS):
+        types = dict(q=activation, g=dtypes.float32, beta=dtypes.float32, state=state)
+        shape = gated_delta.Chunked(gated_delta.CHUNK, warps)
+
+        def make_pass(types=types, dk=dk, dv=dv, shape=shape, slots=slots) -> tuple[str, Program]:
+            label = (f"{'slots' if slots else 'final'} Dk{dk} Dv{dv} " + " ".join(f"{name} {dtype_name(t)}" for name, t in types.items())
+                     + f" {shape.warps} warps")
+            return label, gated_delta.pass_program(backend, types, dk, dv, 2, 4, shape, slots)
+        yield _Candidate(gated_delta.GATED_DELTA_PASS.stem, make_pass, ((dk, dv, activation, warps), (activation, state, slots)), ((),))
+
+
 def _qmv_candidates(backend: str) -> Iterator[_Candidate]:
     """qmv and gather_qmv: every mode, width and group, x (and y) dtype, affine scales dtype, 1-8
     rows; K and N at the kernel's boundaries (half chunks, fewer columns than a SIMD group serves,
@@ -477,7 +502,7 @@ def _norm_rope_candidates(backend: str) -> Iterator[_Candidate]:
         yield _Candidate(rope.NORM_ROPE.stem, make, cover, ((),))  # no inline assembly of its own (sincosf: the library's)
 
 
-_WALKS = (_decode_candidates, _prefill_candidates, _gated_delta_candidates, _qmv_candidates, _qvm_candidates, _qmm_candidates,
+_WALKS = (_decode_candidates, _prefill_candidates, _gated_delta_candidates, _gated_delta_chunked_candidates, _qmv_candidates, _qvm_candidates, _qmm_candidates,
           _norm_candidates, _residual_norm_candidates, _softmax_candidates, _rope_candidates, _norm_rope_candidates,
           _gemv_candidates, _gemm_candidates)
 

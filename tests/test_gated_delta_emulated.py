@@ -17,9 +17,10 @@ from tinygrad import dtypes
 from tinygrad.dtype import DType
 
 from emulated_decode import Edit, from_bits, to_bits
+from gated_delta_reference import chunked_tolerance
 from kernel_emulator import COMPILER, build
 from nuvec_tg.kernels import gated_delta as kernel
-from reference import assert_rows_close, round_to
+from reference import KERNEL_TOLERANCE, assert_rows_close, round_to
 
 pytestmark = pytest.mark.skipif(COMPILER is None, reason="no C++ compiler")
 
@@ -161,3 +162,106 @@ def test_the_hostile_slots_leave_their_rows_and_give_zeros():
     got = emulated(case, arrays)
     assert not got["y"][[1, 2]].any() and got["y"][[0, 3]].all()
     np.testing.assert_array_equal(got["pool"][1], from_bits(arrays["state"], BF16)[1])
+
+
+# The chunked prefill (`src/gated_delta_chunks.h`, then `src/gated_delta_pass.h`): its two passes
+# chained through their buffers, against the same float64 recurrence.
+@dataclass(frozen=True)
+class ChunkedCase:
+    """A chunked call: q, k `[B, T, Hk, Dk]`, v `[B, T, Hv, Dv]` of the 16-bit `activation`, g
+    and beta of `gate`, the state (or a pool of `pool` states at `slots`) of `state`; the state
+    pass's threadgroups of `warps` SIMD groups; `log_decay`: g passed as its logarithm."""
+    batch: int
+    steps: int
+    key_heads: int
+    value_heads: int
+    key_dim: int
+    value_dim: int
+    activation: DType
+    gate: DType
+    state: DType
+    warps: int = 1
+    log_decay: bool = False
+    pool: int = 0
+    slots: tuple[int, ...] = ()
+
+
+CHUNKED_CASES = {
+    # Two chunks, the second partial; bfloat16 activations, float32 gates and state.
+    "chunked_bf16": ChunkedCase(1, 40, 1, 2, 32, 16, BF16, F32, F32),
+    # Three chunks over two batch items, two value heads a key head, float16 state, 2 SIMD groups
+    # a threadgroup (Dv 48: the second threadgroup's second SIMD group lies past Dv).
+    "chunked_f16_grouped": ChunkedCase(2, 70, 1, 2, 64, 48, F16, F32, F16, warps=2),
+    # One whole chunk, Dk 128 (a Qwen3.5 head), the decay given as its logarithm, bfloat16 gates.
+    "chunked_log_decay": ChunkedCase(1, 32, 2, 2, 128, 32, BF16, BF16, F32, log_decay=True),
+    # A pool: live slots, one past it, one negative.
+    "chunked_slots": ChunkedCase(4, 33, 1, 1, 32, 32, F16, F32, BF16, pool=3, slots=(2, -1, 5, 0)),
+}
+
+
+def chunked_inputs(name: str, case: ChunkedCase) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """As `inputs`: the arrays in the kernel's elements and as float64 (g as the decay itself)."""
+    rng = np.random.default_rng(zlib.crc32(name.encode()))
+    b, t, hk, hv, dk, dv = case.batch, case.steps, case.key_heads, case.value_heads, case.key_dim, case.value_dim
+    k = rng.standard_normal((b, t, hk, dk))
+    decay = rng.uniform(0.75, 1, (b, t, hv))
+    raw = {"q": rng.standard_normal((b, t, hk, dk)) * 0.5, "k": k / np.linalg.norm(k, axis=-1, keepdims=True),
+           "v": rng.standard_normal((b, t, hv, dv)), "g": np.log(decay) if case.log_decay else decay,
+           "beta": rng.uniform(0.5, 1, (b, t, hv)),
+           "state": rng.standard_normal((case.pool, hv, dv, dk) if case.slots else (b, hv, dv, dk)) * 0.3}
+    types = dict(q=case.activation, k=case.activation, v=case.activation, g=case.gate, beta=case.gate, state=case.state)
+    arrays = {key: to_bits(raw[key], types[key]) for key in NAMES}
+    values = {key: from_bits(arrays[key], types[key]) for key in NAMES}
+    if case.log_decay: values["g"] = np.exp(values["g"])
+    return arrays, values
+
+
+def emulated_chunked(case: ChunkedCase, arrays: dict[str, np.ndarray], metal_tiles: bool = False) -> dict[str, np.ndarray]:
+    """Both passes' outputs: `y`, and `state_out` or the updated `pool`, as float64 (`metal_tiles`:
+    on the Metal prelude's simdgroup matrices, whose operands stay float)."""
+    b, t, hk, hv, dk, dv = case.batch, case.steps, case.key_heads, case.value_heads, case.key_dim, case.value_dim
+    c = kernel.CHUNK
+    count = -(-t // c)
+    types = dict(q=case.activation, g=case.gate, beta=case.gate, state=case.state)
+    prep = kernel.chunks_program("cuda", types, dk, dv, hk, hv, c, case.log_decay)
+    half = lambda *dims: np.full(dims, 0xFFFF, np.uint16)  # noqa: E731 - NaN patterns: an element the first pass misses shows
+    forms = dict(w=half(b, hv, count * c, dk), u=half(b, hv, count, dv, c), within=half(b, hv, count, c, c),
+                 c_out=np.full((b, hv, count * c), np.nan, np.float32))
+    buffers = dict(arrays, **forms, ints=np.array([t], np.int32))
+    build(prep, metal_tiles)([buffers[p.name] for p in prep.params], count, 32 * kernel.PREP_WARPS, hv, b)
+    shape = kernel.Chunked(c, case.warps)
+    program = kernel.pass_program("cuda", types, dk, dv, hk, hv, shape, bool(case.slots))
+    buffers = dict(arrays, w=forms["w"], u=forms["u"], within=forms["within"], c_in=forms["c_out"],
+                   y=np.full((b, t, hv, dv), 0xFFFF, np.uint16))
+    if case.slots:
+        buffers.update(pool=arrays["state"].copy(), slots=np.array(case.slots, np.int32), ints=np.array([t, case.pool], np.int32))
+    else:
+        filled = np.full((b, hv, dv, dk), np.nan, np.float32) if case.state == F32 else np.full((b, hv, dv, dk), 0xFFFF, np.uint16)
+        buffers.update(state_in=arrays["state"], state_out=filled, ints=np.array([t], np.int32))
+    build(program, metal_tiles)([buffers[p.name] for p in program.params], -(-dv // (16 * case.warps)), 32 * case.warps, hv, b)
+    second = "pool" if case.slots else "state_out"
+    return {"y": from_bits(buffers["y"], case.activation), second: from_bits(buffers[second], case.state)}
+
+
+@pytest.mark.parametrize("metal_tiles", [False, True], ids=["mma", "metal_tiles"])
+@pytest.mark.parametrize("name", list(CHUNKED_CASES))
+def test_emulated_chunked_prefill_matches_numpy(name, metal_tiles):
+    case = CHUNKED_CASES[name]
+    arrays, values = chunked_inputs(name, case)
+    got = emulated_chunked(case, arrays, metal_tiles)
+    q, k, v, g, beta, state = (values[key] for key in NAMES)
+    tol = max(chunked_tolerance(case.activation, case.steps), KERNEL_TOLERANCE[case.state])
+    if case.slots:
+        slots = np.array(case.slots)
+        live = (slots >= 0) & (slots < case.pool)
+        y, final = recurrence(q, k, v, g, beta, state[np.where(live, slots, 0)])
+        y = np.where(live[:, None, None, None], y, 0)
+        pool = state.copy()
+        pool[slots[live]] = final[live]
+        assert_rows_close(f"{name} y", got["y"], y, tol)
+        assert_rows_close(f"{name} pool", got["pool"], pool, tol)
+        np.testing.assert_array_equal(got["pool"][1], state[1])  # no live slot names it: its bits stay
+    else:
+        y, final = recurrence(q, k, v, g, beta, state)
+        assert_rows_close(f"{name} y", got["y"], y, tol)
+        assert_rows_close(f"{name} state", got["state_out"], final, tol)

@@ -9,8 +9,10 @@ from tinygrad import Tensor, dtypes
 
 from conftest import GPU_DEVICES
 from nuvec_tg import fast
-from nuvec_tg.kernels import compositions_only
-from gated_delta_reference import gated_delta_reference
+from nuvec_tg.fast.gated_delta import _recurrence as recurrence_composition
+from nuvec_tg.kernels import compositions_only, kernel_backend
+from nuvec_tg.kernels import gated_delta as kernel
+from gated_delta_reference import chunked_tolerance, gated_delta_reference
 from reference import COMPOSITION_TOLERANCE, KERNEL_TOLERANCE, assert_rows_close, expect_launches, random, values
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not GPU_DEVICES, reason="no GPU")]
@@ -114,3 +116,120 @@ def test_gradients_through_the_kernel_equal_the_compositions():
     with expect_launches(gpu, None), compositions_only():
         (cq,) = fast.gated_delta(q, k, v, g, beta, state)[0].sum().gradient(q)
     close("dq (y only)", dq, cq, dtypes.float32)
+
+
+# The chunked prefill: from CHUNKED_MIN_STEPS steps on, 16-bit q, k and v (`kernels.gated_delta.plan`).
+CHUNKED = "nuvec_gated_delta_pass"
+CHUNKED_SHAPES = [(1, 64, 2, 4, 128, 128), (1, 300, 2, 4, 128, 128), (2, 97, 1, 2, 64, 48), (1, 131, 16, 32, 128, 128),
+                  (3, 65, 1, 1, 32, 16)]  # the plan's first chunked call, chunks partial and whole, Qwen3.5's heads
+CHUNKED_PAIRS = [(dtypes.bfloat16, dtypes.float32), (dtypes.float16, dtypes.float32), (dtypes.bfloat16, dtypes.bfloat16),
+                 (dtypes.float16, dtypes.float16)]
+
+
+def chunked_close(name, got: Tensor, want, dtype, steps):
+    assert_rows_close(name, values(got), want, chunked_tolerance(dtype, steps))
+
+
+@pytest.mark.parametrize("shape", CHUNKED_SHAPES, ids=str)
+@pytest.mark.parametrize("dtype, gate", CHUNKED_PAIRS, ids=lambda d: d.name)
+def test_the_chunked_prefill_matches_numpy_and_the_recurrence(shape, dtype, gate):
+    q, k, v, g, beta, state = inputs(np.random.default_rng(0x25), shape, dtype, gate)
+    with expect_launches(gpu, CHUNKED):
+        y, s = fast.gated_delta(q, k, v, g, beta, state)
+        Tensor.realize(y, s)
+    recurrent = kernel.Launch(4, 1)
+    ry, rs = kernel.gated_delta_kernel(q, k, v, g, beta, state, backend=kernel_backend(gpu), shape=recurrent)
+    Tensor.realize(ry, rs)
+    assert y.dtype == q.dtype and s.dtype == state.dtype
+    want_y, want_s, _ = gated_delta_reference(*(values(x) for x in (q, k, v, g, beta, state)))
+    steps = shape[1]
+    chunked_close(f"{shape} y vs numpy", y, want_y, dtype, steps)
+    chunked_close(f"{shape} state vs numpy", s, want_s, max(dtype, gate, key=lambda d: KERNEL_TOLERANCE[d]), steps)
+    chunked_close(f"{shape} y vs the recurrent kernel", y, values(ry), dtype, steps)
+    chunked_close(f"{shape} state vs the recurrent kernel", s, values(rs), max(dtype, gate, key=lambda d: KERNEL_TOLERANCE[d]), steps)
+
+
+def test_the_plan_takes_the_chunked_prefill_from_its_crossover():
+    shape = (1, kernel.CHUNKED_MIN_STEPS - 1, 2, 4, 64, 32)
+    short = inputs(np.random.default_rng(1), shape, dtypes.bfloat16, dtypes.float32)
+    with expect_launches(gpu, KERNEL) as launches:
+        Tensor.realize(*fast.gated_delta(*short))
+    assert not any(name.startswith(CHUNKED) for name, _ in launches)
+    long = inputs(np.random.default_rng(1), (1, kernel.CHUNKED_MIN_STEPS, 2, 4, 64, 32), dtypes.bfloat16, dtypes.float32)
+    with expect_launches(gpu, CHUNKED):
+        Tensor.realize(*fast.gated_delta(*long))
+    # float32 activations and every step's state keep the recurrence
+    long32 = inputs(np.random.default_rng(1), (1, kernel.CHUNKED_MIN_STEPS, 2, 4, 64, 32), dtypes.float32, dtypes.float32)
+    with expect_launches(gpu, KERNEL) as launches:
+        Tensor.realize(*fast.gated_delta(*long32))
+        Tensor.realize(*fast.gated_delta_steps(*long))
+    assert not any(name.startswith(CHUNKED) for name, _ in launches)
+
+
+def test_the_chunked_prefill_gives_each_batch_item_its_bits_alone():
+    q, k, v, g, beta, state = inputs(np.random.default_rng(0x26), (3, 100, 2, 4, 128, 64), dtypes.bfloat16, dtypes.float32)
+    with expect_launches(gpu, CHUNKED):
+        y, s = fast.gated_delta(q, k, v, g, beta, state)
+        Tensor.realize(y, s)
+    for i in range(3):
+        one = [x[i:i + 1].contiguous().realize() for x in (q, k, v, g, beta, state)]
+        with expect_launches(gpu, CHUNKED):
+            y1, s1 = fast.gated_delta(*one)
+            Tensor.realize(y1, s1)
+        np.testing.assert_array_equal(y1.float().numpy(), y[i:i + 1].float().numpy())
+        np.testing.assert_array_equal(s1.numpy(), s[i:i + 1].numpy())
+
+
+def test_the_chunked_prefill_takes_the_decay_as_its_logarithm():
+    """`gated_delta_chunked` (a model's prefill) hands the kernel the log decay itself."""
+    q, k, v, g, beta, state = inputs(np.random.default_rng(0x27), (2, 150, 2, 4, 128, 128), dtypes.bfloat16, dtypes.float32)
+    with expect_launches(gpu, CHUNKED):
+        y, s = fast.gated_delta_chunked(q, k, v, g.log(), beta, state)
+        Tensor.realize(y, s)
+    with expect_launches(gpu, None), compositions_only():
+        cy, cs = fast.gated_delta_chunked(q, k, v, g.log(), beta, state)
+        Tensor.realize(cy, cs)
+    want_y, want_s, _ = gated_delta_reference(*(values(x) for x in (q, k, v, g, beta, state)))
+    chunked_close("log decay y vs numpy", y, want_y, dtypes.bfloat16, 150)
+    chunked_close("log decay state vs numpy", s, want_s, dtypes.bfloat16, 150)
+    chunked_close("log decay y vs the chunked composition", y, values(cy), dtypes.bfloat16, 150)
+    chunked_close("log decay state vs the chunked composition", s, values(cs), dtypes.bfloat16, 150)
+
+
+def test_the_chunked_prefill_updates_live_slots_only():
+    rng = np.random.default_rng(0x5108)
+    b, t, hk, hv, dk, dv = 4, 70, 2, 4, 64, 32
+    q, k, v, g, beta, _ = inputs(rng, (b, t, hk, hv, dk, dv), dtypes.float16, dtypes.float32)
+    pool = random(rng, (6, hv, dv, dk), dtypes.float32, gpu)[0].realize()
+    before = pool.numpy().copy()
+    slots = Tensor([4, -1, 1, 9], dtype=dtypes.int32, device=gpu)
+    ry, rpool = kernel.gated_delta_kernel(q, k, v, g, beta, Tensor(before, device=gpu).realize(), backend=kernel_backend(gpu),
+                                          slots=slots, shape=kernel.Launch(4, 1))
+    with expect_launches(gpu, CHUNKED):
+        y, updated = fast.gated_delta_slots(q, k, v, g, beta, pool, slots)
+        Tensor.realize(y, updated)
+    chunked_close("chunked slots y vs the recurrent kernel", y, values(ry), dtypes.float16, t)
+    assert not y.numpy()[[1, 3]].any()
+    chunked_close("chunked slots pool vs the recurrent kernel", updated, values(rpool), dtypes.float16, t)
+    np.testing.assert_array_equal(updated.numpy()[[0, 2, 3, 5]], before[[0, 2, 3, 5]])
+
+
+def test_gradients_through_the_chunked_prefill_equal_the_compositions():
+    """The chunked launch carries the composition's backward (a short call forced onto it: the
+    recurrence's composition over many steps would be slow to build)."""
+    q, k, v, g, beta, state = inputs(np.random.default_rng(0x6B), (1, 5, 2, 4, 64, 32), dtypes.float16, dtypes.float32)
+    targets = [q, k, v, g, beta, state]
+
+    def loss(forced: bool):
+        if forced:
+            y, s = kernel.gated_delta_kernel(q, k, v, g, beta, state, backend=kernel_backend(gpu), shape=kernel.Chunked(kernel.CHUNK, 1),
+                                             composition=lambda *x: recurrence_composition(*x, None))
+        else:
+            y, s = fast.gated_delta(q, k, v, g, beta, state)
+        return (y.float() * y.float()).sum() + (s * 0.5).sum()
+    with expect_launches(gpu, CHUNKED):
+        grads = [x.realize() for x in loss(True).gradient(*targets)]
+    with expect_launches(gpu, None), compositions_only():
+        composed = [x.realize() for x in loss(False).gradient(*targets)]
+    for name, got, want in zip("q k v g beta state".split(), grads, composed):
+        close(f"d{name}", got, want, dtypes.float16 if name in "qkv" else dtypes.float32)

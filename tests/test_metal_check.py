@@ -203,6 +203,28 @@ def test_every_gated_delta_metal_specialisation_compiles(tmp_path):
     check_metal(tmp_path, cases)
 
 
+def test_every_chunked_gated_delta_metal_specialisation_compiles(tmp_path):
+    """The chunked prefill's two passes: every head size it takes up to Dv 256, both 16-bit
+    activations, each gate dtype with the decay and its logarithm, each state dtype, the final
+    state and the pool, and each threadgroup of the state pass, within an Apple GPU's limits (Dk
+    128 with Dv 256 is not: its first pass's tiles pass 32 KB, and the recurrence takes it)."""
+    assert "threadgroup memory" in gated_delta.chunked_unsupported((dtypes.float16,) * 3, 128, 256, PlanTarget("metal"))
+    cases = []
+    for (dk, dv), activation in itertools.product([(128, 128), (64, 48), (32, 16), (96, 64), (64, 256)],
+                                                  (dtypes.float16, dtypes.bfloat16)):
+        assert gated_delta.chunked_unsupported((activation,) * 3, dk, dv, PlanTarget("metal")) is None
+        for gate, log_decay in itertools.product(KERNEL_DTYPES, (False, True)):
+            types = dict(q=activation, g=gate, beta=gate)
+            first, _ = gated_delta.chunked_metal_resources(activation, dk, dv, gated_delta.Chunked(gated_delta.CHUNK, 1))
+            cases.append((gated_delta.chunks_program("metal", types, dk, dv, 2, 4, gated_delta.CHUNK, log_decay), first))
+        for state, slots, warps in itertools.product(KERNEL_DTYPES, (False, True), gated_delta.CHUNKED_WARPS):
+            shape = gated_delta.Chunked(gated_delta.CHUNK, warps)
+            types = dict(q=activation, g=dtypes.float32, beta=dtypes.float32, state=state)
+            _, second = gated_delta.chunked_metal_resources(activation, dk, dv, shape)
+            cases.append((gated_delta.pass_program("metal", types, dk, dv, 2, 4, shape, slots), second))
+    check_metal(tmp_path, cases)
+
+
 def test_every_norm_metal_specialisation_compiles(tmp_path):
     cases = []
     for kind, types, length in norm_calls():
@@ -351,5 +373,6 @@ def test_every_metal_family_is_checked():
     """A new kernel family lands with its Metal specialisations in this file."""
     checked = {"nuvec_sdpa_decode", "nuvec_sdpa_merge", "nuvec_gated_delta", "nuvec_qmv", "nuvec_qvm", "nuvec_qmm", "nuvec_rms_norm",
                "nuvec_layer_norm", "nuvec_residual_norm", "nuvec_softmax", "nuvec_logsumexp", "nuvec_cross_entropy",
-               "nuvec_rope", "nuvec_norm_rope", "nuvec_sdpa_prefill", "nuvec_gemv", "nuvec_gemm"}
+               "nuvec_rope", "nuvec_norm_rope", "nuvec_sdpa_prefill", "nuvec_gemv", "nuvec_gemm",
+               "nuvec_gated_delta_chunks", "nuvec_gated_delta_pass"}
     assert {f.stem for f in FAMILIES if "metal" in f.backends} == checked

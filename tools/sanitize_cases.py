@@ -24,7 +24,8 @@ compiles dominate the time):
   the three decode passes; no batch.
 - gated delta rule: final state, every step's state (another storage dtype), the slot pool in
   place with slots negative, past the pool and duplicated; T 0, 1, 5 and 17 (the other launch
-  shape); Dk 32, 64, 128; Dv not a multiple of a threadgroup's rows; grouped Hv.
+  shape); Dk 32, 64, 128; Dv not a multiple of a threadgroup's rows; grouped Hv; the chunked
+  prefill at T 64 and 70 (a partial chunk), its final state and its slot pool.
 - qmv: 1, 3 and 8 rows (and a 1-D x) in every mode (affine 2, 3, 4, 8 bits; mxfp4, mxfp8,
   nvfp4), K not a multiple of a SIMD step (split across two SIMD groups), N not a multiple of a
   SIMD group's columns or below them; qvm; gather_qmv with expert and row indices out of range
@@ -93,6 +94,7 @@ DECODE_TWO_PASSES = ("nuvec_sdpa_decode", "nuvec_sdpa_merge")
 MATRIX = ("nuvec_sdpa_decode_mma", "nuvec_sdpa_merge")
 PREFILL = ("nuvec_sdpa_prefill",)
 GATED_DELTA = ("nuvec_gated_delta",)
+GATED_CHUNKED = ("nuvec_gated_delta_chunks", "nuvec_gated_delta_pass")
 QMV, QVM, QMM = ("nuvec_qmv",), ("nuvec_qvm",), ("nuvec_qmm",)
 GEMV, GEMM = ("nuvec_gemv",), ("nuvec_gemm",)
 RMS_NORM, LAYER_NORM, RESIDUAL_NORM = ("nuvec_rms_norm",), ("nuvec_layer_norm",), ("nuvec_residual_norm",)
@@ -275,8 +277,10 @@ ATTENTION = [
 def gated(b: int, t: int, hk: int, hv: int, dk: int, dv: int, dtype: DType, state_dtype: DType, *,
           variant: str = "final", storage: DType | None = None, slots: list[int] | None = None,
           pool_size: int = 0) -> Setup:
-    """A `gated_delta` call ("final"), `gated_delta_steps` ("steps", in `storage`) or
-    `gated_delta_slots` ("slots": `slots` into a pool of `pool_size`, updated in place)."""
+    """A `gated_delta` call ("final"), `gated_delta_chunked` ("chunked": the decay's logarithm; its
+    composition is the chunked one, quick to build for long calls), `gated_delta_steps` ("steps",
+    in `storage`) or `gated_delta_slots` ("slots": `slots` into a pool of `pool_size`, updated in
+    place)."""
     def setup(rng):
         q = uniform(rng, (b, t, hk, dk), dtype)
         keys = rng.uniform(-1, 1, (b, t, hk, dk))
@@ -288,8 +292,9 @@ def gated(b: int, t: int, hk: int, hv: int, dk: int, dv: int, dtype: DType, stat
             state = uniform(rng, (b, hv, dv, dk), state_dtype)
 
             def run(kernels: bool) -> Outputs:
-                if variant == "final":
-                    y, s = fast.gated_delta(q, k, v, g, beta, state)
+                if variant in ("final", "chunked"):
+                    y, s = fast.gated_delta(q, k, v, g, beta, state) if variant == "final" else \
+                        fast.gated_delta_chunked(q, k, v, g.log(), beta, state)
                     return [("y", y, None), ("state", s, None)]
                 y, states = fast.gated_delta_steps(q, k, v, g, beta, state, storage=storage)
                 return [("y", y, None), ("states", states, None)]
@@ -329,6 +334,12 @@ GATED = [
          gated(4, 5, 2, 4, 128, 16, dtypes.bfloat16, dtypes.float32, variant="slots", slots=[1, 1, 7, -2**31],
                pool_size=4)),
     Case("gated_delta no steps", NONE, gated(1, 0, 1, 1, 32, 8, dtypes.float32, dtypes.float32)),
+    Case("gated_delta_chunked bf16/f32 B2 T70 Dk128 Dv64 Hv4/Hk2 (chunked, the last chunk partial)", GATED_CHUNKED,
+         gated(2, 70, 2, 4, 128, 64, dtypes.bfloat16, dtypes.float32, variant="chunked")),
+    Case("gated_delta_chunked f16 T64 Dk32 Dv48 (chunked, Dv past a threadgroup's rows)", GATED_CHUNKED,
+         gated(1, 64, 1, 1, 32, 48, dtypes.float16, dtypes.float16, variant="chunked")),
+    Case("gated_delta_slots f16/f32 T64 Dk64 Hv2 slots 1, 1 (duplicate), 7, -2^31 (chunked)", GATED_CHUNKED,
+         gated(4, 64, 1, 2, 64, 32, dtypes.float16, dtypes.float32, variant="slots", slots=[1, 1, 7, -2**31], pool_size=4)),
 ]
 
 

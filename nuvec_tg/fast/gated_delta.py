@@ -206,6 +206,9 @@ def gated_delta_chunked(q: Tensor, k: Tensor, v: Tensor, log_g: Tensor, beta: Te
     check(isinstance(chunk_size, int) and not isinstance(chunk_size, bool) and chunk_size >= 1
           and chunk_size & (chunk_size - 1) == 0, op, f"chunk_size must be a power of two, got {chunk_size!r}")
     backend = _kernel_backend(op, q, v, (q, k, v, log_g, beta, state))
+    if backend is not None and isinstance(shape := kernel.route(q, k, v, "final"), kernel.Chunked):
+        return kernel.gated_delta_kernel(q, k, v, log_g, beta, state, backend=backend, shape=shape, log_decay=True,
+                                         composition=lambda q, k, v, lg, b, s: _recurrence(q, k, v, lg.exp(), b, s, None))
     if backend is not None:
         return kernel.gated_delta_kernel(q, k, v, log_g.exp(), beta, state, backend=backend,
                                          composition=lambda *x: _recurrence(*x, None))

@@ -1,6 +1,9 @@
-"""The gated delta rule's kernel (`src/gated_delta.h`): a SIMD group per few value rows of a
-head's state, the rows in registers for the whole time loop. Three variants: the final state,
-every step's state (rounded to a storage dtype), and a slot pool read and written in place."""
+"""The gated delta rule's kernels. The recurrence (`src/gated_delta.h`): a SIMD group per few value
+rows of a head's state, the rows in registers for the whole time loop; three variants: the final
+state, every step's state (rounded to a storage dtype), and a slot pool read and written in place.
+The chunked prefill (`src/gated_delta_chunks.h`, then `src/gated_delta_pass.h`): every chunk's WY
+forms at once, then the state carried from chunk to chunk on the matrix units; the final state
+and the slot pool. `plan` picks between them by the number of steps."""
 from __future__ import annotations
 
 import math
@@ -11,7 +14,10 @@ from tinygrad import Tensor, dtypes
 from tinygrad.dtype import DType
 
 from . import Target
-from .program import CTYPES, Backward, Family, Param, Program, Resources, chunks, int_buffer, launch, metal_limit_reason
+from . import debug, debugging
+from . import target as _target
+from .program import CTYPES, Backward, Family, Param, Program, Resources, chunks, int_buffer, launch, metal_limit_reason, \
+    threadgroup_array
 
 _ROUND = {dtypes.float16: "round_half(x)", dtypes.bfloat16: "round_bfloat(x)", dtypes.float32: "(x)"}
 
@@ -23,11 +29,32 @@ class Launch:
     rows: int
 
 
-def plan(steps: int) -> Launch:
-    """The launch for a call of `steps` steps: a decode step (few steps) reads the key and query
-    once for four rows (2 x 4); a prefill runs more SIMD groups, each with a shorter chain per step
-    (4 x 1). From the H200 sweep (`tools/tune_gated_delta.py`, `benchmarks/gated_delta_h200.md`).
-    A row's arithmetic is the same in every launch, so its bits are too."""
+@dataclass(frozen=True)
+class Chunked:
+    """The chunked prefill's launch: chunks of `chunk` steps; the state pass's threadgroups of
+    `warps` SIMD groups, 16 value rows each. A row's arithmetic does not depend on `warps`."""
+    chunk: int
+    warps: int
+
+
+CHUNK = 32                  # steps a chunk: its tiles fit Metal's 32 KB of threadgroup memory at Dk 128
+CHUNKED_WARPS = (1, 2, 4)
+CHUNKED_MIN_STEPS = 64      # from here on the plan takes the chunked prefill where it can
+PREP_WARPS = 4              # the first pass's threadgroup
+
+
+def plan(steps: int, batch: int = 1, value_heads: int = 1, value_dim: int = 128, chunkable: bool = False) -> Launch | Chunked:
+    """The launch for a call of `steps` steps: the chunked prefill from CHUNKED_MIN_STEPS steps
+    where it can run (`chunkable`: `chunked_unsupported` gave no reason), with fewer SIMD groups a
+    threadgroup the fewer 16-row tiles of state there are (the state pass's threadgroups then still
+    fill the GPU); otherwise the recurrence, where a decode step (few steps) reads the key and
+    query once for four rows (2 x 4) and a prefill runs more SIMD groups, each with a shorter chain
+    per step (4 x 1). From the H200 sweeps (`tools/tune_gated_delta.py`,
+    `benchmarks/gated_delta_h200.md`). A row's arithmetic is the same in every launch of a route,
+    so its bits are too."""
+    if chunkable and steps >= CHUNKED_MIN_STEPS:
+        tiles = batch * value_heads * -(-value_dim // 16)
+        return Chunked(CHUNK, 1 if tiles <= 512 else 2 if tiles <= 2048 else 4)
     return Launch(2, 4) if steps <= 16 else Launch(4, 1)
 
 
@@ -55,6 +82,35 @@ def metal_resources(shape: Launch) -> Resources:
 GATED_DELTA = Family("nuvec_gated_delta", ("gated_delta.h",), unsupported, plan)
 
 
+def chunked_unsupported(types: tuple[DType, ...], key_dim: int, value_dim: int, target: Target) -> str | None:
+    """Why the chunked prefill does not take a call that the recurrence takes (None when it does):
+    q, k and v of one 16-bit dtype (the matrix units' operands), Dk and Dv multiples of 16, Dk up
+    to 128 (the state's rows stay in registers), Dv up to 256, the target's matrix units, and on
+    Metal both passes' threadgroups within its limits. types: q's, k's and v's dtypes."""
+    if len(set(types)) != 1 or types[0] not in (dtypes.float16, dtypes.bfloat16): return "q, k and v not of one 16-bit dtype"
+    if key_dim % 16 or value_dim % 16: return f"Dk {key_dim} or Dv {value_dim} not a multiple of 16"
+    if key_dim > 128 or value_dim > 256: return f"Dk {key_dim} over 128 or Dv {value_dim} over 256"
+    if (reason := target.lacks(matrix_units=True)) is not None: return reason
+    if target.backend == "metal":
+        resources = chunked_metal_resources(types[0], key_dim, value_dim, Chunked(CHUNK, max(CHUNKED_WARPS)))
+        if (reason := metal_limit_reason(*resources)) is not None: return f"its threadgroup would take {reason}"
+    return None
+
+
+def chunked_metal_resources(dtype: DType, key_dim: int, value_dim: int, shape: Chunked) -> tuple[Resources, Resources]:
+    """The two passes' threadgroups on Metal: the first's K and Q/V tiles, A, X and three per-step
+    vectors; the second's two line buffers and the within tile."""
+    c, size = shape.chunk, dtype.itemsize
+    first = (threadgroup_array(c * (key_dim + 8), size) + threadgroup_array(c * (max(key_dim, value_dim) + 8), size)
+             + 2 * threadgroup_array(c * (c + 1), 4) + 3 * threadgroup_array(c, 4))
+    second = threadgroup_array(2 * c * (key_dim + 8), size) + threadgroup_array(c * (c + 8), size)
+    return Resources(32 * PREP_WARPS, first), Resources(32 * shape.warps, second)
+
+
+GATED_DELTA_CHUNKS = Family("nuvec_gated_delta_chunks", ("gated_delta_chunks.h",), chunked_unsupported, plan)
+GATED_DELTA_PASS = Family("nuvec_gated_delta_pass", ("gated_delta_pass.h",), chunked_unsupported, plan)
+
+
 def program(backend: str, types: dict[str, DType], mode: str, dk: int, dv: int, hk: int, hv: int, shape: Launch) -> Program:
     """One specialisation. types: the dtypes of `q`, `k`, `v`, `g`, `beta`, `state` (or the pool)
     and `storage` (the steps' storage; the state's dtype otherwise); mode: "final", "steps" or
@@ -77,19 +133,98 @@ def program(backend: str, types: dict[str, DType], mode: str, dk: int, dv: int, 
     return GATED_DELTA.program(backend, defines, params)
 
 
+def route(q: Tensor, k: Tensor, v: Tensor, mode: str) -> Launch | Chunked:
+    """The plan's launch for a call of the kernel (`gated_delta_kernel`'s shapes; mode "final",
+    "steps" or "slots"): every step's state keeps the recurrence."""
+    b, steps, _, dk = q.shape
+    hv, dv = v.shape[2], v.shape[3]
+    reason = "every step's state" if mode == "steps" else chunked_unsupported((q.dtype, k.dtype, v.dtype), dk, dv, _target(q.device))
+    shape = plan(steps, b, hv, dv, reason is None)
+    if debugging():
+        said = f"the chunked prefill ({shape.chunk}-step chunks, {shape.warps} SIMD groups a threadgroup)" \
+            if isinstance(shape, Chunked) else f"the recurrence ({shape.warps} x {shape.rows})"
+        if reason is not None and steps >= CHUNKED_MIN_STEPS: said += f", not chunked: {reason}"
+        debug(f"gated_delta {mode} {tuple(q.shape)}: {said}")
+    return shape
+
+
+def chunks_program(backend: str, types: dict[str, DType], dk: int, dv: int, hk: int, hv: int, chunk: int,
+                   log_decay: bool) -> Program:
+    """The chunked prefill's first pass. types: the dtypes of `q` (k's and v's too), `g` and `beta`;
+    log_decay: g holds the decay's natural logarithm."""
+    t = CTYPES[types["q"]]
+    defines = dict(T=t, TG=CTYPES[types["g"]], TB=CTYPES[types["beta"]], DK=dk, DV=dv, HK=hk, HV=hv, CHUNK=chunk,
+                   WARPS=PREP_WARPS, DECAY_LOG=int(log_decay))
+    params = [Param("w", "out", t), Param("u", "out", t), Param("within", "out", t), Param("c_out", "out", "float"),
+              Param("q", "in", t), Param("k", "in", t), Param("v", "in", t), Param("g", "in", defines["TG"]),
+              Param("beta", "in", defines["TB"]), Param("ints", "in", "int")]
+    return GATED_DELTA_CHUNKS.program(backend, defines, params)
+
+
+def pass_program(backend: str, types: dict[str, DType], dk: int, dv: int, hk: int, hv: int, shape: Chunked, slots: bool) -> Program:
+    """The chunked prefill's second pass. types: the dtypes of `q` (k's, v's and y's), `g`, `beta`
+    and `state` (or the pool's); slots: the pool variant."""
+    t, ts = CTYPES[types["q"]], CTYPES[types["state"]]
+    defines = dict(T=t, TS=ts, DK=dk, DV=dv, HK=hk, HV=hv, CHUNK=shape.chunk, WARPS=shape.warps, SLOTS=int(slots))
+    params = [Param("y", "out", t), Param("pool" if slots else "state_out", "out", ts)]
+    params += [Param("q", "in", t), Param("k", "in", t), Param("v", "in", t), Param("g", "in", CTYPES[types["g"]]),
+               Param("beta", "in", CTYPES[types["beta"]]), Param("w", "in", t), Param("u", "in", t), Param("within", "in", t),
+               Param("c_in", "in", "float")]
+    params += [Param("slots", "in", "int")] if slots else [Param("state_in", "in", ts)]
+    params.append(Param("ints", "in", "int"))
+    return GATED_DELTA_PASS.program(backend, defines, params)
+
+
+def _chunked(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor, backend: str, shape: Chunked,
+             slots: Tensor | None, composition: Callable | None, log_decay: bool) -> tuple[Tensor, Tensor]:
+    """The chunked prefill's two launches (see `gated_delta_kernel`)."""
+    b, steps, hk, dk = q.shape
+    hv, dv = v.shape[2], v.shape[3]
+    device, c = q.device, shape.chunk
+    count = -(-steps // c)
+    types = dict(q=q.dtype, g=g.dtype, beta=beta.dtype, state=state.dtype)
+    ins = [q.contiguous(), k.contiguous(), v.contiguous(), g.contiguous(), beta.contiguous()]
+    forms = [Tensor.empty(b, hv, count * c, dk, dtype=q.dtype, device=device),      # w
+             Tensor.empty(b, hv, count, dv, c, dtype=q.dtype, device=device),       # u, each chunk's transposed
+             Tensor.empty(b, hv, count, c, c, dtype=q.dtype, device=device),        # within
+             Tensor.empty(b, hv, count * c, dtype=dtypes.float32, device=device)]  # c, the cumulative log2 decays
+    label = f"Dk{dk} Dv{dv} Hk{hk} Hv{hv} chunk {c}"
+    forms = launch(chunks_program(backend, types, dk, dv, hk, hv, c, log_decay), device, forms, ins + [int_buffer(device, (steps,))],
+                   (count, hv, b), 32 * PREP_WARPS, label=f"{backend} gated_delta chunks {label}")
+    program = pass_program(backend, types, dk, dv, hk, hv, shape, slots is not None)
+    y = Tensor.empty(b, steps, hv, dv, dtype=q.dtype, device=device)
+    grid = (-(-dv // (16 * shape.warps)), hv, b)
+    if slots is not None:
+        return tuple(launch(program, device, [y, state], ins + forms + [slots.cast(dtypes.int32).contiguous(),
+                            int_buffer(device, (steps, state.shape[0]))], grid, 32 * shape.warps, in_place=True,
+                            label=f"{backend} gated_delta chunked slots {label}"))
+    state = state.contiguous()
+    backward = Backward("gated_delta", composition, (*ins, state), wrt=tuple(range(6))) if composition is not None else None
+    out = Tensor.empty(b, hv, dv, dk, dtype=state.dtype, device=device)
+    return tuple(launch(program, device, [y, out], ins + forms + [state, int_buffer(device, (steps,))], grid, 32 * shape.warps,
+                        backward=backward, label=f"{backend} gated_delta chunked final {label} {shape.warps} warps"))
+
+
 def gated_delta_kernel(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor, *, backend: str,
                        storage: DType | None = None, slots: Tensor | None = None, composition: Callable | None = None,
-                       shape: Launch | None = None) -> tuple[Tensor, Tensor]:
+                       shape: Launch | Chunked | None = None, log_decay: bool = False) -> tuple[Tensor, Tensor]:
     """Launch the rule. Shapes as `fast.gated_delta` (validated there); `state` is the `[B, Hv,
     Dv, Dk]` state, or with `slots` the `[P, Hv, Dv, Dk]` pool (updated in place). Returns `(y,
     final state)`, `(y, states [B, T, Hv, Dv, Dk] in storage)` with `storage`, or `(y, pool)`.
     composition: the same rule from tensor operations, `(q, k, v, g, beta, state) -> (y, second
     output)`, whose gradient is the kernel's backward (the slot pool, updated in place, has none).
-    shape: the launch (default `plan(T)`; tuning passes others, which change no bit)."""
+    shape: the launch (default `plan(...)`: the chunked prefill for long calls where it can run;
+    tuning passes others: a `Launch` is the recurrence, a `Chunked` the chunked prefill, which the
+    caller has checked with `chunked_unsupported`; within a route they change no bit). log_decay:
+    g holds the decay's natural logarithm (the composition then takes it so too)."""
     b, steps, hk, dk = q.shape
     hv, dv = v.shape[2], v.shape[3]
     device = q.device
     mode = "slots" if slots is not None else "steps" if storage is not None else "final"
+    shape = shape or route(q, k, v, mode)
+    if isinstance(shape, Chunked):
+        return _chunked(q, k, v, g, beta, state, backend, shape, slots, composition, log_decay)
+    if log_decay: raise ValueError("gated_delta_kernel: the recurrence takes the decay itself, not its logarithm")
     out_storage = storage if storage is not None else state.dtype
     types = dict(q=q.dtype, k=k.dtype, v=v.dtype, g=g.dtype, beta=beta.dtype, state=state.dtype, storage=out_storage)
     shape = shape or plan(steps)

@@ -1,0 +1,181 @@
+// The gated delta rule's chunked prefill, first pass: each chunk's own forms, every chunk at once.
+//
+// A threadgroup serves one chunk of CHUNK steps of one value head `head` (key head head / (HV / HK))
+// of batch item `batch`. With the chunk's cumulative decay in base 2, c_i = sum_{l <= i} log2 g_l
+// (serially, from the chunk's start), the decay between steps L[i][j] = 2^(c_i - c_j) (j <= i), and
+// A = strictly_lower(beta_i (k_i . k_j) L[i][j]), the delta rule's updates within the chunk are
+// those of X = (I + A)^-1 (the WY form of FLA's chunked kernels):
+//
+//     w = X diag(beta 2^c) K    [CHUNK, DK]   what the chunk's start state is read through
+//     u = X diag(beta) V        [CHUNK, DV]   the corrections it would make from a zero state
+//     within[i][j] = (q_i . k_j) L[i][j], j <= i (zeros above)
+//
+// The second pass (gated_delta_pass.h) carries the state from chunk to chunk with them. K K^T, Q K^T
+// and the two products with X run on the matrix units (X diag(...) rounded to T where T is 16-bit);
+// X itself is solved by forward substitution in float32, a thread per column. Steps past the last
+// are zeros with decay 1 and rate 0 (their w, u rows are zeros). A log decay below -LOG2_FLOOR
+// counts as -LOG2_FLOOR (2^-126: a zero gate, and keeps c finite, so that differences never meet
+// -inf - -inf).
+//
+// Outputs (per batch item and value head, chunk after chunk): w [NCH * CHUNK, DK] and u transposed
+// [NCH, DV, CHUNK] in T, within [NCH, CHUNK, CHUNK] in T, c [NCH * CHUNK] float32.
+// Defines: T (q, k and v's type), TG, TB (g's and beta's), DK, DV, HK, HV, CHUNK, WARPS,
+// DECAY_LOG (g holds the natural log of the decay). Runtime integers (`ints`): the steps.
+
+#define THREADS (WARPS * 32)
+#define LDK (DK + 8)          // row strides in threadgroup memory: 16 bytes past each line (fragment loads
+#define LDV (DV + 8)          // of 8 lines then start in 8 different groups of 4 banks)
+#define LDX (CHUNK + 1)
+#define LDQV (LDK > LDV ? LDK : LDV)
+#define ROW_TILES (CHUNK / 16)
+#define LOG2_FLOOR 126.0f
+
+#if CHUNK % 16 != 0 || DK % 16 != 0 || DV % 16 != 0 || WARPS % ROW_TILES != 0
+#error "gated_delta_chunks.h: CHUNK, DK and DV must be multiples of 16, WARPS of CHUNK / 16"
+#endif
+
+// Rows FIRST.. of a [.., HK, WIDTH] input (the key head's lines) into TO (row stride LD); steps past
+// the last are zeros.
+#define COPY_ROWS(TO, LD, SOURCE, WIDTH, HEADS, HEAD)                                                 \
+  for (int i = thread_id; i < CHUNK * ((WIDTH) / 8); i += THREADS) {                                \
+    const int r = i / ((WIDTH) / 8), piece = i % ((WIDTH) / 8), step = first_step + r;              \
+    const bool present = step < steps;                                                              \
+    const size_t line = ((size_t)(batch * steps + step) * (HEADS) + (HEAD)) * (WIDTH) + piece * 8;   \
+    async_copy16((TO) + r * (LD) + piece * 8, present ? (SOURCE) + line : (SOURCE), present);        \
+  }                                                                                                 \
+  async_commit();
+
+// acc += (X diag(scale)) rows row0.. times B (16-row steps of CHUNK, B given as its rows at `b`,
+// row stride ldb, columns col0..col0 + 7): X's fragments built from threadgroup memory in the
+// accumulator's layout, then turned into A's (tile_a_from_acc: rounded to T).
+INLINE void x_times(THREADGROUP_PTR const float* x, THREADGROUP_PTR const float* scale, int row0, int lane,
+                    THREADGROUP_PTR const T* b, int ldb, int col0, THREAD TileAcc& acc) {
+#pragma unroll
+  for (int kk = 0; kk < CHUNK / 16; kk++) {
+    TileAcc left, right;
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      const int row = row0 + frag_row(lane) + 8 * (e / 2), col = kk * 16 + frag_col(lane) + e % 2;
+      left.v[e] = x[row * LDX + col] * scale[col];
+      right.v[e] = x[row * LDX + col + 8] * scale[col + 8];
+    }
+    TileA<T> a;
+    tile_a_from_acc(a, left, right);
+    TileB<T> bt;
+    load_tile_b_rows(bt, b + kk * 16 * ldb + col0, ldb, lane);
+    tile_mma(acc, a, bt);
+  }
+}
+
+/* kernel */
+  const int thread_id = (int)nv_thread.x, lane = thread_id % 32, warp = thread_id / 32;
+  const int chunk = (int)nv_group.x, head = (int)nv_group.y, batch = (int)nv_group.z;
+  const int key_head = head / (HV / HK), steps = ints[0], chunks = (steps + CHUNK - 1) / CHUNK;
+  const int first_step = chunk * CHUNK;
+  const size_t chunk_at = ((size_t)batch * HV + head) * chunks + chunk;  // this chunk's place among the outputs'
+
+  THREADGROUP uint4 k_memory[CHUNK * LDK * sizeof(T) / 16];  // uint4: the copies' 16-byte alignment
+  THREADGROUP uint4 qv_memory[CHUNK * LDQV * sizeof(T) / 16];  // Q's rows, then V's
+  THREADGROUP_PTR T* k_tile = (THREADGROUP_PTR T*)k_memory;
+  THREADGROUP_PTR T* qv_tile = (THREADGROUP_PTR T*)qv_memory;
+  THREADGROUP float a_mat[CHUNK * LDX];  // A
+  THREADGROUP float x_mat[CHUNK * LDX];  // X = (I + A)^-1
+  THREADGROUP float cum[CHUNK], rate[CHUNK], w_scale[CHUNK];
+
+  COPY_ROWS(k_tile, LDK, k, DK, HK, key_head)
+  COPY_ROWS(qv_tile, LDK, q, DK, HK, key_head)
+  if (thread_id < CHUNK) {
+    const int step = first_step + thread_id;
+    rate[thread_id] = step < steps ? to_float(beta[(size_t)(batch * steps + step) * HV + head]) : 0.0f;
+  }
+  if (thread_id == 0) {
+    float c = 0.0f;
+    for (int r = 0; r < CHUNK; r++) {
+      const int step = first_step + r;
+      float log_decay = 0.0f;
+      if (step < steps) {
+        const float gate = to_float(g[(size_t)(batch * steps + step) * HV + head]);
+#if DECAY_LOG
+        log_decay = gate * LOG2E;
+#else
+        log_decay = log2(gate);
+#endif
+        log_decay = max(log_decay, -LOG2_FLOOR);
+      }
+      c += log_decay;
+      cum[r] = c;
+    }
+  }
+  async_wait(0);
+  threadgroup_barrier();
+  if (thread_id < CHUNK) w_scale[thread_id] = rate[thread_id] * exp2(cum[thread_id]);
+
+  // K K^T into A, Q K^T into within: 16 x 8 tiles, the SIMD groups taking them in turn.
+  for (int tile = warp; tile < 2 * ROW_TILES * (CHUNK / 8); tile += WARPS) {
+    const bool keys = tile < ROW_TILES * (CHUNK / 8);
+    const int rt = (tile % (ROW_TILES * (CHUNK / 8))) / (CHUNK / 8), ct = tile % (CHUNK / 8);
+    const THREADGROUP_PTR T* rows = keys ? k_tile : qv_tile;
+    TileAcc acc;
+    tile_zero(acc);
+#pragma unroll
+    for (int ks = 0; ks < DK / 16; ks++) {
+      TileA<T> a;
+      TileB<T> b;
+      load_tile_a(a, rows + rt * 16 * LDK + ks * 16, LDK, lane);
+      load_tile_b(b, k_tile + ct * 8 * LDK + ks * 16, LDK, lane);
+      tile_mma(acc, a, b);
+    }
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      const int i = rt * 16 + frag_row(lane) + 8 * h, j = ct * 8 + frag_col(lane);
+      const float d0 = j <= i ? exp2(cum[i] - cum[j]) : 0.0f, d1 = j + 1 <= i ? exp2(cum[i] - cum[j + 1]) : 0.0f;
+      if (keys) {
+        a_mat[i * LDX + j] = j < i ? rate[i] * acc.v[2 * h] * d0 : 0.0f;
+        a_mat[i * LDX + j + 1] = j + 1 < i ? rate[i] * acc.v[2 * h + 1] * d1 : 0.0f;
+      } else {
+        store_pair(acc.v[2 * h] * d0, acc.v[2 * h + 1] * d1, within + (chunk_at * CHUNK + i) * CHUNK + j);
+      }
+    }
+  }
+  threadgroup_barrier();  // A is whole; Q's rows are read: V's take their place
+  COPY_ROWS(qv_tile, LDV, v, DV, HV, head)
+
+  // X by forward substitution: thread j owns column j, X[i][j] = -A[i][j] - sum_{j < m < i} A[i][m] X[m][j].
+  if (thread_id < CHUNK) {
+    const int j = thread_id;
+    for (int i = 0; i < CHUNK; i++) {
+      float x = i == j ? 1.0f : 0.0f;
+      if (i > j) {
+        x = -a_mat[i * LDX + j];
+        for (int m = j + 1; m < i; m++) x -= a_mat[i * LDX + m] * x_mat[m * LDX + j];
+      }
+      x_mat[i * LDX + j] = x;
+    }
+  }
+  async_wait(0);
+  threadgroup_barrier();
+
+  // w = X diag(beta 2^c) K and u = X diag(beta) V: a SIMD group per row tile and every
+  // WARPS / ROW_TILES-th column tile of each.
+  const int rt = warp % ROW_TILES, row0 = rt * 16;
+  for (int ct = warp / ROW_TILES; ct < DK / 8; ct += WARPS / ROW_TILES) {
+    TileAcc acc;
+    tile_zero(acc);
+    x_times(x_mat, w_scale, row0, lane, k_tile, LDK, ct * 8, acc);
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      const int i = row0 + frag_row(lane) + 8 * h;
+      store_pair(acc.v[2 * h], acc.v[2 * h + 1], w + (chunk_at * CHUNK + i) * DK + ct * 8 + frag_col(lane));
+    }
+  }
+  for (int ct = warp / ROW_TILES; ct < DV / 8; ct += WARPS / ROW_TILES) {
+    TileAcc acc;
+    tile_zero(acc);
+    x_times(x_mat, rate, row0, lane, qv_tile, LDV, ct * 8, acc);
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      const int i = row0 + frag_row(lane) + 8 * (e / 2), col = ct * 8 + frag_col(lane) + e % 2;
+      from_float(acc.v[e], u + (chunk_at * DV + col) * CHUNK + i);
+    }
+  }
+  if (thread_id < CHUNK) c_out[chunk_at * CHUNK + thread_id] = cum[thread_id];

@@ -1,0 +1,236 @@
+// The gated delta rule's chunked prefill, second pass: the state carried from chunk to chunk.
+//
+// A threadgroup serves 16 * WARPS value rows of one value head's state (`[DV, DK]`) of one batch
+// item; each SIMD group keeps its 16 rows, S, in float32 accumulators for the whole call. With the
+// first pass's w, u, within and c of a chunk (gated_delta_chunks.h), per chunk:
+//
+//     v' = u - S wᵀ                                       [16, CHUNK]  (rows: value rows; columns: steps)
+//     y  = (S qᵀ) diag(2^c) + v' withinᵀ                  the chunk's outputs
+//     S  = 2^c_last S + (v' diag(2^(c_last - c))) K        the state after the chunk
+//
+// every product on the matrix units, S and v' rounded to T as their A operands (float32 kept in
+// the accumulators). The chunk's w, Q and K go through two threadgroup buffers in turn (and within
+// through a third), each copied while the products of the one before run. Steps past the last
+// compute on zeros and store nothing. A row's arithmetic depends on the sizes and its own
+// inputs only: its bits do not depend on the batch.
+//
+// Variants: the final state (state_in -> state_out), or a pool read and written in place at
+// `slots[batch]` (SLOTS; a slot outside the pool reads zeros, writes nothing and gives zero outputs).
+// v, g and beta are parameters only for the backward (the composition's gradient reaches them
+// through this call); the first pass has read them.
+// Defines: T (q, k, v and y's type), TS (the state's or pool's), DK, DV, HK, HV, CHUNK, WARPS, SLOTS.
+// Runtime integers (`ints`): the steps, and the pool's slots (SLOTS).
+
+#define THREADS (WARPS * 32)
+#define LDK (DK + 8)
+#define LDW (CHUNK + 8)
+#define S_TILES (DK / 8)      // 8-column accumulators of a SIMD group's state rows
+#define STEP_TILES (CHUNK / 8)
+
+#if CHUNK % 16 != 0 || DK % 16 != 0
+#error "gated_delta_pass.h: CHUNK and DK must be multiples of 16"
+#endif
+
+// The lines of a chunk, CHUNK of DK elements each, into TO: from `SOURCE` at element `AT(r)` for
+// line r, or zeros where `PRESENT(r)` is false.
+#define COPY_CHUNK(TO, SOURCE, AT, PRESENT)                                                          \
+  for (int i = thread_id; i < CHUNK * (DK / 8); i += THREADS) {                                     \
+    const int r = i / (DK / 8), piece = i % (DK / 8);                                               \
+    const bool present = PRESENT(r);                                                                \
+    async_copy16((TO) + r * LDK + piece * 8, present ? (SOURCE) + (AT(r)) + piece * 8 : (SOURCE), present); \
+  }
+
+/* kernel */
+  const int thread_id = (int)nv_thread.x, lane = thread_id % 32, warp = thread_id / 32;
+  const int row0 = ((int)nv_group.x * WARPS + warp) * 16, head = (int)nv_group.y, batch = (int)nv_group.z;
+  const int key_head = head / (HV / HK), steps = ints[0], chunks = (steps + CHUNK - 1) / CHUNK;
+  const size_t head_at = (size_t)batch * HV + head;  // (batch, head) among the first pass's outputs
+#if SLOTS
+  const int slot = slots[batch];
+  const bool live = slot >= 0 && slot < ints[1];
+  const size_t state_at = ((size_t)(live ? slot : 0) * HV + head) * DV;
+  const DEVICE TS* state_in = pool;
+#else
+  const bool live = true;
+  const size_t state_at = head_at * DV;
+#endif
+
+  THREADGROUP uint4 stage_memory[2 * CHUNK * LDK * sizeof(T) / 16];  // uint4: the copies' 16-byte alignment
+  THREADGROUP uint4 within_memory[CHUNK * LDW * sizeof(T) / 16];
+  THREADGROUP_PTR T* stage = (THREADGROUP_PTR T*)stage_memory;
+  THREADGROUP_PTR T* within_tile = (THREADGROUP_PTR T*)within_memory;
+
+  // This lane's state rows (frag_row and + 8) and whether they are real.
+  const int my_row[2] = {row0 + frag_row(lane), row0 + frag_row(lane) + 8};
+  TileAcc s[S_TILES];
+#pragma unroll
+  for (int n = 0; n < S_TILES; n++) {
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      const bool real = live && my_row[h] < DV;  // a dead slot's rows, or rows past DV, may lie outside the buffer
+      const DEVICE TS* at = state_in + (state_at + (real ? my_row[h] : 0)) * DK + n * 8 + frag_col(lane);
+      s[n].v[2 * h] = real ? to_float(at[0]) : 0.0f;
+      s[n].v[2 * h + 1] = real ? to_float(at[1]) : 0.0f;
+    }
+  }
+
+  // Stage m (phase m % 3 of chunk m / 3): w's lines, then Q's (and within), then K's, buffer m % 2.
+#define W_AT(r) ((head_at * chunks + stage_chunk) * CHUNK + (r)) * DK
+#define QK_AT(r) ((size_t)(batch * steps + stage_chunk * CHUNK + (r)) * HK + key_head) * DK
+#define ALWAYS(r) true
+#define IN_STEPS(r) (stage_chunk * CHUNK + (r) < steps)
+#define ISSUE(m)                                                                                    \
+  {                                                                                                 \
+    const int stage_index = (m), stage_chunk = stage_index / 3, phase = stage_index % 3;            \
+    THREADGROUP_PTR T* to = stage + (stage_index % 2) * CHUNK * LDK;                                \
+    if (phase == 0) { COPY_CHUNK(to, w, W_AT, ALWAYS) }                                            \
+    else if (phase == 1) {                                                                          \
+      COPY_CHUNK(to, q, QK_AT, IN_STEPS)                                                            \
+      for (int i = thread_id; i < CHUNK * (CHUNK / 8); i += THREADS) {                              \
+        const int r = i / (CHUNK / 8), piece = i % (CHUNK / 8);                                     \
+        async_copy16(within_tile + r * LDW + piece * 8, within + ((head_at * chunks + stage_chunk) * CHUNK + r) * CHUNK + piece * 8, true); \
+      }                                                                                             \
+    } else { COPY_CHUNK(to, k, QK_AT, IN_STEPS) }                                                  \
+    async_commit();                                                                                 \
+  }
+
+  ISSUE(0)
+  for (int chunk = 0; chunk < chunks; chunk++) {
+    const int first_step = chunk * CHUNK;
+    const DEVICE float* c = c_in + (head_at * chunks + chunk) * CHUNK;
+    // This lane's steps' cumulative decays (its columns frag_col, + 1 of each 8-step tile), and the last.
+    float my_c[STEP_TILES][2];
+#pragma unroll
+    for (int j = 0; j < STEP_TILES; j++) {
+      my_c[j][0] = c[j * 8 + frag_col(lane)];
+      my_c[j][1] = c[j * 8 + frag_col(lane) + 1];
+    }
+    const float c_last = c[CHUNK - 1];
+    TileA<T> s_a[DK / 16];  // S as the A operand of this chunk's products
+#pragma unroll
+    for (int kk = 0; kk < DK / 16; kk++) tile_a_from_acc(s_a[kk], s[2 * kk], s[2 * kk + 1]);
+
+    // Phase 0: v' = u - S wᵀ.
+    async_wait(0);
+    threadgroup_barrier();  // w's lines have landed; every SIMD group is done with the last chunk's K
+    ISSUE(3 * chunk + 1)
+    const THREADGROUP_PTR T* lines = stage + ((3 * chunk) % 2) * CHUNK * LDK;
+    TileAcc fresh[STEP_TILES];
+#pragma unroll
+    for (int j = 0; j < STEP_TILES; j++) tile_zero(fresh[j]);
+#pragma unroll
+    for (int kk = 0; kk < DK / 16; kk++) {
+#pragma unroll
+      for (int j = 0; j < STEP_TILES; j += 2) {
+        TileB<T> b0, b1;
+        load_tile_b2(b0, b1, lines + j * 8 * LDK + kk * 16, LDK, lane);
+        tile_mma(fresh[j], s_a[kk], b0);
+        tile_mma(fresh[j + 1], s_a[kk], b1);
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      const bool real = my_row[h] < DV;
+      const DEVICE T* u_row = u + ((head_at * chunks + chunk) * DV + (real ? my_row[h] : 0)) * CHUNK + frag_col(lane);
+#pragma unroll
+      for (int j = 0; j < STEP_TILES; j++) {
+        fresh[j].v[2 * h] = (real ? to_float(u_row[j * 8]) : 0.0f) - fresh[j].v[2 * h];
+        fresh[j].v[2 * h + 1] = (real ? to_float(u_row[j * 8 + 1]) : 0.0f) - fresh[j].v[2 * h + 1];
+      }
+    }
+
+    // Phase 1: y = (S qᵀ) diag(2^c) + v' withinᵀ.
+    async_wait(0);
+    threadgroup_barrier();  // Q's lines and within have landed; every SIMD group is done with w
+    ISSUE(3 * chunk + 2)
+    lines = stage + ((3 * chunk + 1) % 2) * CHUNK * LDK;
+    TileAcc out[STEP_TILES];
+#pragma unroll
+    for (int j = 0; j < STEP_TILES; j++) tile_zero(out[j]);
+#pragma unroll
+    for (int kk = 0; kk < DK / 16; kk++) {
+#pragma unroll
+      for (int j = 0; j < STEP_TILES; j += 2) {
+        TileB<T> b0, b1;
+        load_tile_b2(b0, b1, lines + j * 8 * LDK + kk * 16, LDK, lane);
+        tile_mma(out[j], s_a[kk], b0);
+        tile_mma(out[j + 1], s_a[kk], b1);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < STEP_TILES; j++) {
+      const float grow0 = exp2(my_c[j][0]), grow1 = exp2(my_c[j][1]);
+      out[j].v[0] *= grow0;
+      out[j].v[1] *= grow1;
+      out[j].v[2] *= grow0;
+      out[j].v[3] *= grow1;
+    }
+#pragma unroll
+    for (int kk = 0; kk < CHUNK / 16; kk++) {
+      TileA<T> fresh_a;
+      tile_a_from_acc(fresh_a, fresh[2 * kk], fresh[2 * kk + 1]);
+#pragma unroll
+      for (int j = 0; j < STEP_TILES; j += 2) {
+        TileB<T> b0, b1;
+        load_tile_b2(b0, b1, within_tile + j * 8 * LDW + kk * 16, LDW, lane);
+        tile_mma(out[j], fresh_a, b0);
+        tile_mma(out[j + 1], fresh_a, b1);
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      if (my_row[h] >= DV) continue;
+#pragma unroll
+      for (int j = 0; j < STEP_TILES; j++) {
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+          const int step = first_step + j * 8 + frag_col(lane) + e;
+          if (step < steps) from_float(live ? out[j].v[2 * h + e] : 0.0f, y + ((size_t)(batch * steps + step) * HV + head) * DV + my_row[h]);
+        }
+      }
+    }
+
+    // Phase 2: S = 2^c_last S + (v' diag(2^(c_last - c))) K.
+    async_wait(0);
+    threadgroup_barrier();  // K's lines have landed; every SIMD group is done with Q and within
+    if (chunk + 1 < chunks) ISSUE(3 * chunk + 3)
+    lines = stage + ((3 * chunk + 2) % 2) * CHUNK * LDK;
+    const float keep = exp2(c_last);
+#pragma unroll
+    for (int n = 0; n < S_TILES; n++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) s[n].v[e] *= keep;
+#pragma unroll
+    for (int j = 0; j < STEP_TILES; j++) {
+      const float fade0 = exp2(c_last - my_c[j][0]), fade1 = exp2(c_last - my_c[j][1]);
+      fresh[j].v[0] *= fade0;
+      fresh[j].v[1] *= fade1;
+      fresh[j].v[2] *= fade0;
+      fresh[j].v[3] *= fade1;
+    }
+#pragma unroll
+    for (int kk = 0; kk < CHUNK / 16; kk++) {
+      TileA<T> fresh_a;
+      tile_a_from_acc(fresh_a, fresh[2 * kk], fresh[2 * kk + 1]);
+#pragma unroll
+      for (int n = 0; n < S_TILES; n += 2) {
+        TileB<T> b0, b1;
+        load_tile_b2_rows(b0, b1, lines + kk * 16 * LDK + n * 8, LDK, lane);
+        tile_mma(s[n], fresh_a, b0);
+        tile_mma(s[n + 1], fresh_a, b1);
+      }
+    }
+  }
+  async_wait(0);
+
+#pragma unroll
+  for (int h = 0; h < 2; h++) {
+    if (!live || my_row[h] >= DV) continue;
+#if SLOTS
+    DEVICE TS* row = pool + (state_at + my_row[h]) * DK + frag_col(lane);
+#else
+    DEVICE TS* row = state_out + (state_at + my_row[h]) * DK + frag_col(lane);
+#endif
+#pragma unroll
+    for (int n = 0; n < S_TILES; n++) store_pair(s[n].v[2 * h], s[n].v[2 * h + 1], row + n * 8);
+  }
