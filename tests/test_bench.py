@@ -1,5 +1,7 @@
 """The benchmarks run end to end on tiny shapes (`--small`) on the CPU: every row is written; and
 `python -m nuvec_tg.bench` picks those shapes by itself off a GPU with nuvec_tg's kernels. The
+gated delta benchmark writes a decode and a prefill table, the latter with the plan's route, our
+recurrent kernel and fla's two kernels in their columns (timings faked where no kernel runs). The
 row operations' table has every operation, ours beside the composition (timed with the kernels
 off) and PyTorch's dashes where it is missing, and counts each op's bytes. The
 model benchmark writes its rows, transformers' (or why there are none), the roofline rows, and
@@ -10,7 +12,7 @@ import argparse
 import sys
 
 import pytest
-from tinygrad import Tensor
+from tinygrad import Device, Tensor
 from tinygrad.helpers import Context
 
 from nuvec_tg import models
@@ -18,29 +20,56 @@ from nuvec_tg.bench import common
 from nuvec_tg.bench import linear as linear_bench
 from nuvec_tg.bench import model as model_bench
 from nuvec_tg.bench import rows as rows_bench
-from nuvec_tg.kernels import kernels_enabled
+from nuvec_tg.kernels import kernel_backend, kernels_enabled
 from nuvec_tg.bench.__main__ import BENCHMARKS, main
 
 KERNEL_BENCHMARKS = [what for what in BENCHMARKS if what != "model"]
-OURS_COLUMN = {"attention": 7, "prefill": 7, "gated_delta": 3, "linear": 4, "quant": 5, "rows": 4}  # ours' µs, counting cells from 1
+# ours' µs, counting cells from 1 (gated_delta: in both its tables)
+OURS_COLUMN = {"attention": 7, "prefill": 7, "gated_delta": 3, "linear": 4, "quant": 5, "rows": 4}
 
 
 def small_args(**changes) -> argparse.Namespace:
     return argparse.Namespace(**{**dict(quick=False, small=True, repeats=1, markdown=None, part="1/1", batches=None), **changes})
 
 
+def tables(lines: list[str]) -> list[list[str]]:
+    """A benchmark's tables, each its caption, a blank line, the header, its rule and its rows; a
+    blank line between tables."""
+    found, start = [], 0
+    for i, line in enumerate(lines):
+        if line == "" and i and lines[i - 1].startswith("| "):  # a blank line after a table's rows
+            found.append(lines[start:i])
+            start = i + 1
+    return found + [lines[start:]]
+
+
+def ours_missing(what: str, caption: str, row: str) -> bool:
+    """Where ours has no time off a GPU with the kernels: the gated delta prefill's rows longer than
+    the composition is timed for."""
+    from nuvec_tg.bench.gated_delta import COMPOSED_MAX_STEPS
+    kernel = kernels_enabled() and kernel_backend(Device.DEFAULT) is not None
+    return what == "gated_delta" and caption.startswith("Gated delta rule, prefill") and not kernel \
+        and int(row.split("|")[2]) > COMPOSED_MAX_STEPS
+
+
 @pytest.mark.parametrize("what", KERNEL_BENCHMARKS)
 def test_the_benchmark_writes_its_table(what, capsys):
     lines = BENCHMARKS[what](small_args())
-    assert lines[1] == "" and lines[3].startswith("|---")  # the caption, a blank line, the header, its rule
-    rows = lines[4:]
-    assert rows and all(line.startswith("| ") and line.count("|") == lines[2].count("|") for line in rows)
-    assert all(float(line.split("|")[OURS_COLUMN[what]]) > 0 for line in rows)
-    assert lines[0] in capsys.readouterr().out
-    if what == "prefill": return  # compute-bound calls of tens of MB: no rotation past the L2
-    # --small caps a replay at 16 calls of a few KB, far under twice any L2: every row says so
-    assert all(line.split("|")[1].strip().endswith(" (L2)") for line in rows)
-    assert "a row marked (L2)" in lines[0] and "16 calls" in lines[0]
+    out = capsys.readouterr().out
+    found = tables(lines)
+    assert len(found) == (2 if what == "gated_delta" else 1)  # gated_delta: decode, then prefill
+    for table in found:
+        assert table[1] == "" and table[3].startswith("|---")  # the caption, a blank line, the header, its rule
+        rows = table[4:]
+        assert rows and all(line.startswith("| ") and line.count("|") == table[2].count("|") for line in rows)
+        for line in rows:
+            ours = line.split("|")[OURS_COLUMN[what]].strip()
+            assert ours == "-" if ours_missing(what, table[0], line) else float(ours) > 0
+        assert table[0] in out
+        if what == "prefill": continue  # compute-bound calls of tens of MB: no rotation past the L2
+        # --small caps a replay at 16 calls of a few KB, far under twice any L2: every row says so
+        assert all(line.split("|")[1].strip().endswith(" (L2)") for line in rows)
+        assert "a row marked (L2)" in table[0] and "16 calls" in table[0]
 
 
 def test_prefill_counts_the_visible_pairs():
@@ -210,3 +239,50 @@ def test_the_rows_grid(changes, count):
     if changes.get("batches"): assert all(shape.rows == 32 for shape, _, _ in grid)
     with pytest.raises(ValueError, match="no operation gelu"):
         rows_bench.grid_of(small_args(small=False, ops="rope,gelu"))
+
+
+@pytest.mark.parametrize("changes, decode, prefill", [
+    ({}, [(1, 1), (8, 1), (64, 1), (256, 1)], [(1, 512), (1, 2048), (1, 8192), (1, 32768), (8, 2048)]),
+    ({"quick": True}, [(1, 1), (8, 1)], [(1, 2048)]),
+    ({"batches": "8"}, [(8, 1)], [(8, 2048)]),
+    ({"part": "2/2"}, [(8, 1), (256, 1)], [(1, 2048), (1, 32768)]),
+    ({"batches": "64"}, [(64, 1)], []),   # no prefill table then
+])
+def test_the_gated_delta_grids(changes, decode, prefill):
+    from nuvec_tg.bench import gated_delta as gated_delta_bench
+    assert gated_delta_bench.grids(small_args(small=False, **changes)) == (decode, prefill, (16, 32, 128, 128))
+
+
+def test_the_gated_delta_prefill_row_with_a_kernel(monkeypatch, capsys):
+    """Where a kernel runs (faked: nothing is launched), the prefill row has ours as routed, the
+    plan's route, tokens per second, our recurrent kernel forced, fla's chunked and fused recurrent
+    kernels, and fla chunked's and the recurrent kernel's time over ours; fla is asked for both of
+    its kernels at every prefill row and its fused recurrent one at every decode row."""
+    from types import SimpleNamespace
+    from nuvec_tg.bench import gated_delta as gated_delta_bench
+    from nuvec_tg.kernels import gated_delta as kernel
+    asked = []
+
+    def fake_time_fla(b, t, hk, hv, dk, dv, repeats, max_calls, which):
+        asked.append((which, (b, t)))
+        return {gated_delta_bench.CHUNKED: 30e-6, gated_delta_bench.FUSED_RECURRENT: 60e-6}[which]
+
+    def fake_time_jit(fn, calls, repeats):
+        assert all(t.uop.is_realized for t in calls[0]) and len(calls[0]) == 6
+        if fn.__name__ == "recurrent": return 40e-6
+        return 10e-6 if kernels_enabled() else 20e-6
+    monkeypatch.setattr(gated_delta_bench, "time_fla", fake_time_fla)
+    monkeypatch.setattr(gated_delta_bench, "time_jit", fake_time_jit)
+    monkeypatch.setattr(gated_delta_bench, "kernel_backend", lambda device: "cuda")
+    lines = gated_delta_bench.run(small_args())
+    decode, prefill = tables(lines)
+    cells = [[c.strip() for c in line.split("|")[1:-1]] for line in prefill[4:]]
+    assert cells == [["1 (L2)", "40", "10.0", gated_delta_bench.route(kernel.plan(40)), "4.00", "40.0", "30.0", "60.0",
+                      "3.00x", "4.00x"]]
+    assert [line.split("|")[7].strip() for line in decode[4:]] == ["60.0", "60.0"]  # fla's fused recurrent kernel
+    assert sorted(asked) == sorted([(gated_delta_bench.FUSED_RECURRENT, (1, 1)), (gated_delta_bench.FUSED_RECURRENT, (2, 3)),
+                                    (gated_delta_bench.FUSED_RECURRENT, (1, 40)), (gated_delta_bench.CHUNKED, (1, 40))])
+    assert gated_delta_bench.route(kernel.Launch(4, 1)) == "recurrent 4x1"
+    assert gated_delta_bench.route(SimpleNamespace(chunk=32, warps=2)) == "chunked 32x2"  # as a kernel.Chunked(32, 2)
+    out = capsys.readouterr().out
+    assert decode[-1] + "\n\n" + prefill[0] in out  # printed as written, a blank line between the tables
