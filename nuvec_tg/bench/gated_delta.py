@@ -97,7 +97,7 @@ def time_fla(b, t, hk, hv, dk, dv, repeats: int, max_calls: int = MAX_CALLS, whi
 
 
 def route(shape) -> str:
-    """The table's name for a launch of `kernel.plan`: "recurrent 4x1" (warps x rows) or "chunked 32x2" (chunk x warps)."""
+    """The table's name for a launch of `kernel.route`: "recurrent 4x1" (warps x rows) or "chunked 32x2" (chunk x warps)."""
     if isinstance(shape, kernel.Launch): return f"recurrent {shape.warps}x{shape.rows}"
     return f"chunked {shape.chunk}x{shape.warps}"
 
@@ -182,7 +182,7 @@ def prefill_table(args, grid, sizes, max_calls, fla, backend: str | None, rng) -
         calls = inputs(rng, b, t, hk, hv, dk, dv, turn)
         ours = time_jit(lambda *x: fast.gated_delta(*x), calls, args.repeats) \
             if backend is not None or t <= COMPOSED_MAX_STEPS else None
-        taken = route(kernel.plan(t)) if backend is not None else "composition" if ours else "-"
+        taken = route(kernel.route(*calls[0][:3], "final")) if backend is not None else "composition" if ours else "-"
         forced = time_jit(recurrent, calls, args.repeats) if backend is not None else None
         chunked, fused = fla[(CHUNKED, (b, t))], fla[(FUSED_RECURRENT, (b, t))]
         row = (f"| {b}{l2_marker(turn)} | {t} | {optional_us(ours)} {taken} | "
