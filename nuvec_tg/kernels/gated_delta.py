@@ -41,6 +41,9 @@ CHUNK = 32                  # steps a chunk: its tiles fit Metal's 32 KB of thre
 CHUNKED_WARPS = (1, 2, 4)
 CHUNKED_MIN_STEPS = 64      # from here on the plan takes the chunked prefill where it can
 PREP_WARPS = 4              # the first pass's threadgroup
+# The state pass's line buffers: on CUDA four, each chunk's copies in flight a whole chunk ahead (one
+# phase's products are too short to hide a copy); Metal's copies are plain loads, done as issued.
+PASS_STAGES = {"cuda": 4, "metal": 2}
 
 
 def plan(steps: int, batch: int = 1, value_heads: int = 1, value_dim: int = 128, chunkable: bool = False) -> Launch | Chunked:
@@ -103,7 +106,7 @@ def chunked_metal_resources(dtype: DType, key_dim: int, value_dim: int, shape: C
     c, size = shape.chunk, dtype.itemsize
     first = (threadgroup_array(c * (key_dim + 8), size) + threadgroup_array(c * (max(key_dim, value_dim) + 8), size)
              + 2 * threadgroup_array(c * (c + 1), 4) + 3 * threadgroup_array(c, 4))
-    second = threadgroup_array(2 * c * (key_dim + 8), size) + threadgroup_array(c * (c + 8), size)
+    second = threadgroup_array(PASS_STAGES["metal"] * c * (key_dim + 8), size) + threadgroup_array(2 * c * (c + 8), size)
     return Resources(32 * PREP_WARPS, first), Resources(32 * shape.warps, second)
 
 
@@ -165,7 +168,8 @@ def pass_program(backend: str, types: dict[str, DType], dk: int, dv: int, hk: in
     """The chunked prefill's second pass. types: the dtypes of `q` (k's, v's and y's), `g`, `beta`
     and `state` (or the pool's); slots: the pool variant."""
     t, ts = CTYPES[types["q"]], CTYPES[types["state"]]
-    defines = dict(T=t, TS=ts, DK=dk, DV=dv, HK=hk, HV=hv, CHUNK=shape.chunk, WARPS=shape.warps, SLOTS=int(slots))
+    defines = dict(T=t, TS=ts, DK=dk, DV=dv, HK=hk, HV=hv, CHUNK=shape.chunk, WARPS=shape.warps, STAGES=PASS_STAGES[backend],
+                   SLOTS=int(slots))
     params = [Param("y", "out", t), Param("pool" if slots else "state_out", "out", ts)]
     params += [Param("q", "in", t), Param("k", "in", t), Param("v", "in", t), Param("g", "in", CTYPES[types["g"]]),
                Param("beta", "in", CTYPES[types["beta"]]), Param("w", "in", t), Param("u", "in", t), Param("within", "in", t),

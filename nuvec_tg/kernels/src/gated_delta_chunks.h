@@ -84,25 +84,27 @@ INLINE void x_times(THREADGROUP_PTR const float* x, THREADGROUP_PTR const float*
 
   COPY_ROWS(k_tile, LDK, k, DK, HK, key_head)
   COPY_ROWS(qv_tile, LDK, q, DK, HK, key_head)
+  // Each step's rate and log2 decay (a thread each), then their running sum (one thread, in order).
   if (thread_id < CHUNK) {
     const int step = first_step + thread_id;
-    rate[thread_id] = step < steps ? to_float(beta[(size_t)(batch * steps + step) * HV + head]) : 0.0f;
+    float log_decay = 0.0f;
+    rate[thread_id] = 0.0f;
+    if (step < steps) {
+      rate[thread_id] = to_float(beta[(size_t)(batch * steps + step) * HV + head]);
+      const float gate = to_float(g[(size_t)(batch * steps + step) * HV + head]);
+#if DECAY_LOG
+      log_decay = max(gate * LOG2E, -LOG2_FLOOR);
+#else
+      log_decay = max(log2(gate), -LOG2_FLOOR);
+#endif
+    }
+    cum[thread_id] = log_decay;
   }
+  threadgroup_barrier();
   if (thread_id == 0) {
     float c = 0.0f;
     for (int r = 0; r < CHUNK; r++) {
-      const int step = first_step + r;
-      float log_decay = 0.0f;
-      if (step < steps) {
-        const float gate = to_float(g[(size_t)(batch * steps + step) * HV + head]);
-#if DECAY_LOG
-        log_decay = gate * LOG2E;
-#else
-        log_decay = log2(gate);
-#endif
-        log_decay = max(log_decay, -LOG2_FLOOR);
-      }
-      c += log_decay;
+      c += cum[r];
       cum[r] = c;
     }
   }

@@ -9,8 +9,9 @@
 //     S  = 2^c_last S + (v' diag(2^(c_last - c))) K        the state after the chunk
 //
 // every product on the matrix units, S and v' rounded to T as their A operands (float32 kept in
-// the accumulators). The chunk's w, Q and K go through two threadgroup buffers in turn (and within
-// through a third), each copied while the products of the one before run. Steps past the last
+// the accumulators). The chunks' w, Q and K go through STAGES threadgroup buffers in turn (and
+// within through two), each copied while the products of the STAGES - 1 before it run; u and the
+// decays are read into registers a chunk ahead. Steps past the last
 // compute on zeros and store nothing. A row's arithmetic depends on the sizes and its own
 // inputs only: its bits do not depend on the batch.
 //
@@ -18,7 +19,8 @@
 // `slots[batch]` (SLOTS; a slot outside the pool reads zeros, writes nothing and gives zero outputs).
 // v, g and beta are parameters only for the backward (the composition's gradient reaches them
 // through this call); the first pass has read them.
-// Defines: T (q, k, v and y's type), TS (the state's or pool's), DK, DV, HK, HV, CHUNK, WARPS, SLOTS.
+// Defines: T (q, k, v and y's type), TS (the state's or pool's), DK, DV, HK, HV, CHUNK, WARPS, STAGES (line
+// buffers, 2 or more), SLOTS.
 // Runtime integers (`ints`): the steps, and the pool's slots (SLOTS).
 
 #define THREADS (WARPS * 32)
@@ -55,10 +57,10 @@
   const size_t state_at = head_at * DV;
 #endif
 
-  THREADGROUP uint4 stage_memory[2 * CHUNK * LDK * sizeof(T) / 16];  // uint4: the copies' 16-byte alignment
-  THREADGROUP uint4 within_memory[CHUNK * LDW * sizeof(T) / 16];
+  THREADGROUP uint4 stage_memory[STAGES * CHUNK * LDK * sizeof(T) / 16];  // uint4: the copies' 16-byte alignment
+  THREADGROUP uint4 within_memory[2 * CHUNK * LDW * sizeof(T) / 16];
   THREADGROUP_PTR T* stage = (THREADGROUP_PTR T*)stage_memory;
-  THREADGROUP_PTR T* within_tile = (THREADGROUP_PTR T*)within_memory;
+  THREADGROUP_PTR T* within_tiles = (THREADGROUP_PTR T*)within_memory;
 
   // This lane's state rows (frag_row and + 8) and whether they are real.
   const int my_row[2] = {row0 + frag_row(lane), row0 + frag_row(lane) + 8};
@@ -74,7 +76,10 @@
     }
   }
 
-  // Stage m (phase m % 3 of chunk m / 3): w's lines, then Q's (and within), then K's, buffer m % 2.
+  // Stage m (phase m % 3 of chunk m / 3): w's lines, then Q's (and the chunk's within, into within
+  // buffer chunk % 2), then K's, into line buffer m % STAGES, issued STAGES - 1 phases ahead (a
+  // whole chunk ahead with 4 buffers: one phase's products are too short to hide a copy's latency).
+  // Every phase commits one group of copies, empty past the last stage, so that async_wait counts them.
 #define W_AT(r) ((head_at * chunks + stage_chunk) * CHUNK + (r)) * DK
 #define QK_AT(r) ((size_t)(batch * steps + stage_chunk * CHUNK + (r)) * HK + key_head) * DK
 #define ALWAYS(r) true
@@ -82,39 +87,65 @@
 #define ISSUE(m)                                                                                    \
   {                                                                                                 \
     const int stage_index = (m), stage_chunk = stage_index / 3, phase = stage_index % 3;            \
-    THREADGROUP_PTR T* to = stage + (stage_index % 2) * CHUNK * LDK;                                \
-    if (phase == 0) { COPY_CHUNK(to, w, W_AT, ALWAYS) }                                            \
+    THREADGROUP_PTR T* to = stage + (stage_index % STAGES) * CHUNK * LDK;                           \
+    if (stage_chunk >= chunks) {}                                                                   \
+    else if (phase == 0) { COPY_CHUNK(to, w, W_AT, ALWAYS) }                                       \
     else if (phase == 1) {                                                                          \
       COPY_CHUNK(to, q, QK_AT, IN_STEPS)                                                            \
+      THREADGROUP_PTR T* within_to = within_tiles + (stage_chunk % 2) * CHUNK * LDW;                \
       for (int i = thread_id; i < CHUNK * (CHUNK / 8); i += THREADS) {                              \
         const int r = i / (CHUNK / 8), piece = i % (CHUNK / 8);                                     \
-        async_copy16(within_tile + r * LDW + piece * 8, within + ((head_at * chunks + stage_chunk) * CHUNK + r) * CHUNK + piece * 8, true); \
+        async_copy16(within_to + r * LDW + piece * 8, within + ((head_at * chunks + stage_chunk) * CHUNK + r) * CHUNK + piece * 8, true); \
       }                                                                                             \
     } else { COPY_CHUNK(to, k, QK_AT, IN_STEPS) }                                                  \
     async_commit();                                                                                 \
   }
+// This lane's share of a chunk's u (its state rows, its steps' columns: a pair of them per 8-step
+// tile) and the cumulative decays of its steps (and the last), read into registers a chunk ahead.
+#define READ_AHEAD(CHUNK_INDEX, U_INTO, C_INTO, LAST_INTO)                                          \
+  {                                                                                                 \
+    const int ahead = min((CHUNK_INDEX), chunks - 1);                                               \
+    const DEVICE float* c_at = c_in + (head_at * chunks + ahead) * CHUNK;                           \
+    _Pragma("unroll") for (int j = 0; j < STEP_TILES; j++) {                                        \
+      C_INTO[j][0] = c_at[j * 8 + frag_col(lane)];                                                  \
+      C_INTO[j][1] = c_at[j * 8 + frag_col(lane) + 1];                                              \
+    }                                                                                               \
+    LAST_INTO = c_at[CHUNK - 1];                                                                    \
+    _Pragma("unroll") for (int h = 0; h < 2; h++) {                                                 \
+      const bool real = my_row[h] < DV;                                                             \
+      const DEVICE T* u_row = u + ((head_at * chunks + ahead) * DV + (real ? my_row[h] : 0)) * CHUNK + frag_col(lane); \
+      _Pragma("unroll") for (int j = 0; j < STEP_TILES; j++) {                                      \
+        U_INTO[j][2 * h] = real ? to_float(u_row[j * 8]) : 0.0f;                                    \
+        U_INTO[j][2 * h + 1] = real ? to_float(u_row[j * 8 + 1]) : 0.0f;                            \
+      }                                                                                             \
+    }                                                                                               \
+  }
 
-  ISSUE(0)
+#pragma unroll
+  for (int m = 0; m < STAGES - 1; m++) ISSUE(m)
+  float next_u[STEP_TILES][4], next_c[STEP_TILES][2], next_last;
+  READ_AHEAD(0, next_u, next_c, next_last)
   for (int chunk = 0; chunk < chunks; chunk++) {
     const int first_step = chunk * CHUNK;
-    const DEVICE float* c = c_in + (head_at * chunks + chunk) * CHUNK;
-    // This lane's steps' cumulative decays (its columns frag_col, + 1 of each 8-step tile), and the last.
-    float my_c[STEP_TILES][2];
+    float my_u[STEP_TILES][4], my_c[STEP_TILES][2];
 #pragma unroll
     for (int j = 0; j < STEP_TILES; j++) {
-      my_c[j][0] = c[j * 8 + frag_col(lane)];
-      my_c[j][1] = c[j * 8 + frag_col(lane) + 1];
+#pragma unroll
+      for (int e = 0; e < 4; e++) my_u[j][e] = next_u[j][e];
+      my_c[j][0] = next_c[j][0];
+      my_c[j][1] = next_c[j][1];
     }
-    const float c_last = c[CHUNK - 1];
+    const float c_last = next_last;
+    READ_AHEAD(chunk + 1, next_u, next_c, next_last)
     TileA<T> s_a[DK / 16];  // S as the A operand of this chunk's products
 #pragma unroll
     for (int kk = 0; kk < DK / 16; kk++) tile_a_from_acc(s_a[kk], s[2 * kk], s[2 * kk + 1]);
 
     // Phase 0: v' = u - S wᵀ.
-    async_wait(0);
+    async_wait(STAGES - 2);
     threadgroup_barrier();  // w's lines have landed; every SIMD group is done with the last chunk's K
-    ISSUE(3 * chunk + 1)
-    const THREADGROUP_PTR T* lines = stage + ((3 * chunk) % 2) * CHUNK * LDK;
+    ISSUE(3 * chunk + STAGES - 1)
+    const THREADGROUP_PTR T* lines = stage + ((3 * chunk) % STAGES) * CHUNK * LDK;
     TileAcc fresh[STEP_TILES];
 #pragma unroll
     for (int j = 0; j < STEP_TILES; j++) tile_zero(fresh[j]);
@@ -129,21 +160,16 @@
       }
     }
 #pragma unroll
-    for (int h = 0; h < 2; h++) {
-      const bool real = my_row[h] < DV;
-      const DEVICE T* u_row = u + ((head_at * chunks + chunk) * DV + (real ? my_row[h] : 0)) * CHUNK + frag_col(lane);
+    for (int j = 0; j < STEP_TILES; j++)
 #pragma unroll
-      for (int j = 0; j < STEP_TILES; j++) {
-        fresh[j].v[2 * h] = (real ? to_float(u_row[j * 8]) : 0.0f) - fresh[j].v[2 * h];
-        fresh[j].v[2 * h + 1] = (real ? to_float(u_row[j * 8 + 1]) : 0.0f) - fresh[j].v[2 * h + 1];
-      }
-    }
+      for (int e = 0; e < 4; e++) fresh[j].v[e] = my_u[j][e] - fresh[j].v[e];
 
     // Phase 1: y = (S qᵀ) diag(2^c) + v' withinᵀ.
-    async_wait(0);
+    async_wait(STAGES - 2);
     threadgroup_barrier();  // Q's lines and within have landed; every SIMD group is done with w
-    ISSUE(3 * chunk + 2)
-    lines = stage + ((3 * chunk + 1) % 2) * CHUNK * LDK;
+    ISSUE(3 * chunk + STAGES)
+    lines = stage + ((3 * chunk + 1) % STAGES) * CHUNK * LDK;
+    const THREADGROUP_PTR T* within_tile = within_tiles + (chunk % 2) * CHUNK * LDW;
     TileAcc out[STEP_TILES];
 #pragma unroll
     for (int j = 0; j < STEP_TILES; j++) tile_zero(out[j]);
@@ -191,10 +217,10 @@
     }
 
     // Phase 2: S = 2^c_last S + (v' diag(2^(c_last - c))) K.
-    async_wait(0);
+    async_wait(STAGES - 2);
     threadgroup_barrier();  // K's lines have landed; every SIMD group is done with Q and within
-    if (chunk + 1 < chunks) ISSUE(3 * chunk + 3)
-    lines = stage + ((3 * chunk + 2) % 2) * CHUNK * LDK;
+    ISSUE(3 * chunk + STAGES + 1)
+    lines = stage + ((3 * chunk + 2) % STAGES) * CHUNK * LDK;
     const float keep = exp2(c_last);
 #pragma unroll
     for (int n = 0; n < S_TILES; n++)
