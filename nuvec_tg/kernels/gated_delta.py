@@ -179,23 +179,36 @@ def pass_program(backend: str, types: dict[str, DType], dk: int, dv: int, hk: in
     return GATED_DELTA_PASS.program(backend, defines, params)
 
 
+def chunk_forms(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, backend: str, chunk: int,
+                log_decay: bool) -> list[Tensor]:
+    """The chunked prefill's first pass (inputs contiguous, shapes as `gated_delta_kernel`'s):
+    every chunk's `w [B, Hv, n * chunk, Dk]`, `u [B, Hv, n, Dv, chunk]` (each chunk's transposed)
+    and `within [B, Hv, n, chunk, chunk]` in q's dtype, and `c [B, Hv, n * chunk]` (float32, the
+    cumulative log2 decays), for the n chunks of T."""
+    b, steps, hk, dk = q.shape
+    hv, dv = v.shape[2], v.shape[3]
+    device, count = q.device, -(-steps // chunk)
+    types = dict(q=q.dtype, g=g.dtype, beta=beta.dtype)
+    forms = [Tensor.empty(b, hv, count * chunk, dk, dtype=q.dtype, device=device),
+             Tensor.empty(b, hv, count, dv, chunk, dtype=q.dtype, device=device),
+             Tensor.empty(b, hv, count, chunk, chunk, dtype=q.dtype, device=device),
+             Tensor.empty(b, hv, count * chunk, dtype=dtypes.float32, device=device)]
+    return launch(chunks_program(backend, types, dk, dv, hk, hv, chunk, log_decay), device, forms,
+                  [q, k, v, g, beta, int_buffer(device, (steps,))], (count, hv, b), 32 * PREP_WARPS,
+                  label=f"{backend} gated_delta chunks Dk{dk} Dv{dv} Hk{hk} Hv{hv} chunk {chunk}")
+
+
 def _chunked(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor, backend: str, shape: Chunked,
              slots: Tensor | None, composition: Callable | None, log_decay: bool) -> tuple[Tensor, Tensor]:
     """The chunked prefill's two launches (see `gated_delta_kernel`)."""
     b, steps, hk, dk = q.shape
     hv, dv = v.shape[2], v.shape[3]
-    device, c = q.device, shape.chunk
-    count = -(-steps // c)
+    device = q.device
     types = dict(q=q.dtype, g=g.dtype, beta=beta.dtype, state=state.dtype)
     ins = [q.contiguous(), k.contiguous(), v.contiguous(), g.contiguous(), beta.contiguous()]
-    forms = [Tensor.empty(b, hv, count * c, dk, dtype=q.dtype, device=device),      # w
-             Tensor.empty(b, hv, count, dv, c, dtype=q.dtype, device=device),       # u, each chunk's transposed
-             Tensor.empty(b, hv, count, c, c, dtype=q.dtype, device=device),        # within
-             Tensor.empty(b, hv, count * c, dtype=dtypes.float32, device=device)]  # c, the cumulative log2 decays
-    label = f"Dk{dk} Dv{dv} Hk{hk} Hv{hv} chunk {c}"
-    forms = launch(chunks_program(backend, types, dk, dv, hk, hv, c, log_decay), device, forms, ins + [int_buffer(device, (steps,))],
-                   (count, hv, b), 32 * PREP_WARPS, label=f"{backend} gated_delta chunks {label}")
+    forms = chunk_forms(*ins, backend, shape.chunk, log_decay)
     program = pass_program(backend, types, dk, dv, hk, hv, shape, slots is not None)
+    label = f"Dk{dk} Dv{dv} Hk{hk} Hv{hv} chunk {shape.chunk}, {shape.warps} SIMD groups"
     y = Tensor.empty(b, steps, hv, dv, dtype=q.dtype, device=device)
     grid = (-(-dv // (16 * shape.warps)), hv, b)
     if slots is not None:
@@ -206,7 +219,7 @@ def _chunked(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Te
     backward = Backward("gated_delta", composition, (*ins, state), wrt=tuple(range(6))) if composition is not None else None
     out = Tensor.empty(b, hv, dv, dk, dtype=state.dtype, device=device)
     return tuple(launch(program, device, [y, out], ins + forms + [state, int_buffer(device, (steps,))], grid, 32 * shape.warps,
-                        backward=backward, label=f"{backend} gated_delta chunked final {label} {shape.warps} warps"))
+                        backward=backward, label=f"{backend} gated_delta chunked final {label}"))
 
 
 def gated_delta_kernel(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor, *, backend: str,
