@@ -149,6 +149,18 @@ def test_the_chunked_prefill_matches_numpy_and_the_recurrence(shape, dtype, gate
     chunked_close(f"{shape} state vs the recurrent kernel", s, values(rs), max(dtype, gate, key=lambda d: KERNEL_TOLERANCE[d]), steps)
 
 
+@pytest.mark.parametrize("warps, split", [(4, 1), (2, 2), (1, 1)])
+def test_every_state_pass_launch_matches_numpy(warps, split):
+    """The launches the plan does not take at these sizes (it splits few blocks over two SIMD groups)."""
+    q, k, v, g, beta, state = inputs(np.random.default_rng(0x28), (2, 77, 2, 4, 128, 48), dtypes.bfloat16, dtypes.float32)
+    with expect_launches(gpu, CHUNKED):
+        y, s = kernel.gated_delta_kernel(q, k, v, g, beta, state, backend=kernel_backend(gpu), shape=kernel.Chunked(kernel.CHUNK, warps, split))
+        Tensor.realize(y, s)
+    want_y, want_s, _ = gated_delta_reference(*(values(x) for x in (q, k, v, g, beta, state)))
+    chunked_close(f"{warps}x{split} y vs numpy", y, want_y, dtypes.bfloat16, 77)
+    chunked_close(f"{warps}x{split} state vs numpy", s, want_s, dtypes.bfloat16, 77)
+
+
 def test_the_plan_takes_the_chunked_prefill_from_its_crossover():
     shape = (1, kernel.CHUNKED_MIN_STEPS - 1, 2, 4, 64, 32)
     short = inputs(np.random.default_rng(1), shape, dtypes.bfloat16, dtypes.float32)
@@ -220,13 +232,16 @@ def test_gradients_through_the_chunked_prefill_equal_the_compositions():
     q, k, v, g, beta, state = inputs(np.random.default_rng(0x6B), (1, 5, 2, 4, 64, 32), dtypes.float16, dtypes.float32)
     targets = [q, k, v, g, beta, state]
 
-    def loss(forced: bool):
+    rng = np.random.default_rng(0x6C)
+    y_weights, s_weights = (Tensor(rng.standard_normal(shape).astype(np.float32), device=gpu) for shape in ((1, 5, 4, 32), (1, 4, 32, 64)))
+
+    def loss(forced: bool):  # linear in the outputs: both backwards start from the same gradients
         if forced:
             y, s = kernel.gated_delta_kernel(q, k, v, g, beta, state, backend=kernel_backend(gpu), shape=kernel.Chunked(kernel.CHUNK, 1),
                                              composition=lambda *x: recurrence_composition(*x, None))
         else:
             y, s = fast.gated_delta(q, k, v, g, beta, state)
-        return (y.float() * y.float()).sum() + (s * 0.5).sum()
+        return (y.float() * y_weights).sum() + (s * s_weights).sum()
     with expect_launches(gpu, CHUNKED):
         grads = [x.realize() for x in loss(True).gradient(*targets)]
     with expect_launches(gpu, None), compositions_only():

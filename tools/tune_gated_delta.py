@@ -69,12 +69,12 @@ def sweep_chunked() -> None:
         want = recurrent(*calls[0])[1].numpy()
         seconds = time_jit(recurrent, calls, 5)
         cells = [f"recurrent: {seconds * 1e6:.1f}/{b * t / seconds / 1e6:.2f}"]
-        for warps in kernel.CHUNKED_WARPS:
-            rule = launched(kernel.Chunked(CHUNK, warps))
+        for warps, split in [(w, s) for w in kernel.CHUNKED_WARPS for s in (1, 2) if w % s == 0]:
+            rule = launched(kernel.Chunked(CHUNK, warps, split))
             got = rule(*calls[0])[1].numpy()
             error = float(np.abs(got - want).max())
             seconds = time_jit(rule, calls, 5)
-            cells.append(f"{CHUNK}x{warps}: {seconds * 1e6:.1f}/{b * t / seconds / 1e6:.2f} (err {error:.1e})")
+            cells.append(f"{CHUNK}x{warps}/{split}: {seconds * 1e6:.1f}/{b * t / seconds / 1e6:.2f} (err {error:.1e})")
         print(f"B {b} T {t}: " + "  ".join(cells), flush=True)
         del calls
 

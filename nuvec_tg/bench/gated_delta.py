@@ -97,9 +97,10 @@ def time_fla(b, t, hk, hv, dk, dv, repeats: int, max_calls: int = MAX_CALLS, whi
 
 
 def route(shape) -> str:
-    """The table's name for a launch of `kernel.route`: "recurrent 4x1" (warps x rows) or "chunked 32x2" (chunk x warps)."""
+    """The table's name for a launch of `kernel.route`: "recurrent 4x1" (warps x rows) or "chunked 32x4/2"
+    (chunk x warps / SIMD groups a block of state rows)."""
     if isinstance(shape, kernel.Launch): return f"recurrent {shape.warps}x{shape.rows}"
-    return f"chunked {shape.chunk}x{shape.warps}"
+    return f"chunked {shape.chunk}x{shape.warps}/{shape.split}"
 
 
 def ratio(theirs: float | None, ours: float | None) -> str:

@@ -32,32 +32,39 @@ class Launch:
 @dataclass(frozen=True)
 class Chunked:
     """The chunked prefill's launch: chunks of `chunk` steps; the state pass's threadgroups of
-    `warps` SIMD groups, 16 value rows each. A row's arithmetic does not depend on `warps`."""
+    `warps` SIMD groups, `split` of them (1 or 2) sharing 16 value rows, each with Dk / split of
+    their columns. A row's arithmetic does not depend on `warps`; `split` 2 adds the two halves'
+    partial sums over Dk (rounding otherwise than one SIMD group's sum over all of Dk)."""
     chunk: int
     warps: int
+    split: int = 1
 
 
 CHUNK = 32                  # steps a chunk: its tiles fit Metal's 32 KB of threadgroup memory at Dk 128
 CHUNKED_WARPS = (1, 2, 4)
-CHUNKED_MIN_STEPS = 64      # from here on the plan takes the chunked prefill where it can
+CHUNKED_MIN_STEPS = 32      # from here on the plan takes the chunked prefill where it can (equal to the recurrence at 32)
+# Up to this many 16-row blocks of state (over the batch and the value heads) the state pass splits
+# each block's columns over two SIMD groups: twice the SIMD groups, each with a shorter chain a chunk.
+SPLIT_MAX_BLOCKS = 1024
 PREP_WARPS = 4              # the first pass's threadgroup
 # The state pass's line buffers: on CUDA four, each chunk's copies in flight a whole chunk ahead (one
 # phase's products are too short to hide a copy); Metal's copies are plain loads, done as issued.
 PASS_STAGES = {"cuda": 4, "metal": 2}
 
 
-def plan(steps: int, batch: int = 1, value_heads: int = 1, value_dim: int = 128, chunkable: bool = False) -> Launch | Chunked:
+def plan(steps: int, batch: int = 1, value_heads: int = 1, value_dim: int = 128, chunkable: bool = False,
+         key_dim: int = 128) -> Launch | Chunked:
     """The launch for a call of `steps` steps: the chunked prefill from CHUNKED_MIN_STEPS steps
     where it can run (`chunkable`: `chunked_unsupported` gave no reason), with fewer SIMD groups a
     threadgroup the fewer 16-row tiles of state there are (the state pass's threadgroups then still
-    fill the GPU); otherwise the recurrence, where a decode step (few steps) reads the key and
+    fill the GPU), and two SIMD groups a block of state rows where the blocks are few; otherwise the recurrence, where a decode step (few steps) reads the key and
     query once for four rows (2 x 4) and a prefill runs more SIMD groups, each with a shorter chain
     per step (4 x 1). From the H200 sweeps (`tools/tune_gated_delta.py`,
     `benchmarks/gated_delta_h200.md`). A row's arithmetic is the same in every launch of a route,
     so its bits are too."""
     if chunkable and steps >= CHUNKED_MIN_STEPS:
-        tiles = batch * value_heads * -(-value_dim // 16)
-        return Chunked(CHUNK, 1 if tiles <= 512 else 2 if tiles <= 2048 else 4)
+        blocks = batch * value_heads * -(-value_dim // 16)
+        return Chunked(CHUNK, 4, 2 if blocks <= SPLIT_MAX_BLOCKS and key_dim % 32 == 0 else 1)
     return Launch(2, 4) if steps <= 16 else Launch(4, 1)
 
 
@@ -95,18 +102,20 @@ def chunked_unsupported(types: tuple[DType, ...], key_dim: int, value_dim: int, 
     if key_dim > 128 or value_dim > 256: return f"Dk {key_dim} over 128 or Dv {value_dim} over 256"
     if (reason := target.lacks(matrix_units=True)) is not None: return reason
     if target.backend == "metal":
-        resources = chunked_metal_resources(types[0], key_dim, value_dim, Chunked(CHUNK, max(CHUNKED_WARPS)))
+        resources = chunked_metal_resources(types[0], key_dim, value_dim, Chunked(CHUNK, max(CHUNKED_WARPS), 2))
         if (reason := metal_limit_reason(*resources)) is not None: return f"its threadgroup would take {reason}"
     return None
 
 
 def chunked_metal_resources(dtype: DType, key_dim: int, value_dim: int, shape: Chunked) -> tuple[Resources, Resources]:
-    """The two passes' threadgroups on Metal: the first's K and Q/V tiles, A, X and three per-step
-    vectors; the second's two line buffers and the within tile."""
+    """The two passes' threadgroups on Metal: the first's K and Q/V tiles, A, X, three per-step
+    vectors and a 16 x 16 block; the second's line buffers, two within tiles and (split) the partial
+    sums of its SIMD groups."""
     c, size = shape.chunk, dtype.itemsize
     first = (threadgroup_array(c * (key_dim + 8), size) + threadgroup_array(c * (max(key_dim, value_dim) + 8), size)
-             + 2 * threadgroup_array(c * (c + 1), 4) + 3 * threadgroup_array(c, 4))
-    second = threadgroup_array(PASS_STAGES["metal"] * c * (key_dim + 8), size) + threadgroup_array(2 * c * (c + 8), size)
+             + 2 * threadgroup_array(c * (c + 1), 4) + 3 * threadgroup_array(c, 4) + threadgroup_array(16 * 16, 4))
+    second = (threadgroup_array(PASS_STAGES["metal"] * c * (key_dim + 8), size) + threadgroup_array(2 * c * (c + 8), size)
+              + (threadgroup_array(shape.warps * c * 16, 4) if shape.split == 2 else 0))
     return Resources(32 * PREP_WARPS, first), Resources(32 * shape.warps, second)
 
 
@@ -142,9 +151,9 @@ def route(q: Tensor, k: Tensor, v: Tensor, mode: str) -> Launch | Chunked:
     b, steps, _, dk = q.shape
     hv, dv = v.shape[2], v.shape[3]
     reason = "every step's state" if mode == "steps" else chunked_unsupported((q.dtype, k.dtype, v.dtype), dk, dv, _target(q.device))
-    shape = plan(steps, b, hv, dv, reason is None)
+    shape = plan(steps, b, hv, dv, reason is None, dk)
     if debugging():
-        said = f"the chunked prefill ({shape.chunk}-step chunks, {shape.warps} SIMD groups a threadgroup)" \
+        said = f"the chunked prefill ({shape.chunk}-step chunks, {shape.warps} SIMD groups a threadgroup, {shape.split} a block)" \
             if isinstance(shape, Chunked) else f"the recurrence ({shape.warps} x {shape.rows})"
         if reason is not None and steps >= CHUNKED_MIN_STEPS: said += f", not chunked: {reason}"
         debug(f"gated_delta {mode} {tuple(q.shape)}: {said}")
@@ -168,8 +177,8 @@ def pass_program(backend: str, types: dict[str, DType], dk: int, dv: int, hk: in
     """The chunked prefill's second pass. types: the dtypes of `q` (k's, v's and y's), `g`, `beta`
     and `state` (or the pool's); slots: the pool variant."""
     t, ts = CTYPES[types["q"]], CTYPES[types["state"]]
-    defines = dict(T=t, TS=ts, DK=dk, DV=dv, HK=hk, HV=hv, CHUNK=shape.chunk, WARPS=shape.warps, STAGES=PASS_STAGES[backend],
-                   SLOTS=int(slots))
+    defines = dict(T=t, TS=ts, DK=dk, DV=dv, HK=hk, HV=hv, CHUNK=shape.chunk, WARPS=shape.warps, SPLIT=shape.split,
+                   STAGES=PASS_STAGES[backend], SLOTS=int(slots))
     params = [Param("y", "out", t), Param("pool" if slots else "state_out", "out", ts)]
     params += [Param("q", "in", t), Param("k", "in", t), Param("v", "in", t), Param("g", "in", CTYPES[types["g"]]),
                Param("beta", "in", CTYPES[types["beta"]]), Param("w", "in", t), Param("u", "in", t), Param("within", "in", t),
@@ -208,9 +217,9 @@ def _chunked(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Te
     ins = [q.contiguous(), k.contiguous(), v.contiguous(), g.contiguous(), beta.contiguous()]
     forms = chunk_forms(*ins, backend, shape.chunk, log_decay)
     program = pass_program(backend, types, dk, dv, hk, hv, shape, slots is not None)
-    label = f"Dk{dk} Dv{dv} Hk{hk} Hv{hv} chunk {shape.chunk}, {shape.warps} SIMD groups"
+    label = f"Dk{dk} Dv{dv} Hk{hk} Hv{hv} chunk {shape.chunk}, {shape.warps} SIMD groups, {shape.split} a block"
     y = Tensor.empty(b, steps, hv, dv, dtype=q.dtype, device=device)
-    grid = (-(-dv // (16 * shape.warps)), hv, b)
+    grid = (-(-dv // (16 * shape.warps // shape.split)), hv, b)
     if slots is not None:
         return tuple(launch(program, device, [y, state], ins + forms + [slots.cast(dtypes.int32).contiguous(),
                             int_buffer(device, (steps, state.shape[0]))], grid, 32 * shape.warps, in_place=True,

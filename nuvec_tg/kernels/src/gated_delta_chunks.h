@@ -12,7 +12,8 @@
 //
 // The second pass (gated_delta_pass.h) carries the state from chunk to chunk with them. K K^T, Q K^T
 // and the two products with X run on the matrix units (X diag(...) rounded to T where T is 16-bit);
-// X itself is solved by forward substitution in float32, a thread per column. Steps past the last
+// X itself is solved in float32 in 16 x 16 blocks: the diagonal ones by forward substitution (a
+// thread per column), then each block below from those before it. Steps past the last
 // are zeros with decay 1 and rate 0 (their w, u rows are zeros). A log decay below -LOG2_FLOOR
 // counts as -LOG2_FLOOR (2^-126: a zero gate, and keeps c finite, so that differences never meet
 // -inf - -inf).
@@ -30,8 +31,8 @@
 #define ROW_TILES (CHUNK / 16)
 #define LOG2_FLOOR 126.0f
 
-#if CHUNK % 16 != 0 || DK % 16 != 0 || DV % 16 != 0 || WARPS % ROW_TILES != 0
-#error "gated_delta_chunks.h: CHUNK, DK and DV must be multiples of 16, WARPS of CHUNK / 16"
+#if CHUNK % 32 != 0 || DK % 16 != 0 || DV % 16 != 0 || WARPS % ROW_TILES != 0
+#error "gated_delta_chunks.h: CHUNK must be a multiple of 32, DK and DV of 16, WARPS of CHUNK / 16"
 #endif
 
 // Rows FIRST.. of a [.., HK, WIDTH] input (the key head's lines) into TO (row stride LD); steps past
@@ -81,6 +82,7 @@ INLINE void x_times(THREADGROUP_PTR const float* x, THREADGROUP_PTR const float*
   THREADGROUP float a_mat[CHUNK * LDX];  // A
   THREADGROUP float x_mat[CHUNK * LDX];  // X = (I + A)^-1
   THREADGROUP float cum[CHUNK], rate[CHUNK], w_scale[CHUNK];
+  THREADGROUP float block_sum[16 * 16];  // a block of X's, before X_II multiplies it
 
   COPY_ROWS(k_tile, LDK, k, DK, HK, key_head)
   COPY_ROWS(qv_tile, LDK, q, DK, HK, key_head)
@@ -101,11 +103,17 @@ INLINE void x_times(THREADGROUP_PTR const float* x, THREADGROUP_PTR const float*
     cum[thread_id] = log_decay;
   }
   threadgroup_barrier();
-  if (thread_id == 0) {
-    float c = 0.0f;
-    for (int r = 0; r < CHUNK; r++) {
-      c += cum[r];
-      cum[r] = c;
+  if (warp == 0) {  // the running sum: 32 steps at a time by the SIMD group (Hillis and Steele's scan)
+    float carry = 0.0f;
+    for (int base = 0; base < CHUNK; base += 32) {
+      float x = cum[base + lane];
+      for (int offset = 1; offset < 32; offset *= 2) {
+        const float before = simd_shuffle(x, max(lane - offset, 0));
+        if (lane >= offset) x += before;
+      }
+      x += carry;
+      cum[base + lane] = x;
+      carry = simd_shuffle(x, 31);
     }
   }
   async_wait(0);
@@ -142,16 +150,43 @@ INLINE void x_times(THREADGROUP_PTR const float* x, THREADGROUP_PTR const float*
   threadgroup_barrier();  // A is whole; Q's rows are read: V's take their place
   COPY_ROWS(qv_tile, LDV, v, DV, HV, head)
 
-  // X by forward substitution: thread j owns column j, X[i][j] = -A[i][j] - sum_{j < m < i} A[i][m] X[m][j].
+  // X = (I + A)^-1 in 16 x 16 blocks. The diagonal blocks by forward substitution, a thread per
+  // column: X[i][j] = -A[i][j] - sum_{j < m < i} A[i][m] X[m][j] within the block (zeros above it).
+  for (int t = thread_id; t < CHUNK * 16; t += THREADS) {  // the blocks above the diagonal: zeros
+    const int i = t / 16, block_col = t % 16;
+#pragma unroll
+    for (int jb = 0; jb < ROW_TILES; jb++)
+      if (jb > i / 16) x_mat[i * LDX + jb * 16 + block_col] = 0.0f;
+  }
   if (thread_id < CHUNK) {
-    const int j = thread_id;
-    for (int i = 0; i < CHUNK; i++) {
+    const int j = thread_id, first = j / 16 * 16;
+    for (int i = first; i < first + 16; i++) {
       float x = i == j ? 1.0f : 0.0f;
       if (i > j) {
         x = -a_mat[i * LDX + j];
         for (int m = j + 1; m < i; m++) x -= a_mat[i * LDX + m] * x_mat[m * LDX + j];
       }
       x_mat[i * LDX + j] = x;
+    }
+  }
+  threadgroup_barrier();
+  // The blocks below it, block row after block row: X_IJ = -X_II (sum_{J <= K < I} A_IK X_KJ).
+  for (int bi = 1; bi < ROW_TILES; bi++) {
+    for (int bj = 0; bj < bi; bj++) {
+      for (int t = thread_id; t < 256; t += THREADS) {
+        const int r = bi * 16 + t / 16, c = bj * 16 + t % 16;
+        float sum = 0.0f;
+        for (int m = bj * 16; m < bi * 16; m++) sum += a_mat[r * LDX + m] * x_mat[m * LDX + c];
+        block_sum[t] = sum;
+      }
+      threadgroup_barrier();
+      for (int t = thread_id; t < 256; t += THREADS) {
+        const int r = t / 16, c = t % 16;
+        float x = -block_sum[t];
+        for (int m = 0; m < r; m++) x -= x_mat[(bi * 16 + r) * LDX + bi * 16 + m] * block_sum[m * 16 + c];
+        x_mat[(bi * 16 + r) * LDX + bj * 16 + c] = x;
+      }
+      threadgroup_barrier();
     }
   }
   async_wait(0);
