@@ -277,7 +277,7 @@ def test_the_gated_delta_prefill_row_with_a_kernel(monkeypatch, capsys):
     lines = gated_delta_bench.run(small_args())
     decode, prefill = tables(lines)
     cells = [[c.strip() for c in line.split("|")[1:-1]] for line in prefill[4:]]
-    assert cells == [["1 (L2)", "40", "10.0", gated_delta_bench.route(kernel.plan(40, 1, 4, 32, chunkable=True, key_dim=32)), "4.00", "40.0", "30.0", "60.0",
+    assert cells == [["1 (L2)", "40", "10.0", gated_delta_bench.route(kernel.plan(40, chunkable=True)), "4.00", "40.0", "30.0", "60.0",
                       "3.00x", "4.00x"]]
     assert [line.split("|")[7].strip() for line in decode[4:]] == ["60.0", "60.0"]  # fla's fused recurrent kernel
     assert sorted(asked) == sorted([(gated_delta_bench.FUSED_RECURRENT, (1, 1)), (gated_delta_bench.FUSED_RECURRENT, (2, 3)),

@@ -43,28 +43,22 @@ class Chunked:
 CHUNK = 32                  # steps a chunk: its tiles fit Metal's 32 KB of threadgroup memory at Dk 128
 CHUNKED_WARPS = (1, 2, 4)
 CHUNKED_MIN_STEPS = 32      # from here on the plan takes the chunked prefill where it can (equal to the recurrence at 32)
-# Up to this many 16-row blocks of state (over the batch and the value heads) the state pass splits
-# each block's columns over two SIMD groups: twice the SIMD groups, each with a shorter chain a chunk.
-SPLIT_MAX_BLOCKS = 1024
+CHUNKED_WARPS_PLANNED = 4   # the H200's best at B 1 and 8; a block's columns over two SIMD groups (split 2) was slower
 PREP_WARPS = 4              # the first pass's threadgroup
 # The state pass's line buffers: on CUDA four, each chunk's copies in flight a whole chunk ahead (one
 # phase's products are too short to hide a copy); Metal's copies are plain loads, done as issued.
 PASS_STAGES = {"cuda": 4, "metal": 2}
 
 
-def plan(steps: int, batch: int = 1, value_heads: int = 1, value_dim: int = 128, chunkable: bool = False,
-         key_dim: int = 128) -> Launch | Chunked:
+def plan(steps: int, chunkable: bool = False) -> Launch | Chunked:
     """The launch for a call of `steps` steps: the chunked prefill from CHUNKED_MIN_STEPS steps
-    where it can run (`chunkable`: `chunked_unsupported` gave no reason), with fewer SIMD groups a
-    threadgroup the fewer 16-row tiles of state there are (the state pass's threadgroups then still
-    fill the GPU), and two SIMD groups a block of state rows where the blocks are few; otherwise the recurrence, where a decode step (few steps) reads the key and
-    query once for four rows (2 x 4) and a prefill runs more SIMD groups, each with a shorter chain
-    per step (4 x 1). From the H200 sweeps (`tools/tune_gated_delta.py`,
-    `benchmarks/gated_delta_h200.md`). A row's arithmetic is the same in every launch of a route,
-    so its bits are too."""
-    if chunkable and steps >= CHUNKED_MIN_STEPS:
-        blocks = batch * value_heads * -(-value_dim // 16)
-        return Chunked(CHUNK, 4, 2 if blocks <= SPLIT_MAX_BLOCKS and key_dim % 32 == 0 else 1)
+    where it can run (`chunkable`: `chunked_unsupported` gave no reason; four SIMD groups a
+    threadgroup of the state pass); otherwise the recurrence, where a decode step (few steps) reads
+    the key and query once for four rows (2 x 4) and a prefill runs more SIMD groups, each with a
+    shorter chain per step (4 x 1). From the H200 sweeps (`tools/tune_gated_delta.py`,
+    `benchmarks/gated_delta_h200.md`). A row's arithmetic is the same in every launch of a route
+    with one `split`, so its bits are too."""
+    if chunkable and steps >= CHUNKED_MIN_STEPS: return Chunked(CHUNK, CHUNKED_WARPS_PLANNED)
     return Launch(2, 4) if steps <= 16 else Launch(4, 1)
 
 
@@ -148,10 +142,9 @@ def program(backend: str, types: dict[str, DType], mode: str, dk: int, dv: int, 
 def route(q: Tensor, k: Tensor, v: Tensor, mode: str) -> Launch | Chunked:
     """The plan's launch for a call of the kernel (`gated_delta_kernel`'s shapes; mode "final",
     "steps" or "slots"): every step's state keeps the recurrence."""
-    b, steps, _, dk = q.shape
-    hv, dv = v.shape[2], v.shape[3]
+    steps, dk, dv = q.shape[1], q.shape[3], v.shape[3]
     reason = "every step's state" if mode == "steps" else chunked_unsupported((q.dtype, k.dtype, v.dtype), dk, dv, _target(q.device))
-    shape = plan(steps, b, hv, dv, reason is None, dk)
+    shape = plan(steps, reason is None)
     if debugging():
         said = f"the chunked prefill ({shape.chunk}-step chunks, {shape.warps} SIMD groups a threadgroup, {shape.split} a block)" \
             if isinstance(shape, Chunked) else f"the recurrence ({shape.warps} x {shape.rows})"
@@ -253,7 +246,6 @@ def gated_delta_kernel(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
     if log_decay: raise ValueError("gated_delta_kernel: the recurrence takes the decay itself, not its logarithm")
     out_storage = storage if storage is not None else state.dtype
     types = dict(q=q.dtype, k=k.dtype, v=v.dtype, g=g.dtype, beta=beta.dtype, state=state.dtype, storage=out_storage)
-    shape = shape or plan(steps)
     kernel = program(backend, types, mode, dk, dv, hk, hv, shape)
     y = Tensor.empty(b, steps, hv, dv, dtype=q.dtype, device=device)
     ins = [q.contiguous(), k.contiguous(), v.contiguous(), g.contiguous(), beta.contiguous()]
