@@ -222,14 +222,17 @@ def chunked_inputs(name: str, case: ChunkedCase) -> tuple[dict[str, np.ndarray],
     return arrays, values
 
 
-def emulated_chunked(case: ChunkedCase, arrays: dict[str, np.ndarray], metal_tiles: bool = False) -> dict[str, np.ndarray]:
+def emulated_chunked(case: ChunkedCase, arrays: dict[str, np.ndarray], metal_tiles: bool = False, first_edit: Edit | None = None,
+                     second_edit: Edit | None = None) -> dict[str, np.ndarray]:
     """Both passes' outputs: `y`, and `state_out` or the updated `pool`, as float64 (`metal_tiles`:
-    on the Metal prelude's simdgroup matrices, whose operands stay float)."""
+    on the Metal prelude's simdgroup matrices, whose operands stay float; `first_edit`,
+    `second_edit`: the passes' programs edited first)."""
     b, t, hk, hv, dk, dv = case.batch, case.steps, case.key_heads, case.value_heads, case.key_dim, case.value_dim
     c = kernel.CHUNK
     count = -(-t // c)
     types = dict(q=case.activation, g=case.gate, beta=case.gate, state=case.state)
     prep = kernel.chunks_program("cuda", types, dk, dv, hk, hv, c, case.log_decay)
+    prep = prep if first_edit is None else first_edit(prep)
     half = lambda *dims: np.full(dims, 0xFFFF, np.uint16)  # noqa: E731 - NaN patterns: an element the first pass misses shows
     forms = dict(w=half(b, hv, count * c, dk), u=half(b, hv, count, dv, c), within=half(b, hv, count, c, c),
                  c_out=np.full((b, hv, count * c), np.nan, np.float32))
@@ -237,6 +240,7 @@ def emulated_chunked(case: ChunkedCase, arrays: dict[str, np.ndarray], metal_til
     build(prep, metal_tiles)([buffers[p.name] for p in prep.params], count, 32 * kernel.PREP_WARPS, hv, b)
     shape = kernel.Chunked(c, case.warps, case.split)
     program = kernel.pass_program("cuda", types, dk, dv, hk, hv, shape, bool(case.slots))
+    program = program if second_edit is None else second_edit(program)
     buffers = dict(arrays, w=forms["w"], u=forms["u"], within=forms["within"], c_in=forms["c_out"],
                    y=np.full((b, t, hv, dv), 0xFFFF, np.uint16))
     if case.slots:
@@ -250,12 +254,13 @@ def emulated_chunked(case: ChunkedCase, arrays: dict[str, np.ndarray], metal_til
     return {"y": from_bits(buffers["y"], case.activation), second: from_bits(buffers[second], case.state)}
 
 
-@pytest.mark.parametrize("metal_tiles", [False, True], ids=["mma", "metal_tiles"])
-@pytest.mark.parametrize("name", list(CHUNKED_CASES))
-def test_emulated_chunked_prefill_matches_numpy(name, metal_tiles):
+def check_chunked(name: str, metal_tiles: bool = False, first_edit: Edit | None = None, second_edit: Edit | None = None) -> None:
+    """The chunked case through both emulated passes (edited where asked) against the float64
+    recurrence: y and the state (or the pool), each row within `chunked_tolerance`, and a pool's
+    rows that no live slot names unchanged, bit for bit."""
     case = CHUNKED_CASES[name]
     arrays, values = chunked_inputs(name, case)
-    got = emulated_chunked(case, arrays, metal_tiles)
+    got = emulated_chunked(case, arrays, metal_tiles, first_edit, second_edit)
     q, k, v, g, beta, state = (values[key] for key in NAMES)
     tol = max(chunked_tolerance(case.activation, case.steps), KERNEL_TOLERANCE[case.state])
     if case.slots:
@@ -273,3 +278,9 @@ def test_emulated_chunked_prefill_matches_numpy(name, metal_tiles):
         y, final = recurrence(q, k, v, g, beta, state)
         assert_rows_close(f"{name} y", got["y"], y, tol)
         assert_rows_close(f"{name} state", got["state_out"], final, tol)
+
+
+@pytest.mark.parametrize("metal_tiles", [False, True], ids=["mma", "metal_tiles"])
+@pytest.mark.parametrize("name", list(CHUNKED_CASES))
+def test_emulated_chunked_prefill_matches_numpy(name, metal_tiles):
+    check_chunked(name, metal_tiles)

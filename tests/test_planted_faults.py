@@ -152,6 +152,47 @@ def test_gated_delta_with_out_of_range_slots_as_live_fails_the_bounds_check():
     expect_failure(fault, lambda: gated.check_gated_delta("slots_hostile_bf16", edit=fault), OUTSIDE)
 
 
+# The chunked gated delta prefill (gated_delta_chunks.h, then gated_delta_pass.h).
+CHUNKS_FAULTS = {  # in the first pass
+    "substitution_skips_a_term": ("chunked_bf16", Fault("for (int m = j + 1; m < i; m++)", "for (int m = j + 2; m < i; m++)")),
+    "block_below_the_diagonal_negated": ("chunked_f16_grouped", Fault("float x = -block_sum[t];", "float x = block_sum[t];")),
+    "decay_scan_off_by_one": ("chunked_log_decay", Fault("if (lane >= offset) x += before;", "if (lane > offset) x += before;")),
+    "within_keeps_the_diagonal_out": ("chunked_bf16", Fault("const float d0 = j <= i ?", "const float d0 = j < i ?")),
+}
+PASS_FAULTS = {  # in the state pass
+    "half_the_within_product_lost": ("chunked_bf16", Fault("tile_mma(out[j + 1], fresh_a, b1);", "(void)b1;")),
+    "state_not_decayed": ("chunked_f16_grouped", Fault("s[n].v[e] *= keep;", "s[n].v[e] *= 1.0f;")),
+    "partner_partial_dropped": ("chunked_split", Fault("ACC[j].v[e] += partials", "ACC[j].v[e] += 0.0f * partials")),
+    "corrections_faded_the_wrong_way": ("chunked_slots", Fault("const float fade0 = exp2(c_last - my_c[j][0])",
+                                                          "const float fade0 = exp2(my_c[j][0] - c_last)")),
+}
+
+
+@pytest.mark.parametrize("fault_name", list(CHUNKS_FAULTS))
+def test_chunked_first_pass_faults_fail_its_comparison(fault_name):
+    case, fault = CHUNKS_FAULTS[fault_name]
+    expect_failure(fault, lambda: gated.check_chunked(case, first_edit=fault))
+
+
+@pytest.mark.parametrize("fault_name", list(PASS_FAULTS))
+def test_chunked_state_pass_faults_fail_its_comparison(fault_name):
+    case, fault = PASS_FAULTS[fault_name]
+    expect_failure(fault, lambda: gated.check_chunked(case, second_edit=fault))
+
+
+@needs_access_checks
+def test_chunked_outputs_past_the_last_step_fail_the_bounds_check():
+    """y written for a partial chunk's steps past the last lands outside y."""
+    fault = Fault("if (step < steps) from_float(", "if (step >= 0) from_float(")
+    expect_failure(fault, lambda: gated.check_chunked("chunked_bf16", second_edit=fault), OUTSIDE)
+
+
+@needs_access_checks
+def test_chunked_dead_slots_as_live_fail_the_bounds_check():
+    fault = Fault("const bool live = slot >= 0 && slot < ints[1];", "const bool live = true;")
+    expect_failure(fault, lambda: gated.check_chunked("chunked_slots", second_edit=fault), OUTSIDE)
+
+
 # The quantized products (qmv.h, qvm.h, qmm.h), each through its emulated test's comparison.
 @functools.cache
 def qmv_case():
