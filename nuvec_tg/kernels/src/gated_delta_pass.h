@@ -56,6 +56,23 @@
     async_copy16((TO) + r * LDK + piece * 8, present ? (SOURCE) + (AT(r)) + piece * 8 : (SOURCE), present); \
   }
 
+// acc = S Lᵀ for a chunk's lines L at `lines` (w's or Q's, row stride LDK; this SIMD group's
+// columns from col0), S given as its A fragments: an accumulator per 8 steps.
+INLINE void state_times_lines(THREAD TileAcc* acc, const THREAD TileA<T>* s_a, const THREADGROUP_PTR T* lines, int col0, int lane) {
+#pragma unroll
+  for (int j = 0; j < STEP_TILES; j++) tile_zero(acc[j]);
+#pragma unroll
+  for (int kk = 0; kk < DKP / 16; kk++) {
+#pragma unroll
+    for (int j = 0; j < STEP_TILES; j += 2) {
+      TileB<T> b0, b1;
+      load_tile_b2(b0, b1, lines + j * 8 * LDK + col0 + kk * 16, LDK, lane);
+      tile_mma(acc[j], s_a[kk], b0);
+      tile_mma(acc[j + 1], s_a[kk], b1);
+    }
+  }
+}
+
 /* kernel */
   const int thread_id = (int)nv_thread.x, lane = thread_id % 32, warp = thread_id / 32;
   const int part = warp % SPLIT, row0 = ((int)nv_group.x * PAIRS + warp / SPLIT) * 16;
@@ -165,18 +182,7 @@
     ISSUE(3 * chunk + STAGES - 1)
     const THREADGROUP_PTR T* lines = stage + ((3 * chunk) % STAGES) * CHUNK * LDK;
     TileAcc fresh[STEP_TILES];
-#pragma unroll
-    for (int j = 0; j < STEP_TILES; j++) tile_zero(fresh[j]);
-#pragma unroll
-    for (int kk = 0; kk < DKP / 16; kk++) {
-#pragma unroll
-      for (int j = 0; j < STEP_TILES; j += 2) {
-        TileB<T> b0, b1;
-        load_tile_b2(b0, b1, lines + j * 8 * LDK + col0 + kk * 16, LDK, lane);
-        tile_mma(fresh[j], s_a[kk], b0);
-        tile_mma(fresh[j + 1], s_a[kk], b1);
-      }
-    }
+    state_times_lines(fresh, s_a, lines, col0, lane);
     JOIN_PARTS(fresh)
 #pragma unroll
     for (int j = 0; j < STEP_TILES; j++)
@@ -190,18 +196,7 @@
     lines = stage + ((3 * chunk + 1) % STAGES) * CHUNK * LDK;
     const THREADGROUP_PTR T* within_tile = within_tiles + (chunk % 2) * CHUNK * LDW;
     TileAcc out[STEP_TILES];
-#pragma unroll
-    for (int j = 0; j < STEP_TILES; j++) tile_zero(out[j]);
-#pragma unroll
-    for (int kk = 0; kk < DKP / 16; kk++) {
-#pragma unroll
-      for (int j = 0; j < STEP_TILES; j += 2) {
-        TileB<T> b0, b1;
-        load_tile_b2(b0, b1, lines + j * 8 * LDK + col0 + kk * 16, LDK, lane);
-        tile_mma(out[j], s_a[kk], b0);
-        tile_mma(out[j + 1], s_a[kk], b1);
-      }
-    }
+    state_times_lines(out, s_a, lines, col0, lane);
     JOIN_PARTS(out)
     // This SIMD group's share of the chunk's steps (the 8-step tiles j with j / OWN_TILES == part) is
     // finished and stored (the tiles chosen by a test, not a loop from part: register arrays take
