@@ -23,7 +23,7 @@ compiles dominate the time):
   capacity and negative, a length shorter than the queries, one sequence, block sizes 16 and 32,
   the three decode passes; no batch.
 - gated delta rule: final state, every step's state (another storage dtype), the slot pool in
-  place with slots negative, past the pool and duplicated; T 0, 1, 5 and 17 (the other launch
+  place with slots negative, past the pool (an int64 one past int32 too) and duplicated; T 0, 1, 5 and 17 (the other launch
   shape); Dk 32, 64, 128; Dv not a multiple of a threadgroup's rows; grouped Hv; the chunked
   prefill at T 64 and 70 (a partial chunk), its final state and its slot pool.
 - qmv: 1, 3 and 8 rows (and a 1-D x) in every mode (affine 2, 3, 4, 8 bits; mxfp4, mxfp8,
@@ -276,7 +276,7 @@ ATTENTION = [
 
 def gated(b: int, t: int, hk: int, hv: int, dk: int, dv: int, dtype: DType, state_dtype: DType, *,
           variant: str = "final", storage: DType | None = None, slots: list[int] | None = None,
-          pool_size: int = 0) -> Setup:
+          pool_size: int = 0, slot_dtype=np.int32) -> Setup:
     """A `gated_delta` call ("final"), `gated_delta_chunked` ("chunked": the decay's logarithm; its
     composition is the chunked one, quick to build for long calls), `gated_delta_steps` ("steps",
     in `storage`) or `gated_delta_slots` ("slots": `slots` into a pool of `pool_size`, updated in
@@ -306,7 +306,7 @@ def gated(b: int, t: int, hk: int, hv: int, dk: int, dv: int, dtype: DType, stat
         y_unspecified[[i for i, s in enumerate(slots) if s in shared]] = True
         pool_unspecified = np.zeros((pool_size, hv, dv, dk), bool)
         pool_unspecified[sorted(shared)] = True
-        slot_tensor = integers(slots)
+        slot_tensor = Tensor(np.asarray(slots, slot_dtype), device=DEVICE).realize()
 
         def run(kernels: bool) -> Outputs:
             pool = Tensor(pool_values, device=DEVICE).cast(state_dtype).realize()  # a fresh pool: the kernel updates it
@@ -333,6 +333,9 @@ GATED = [
     Case("gated_delta_slots bf16/f32 T5 Dk128 Hv4/Hk2 slots 1, 1 (duplicate), 7, -2^31", GATED_DELTA,
          gated(4, 5, 2, 4, 128, 16, dtypes.bfloat16, dtypes.float32, variant="slots", slots=[1, 1, 7, -2**31],
                pool_size=4)),
+    Case("gated_delta_slots f32 T1 int64 slots 2^32 + 1 (past the pool; 1 as int32), 0", GATED_DELTA,
+         gated(2, 1, 1, 1, 32, 8, dtypes.float32, dtypes.float32, variant="slots", slots=[2**32 + 1, 0], pool_size=3,
+               slot_dtype=np.int64)),
     Case("gated_delta no steps", NONE, gated(1, 0, 1, 1, 32, 8, dtypes.float32, dtypes.float32)),
     Case("gated_delta_chunked bf16/f32 B2 T70 Dk128 Dv64 Hv4/Hk2 (chunked, the last chunk partial)", GATED_CHUNKED,
          gated(2, 70, 2, 4, 128, 64, dtypes.bfloat16, dtypes.float32, variant="chunked")),

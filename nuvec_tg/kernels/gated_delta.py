@@ -16,8 +16,8 @@ from tinygrad.dtype import DType
 from . import Target
 from . import debug, debugging
 from . import target as _target
-from .program import CTYPES, Backward, Family, Param, Program, Resources, chunks, int_buffer, launch, metal_limit_reason, \
-    threadgroup_array
+from .program import CTYPES, Backward, Family, Param, Program, Resources, chunks, int32_indices, int_buffer, launch, \
+    metal_limit_reason, threadgroup_array
 
 _ROUND = {dtypes.float16: "round_half(x)", dtypes.bfloat16: "round_bfloat(x)", dtypes.float32: "(x)"}
 
@@ -214,7 +214,7 @@ def _chunked(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Te
     y = Tensor.empty(b, steps, hv, dv, dtype=q.dtype, device=device)
     grid = (-(-dv // (16 * shape.warps // shape.split)), hv, b)
     if slots is not None:
-        return tuple(launch(program, device, [y, state], ins + forms + [slots.cast(dtypes.int32).contiguous(),
+        return tuple(launch(program, device, [y, state], ins + forms + [int32_indices(slots).contiguous(),
                             int_buffer(device, (steps, state.shape[0]))], grid, 32 * shape.warps, in_place=True,
                             label=f"{backend} gated_delta chunked slots {label}"))
     state = state.contiguous()
@@ -251,7 +251,7 @@ def gated_delta_kernel(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
     ins = [q.contiguous(), k.contiguous(), v.contiguous(), g.contiguous(), beta.contiguous()]
     if mode == "slots":
         outs = [y, state]
-        ins.append(slots.cast(dtypes.int32).contiguous())
+        ins.append(int32_indices(slots).contiguous())
         runtime = (steps, state.shape[0])
     else:
         outs = [y, Tensor.empty(b, hv, dv, dk, dtype=state.dtype, device=device) if mode == "final" else
