@@ -1,5 +1,6 @@
 """The gated delta rule computed directly in float64 numpy, for the gated delta tests."""
 import math
+import pathlib
 
 import numpy as np
 
@@ -36,3 +37,16 @@ def gated_delta_reference(q, k, v, g, beta, state, storage=None):
                 s[bi, h] = states[bi, ti, h] = rows
                 y[bi, ti, h] = rows @ q[bi, ti, kh]
     return y, s, states
+
+
+TRANSFORMERS_FIXTURE = pathlib.Path(__file__).parent / "data" / "gated_delta_transformers.npz"
+
+
+def transformers_cases() -> dict[str, dict[str, np.ndarray]]:
+    """transformers' chunked rule on small inputs (`scripts/make_gated_delta_fixture.py`): per case,
+    `q, k, v, log_g, beta, state` (float32 arrays; q, k, v of values a bfloat16 holds) and its
+    outputs `y`, `final` in nuvec_tg's layout, for `gated_delta_chunked(q, k, v, log_g, beta, state)`."""
+    with np.load(TRANSFORMERS_FIXTURE) as data:
+        names = sorted({key.rsplit("_", 1)[0] for key in data.files if key.endswith("_y")})
+        return {name: {key: data[f"{name}_{key}"] for key in ("q", "k", "v", "log_g", "beta", "state", "y", "final")}
+                for name in names}

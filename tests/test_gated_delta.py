@@ -4,8 +4,8 @@ import pytest
 from tinygrad import Tensor, dtypes
 
 from nuvec_tg import fast
-from gated_delta_reference import gated_delta_reference
-from reference import assert_close, finite_differences, random, values
+from gated_delta_reference import gated_delta_reference, transformers_cases
+from reference import KERNEL_TOLERANCE, assert_close, assert_rows_close, finite_differences, random, values
 
 
 def inputs(rng, b, t, hk, hv, dk, dv, dtype=dtypes.float64, state_dtype=dtypes.float64):
@@ -135,3 +135,20 @@ def test_invalid_arguments(error, op, call):
     tensors, _ = inputs(rng, 2, 4, 1, 2, 3, 2)
     with pytest.raises(error, match=f"^{op}: "):
         call(*tensors)
+
+
+@pytest.mark.parametrize("name", list(transformers_cases()))
+def test_transformers_chunked_rule_is_the_recurrence_and_the_chunked_composition(name):
+    """transformers' `torch_chunk_gated_delta_rule` (chunks of 64) is the float64 recurrence up to
+    float32 rounding (the fixture's conventions: q pre-scaled, the state's layout), and
+    `gated_delta_chunked`'s composition (chunks of 64 and 32) matches it."""
+    case = transformers_cases()[name]
+    want_y, want_s, _ = gated_delta_reference(case["q"], case["k"], case["v"], np.exp(case["log_g"].astype(np.float64)),
+                                              case["beta"], case["state"])
+    assert_rows_close(f"{name} transformers y vs the recurrence", case["y"], want_y, KERNEL_TOLERANCE[dtypes.float32])
+    assert_rows_close(f"{name} transformers state vs the recurrence", case["final"], want_s, KERNEL_TOLERANCE[dtypes.float32])
+    tensors = [Tensor(case[key], device="CPU") for key in ("q", "k", "v", "log_g", "beta", "state")]
+    for chunk_size in (64, 32):
+        y, s = fast.gated_delta_chunked(*tensors, chunk_size=chunk_size)
+        assert_rows_close(f"{name} chunked composition ({chunk_size}) y", values(y), case["y"], KERNEL_TOLERANCE[dtypes.float32])
+        assert_rows_close(f"{name} chunked composition ({chunk_size}) state", values(s), case["final"], KERNEL_TOLERANCE[dtypes.float32])

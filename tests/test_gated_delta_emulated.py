@@ -17,7 +17,7 @@ from tinygrad import dtypes
 from tinygrad.dtype import DType
 
 from emulated_decode import Edit, from_bits, to_bits
-from gated_delta_reference import chunked_tolerance
+from gated_delta_reference import chunked_tolerance, transformers_cases
 from kernel_emulator import COMPILER, build
 from nuvec_tg.kernels import gated_delta as kernel
 from reference import KERNEL_TOLERANCE, assert_rows_close, round_to
@@ -284,3 +284,17 @@ def check_chunked(name: str, metal_tiles: bool = False, first_edit: Edit | None 
 @pytest.mark.parametrize("name", list(CHUNKED_CASES))
 def test_emulated_chunked_prefill_matches_numpy(name, metal_tiles):
     check_chunked(name, metal_tiles)
+
+
+@pytest.mark.parametrize("name", list(transformers_cases()))
+def test_emulated_chunked_prefill_matches_transformers(name):
+    """Both passes (bfloat16 q, k, v; the decay as its logarithm) against transformers' chunked rule."""
+    case = transformers_cases()[name]
+    b, t, hk, dk = case["q"].shape
+    hv, dv = case["v"].shape[2:]
+    shape = ChunkedCase(b, t, hk, hv, dk, dv, BF16, F32, F32, warps=4, log_decay=True)
+    arrays = {"q": to_bits(case["q"], BF16), "k": to_bits(case["k"], BF16), "v": to_bits(case["v"], BF16),
+              "g": case["log_g"], "beta": case["beta"], "state": case["state"]}
+    got = emulated_chunked(shape, arrays)
+    assert_rows_close(f"{name} y", got["y"], case["y"], chunked_tolerance(BF16, t))
+    assert_rows_close(f"{name} state", got["state_out"], case["final"], chunked_tolerance(BF16, t))

@@ -12,7 +12,7 @@ from nuvec_tg import fast
 from nuvec_tg.fast.gated_delta import _recurrence as recurrence_composition
 from nuvec_tg.kernels import compositions_only, kernel_backend
 from nuvec_tg.kernels import gated_delta as kernel
-from gated_delta_reference import chunked_tolerance, gated_delta_reference
+from gated_delta_reference import chunked_tolerance, gated_delta_reference, transformers_cases
 from reference import COMPOSITION_TOLERANCE, KERNEL_TOLERANCE, assert_rows_close, expect_launches, random, values
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not GPU_DEVICES, reason="no GPU")]
@@ -248,3 +248,17 @@ def test_gradients_through_the_chunked_prefill_equal_the_compositions():
         composed = [x.realize() for x in loss(False).gradient(*targets)]
     for name, got, want in zip("q k v g beta state".split(), grads, composed):
         close(f"d{name}", got, want, dtypes.float16 if name in ("q", "k", "v", "beta") else dtypes.float32)  # inputs' dtypes
+
+
+@pytest.mark.parametrize("name", list(transformers_cases()))
+def test_the_chunked_prefill_matches_transformers(name):
+    """`gated_delta_chunked` with bfloat16 q, k, v on the kernel against transformers' chunked rule."""
+    case = transformers_cases()[name]
+    q, k, v = (Tensor(case[key], device=gpu).cast(dtypes.bfloat16).realize() for key in ("q", "k", "v"))
+    log_g, beta, state = (Tensor(case[key], device=gpu).realize() for key in ("log_g", "beta", "state"))
+    with expect_launches(gpu, CHUNKED):
+        y, s = fast.gated_delta_chunked(q, k, v, log_g, beta, state)
+        Tensor.realize(y, s)
+    steps = case["q"].shape[1]
+    chunked_close(f"{name} y vs transformers", y, case["y"], dtypes.bfloat16, steps)
+    chunked_close(f"{name} state vs transformers", s, case["final"], dtypes.bfloat16, steps)
