@@ -11,6 +11,7 @@ device does not say; the clocks are warmed after the capture, right before the t
 import argparse
 import sys
 
+import numpy as np
 import pytest
 from tinygrad import Device, Tensor
 from tinygrad.helpers import Context
@@ -24,7 +25,7 @@ from nuvec_tg.kernels import kernel_backend, kernels_enabled
 from nuvec_tg.bench.__main__ import BENCHMARKS, main
 
 KERNEL_BENCHMARKS = [what for what in BENCHMARKS if what != "model"]
-# ours' µs, counting cells from 1 (gated_delta: in both its tables)
+# ours' µs, counting cells from 1 (gated_delta and quant: in both their tables)
 OURS_COLUMN = {"attention": 7, "prefill": 7, "gated_delta": 3, "linear": 4, "quant": 5, "rows": 4}
 
 
@@ -57,7 +58,7 @@ def test_the_benchmark_writes_its_table(what, capsys):
     lines = BENCHMARKS[what](small_args())
     out = capsys.readouterr().out
     found = tables(lines)
-    assert len(found) == (2 if what == "gated_delta" else 1)  # gated_delta: decode, then prefill
+    assert len(found) == {"gated_delta": 2, "quant": 2}.get(what, 1)  # gated_delta: decode, then prefill; quant: then MoE
     for table in found:
         assert table[1] == "" and table[3].startswith("|---")  # the caption, a blank line, the header, its rule
         rows = table[4:]
@@ -286,3 +287,17 @@ def test_the_gated_delta_prefill_row_with_a_kernel(monkeypatch, capsys):
     assert gated_delta_bench.route(kernel.Chunked(32, 4, 2)) == "chunked 32x4/2"
     out = capsys.readouterr().out
     assert decode[-1] + "\n\n" + prefill[0] in out  # printed as written, a blank line between the tables
+
+
+def test_the_moe_rows_route_their_tokens_to_distinct_experts():
+    """The MoE table's rows: gate_up (N twice the expert MLP) then down for each model, and its
+    routing gives each token `top_k` distinct experts, sorted, counted per expert."""
+    from nuvec_tg.bench import quant as quant_bench
+    grid = quant_bench.moe_grid(small=False)
+    assert [(row[0], row[1], row[5], row[6]) for row in grid] == [
+        ("qwen3_30b_a3b", "gate_up", 2048, 1536), ("qwen3_30b_a3b", "down", 768, 2048),
+        ("gpt_oss_20b", "gate_up", 2880, 5760), ("gpt_oss_20b", "down", 2880, 2880)]
+    picks = quant_bench.routing(np.random.default_rng(0), 128, 8, 512)
+    assert picks.shape == (512, 8) and all(len(set(row)) == 8 for row in picks.tolist()) and picks.max() < 128
+    ordered, counts = quant_bench.sorted_rows(picks, 128)
+    assert len(ordered) == 4096 and (np.diff(ordered) >= 0).all() and counts.tolist() == np.bincount(picks.reshape(-1), minlength=128).tolist()

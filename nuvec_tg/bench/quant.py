@@ -1,9 +1,19 @@
-"""Quantized matrix products (`python -m nuvec_tg.bench quant`): decode products (M = 1 and 4) at
-(K, N) in {(4096, 4096), (4096, 14336), (14336, 4096)} for affine 4-bit and 8-bit weights (groups
-of 64) and mxfp4, and prefill products (M = 512): nuvec_tg's `quantized_matmul`, tinygrad's
-composition (dequantize, then matmul) and PyTorch's bfloat16 matmul of the dense weights, timed on
-the device; weight bytes per second and the share of peak bandwidth (decode), TFLOP/s (prefill).
-Activations are bfloat16."""
+"""Quantized matrix products (`python -m nuvec_tg.bench quant`), two tables.
+
+Products: decode products (M = 1 and 4) at (K, N) in {(4096, 4096), (4096, 14336), (14336, 4096)}
+for affine 4-bit and 8-bit weights (groups of 64) and mxfp4, and prefill products (M = 512):
+nuvec_tg's `quantized_matmul`, tinygrad's composition (dequantize, then matmul) and PyTorch's
+bfloat16 matmul of the dense weights, timed on the device; weight bytes per second and the share
+of peak bandwidth (decode), TFLOP/s (prefill).
+
+MoE prefill: a 512-token prompt's expert products at real MoE sizes (Qwen3-30B-A3B: 128 experts,
+top 8, hidden 2048, expert MLP 768, affine 4-bit in groups of 64; gpt-oss-20b: 32 experts, top 4,
+hidden and expert MLP 2880, mxfp4), the fused gate/up projection and the down projection: the
+tokens' rows sorted by expert (random routing, distinct experts a token) through
+`quant.gather_qmm(..., sorted_indices=True)`, one launch over all experts, beside PyTorch's dense
+bfloat16 experts looped as transformers' eager MoE layers do (an expert's rows at a time, a CUDA
+graph of the loop) and `torch._grouped_mm` over the same sorted rows where PyTorch has it; TFLOP/s
+over the rows' products. Activations are bfloat16."""
 from __future__ import annotations
 
 import numpy as np
@@ -14,6 +24,9 @@ from .common import COPIES, MAX_CALLS, cuda_torch, l2_marker, optional_us, part_
     start_table, time_jit, torch_graph_seconds
 
 FORMATS = {"affine4": ("affine", 64, 4), "affine8": ("affine", 64, 8), "mxfp4": ("mxfp4", 32, 4)}
+# model: (experts, top k, hidden, expert MLP width, format)
+MOE_MODELS = {"qwen3_30b_a3b": (128, 8, 2048, 768, "affine4"), "gpt_oss_20b": (32, 4, 2880, 2880, "mxfp4")}
+MOE_TOKENS = 512
 
 
 def weight_bytes(fmt: str, k: int, n: int) -> int:
@@ -38,6 +51,97 @@ def time_torch(m: int, k: int, n: int, repeats: int, max_calls: int = MAX_CALLS)
     def run():
         for i, x in enumerate(xs): torch.nn.functional.linear(x, weights[i % turn.sets])
     return torch_graph_seconds(run, turn.calls, repeats)
+
+
+def moe_grid(small: bool) -> list[tuple[str, str, int, int, int, int, int, str]]:
+    """The MoE rows: (model, projection, experts, top k, tokens, K, N, format); gate_up's N is twice
+    the expert MLP (gate and up fused), down's K the expert MLP."""
+    models = {"tiny": (4, 2, 64, 64, "affine4")} if small else MOE_MODELS
+    tokens = 8 if small else MOE_TOKENS
+    return [row for name, (e, k, hidden, width, fmt) in models.items()
+            for row in ((name, "gate_up", e, k, tokens, hidden, 2 * width, fmt), (name, "down", e, k, tokens, width, hidden, fmt))]
+
+
+def routing(rng, experts: int, top_k: int, tokens: int) -> np.ndarray:
+    """Random routing: `top_k` distinct experts for each token, `[tokens, top_k]`."""
+    return np.argsort(rng.random((tokens, experts)), axis=1)[:, :top_k]
+
+
+def sorted_rows(picks: np.ndarray, experts: int) -> tuple[np.ndarray, np.ndarray]:
+    """The rows of a routing sorted by expert: each row's expert (int32) and each expert's row count."""
+    ordered = np.sort(picks.reshape(-1)).astype(np.int32)
+    return ordered, np.bincount(ordered, minlength=experts)
+
+
+def time_torch_moe(experts: int, counts: np.ndarray, k: int, n: int, repeats: int) -> tuple[float | None, float | None]:
+    """PyTorch's dense bfloat16 experts over rows sorted by expert: the looped form (one
+    `F.linear` an expert, on its rows) and `torch._grouped_mm` (None where PyTorch lacks it or it
+    fails); seconds per call, or (None, None) without PyTorch on a GPU."""
+    torch = cuda_torch()
+    if torch is None: return None, None
+    rows = int(counts.sum())
+    w = torch.randn(experts, n, k, device="cuda", dtype=torch.bfloat16) * 0.02
+    x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
+    y = torch.empty(rows, n, device="cuda", dtype=torch.bfloat16)
+    bounds = np.concatenate([[0], np.cumsum(counts)]).tolist()
+
+    def looped():
+        for e in range(experts):
+            if bounds[e + 1] > bounds[e]: y[bounds[e]:bounds[e + 1]] = torch.nn.functional.linear(x[bounds[e]:bounds[e + 1]], w[e])
+    seconds = torch_graph_seconds(looped, 1, repeats)
+    grouped = None
+    if hasattr(torch, "_grouped_mm"):
+        offsets = torch.tensor(bounds[1:], device="cuda", dtype=torch.int32)
+        w_t = w.transpose(-2, -1)
+        try:
+            grouped = torch_graph_seconds(lambda: torch._grouped_mm(x, w_t, offs=offsets), 1, repeats)
+        except Exception as error:  # noqa: BLE001 - a PyTorch or GPU without it
+            print(f"torch._grouped_mm failed: {type(error).__name__}: {str(error)[:200]}", flush=True)
+    del w, x, y
+    return seconds, grouped
+
+
+def moe_table(args, rng) -> list[str]:
+    """The MoE prefill table (see the module's docstring)."""
+    grid = moe_grid(args.small)
+    if args.quick: grid = grid[:2]
+    routes = {row: sorted_rows(routing(rng, row[2], row[3], row[4]), row[2]) for row in grid}
+    torch_seconds = {row: time_torch_moe(row[2], routes[row][1], row[5], row[6], args.repeats) for row in grid}
+    release_torch()
+    lines, _ = start_table(
+        f"MoE prefill: {grid[0][4]} tokens' expert products, rows sorted by expert (x bfloat16)",
+        f"µs per call (best of {args.repeats} replays: TinyJit for ours, `quant.gather_qmm` with sorted indices over "
+        "every expert at once; a CUDA graph for PyTorch's dense bfloat16 experts, looped an expert at a time as "
+        "transformers' eager MoE layers do, and `torch._grouped_mm`); TFLOP/s over the rows' products",
+        ["model", "projection", "rows (experts / top k)", "format", "nuvec µs", "TFLOP/s", "torch looped µs",
+         "torch grouped µs", "vs looped", "vs grouped"], COPIES if args.small else MAX_CALLS)
+    for row in grid:
+        name, projection, experts, top_k, tokens, k, n, fmt = row
+        mode, group, bits = FORMATS[fmt]
+        ordered, _ = routes[row]
+        w = Tensor(rng.standard_normal((experts, n, k), dtype=np.float32) * 0.02).cast(dtypes.bfloat16)
+        qw = quant.quantize(w, group, bits, mode=mode)
+        parts = tuple(p.contiguous().realize() for p in (qw.weight, qw.scales, qw.biases) if p is not None)
+        moved = weight_bytes(fmt, k, n) * experts
+        turn = rotation(moved, max_calls=COPIES)  # the weights are one set: the experts together pass the L2 at real sizes
+        xs = [Tensor(rng.standard_normal((len(ordered), 1, k), dtype=np.float32)).cast(dtypes.bfloat16).contiguous().realize()
+              for _ in range(turn.sets)]
+        picks = Tensor(ordered).realize()
+        calls = [(xs[i % turn.sets], picks, *parts) for i in range(turn.calls)]
+
+        def product(x, picks, *p):
+            weight = quant.QuantizedWeight(p[0], p[1], p[2] if len(p) > 2 else None, mode, group, bits)
+            return quant.gather_qmm(x, weight, rhs_indices=picks, sorted_indices=True)
+        ours = time_jit(product, calls, args.repeats)
+        looped, grouped = torch_seconds[row]
+        flops = 2 * len(ordered) * n * k
+        cells = [f"{name}{l2_marker(turn)}", projection, f"{len(ordered)} ({experts} / {top_k})", fmt]
+        line = "| " + " | ".join(cells) + f" | {optional_us(ours)} {flops / ours / 1e12:.1f} | {optional_us(looped)} " \
+            + optional_us(grouped) + (f" {looped / ours:.2f}x |" if looped else " - |") + (f" {grouped / ours:.2f}x |" if grouped else " - |")
+        print(line, flush=True)
+        lines.append(line)
+        del w, qw, parts, xs, calls
+    return lines
 
 
 def run(args) -> list[str]:
@@ -85,4 +189,5 @@ def run(args) -> list[str]:
         print(row, flush=True)
         lines.append(row)
         del weights, xs, calls
-    return lines
+    print(flush=True)
+    return lines + [""] + moe_table(args, rng)
