@@ -209,19 +209,17 @@ def _gated_delta_chunked_candidates(backend: str) -> Iterator[_Candidate]:
             label = f"Dk{dk} Dv{dv} " + " ".join(f"{name} {dtype_name(t)}" for name, t in types.items()) + (" log decay" * log_decay)
             return label, gated_delta.chunks_program(backend, types, dk, dv, 2, 4, gated_delta.CHUNK, log_decay)
         yield _Candidate(gated_delta.GATED_DELTA_CHUNKS.stem, make_chunks, ((dk, dv, activation), (activation, gate, log_decay)), ((),))
-    for (dk, dv), activation, state, slots, warps, split in itertools.product(
+    for (dk, dv), activation, state, slots, warps in itertools.product(
             [(128, 128), (64, 48), (32, 16), (96, 64), (128, 256)], (dtypes.float16, dtypes.bfloat16), KERNEL_DTYPES, (False, True),
-            gated_delta.CHUNKED_WARPS, (1, 2)):
-        if warps % split: continue
+            gated_delta.CHUNKED_WARPS):
         types = dict(q=activation, g=dtypes.float32, beta=dtypes.float32, state=state)
-        shape = gated_delta.Chunked(gated_delta.CHUNK, warps, split)
+        shape = gated_delta.Chunked(gated_delta.CHUNK, warps)
 
         def make_pass(types=types, dk=dk, dv=dv, shape=shape, slots=slots) -> tuple[str, Program]:
             label = (f"{'slots' if slots else 'final'} Dk{dk} Dv{dv} " + " ".join(f"{name} {dtype_name(t)}" for name, t in types.items())
-                     + f" {shape.warps} warps, {shape.split} a block")
+                     + f" {shape.warps} warps")
             return label, gated_delta.pass_program(backend, types, dk, dv, 2, 4, shape, slots)
-        yield _Candidate(gated_delta.GATED_DELTA_PASS.stem, make_pass, ((dk, dv, activation, warps, split), (activation, state, slots)),
-                         ((),))
+        yield _Candidate(gated_delta.GATED_DELTA_PASS.stem, make_pass, ((dk, dv, activation, warps), (activation, state, slots)), ((),))
 
 
 def _qmv_candidates(backend: str) -> Iterator[_Candidate]:

@@ -284,7 +284,7 @@ def test_the_gated_delta_prefill_row_with_a_kernel(monkeypatch, capsys):
     assert sorted(asked) == sorted([(gated_delta_bench.FUSED_RECURRENT, (1, 1)), (gated_delta_bench.FUSED_RECURRENT, (2, 3)),
                                     (gated_delta_bench.FUSED_RECURRENT, (1, 40)), (gated_delta_bench.CHUNKED, (1, 40))])
     assert gated_delta_bench.route(kernel.Launch(4, 1)) == "recurrent 4x1"
-    assert gated_delta_bench.route(kernel.Chunked(32, 4, 2)) == "chunked 32x4/2"
+    assert gated_delta_bench.route(kernel.Chunked(32, 4)) == "chunked 32x4"
     out = capsys.readouterr().out
     assert decode[-1] + "\n\n" + prefill[0] in out  # printed as written, a blank line between the tables
 

@@ -90,7 +90,7 @@ REACHED = {
                           "TS": {"half", "bfloat", "float"}, "TQ": {"half", "bfloat", "float"}},
     "nuvec_gated_delta_chunks": {"T": {"half", "bfloat"}, "DECAY_LOG": {"0", "1"}, "TG": {"half", "bfloat", "float"},
                                  "DK": {"32", "64", "96", "128"}, "DV": {"16", "48", "64", "128", "256"}},
-    "nuvec_gated_delta_pass": {"T": {"half", "bfloat"}, "SLOTS": {"0", "1"}, "WARPS": {"1", "2", "4"}, "SPLIT": {"1", "2"},
+    "nuvec_gated_delta_pass": {"T": {"half", "bfloat"}, "SLOTS": {"0", "1"}, "WARPS": {"1", "2", "4"},
                                "TS": {"half", "bfloat", "float"}, "DK": {"32", "64", "96", "128"}},
     "nuvec_qmv": {"MODE": {"0", "1", "2", "3"}, "BITS": {"1", "2", "3", "4", "5", "6", "8"}, "XM": {str(m) for m in range(1, 9)},
                   "GATHER": {"0", "1"}, "TX": {"half", "bfloat", "float"}, "TS": {"half", "bfloat", "float", "uchar"},

@@ -181,7 +181,6 @@ class ChunkedCase:
     gate: DType
     state: DType
     warps: int = 1
-    split: int = 1
     log_decay: bool = False
     pool: int = 0
     slots: tuple[int, ...] = ()
@@ -195,11 +194,10 @@ CHUNKED_CASES = {
     "chunked_f16_grouped": ChunkedCase(2, 70, 1, 2, 64, 48, F16, F32, F16, warps=2),
     # One whole chunk, Dk 128 (a Qwen3.5 head), the decay given as its logarithm, bfloat16 gates.
     "chunked_log_decay": ChunkedCase(1, 32, 2, 2, 128, 32, BF16, BF16, F32, log_decay=True),
-    # Each block of 16 state rows over two SIMD groups (half of Dk each), 4 a threadgroup: Dv 48 is a
-    # threadgroup and a half (the second's second pair lies past Dv); three chunks.
-    "chunked_split": ChunkedCase(1, 90, 1, 2, 128, 48, BF16, F32, F32, warps=4, split=2),
-    # The same over a pool (slot 2 past it, row 2 untouched), Dk 32 (16 columns a SIMD group).
-    "chunked_split_slots_dk32": ChunkedCase(3, 40, 1, 1, 32, 16, F16, F32, F16, warps=2, split=2, pool=3, slots=(1, 3, 0)),
+    # The plan's 4 SIMD groups a threadgroup at Dk 128: Dv 48 leaves the fourth past Dv; three chunks.
+    "chunked_four_groups": ChunkedCase(1, 90, 1, 2, 128, 48, BF16, F32, F32, warps=4),
+    # A pool at Dk 32 (slot 3 past it, row 2 untouched), 2 SIMD groups a threadgroup, the second past Dv.
+    "chunked_slots_dk32": ChunkedCase(3, 40, 1, 1, 32, 16, F16, F32, F16, warps=2, pool=3, slots=(1, 3, 0)),
     # A pool: live slots, one past it, one negative.
     "chunked_slots": ChunkedCase(4, 33, 1, 1, 32, 32, F16, F32, BF16, pool=3, slots=(2, -1, 5, 0)),
 }
@@ -238,7 +236,7 @@ def emulated_chunked(case: ChunkedCase, arrays: dict[str, np.ndarray], metal_til
                  c_out=np.full((b, hv, count * c), np.nan, np.float32))
     buffers = dict(arrays, **forms, ints=np.array([t], np.int32))
     build(prep, metal_tiles)([buffers[p.name] for p in prep.params], count, 32 * kernel.PREP_WARPS, hv, b)
-    shape = kernel.Chunked(c, case.warps, case.split)
+    shape = kernel.Chunked(c, case.warps)
     program = kernel.pass_program("cuda", types, dk, dv, hk, hv, shape, bool(case.slots))
     program = program if second_edit is None else second_edit(program)
     buffers = dict(arrays, w=forms["w"], u=forms["u"], within=forms["within"], c_in=forms["c_out"],
@@ -248,7 +246,7 @@ def emulated_chunked(case: ChunkedCase, arrays: dict[str, np.ndarray], metal_til
     else:
         filled = np.full((b, hv, dv, dk), np.nan, np.float32) if case.state == F32 else np.full((b, hv, dv, dk), 0xFFFF, np.uint16)
         buffers.update(state_in=arrays["state"], state_out=filled, ints=np.array([t], np.int32))
-    build(program, metal_tiles)([buffers[p.name] for p in program.params], -(-dv // (16 * case.warps // case.split)),
+    build(program, metal_tiles)([buffers[p.name] for p in program.params], -(-dv // (16 * case.warps)),
                                 32 * case.warps, hv, b)
     second = "pool" if case.slots else "state_out"
     return {"y": from_bits(buffers["y"], case.activation), second: from_bits(buffers[second], case.state)}

@@ -149,16 +149,16 @@ def test_the_chunked_prefill_matches_numpy_and_the_recurrence(shape, dtype, gate
     chunked_close(f"{shape} state vs the recurrent kernel", s, values(rs), max(dtype, gate, key=lambda d: KERNEL_TOLERANCE[d]), steps)
 
 
-@pytest.mark.parametrize("warps, split", [(4, 1), (2, 2), (1, 1)])
-def test_every_state_pass_launch_matches_numpy(warps, split):
-    """The launches the plan does not take at these sizes (it splits few blocks over two SIMD groups)."""
+@pytest.mark.parametrize("warps", kernel.CHUNKED_WARPS)
+def test_every_state_pass_launch_matches_numpy(warps):
+    """Every threadgroup size of the state pass (the plan takes 4)."""
     q, k, v, g, beta, state = inputs(np.random.default_rng(0x28), (2, 77, 2, 4, 128, 48), dtypes.bfloat16, dtypes.float32)
     with expect_launches(gpu, CHUNKED):
-        y, s = kernel.gated_delta_kernel(q, k, v, g, beta, state, backend=kernel_backend(gpu), shape=kernel.Chunked(kernel.CHUNK, warps, split))
+        y, s = kernel.gated_delta_kernel(q, k, v, g, beta, state, backend=kernel_backend(gpu), shape=kernel.Chunked(kernel.CHUNK, warps))
         Tensor.realize(y, s)
     want_y, want_s, _ = gated_delta_reference(*(values(x) for x in (q, k, v, g, beta, state)))
-    chunked_close(f"{warps}x{split} y vs numpy", y, want_y, dtypes.bfloat16, 77)
-    chunked_close(f"{warps}x{split} state vs numpy", s, want_s, dtypes.bfloat16, 77)
+    chunked_close(f"{warps} SIMD groups: y vs numpy", y, want_y, dtypes.bfloat16, 77)
+    chunked_close(f"{warps} SIMD groups: state vs numpy", s, want_s, dtypes.bfloat16, 77)
 
 
 def test_the_plan_takes_the_chunked_prefill_from_its_crossover():

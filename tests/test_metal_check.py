@@ -217,9 +217,8 @@ def test_every_chunked_gated_delta_metal_specialisation_compiles(tmp_path):
             types = dict(q=activation, g=gate, beta=gate)
             first, _ = gated_delta.chunked_metal_resources(activation, dk, dv, gated_delta.Chunked(gated_delta.CHUNK, 1))
             cases.append((gated_delta.chunks_program("metal", types, dk, dv, 2, 4, gated_delta.CHUNK, log_decay), first))
-        for state, slots, warps, split in itertools.product(KERNEL_DTYPES, (False, True), gated_delta.CHUNKED_WARPS, (1, 2)):
-            if warps % split: continue
-            shape = gated_delta.Chunked(gated_delta.CHUNK, warps, split)
+        for state, slots, warps in itertools.product(KERNEL_DTYPES, (False, True), gated_delta.CHUNKED_WARPS):
+            shape = gated_delta.Chunked(gated_delta.CHUNK, warps)
             types = dict(q=activation, g=dtypes.float32, beta=dtypes.float32, state=state)
             _, second = gated_delta.chunked_metal_resources(activation, dk, dv, shape)
             cases.append((gated_delta.pass_program("metal", types, dk, dv, 2, 4, shape, slots), second))

@@ -162,7 +162,8 @@ CHUNKS_FAULTS = {  # in the first pass
 PASS_FAULTS = {  # in the state pass
     "half_the_within_product_lost": ("chunked_bf16", Fault("tile_mma(out[j + 1], fresh_a, b1);", "(void)b1;")),
     "state_not_decayed": ("chunked_f16_grouped", Fault("s[n].v[e] *= keep;", "s[n].v[e] *= 1.0f;")),
-    "partner_partial_dropped": ("chunked_split", Fault("ACC[j].v[e] += partials", "ACC[j].v[e] += 0.0f * partials")),
+    "within_of_another_chunk": ("chunked_four_groups", Fault("within_tiles + (chunk % 2) * CHUNK * LDW",
+                                                             "within_tiles + ((chunk + 1) % 2) * CHUNK * LDW")),
     "corrections_faded_the_wrong_way": ("chunked_slots", Fault("const float fade0 = exp2(c_last - my_c[j][0])",
                                                           "const float fade0 = exp2(my_c[j][0] - c_last)")),
 }

@@ -7,8 +7,8 @@ Without options: the recurrent kernel's launch (SIMD groups per threadgroup x ro
 for a decode step at B in {1, 8, 64, 256} and the 512-token prefill at B = 1, with the bytes moved
 per second and the largest difference from the composition (decode rows; the prefill's is 0).
 
-`--chunked`: the chunked prefill kernel's launch (`kernel.Chunked(32, warps, split)` for each warps
-in `kernel.CHUNKED_WARPS` and split 1 or 2) for (B, T) in (1, 2048), (1, 8192), (8, 2048), beside
+`--chunked`: the chunked prefill kernel's launch (`kernel.Chunked(32, warps)` for each warps in
+`kernel.CHUNKED_WARPS`) for (B, T) in (1, 2048), (1, 8192), (8, 2048), beside
 the recurrent kernel forced at 4 x 1 and the first pass alone (`kernel.chunk_forms`: every chunk's
 forms, the part of the time that does not depend on the launch), with tokens per second and the
 largest difference of the final state from the recurrent kernel's on the same inputs."""
@@ -72,12 +72,12 @@ def sweep_chunked() -> None:
         cells = [f"recurrent: {seconds * 1e6:.1f}/{b * t / seconds / 1e6:.2f}"]
         first = time_jit(lambda q, k, v, g, beta, state: tuple(kernel.chunk_forms(q, k, v, g, beta, BACKEND, CHUNK, False)), calls, 5)
         cells.append(f"first pass: {first * 1e6:.1f}")
-        for warps, split in [(w, s) for w in kernel.CHUNKED_WARPS for s in (1, 2) if w % s == 0]:
-            rule = launched(kernel.Chunked(CHUNK, warps, split))
+        for warps in kernel.CHUNKED_WARPS:
+            rule = launched(kernel.Chunked(CHUNK, warps))
             got = rule(*calls[0])[1].numpy()
             error = float(np.abs(got - want).max())
             seconds = time_jit(rule, calls, 5)
-            cells.append(f"{CHUNK}x{warps}/{split}: {seconds * 1e6:.1f}/{b * t / seconds / 1e6:.2f} (err {error:.1e})")
+            cells.append(f"{CHUNK}x{warps}: {seconds * 1e6:.1f}/{b * t / seconds / 1e6:.2f} (err {error:.1e})")
         print(f"B {b} T {t}: " + "  ".join(cells), flush=True)
         del calls
 

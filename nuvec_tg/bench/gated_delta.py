@@ -97,10 +97,10 @@ def time_fla(b, t, hk, hv, dk, dv, repeats: int, max_calls: int = MAX_CALLS, whi
 
 
 def route(shape) -> str:
-    """The table's name for a launch of `kernel.route`: "recurrent 4x1" (warps x rows) or "chunked 32x4/2"
-    (chunk x warps / SIMD groups a block of state rows)."""
+    """The table's name for a launch of `kernel.route`: "recurrent 4x1" (warps x rows) or "chunked 32x4"
+    (chunk x warps)."""
     if isinstance(shape, kernel.Launch): return f"recurrent {shape.warps}x{shape.rows}"
-    return f"chunked {shape.chunk}x{shape.warps}/{shape.split}"
+    return f"chunked {shape.chunk}x{shape.warps}"
 
 
 def ratio(theirs: float | None, ours: float | None) -> str:

@@ -206,11 +206,12 @@ def gated_delta_chunked(q: Tensor, k: Tensor, v: Tensor, log_g: Tensor, beta: Te
     check(isinstance(chunk_size, int) and not isinstance(chunk_size, bool) and chunk_size >= 1
           and chunk_size & (chunk_size - 1) == 0, op, f"chunk_size must be a power of two, got {chunk_size!r}")
     backend = _kernel_backend(op, q, v, (q, k, v, log_g, beta, state))
-    if backend is not None and isinstance(shape := kernel.route(q, k, v, "final"), kernel.Chunked):
-        return kernel.gated_delta_kernel(q, k, v, log_g, beta, state, backend=backend, shape=shape, log_decay=True,
-                                         composition=lambda q, k, v, lg, b, s: _recurrence(q, k, v, lg.exp(), b, s, None))
     if backend is not None:
-        return kernel.gated_delta_kernel(q, k, v, log_g.exp(), beta, state, backend=backend,
+        shape = kernel.route(q, k, v, "final")
+        if isinstance(shape, kernel.Chunked):  # the chunked kernel takes the logarithm itself
+            return kernel.gated_delta_kernel(q, k, v, log_g, beta, state, backend=backend, shape=shape, log_decay=True,
+                                             composition=lambda q, k, v, lg, b, s: _recurrence(q, k, v, lg.exp(), b, s, None))
+        return kernel.gated_delta_kernel(q, k, v, log_g.exp(), beta, state, backend=backend, shape=shape,
                                          composition=lambda *x: _recurrence(*x, None))
     if q.shape[1] == 0: return _recurrence(q, k, v, log_g, beta, state, None)
     return _chunked(q, k, v, log_g, beta, state, chunk_size)

@@ -32,18 +32,15 @@ class Launch:
 @dataclass(frozen=True)
 class Chunked:
     """The chunked prefill's launch: chunks of `chunk` steps; the state pass's threadgroups of
-    `warps` SIMD groups, `split` of them (1 or 2) sharing 16 value rows, each with Dk / split of
-    their columns. A row's arithmetic does not depend on `warps`; `split` 2 adds the two halves'
-    partial sums over Dk (rounding otherwise than one SIMD group's sum over all of Dk)."""
+    `warps` SIMD groups, 16 value rows each. A row's arithmetic does not depend on `warps`."""
     chunk: int
     warps: int
-    split: int = 1
 
 
 CHUNK = 32                  # steps a chunk: its tiles fit Metal's 32 KB of threadgroup memory at Dk 128
 CHUNKED_WARPS = (1, 2, 4)
 CHUNKED_MIN_STEPS = 32      # from here on the plan takes the chunked prefill where it can (equal to the recurrence at 32)
-CHUNKED_WARPS_PLANNED = 4   # the H200's best at B 1 and 8; a block's columns over two SIMD groups (split 2) was slower
+CHUNKED_WARPS_PLANNED = 4   # the H200's best at B 1 and 8
 PREP_WARPS = 4              # the first pass's threadgroup
 # The state pass's line buffers: on CUDA four, each chunk's copies in flight a whole chunk ahead (one
 # phase's products are too short to hide a copy); Metal's copies are plain loads, done as issued.
@@ -56,8 +53,8 @@ def plan(steps: int, chunkable: bool = False) -> Launch | Chunked:
     threadgroup of the state pass); otherwise the recurrence, where a decode step (few steps) reads
     the key and query once for four rows (2 x 4) and a prefill runs more SIMD groups, each with a
     shorter chain per step (4 x 1). From the H200 sweeps (`tools/tune_gated_delta.py`,
-    `benchmarks/gated_delta_h200.md`). A row's arithmetic is the same in every launch of a route
-    with one `split`, so its bits are too."""
+    `benchmarks/gated_delta_h200.md`). A row's arithmetic is the same in every launch of a route,
+    so its bits are too."""
     if chunkable and steps >= CHUNKED_MIN_STEPS: return Chunked(CHUNK, CHUNKED_WARPS_PLANNED)
     return Launch(2, 4) if steps <= 16 else Launch(4, 1)
 
@@ -96,20 +93,18 @@ def chunked_unsupported(types: tuple[DType, ...], key_dim: int, value_dim: int, 
     if key_dim > 128 or value_dim > 256: return f"Dk {key_dim} over 128 or Dv {value_dim} over 256"
     if (reason := target.lacks(matrix_units=True)) is not None: return reason
     if target.backend == "metal":
-        resources = chunked_metal_resources(types[0], key_dim, value_dim, Chunked(CHUNK, max(CHUNKED_WARPS), 2))
+        resources = chunked_metal_resources(types[0], key_dim, value_dim, Chunked(CHUNK, max(CHUNKED_WARPS)))
         if (reason := metal_limit_reason(*resources)) is not None: return f"its threadgroup would take {reason}"
     return None
 
 
 def chunked_metal_resources(dtype: DType, key_dim: int, value_dim: int, shape: Chunked) -> tuple[Resources, Resources]:
     """The two passes' threadgroups on Metal: the first's K and Q/V tiles, A, X, three per-step
-    vectors and a 16 x 16 block; the second's line buffers, two within tiles and (split) the partial
-    sums of its SIMD groups."""
+    vectors and a 16 x 16 block; the second's line buffers and two within tiles."""
     c, size = shape.chunk, dtype.itemsize
     first = (threadgroup_array(c * (key_dim + 8), size) + threadgroup_array(c * (max(key_dim, value_dim) + 8), size)
              + 2 * threadgroup_array(c * (c + 1), 4) + 3 * threadgroup_array(c, 4) + threadgroup_array(16 * 16, 4))
-    second = (threadgroup_array(PASS_STAGES["metal"] * c * (key_dim + 8), size) + threadgroup_array(2 * c * (c + 8), size)
-              + (threadgroup_array(shape.warps * c * 16, 4) if shape.split == 2 else 0))
+    second = threadgroup_array(PASS_STAGES["metal"] * c * (key_dim + 8), size) + threadgroup_array(2 * c * (c + 8), size)
     return Resources(32 * PREP_WARPS, first), Resources(32 * shape.warps, second)
 
 
@@ -146,7 +141,7 @@ def route(q: Tensor, k: Tensor, v: Tensor, mode: str) -> Launch | Chunked:
     reason = "every step's state" if mode == "steps" else chunked_unsupported((q.dtype, k.dtype, v.dtype), dk, dv, _target(q.device))
     shape = plan(steps, reason is None)
     if debugging():
-        said = f"the chunked prefill ({shape.chunk}-step chunks, {shape.warps} SIMD groups a threadgroup, {shape.split} a block)" \
+        said = f"the chunked prefill ({shape.chunk}-step chunks, {shape.warps} SIMD groups a threadgroup)" \
             if isinstance(shape, Chunked) else f"the recurrence ({shape.warps} x {shape.rows})"
         if reason is not None and steps >= CHUNKED_MIN_STEPS: said += f", not chunked: {reason}"
         debug(f"gated_delta {mode} {tuple(q.shape)}: {said}")
@@ -170,8 +165,8 @@ def pass_program(backend: str, types: dict[str, DType], dk: int, dv: int, hk: in
     """The chunked prefill's second pass. types: the dtypes of `q` (k's, v's and y's), `g`, `beta`
     and `state` (or the pool's); slots: the pool variant."""
     t, ts = CTYPES[types["q"]], CTYPES[types["state"]]
-    defines = dict(T=t, TS=ts, DK=dk, DV=dv, HK=hk, HV=hv, CHUNK=shape.chunk, WARPS=shape.warps, SPLIT=shape.split,
-                   STAGES=PASS_STAGES[backend], SLOTS=int(slots))
+    defines = dict(T=t, TS=ts, DK=dk, DV=dv, HK=hk, HV=hv, CHUNK=shape.chunk, WARPS=shape.warps, STAGES=PASS_STAGES[backend],
+                   SLOTS=int(slots))
     params = [Param("y", "out", t), Param("pool" if slots else "state_out", "out", ts)]
     params += [Param("q", "in", t), Param("k", "in", t), Param("v", "in", t), Param("g", "in", CTYPES[types["g"]]),
                Param("beta", "in", CTYPES[types["beta"]]), Param("w", "in", t), Param("u", "in", t), Param("within", "in", t),
@@ -210,9 +205,9 @@ def _chunked(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Te
     ins = [q.contiguous(), k.contiguous(), v.contiguous(), g.contiguous(), beta.contiguous()]
     forms = chunk_forms(*ins, backend, shape.chunk, log_decay)
     program = pass_program(backend, types, dk, dv, hk, hv, shape, slots is not None)
-    label = f"Dk{dk} Dv{dv} Hk{hk} Hv{hv} chunk {shape.chunk}, {shape.warps} SIMD groups, {shape.split} a block"
+    label = f"Dk{dk} Dv{dv} Hk{hk} Hv{hv} chunk {shape.chunk}, {shape.warps} SIMD groups"
     y = Tensor.empty(b, steps, hv, dv, dtype=q.dtype, device=device)
-    grid = (-(-dv // (16 * shape.warps // shape.split)), hv, b)
+    grid = (-(-dv // (16 * shape.warps)), hv, b)
     if slots is not None:
         return tuple(launch(program, device, [y, state], ins + forms + [int32_indices(slots).contiguous(),
                             int_buffer(device, (steps, state.shape[0]))], grid, 32 * shape.warps, in_place=True,

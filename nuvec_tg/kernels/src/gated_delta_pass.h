@@ -1,9 +1,7 @@
 // The gated delta rule's chunked prefill, second pass: the state carried from chunk to chunk.
 //
-// A threadgroup serves 16 * WARPS / SPLIT value rows of one value head's state (`[DV, DK]`) of one
-// batch item: SPLIT SIMD groups share 16 rows, each keeping its DK / SPLIT columns of them, S, in
-// float32 accumulators for the whole call (with SPLIT 2, twice the SIMD groups for the same state,
-// each with half the products; their partial sums over Dk meet in threadgroup memory). With the
+// A threadgroup serves 16 * WARPS value rows of one value head's state (`[DV, DK]`) of one batch
+// item; each SIMD group keeps its 16 rows, S, in float32 accumulators for the whole call. With the
 // first pass's w, u, within and c of a chunk (gated_delta_chunks.h), per chunk:
 //
 //     v' = u - S wᵀ                                       [16, CHUNK]  (rows: value rows; columns: steps)
@@ -21,30 +19,18 @@
 // `slots[batch]` (SLOTS; a slot outside the pool reads zeros, writes nothing and gives zero outputs).
 // v, g and beta are parameters only for the backward (the composition's gradient reaches them
 // through this call); the first pass has read them.
-// Defines: T (q, k, v and y's type), TS (the state's or pool's), DK, DV, HK, HV, CHUNK, WARPS, SPLIT (1
-// or 2: SIMD groups a 16-row block), STAGES (line buffers, 2 or more), SLOTS.
+// Defines: T (q, k, v and y's type), TS (the state's or pool's), DK, DV, HK, HV, CHUNK, WARPS, STAGES
+// (line buffers, 2 or more), SLOTS.
 // Runtime integers (`ints`): the steps, and the pool's slots (SLOTS).
 
 #define THREADS (WARPS * 32)
 #define LDK (DK + 8)
 #define LDW (CHUNK + 8)
-#define DKP (DK / SPLIT)      // a SIMD group's columns of the state
-#define PAIRS (WARPS / SPLIT) // 16-row blocks of a threadgroup
-#define S_TILES (DKP / 8)     // 8-column accumulators of a SIMD group's state rows
-#define OWN_TILES (STEP_TILES / SPLIT)  // 8-step tiles of y a SIMD group finishes and stores
+#define S_TILES (DK / 8)      // 8-column accumulators of a SIMD group's state rows
 #define STEP_TILES (CHUNK / 8)
 
-#if CHUNK % 16 != 0 || DKP % 16 != 0 || WARPS % SPLIT != 0 || OWN_TILES % 2 != 0
-#error "gated_delta_pass.h: CHUNK and DK / SPLIT must be multiples of 16, WARPS of SPLIT, CHUNK / 8 of 2 * SPLIT"
-#endif
-
-// The pair's partial sums over its halves of Dk (SPLIT 2), through threadgroup memory: each lane
-// writes its accumulators' elements and adds its partner's same elements (the partner SIMD group's
-// lane of the same index holds the same places), in either order the same bits.
-#if SPLIT == 2
-#define JOIN_PARTS(ACC)                                                                                {                                                                                                     _Pragma("unroll") for (int j = 0; j < STEP_TILES; j++)                                                _Pragma("unroll") for (int e = 0; e < 4; e++) partials[((warp * STEP_TILES + j) * 4 + e) * 32 + lane] = ACC[j].v[e];     threadgroup_barrier();                                                                              _Pragma("unroll") for (int j = 0; j < STEP_TILES; j++)                                                _Pragma("unroll") for (int e = 0; e < 4; e++) ACC[j].v[e] += partials[(((warp ^ 1) * STEP_TILES + j) * 4 + e) * 32 + lane];   }
-#else
-#define JOIN_PARTS(ACC)
+#if CHUNK % 16 != 0 || DK % 16 != 0
+#error "gated_delta_pass.h: CHUNK and DK must be multiples of 16"
 #endif
 
 // The lines of a chunk, CHUNK of DK elements each, into TO: from `SOURCE` at element `AT(r)` for
@@ -56,17 +42,17 @@
     async_copy16((TO) + r * LDK + piece * 8, present ? (SOURCE) + (AT(r)) + piece * 8 : (SOURCE), present); \
   }
 
-// acc = S Lᵀ for a chunk's lines L at `lines` (w's or Q's, row stride LDK; this SIMD group's
-// columns from col0), S given as its A fragments: an accumulator per 8 steps.
-INLINE void state_times_lines(THREAD TileAcc* acc, const THREAD TileA<T>* s_a, const THREADGROUP_PTR T* lines, int col0, int lane) {
+// acc = S Lᵀ for a chunk's lines L at `lines` (w's or Q's, row stride LDK), S given as its A
+// fragments: an accumulator per 8 steps.
+INLINE void state_times_lines(THREAD TileAcc* acc, const THREAD TileA<T>* s_a, const THREADGROUP_PTR T* lines, int lane) {
 #pragma unroll
   for (int j = 0; j < STEP_TILES; j++) tile_zero(acc[j]);
 #pragma unroll
-  for (int kk = 0; kk < DKP / 16; kk++) {
+  for (int kk = 0; kk < DK / 16; kk++) {
 #pragma unroll
     for (int j = 0; j < STEP_TILES; j += 2) {
       TileB<T> b0, b1;
-      load_tile_b2(b0, b1, lines + j * 8 * LDK + col0 + kk * 16, LDK, lane);
+      load_tile_b2(b0, b1, lines + j * 8 * LDK + kk * 16, LDK, lane);
       tile_mma(acc[j], s_a[kk], b0);
       tile_mma(acc[j + 1], s_a[kk], b1);
     }
@@ -75,8 +61,7 @@ INLINE void state_times_lines(THREAD TileAcc* acc, const THREAD TileA<T>* s_a, c
 
 /* kernel */
   const int thread_id = (int)nv_thread.x, lane = thread_id % 32, warp = thread_id / 32;
-  const int part = warp % SPLIT, row0 = ((int)nv_group.x * PAIRS + warp / SPLIT) * 16;
-  const int col0 = part * DKP, head = (int)nv_group.y, batch = (int)nv_group.z;  // col0: this SIMD group's first state column
+  const int row0 = ((int)nv_group.x * WARPS + warp) * 16, head = (int)nv_group.y, batch = (int)nv_group.z;
   const int key_head = head / (HV / HK), steps = ints[0], chunks = (steps + CHUNK - 1) / CHUNK;
   const size_t head_at = (size_t)batch * HV + head;  // (batch, head) among the first pass's outputs
 #if SLOTS
@@ -93,9 +78,6 @@ INLINE void state_times_lines(THREAD TileAcc* acc, const THREAD TileA<T>* s_a, c
   THREADGROUP uint4 within_memory[2 * CHUNK * LDW * sizeof(T) / 16];
   THREADGROUP_PTR T* stage = (THREADGROUP_PTR T*)stage_memory;
   THREADGROUP_PTR T* within_tiles = (THREADGROUP_PTR T*)within_memory;
-#if SPLIT == 2
-  THREADGROUP float partials[WARPS * STEP_TILES * 4 * 32];
-#endif
 
   // This lane's state rows (frag_row and + 8) and whether they are real.
   const int my_row[2] = {row0 + frag_row(lane), row0 + frag_row(lane) + 8};
@@ -105,7 +87,7 @@ INLINE void state_times_lines(THREAD TileAcc* acc, const THREAD TileA<T>* s_a, c
 #pragma unroll
     for (int h = 0; h < 2; h++) {
       const bool real = live && my_row[h] < DV;  // a dead slot's rows, or rows past DV, may lie outside the buffer
-      const DEVICE TS* at = state_in + (state_at + (real ? my_row[h] : 0)) * DK + col0 + n * 8 + frag_col(lane);
+      const DEVICE TS* at = state_in + (state_at + (real ? my_row[h] : 0)) * DK + n * 8 + frag_col(lane);
       s[n].v[2 * h] = real ? to_float(at[0]) : 0.0f;
       s[n].v[2 * h + 1] = real ? to_float(at[1]) : 0.0f;
     }
@@ -172,9 +154,9 @@ INLINE void state_times_lines(THREAD TileAcc* acc, const THREAD TileA<T>* s_a, c
     }
     const float c_last = next_last;
     READ_AHEAD(chunk + 1, next_u, next_c, next_last)
-    TileA<T> s_a[DKP / 16];  // S as the A operand of this chunk's products
+    TileA<T> s_a[DK / 16];  // S as the A operand of this chunk's products
 #pragma unroll
-    for (int kk = 0; kk < DKP / 16; kk++) tile_a_from_acc(s_a[kk], s[2 * kk], s[2 * kk + 1]);
+    for (int kk = 0; kk < DK / 16; kk++) tile_a_from_acc(s_a[kk], s[2 * kk], s[2 * kk + 1]);
 
     // Phase 0: v' = u - S wᵀ.
     async_wait(STAGES - 2);
@@ -182,8 +164,7 @@ INLINE void state_times_lines(THREAD TileAcc* acc, const THREAD TileA<T>* s_a, c
     ISSUE(3 * chunk + STAGES - 1)
     const THREADGROUP_PTR T* lines = stage + ((3 * chunk) % STAGES) * CHUNK * LDK;
     TileAcc fresh[STEP_TILES];
-    state_times_lines(fresh, s_a, lines, col0, lane);
-    JOIN_PARTS(fresh)
+    state_times_lines(fresh, s_a, lines, lane);
 #pragma unroll
     for (int j = 0; j < STEP_TILES; j++)
 #pragma unroll
@@ -196,14 +177,9 @@ INLINE void state_times_lines(THREAD TileAcc* acc, const THREAD TileA<T>* s_a, c
     lines = stage + ((3 * chunk + 1) % STAGES) * CHUNK * LDK;
     const THREADGROUP_PTR T* within_tile = within_tiles + (chunk % 2) * CHUNK * LDW;
     TileAcc out[STEP_TILES];
-    state_times_lines(out, s_a, lines, col0, lane);
-    JOIN_PARTS(out)
-    // This SIMD group's share of the chunk's steps (the 8-step tiles j with j / OWN_TILES == part) is
-    // finished and stored (the tiles chosen by a test, not a loop from part: register arrays take
-    // constant indices).
+    state_times_lines(out, s_a, lines, lane);
 #pragma unroll
     for (int j = 0; j < STEP_TILES; j++) {
-      if (j / OWN_TILES != part) continue;
       const float grow0 = exp2(my_c[j][0]), grow1 = exp2(my_c[j][1]);
       out[j].v[0] *= grow0;
       out[j].v[1] *= grow1;
@@ -216,7 +192,6 @@ INLINE void state_times_lines(THREAD TileAcc* acc, const THREAD TileA<T>* s_a, c
       tile_a_from_acc(fresh_a, fresh[2 * kk], fresh[2 * kk + 1]);
 #pragma unroll
       for (int j = 0; j < STEP_TILES; j += 2) {
-        if (j / OWN_TILES != part) continue;
         TileB<T> b0, b1;
         load_tile_b2(b0, b1, within_tile + j * 8 * LDW + kk * 16, LDW, lane);
         tile_mma(out[j], fresh_a, b0);
@@ -228,7 +203,6 @@ INLINE void state_times_lines(THREAD TileAcc* acc, const THREAD TileA<T>* s_a, c
       if (my_row[h] >= DV) continue;
 #pragma unroll
       for (int j = 0; j < STEP_TILES; j++) {
-        if (j / OWN_TILES != part) continue;
 #pragma unroll
         for (int e = 0; e < 2; e++) {
           const int step = first_step + j * 8 + frag_col(lane) + e;
@@ -262,7 +236,7 @@ INLINE void state_times_lines(THREAD TileAcc* acc, const THREAD TileA<T>* s_a, c
 #pragma unroll
       for (int n = 0; n < S_TILES; n += 2) {
         TileB<T> b0, b1;
-        load_tile_b2_rows(b0, b1, lines + kk * 16 * LDK + col0 + n * 8, LDK, lane);
+        load_tile_b2_rows(b0, b1, lines + kk * 16 * LDK + n * 8, LDK, lane);
         tile_mma(s[n], fresh_a, b0);
         tile_mma(s[n + 1], fresh_a, b1);
       }
@@ -274,9 +248,9 @@ INLINE void state_times_lines(THREAD TileAcc* acc, const THREAD TileA<T>* s_a, c
   for (int h = 0; h < 2; h++) {
     if (!live || my_row[h] >= DV) continue;
 #if SLOTS
-    DEVICE TS* row = pool + (state_at + my_row[h]) * DK + col0 + frag_col(lane);
+    DEVICE TS* row = pool + (state_at + my_row[h]) * DK + frag_col(lane);
 #else
-    DEVICE TS* row = state_out + (state_at + my_row[h]) * DK + col0 + frag_col(lane);
+    DEVICE TS* row = state_out + (state_at + my_row[h]) * DK + frag_col(lane);
 #endif
 #pragma unroll
     for (int n = 0; n < S_TILES; n++) store_pair(s[n].v[2 * h], s[n].v[2 * h + 1], row + n * 8);
