@@ -184,7 +184,14 @@ def test_chunked_state_pass_faults_fail_its_comparison(fault_name):
 @needs_access_checks
 def test_chunked_outputs_past_the_last_step_fail_the_bounds_check():
     """y written for a partial chunk's steps past the last lands outside y."""
-    fault = Fault("if (step < steps) from_float(", "if (step >= 0) from_float(")
+    fault = Fault("const bool whole = first_step + CHUNK <= steps;", "const bool whole = true;")
+    expect_failure(fault, lambda: gated.check_chunked("chunked_bf16", second_edit=fault), OUTSIDE)
+
+
+@needs_access_checks
+def test_chunked_lines_past_the_last_step_fail_the_bounds_check():
+    """Q's and K's lines copied for a partial chunk's steps past the last are read outside q and k."""
+    fault = Fault("const bool present = !(CHECKED) || (FIRST_STEP) + r < steps;", "const bool present = true;")
     expect_failure(fault, lambda: gated.check_chunked("chunked_bf16", second_edit=fault), OUTSIDE)
 
 

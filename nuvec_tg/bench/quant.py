@@ -101,13 +101,21 @@ def time_torch_moe(experts: int, counts: np.ndarray, k: int, n: int, repeats: in
     return seconds, grouped
 
 
-def moe_table(args, rng) -> list[str]:
-    """The MoE prefill table (see the module's docstring)."""
+def moe_torch(args) -> tuple[dict, dict]:
+    """The MoE rows' routings (rows sorted by expert) and PyTorch's timings of them, taken before
+    tinygrad opens the GPU: PyTorch's CUDA graphs fail in a process where tinygrad already has
+    ("invalid resource handle")."""
     grid = moe_grid(args.small)
     if args.quick: grid = grid[:2]
+    rng = np.random.default_rng(1)
     routes = {row: sorted_rows(routing(rng, row[2], row[3], row[4]), row[2]) for row in grid}
     torch_seconds = {row: time_torch_moe(row[2], routes[row][1], row[5], row[6], args.repeats) for row in grid}
-    release_torch()
+    return routes, torch_seconds
+
+
+def moe_table(args, rng, routes: dict, torch_seconds: dict) -> list[str]:
+    """The MoE prefill table (see the module's docstring) over `moe_torch`'s routings and timings."""
+    grid = list(routes)
     lines, _ = start_table(
         f"MoE prefill: {grid[0][4]} tokens' expert products, rows sorted by expert (x bfloat16)",
         f"µs per call (best of {args.repeats} replays: TinyJit for ours, `quant.gather_qmm` with sorted indices over "
@@ -153,6 +161,7 @@ def run(args) -> list[str]:
     grid = part_of(grid, args.part, args.batches)
     max_calls = COPIES if args.small else MAX_CALLS  # tiny shapes check the benchmark, not the cache
     torch_seconds = {(m, k, n): time_torch(m, k, n, args.repeats, max_calls) for m, k, n, _ in grid}
+    moe_routes, moe_seconds = moe_torch(args)
     release_torch()
     lines, peak = start_table(
         "Quantized products y = x · wᵀ (x bfloat16)",
@@ -190,4 +199,4 @@ def run(args) -> list[str]:
         lines.append(row)
         del weights, xs, calls
     print(flush=True)
-    return lines + [""] + moe_table(args, rng)
+    return lines + [""] + moe_table(args, rng, moe_routes, moe_seconds)

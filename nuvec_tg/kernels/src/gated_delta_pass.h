@@ -33,13 +33,17 @@
 #error "gated_delta_pass.h: CHUNK and DK must be multiples of 16"
 #endif
 
-// The lines of a chunk, CHUNK of DK elements each, into TO: from `SOURCE` at element `AT(r)` for
-// line r, or zeros where `PRESENT(r)` is false.
-#define COPY_CHUNK(TO, SOURCE, AT, PRESENT)                                                          \
-  for (int i = thread_id; i < CHUNK * (DK / 8); i += THREADS) {                                     \
-    const int r = i / (DK / 8), piece = i % (DK / 8);                                               \
-    const bool present = PRESENT(r);                                                                \
-    async_copy16((TO) + r * LDK + piece * 8, present ? (SOURCE) + (AT(r)) + piece * 8 : (SOURCE), present); \
+// The lines of a chunk, CHUNK of DK elements each, into TO: line r from `FIRST_LINE + r * LINE_STRIDE`,
+// or zeros where CHECKED and step FIRST_STEP + r is past the last. A thread's pieces (their lines
+// and columns) are the same in every chunk: the loop is unrolled so that only the chunk's start varies.
+#define COPY_PASSES ((CHUNK * (DK / 8) + THREADS - 1) / THREADS)
+#define COPY_CHUNK(TO, BUFFER, FIRST_LINE, LINE_STRIDE, CHECKED, FIRST_STEP)                        \
+  _Pragma("unroll") for (int pass = 0; pass < COPY_PASSES; pass++) {                                \
+    const int i = thread_id + pass * THREADS, r = i / (DK / 8), piece = i % (DK / 8);                 \
+    if (CHUNK * (DK / 8) % THREADS == 0 || i < CHUNK * (DK / 8)) {                                  \
+      const bool present = !(CHECKED) || (FIRST_STEP) + r < steps;                                  \
+      async_copy16((TO) + r * LDK + piece * 8, present ? (FIRST_LINE) + (size_t)r * (LINE_STRIDE) + piece * 8 : (BUFFER), present); \
+    }                                                                                               \
   }
 
 // acc = S Lᵀ for a chunk's lines L at `lines` (w's or Q's, row stride LDK), S given as its A
@@ -94,52 +98,60 @@ INLINE void state_times_lines(THREAD TileAcc* acc, const THREAD TileA<T>* s_a, c
   }
 
   // Stage m (phase m % 3 of chunk m / 3): w's lines, then Q's (and the chunk's within, into within
-  // buffer chunk % 2), then K's, into line buffer m % STAGES, issued STAGES - 1 phases ahead (a
+  // buffer chunk % 2), then K's, into line buffer m % STAGES, issued STAGES - 1 stages ahead (a
   // whole chunk ahead with 4 buffers: one phase's products are too short to hide a copy's latency).
-  // Every phase commits one group of copies, empty past the last stage, so that async_wait counts them.
-#define W_AT(r) ((head_at * chunks + stage_chunk) * CHUNK + (r)) * DK
-#define QK_AT(r) ((size_t)(batch * steps + stage_chunk * CHUNK + (r)) * HK + key_head) * DK
-#define ALWAYS(r) true
-#define IN_STEPS(r) (stage_chunk * CHUNK + (r) < steps)
-#define ISSUE(m)                                                                                    \
+  // PHASE is a constant wherever a stage is issued, so that each issue compiles to its own copies.
+  // Every stage commits one group of copies, empty past the last chunk, so that async_wait counts them.
+  const size_t w_lines = head_at * chunks * CHUNK * DK;                         // this head's w, chunk 0
+  const size_t qk_lines = ((size_t)batch * steps * HK + key_head) * DK;         // its key head's q and k, step 0
+  const size_t within_lines = head_at * chunks * CHUNK * CHUNK;
+#define ISSUE(CHUNK_INDEX, PHASE)                                                                   \
   {                                                                                                 \
-    const int stage_index = (m), stage_chunk = stage_index / 3, phase = stage_index % 3;            \
-    THREADGROUP_PTR T* to = stage + (stage_index % STAGES) * CHUNK * LDK;                           \
+    const int stage_chunk = (CHUNK_INDEX), stage_step = stage_chunk * CHUNK;                        \
+    THREADGROUP_PTR T* to = stage + ((3 * stage_chunk + (PHASE)) % STAGES) * CHUNK * LDK;           \
     if (stage_chunk >= chunks) {}                                                                   \
-    else if (phase == 0) { COPY_CHUNK(to, w, W_AT, ALWAYS) }                                       \
-    else if (phase == 1) {                                                                          \
-      COPY_CHUNK(to, q, QK_AT, IN_STEPS)                                                            \
+    else if ((PHASE) == 0) { COPY_CHUNK(to, w, w + w_lines + (size_t)stage_step * DK, DK, false, stage_step) } \
+    else if ((PHASE) == 1) {                                                                        \
+      COPY_CHUNK(to, q, q + qk_lines + (size_t)stage_step * HK * DK, HK * DK, true, stage_step)    \
       THREADGROUP_PTR T* within_to = within_tiles + (stage_chunk % 2) * CHUNK * LDW;                \
-      for (int i = thread_id; i < CHUNK * (CHUNK / 8); i += THREADS) {                              \
-        const int r = i / (CHUNK / 8), piece = i % (CHUNK / 8);                                     \
-        async_copy16(within_to + r * LDW + piece * 8, within + ((head_at * chunks + stage_chunk) * CHUNK + r) * CHUNK + piece * 8, true); \
+      const DEVICE T* within_from = within + within_lines + (size_t)stage_chunk * CHUNK * CHUNK;    \
+      _Pragma("unroll") for (int pass = 0; pass < (CHUNK * (CHUNK / 8) + THREADS - 1) / THREADS; pass++) { \
+        const int i = thread_id + pass * THREADS, r = i / (CHUNK / 8), piece = i % (CHUNK / 8);     \
+        if (CHUNK * (CHUNK / 8) % THREADS == 0 || i < CHUNK * (CHUNK / 8))                          \
+          async_copy16(within_to + r * LDW + piece * 8, within_from + r * CHUNK + piece * 8, true);  \
       }                                                                                             \
-    } else { COPY_CHUNK(to, k, QK_AT, IN_STEPS) }                                                  \
+    } else { COPY_CHUNK(to, k, k + qk_lines + (size_t)stage_step * HK * DK, HK * DK, true, stage_step) } \
     async_commit();                                                                                 \
   }
+// In phase PHASE of `chunk`: stage 3 * chunk + PHASE + STAGES - 1.
+#define ISSUE_AHEAD(PHASE) ISSUE(chunk + ((PHASE) + STAGES - 1) / 3, ((PHASE) + STAGES - 1) % 3)
 // This lane's share of a chunk's u (its state rows, its steps' columns: a pair of them per 8-step
 // tile) and the cumulative decays of its steps (and the last), read into registers a chunk ahead.
+  const DEVICE float* c_lane = c_in + head_at * chunks * CHUNK + frag_col(lane);
+  const bool row_real[2] = {my_row[0] < DV, my_row[1] < DV};
+  const DEVICE T* u_lane[2] = {u + (head_at * chunks * DV + (row_real[0] ? my_row[0] : 0)) * CHUNK + frag_col(lane),
+                               u + (head_at * chunks * DV + (row_real[1] ? my_row[1] : 0)) * CHUNK + frag_col(lane)};
 #define READ_AHEAD(CHUNK_INDEX, U_INTO, C_INTO, LAST_INTO)                                          \
   {                                                                                                 \
     const int ahead = min((CHUNK_INDEX), chunks - 1);                                               \
-    const DEVICE float* c_at = c_in + (head_at * chunks + ahead) * CHUNK;                           \
+    const DEVICE float* c_at = c_lane + (size_t)ahead * CHUNK;                                      \
     _Pragma("unroll") for (int j = 0; j < STEP_TILES; j++) {                                        \
-      C_INTO[j][0] = c_at[j * 8 + frag_col(lane)];                                                  \
-      C_INTO[j][1] = c_at[j * 8 + frag_col(lane) + 1];                                              \
+      C_INTO[j][0] = c_at[j * 8];                                                                   \
+      C_INTO[j][1] = c_at[j * 8 + 1];                                                               \
     }                                                                                               \
-    LAST_INTO = c_at[CHUNK - 1];                                                                    \
+    LAST_INTO = c_at[CHUNK - 1 - frag_col(lane)];                                                   \
     _Pragma("unroll") for (int h = 0; h < 2; h++) {                                                 \
-      const bool real = my_row[h] < DV;                                                             \
-      const DEVICE T* u_row = u + ((head_at * chunks + ahead) * DV + (real ? my_row[h] : 0)) * CHUNK + frag_col(lane); \
+      const DEVICE T* u_row = u_lane[h] + (size_t)ahead * DV * CHUNK;                               \
       _Pragma("unroll") for (int j = 0; j < STEP_TILES; j++) {                                      \
-        U_INTO[j][2 * h] = real ? to_float(u_row[j * 8]) : 0.0f;                                    \
-        U_INTO[j][2 * h + 1] = real ? to_float(u_row[j * 8 + 1]) : 0.0f;                            \
+        U_INTO[j][2 * h] = row_real[h] ? to_float(u_row[j * 8]) : 0.0f;                             \
+        U_INTO[j][2 * h + 1] = row_real[h] ? to_float(u_row[j * 8 + 1]) : 0.0f;                     \
       }                                                                                             \
     }                                                                                               \
   }
 
+  DEVICE T* y_lane = y + ((size_t)(batch * steps + frag_col(lane)) * HV + head) * DV;  // this lane's first step's outputs
 #pragma unroll
-  for (int m = 0; m < STAGES - 1; m++) ISSUE(m)
+  for (int m = 0; m < STAGES - 1; m++) ISSUE(m / 3, m % 3)
   float next_u[STEP_TILES][4], next_c[STEP_TILES][2], next_last;
   READ_AHEAD(0, next_u, next_c, next_last)
   for (int chunk = 0; chunk < chunks; chunk++) {
@@ -161,7 +173,7 @@ INLINE void state_times_lines(THREAD TileAcc* acc, const THREAD TileA<T>* s_a, c
     // Phase 0: v' = u - S wᵀ.
     async_wait(STAGES - 2);
     threadgroup_barrier();  // w's lines have landed; every SIMD group is done with the last chunk's K
-    ISSUE(3 * chunk + STAGES - 1)
+    ISSUE_AHEAD(0)
     const THREADGROUP_PTR T* lines = stage + ((3 * chunk) % STAGES) * CHUNK * LDK;
     TileAcc fresh[STEP_TILES];
     state_times_lines(fresh, s_a, lines, lane);
@@ -173,7 +185,7 @@ INLINE void state_times_lines(THREAD TileAcc* acc, const THREAD TileA<T>* s_a, c
     // Phase 1: y = (S qᵀ) diag(2^c) + v' withinᵀ.
     async_wait(STAGES - 2);
     threadgroup_barrier();  // Q's lines and within have landed; every SIMD group is done with w
-    ISSUE(3 * chunk + STAGES)
+    ISSUE_AHEAD(1)
     lines = stage + ((3 * chunk + 1) % STAGES) * CHUNK * LDK;
     const THREADGROUP_PTR T* within_tile = within_tiles + (chunk % 2) * CHUNK * LDW;
     TileAcc out[STEP_TILES];
@@ -198,15 +210,17 @@ INLINE void state_times_lines(THREAD TileAcc* acc, const THREAD TileA<T>* s_a, c
         tile_mma(out[j + 1], fresh_a, b1);
       }
     }
+    DEVICE T* y_chunk = y_lane + (size_t)first_step * HV * DV;
+    const bool whole = first_step + CHUNK <= steps;  // every step of the chunk is real: no step to check
 #pragma unroll
     for (int h = 0; h < 2; h++) {
-      if (my_row[h] >= DV) continue;
+      if (!row_real[h]) continue;
 #pragma unroll
       for (int j = 0; j < STEP_TILES; j++) {
 #pragma unroll
         for (int e = 0; e < 2; e++) {
-          const int step = first_step + j * 8 + frag_col(lane) + e;
-          if (step < steps) from_float(live ? out[j].v[2 * h + e] : 0.0f, y + ((size_t)(batch * steps + step) * HV + head) * DV + my_row[h]);
+          if (whole || first_step + j * 8 + frag_col(lane) + e < steps)
+            from_float(live ? out[j].v[2 * h + e] : 0.0f, y_chunk + (j * 8 + e) * HV * DV + my_row[h]);
         }
       }
     }
@@ -214,7 +228,7 @@ INLINE void state_times_lines(THREAD TileAcc* acc, const THREAD TileA<T>* s_a, c
     // Phase 2: S = 2^c_last S + (v' diag(2^(c_last - c))) K.
     async_wait(STAGES - 2);
     threadgroup_barrier();  // K's lines have landed; every SIMD group is done with Q and within
-    ISSUE(3 * chunk + STAGES + 1)
+    ISSUE_AHEAD(2)
     lines = stage + ((3 * chunk + 2) % STAGES) * CHUNK * LDK;
     const float keep = exp2(c_last);
 #pragma unroll
