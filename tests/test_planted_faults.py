@@ -154,7 +154,7 @@ def test_gated_delta_with_out_of_range_slots_as_live_fails_the_bounds_check():
 
 # The chunked gated delta prefill (gated_delta_chunks.h, then gated_delta_pass.h).
 CHUNKS_FAULTS = {  # in the first pass
-    "substitution_skips_a_term": ("chunked_bf16", Fault("for (int m = j + 1; m < i; m++)", "for (int m = j + 2; m < i; m++)")),
+    "substitution_skips_a_term": ("chunked_bf16", Fault("for (int m = 0; m < i; m++) sum -=", "for (int m = 1; m < i; m++) sum -=")),
     "block_below_the_diagonal_negated": ("chunked_f16_grouped", Fault("float x = -block_sum[t];", "float x = block_sum[t];")),
     "decay_scan_off_by_one": ("chunked_log_decay", Fault("if (lane >= offset) x += before;", "if (lane > offset) x += before;")),
     "within_keeps_the_diagonal_out": ("chunked_bf16", Fault("const float d0 = j <= i ?", "const float d0 = j < i ?")),

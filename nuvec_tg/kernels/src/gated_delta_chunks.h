@@ -35,22 +35,26 @@
 #error "gated_delta_chunks.h: CHUNK must be a multiple of 32, DK and DV of 16, WARPS of CHUNK / 16"
 #endif
 
-// Rows FIRST.. of a [.., HK, WIDTH] input (the key head's lines) into TO (row stride LD); steps past
-// the last are zeros.
+// The chunk's rows of a [.., HEADS, WIDTH] input (head HEAD's lines) into TO (row stride LD); steps
+// past the last are zeros. Unrolled: a thread's pieces are known at compile time but for its index.
 #define COPY_ROWS(TO, LD, SOURCE, WIDTH, HEADS, HEAD)                                                 \
-  for (int i = thread_id; i < CHUNK * ((WIDTH) / 8); i += THREADS) {                                \
-    const int r = i / ((WIDTH) / 8), piece = i % ((WIDTH) / 8), step = first_step + r;              \
-    const bool present = step < steps;                                                              \
-    const size_t line = ((size_t)(batch * steps + step) * (HEADS) + (HEAD)) * (WIDTH) + piece * 8;   \
-    async_copy16((TO) + r * (LD) + piece * 8, present ? (SOURCE) + line : (SOURCE), present);        \
-  }                                                                                                 \
-  async_commit();
+  {                                                                                                 \
+    const DEVICE T* first_line = (SOURCE) + ((size_t)(batch * steps + first_step) * (HEADS) + (HEAD)) * (WIDTH); \
+    _Pragma("unroll") for (int pass = 0; pass < (CHUNK * ((WIDTH) / 8) + THREADS - 1) / THREADS; pass++) { \
+      const int i = thread_id + pass * THREADS, r = i / ((WIDTH) / 8), piece = i % ((WIDTH) / 8);     \
+      if (CHUNK * ((WIDTH) / 8) % THREADS == 0 || i < CHUNK * ((WIDTH) / 8)) {                      \
+        const bool present = first_step + r < steps;                                                \
+        async_copy16((TO) + r * (LD) + piece * 8, present ? first_line + (size_t)r * (HEADS) * (WIDTH) + piece * 8 : (SOURCE), present); \
+      }                                                                                             \
+    }                                                                                               \
+    async_commit();                                                                                 \
+  }
 
-// acc += (X diag(scale)) rows row0.. times B (16-row steps of CHUNK, B given as its rows at `b`,
-// row stride ldb, columns col0..col0 + 7): X's fragments built from threadgroup memory in the
-// accumulator's layout, then turned into A's (tile_a_from_acc: rounded to T).
-INLINE void x_times(THREADGROUP_PTR const float* x, THREADGROUP_PTR const float* scale, int row0, int lane,
-                    THREADGROUP_PTR const T* b, int ldb, int col0, THREAD TileAcc& acc) {
+// X diag(scale)'s rows row0.. row0 + 15 as A operands, one per 16 columns: built from threadgroup
+// memory in the accumulator's layout, then turned into A's (tile_a_from_acc: rounded to T). Built
+// once for all of a product's column tiles.
+INLINE void x_fragments(THREADGROUP_PTR const float* x, THREADGROUP_PTR const float* scale, int row0, int lane,
+                        THREAD TileA<T>* a) {
 #pragma unroll
   for (int kk = 0; kk < CHUNK / 16; kk++) {
     TileAcc left, right;
@@ -60,11 +64,19 @@ INLINE void x_times(THREADGROUP_PTR const float* x, THREADGROUP_PTR const float*
       left.v[e] = x[row * LDX + col] * scale[col];
       right.v[e] = x[row * LDX + col + 8] * scale[col + 8];
     }
-    TileA<T> a;
-    tile_a_from_acc(a, left, right);
+    tile_a_from_acc(a[kk], left, right);
+  }
+}
+
+// acc = X diag(scale) B for X's fragments `a` (x_fragments), B given as its rows at `b` (row stride
+// ldb), columns col0..col0 + 7.
+INLINE void x_times(const THREAD TileA<T>* a, int lane, THREADGROUP_PTR const T* b, int ldb, int col0, THREAD TileAcc& acc) {
+  tile_zero(acc);
+#pragma unroll
+  for (int kk = 0; kk < CHUNK / 16; kk++) {
     TileB<T> bt;
     load_tile_b_rows(bt, b + kk * 16 * ldb + col0, ldb, lane);
-    tile_mma(acc, a, bt);
+    tile_mma(acc, a[kk], bt);
   }
 }
 
@@ -158,15 +170,17 @@ INLINE void x_times(THREADGROUP_PTR const float* x, THREADGROUP_PTR const float*
     for (int jb = 0; jb < ROW_TILES; jb++)
       if (jb > i / 16) x_mat[i * LDX + jb * 16 + block_col] = 0.0f;
   }
-  if (thread_id < CHUNK) {
-    const int j = thread_id, first = j / 16 * 16;
-    for (int i = first; i < first + 16; i++) {
-      float x = i == j ? 1.0f : 0.0f;
-      if (i > j) {
-        x = -a_mat[i * LDX + j];
-        for (int m = j + 1; m < i; m++) x -= a_mat[i * LDX + m] * x_mat[m * LDX + j];
-      }
-      x_mat[i * LDX + j] = x;
+  if (thread_id < CHUNK) {  // the column in registers: x[m] is X[first + m][j], zeros above the diagonal
+    const int j = thread_id, first = j / 16 * 16, jj = j - first;
+    float x[16];
+#pragma unroll
+    for (int i = 0; i < 16; i++) {
+      // -A[i][j] - sum_{j < m < i} A[i][m] X[m][j], in that order: the terms before m = j are zeros
+      float sum = 0.0f;
+#pragma unroll
+      for (int m = 0; m < i; m++) sum -= a_mat[(first + i) * LDX + first + m] * x[m];
+      x[i] = i < jj ? 0.0f : i == jj ? 1.0f : sum;
+      x_mat[(first + i) * LDX + j] = x[i];
     }
   }
   threadgroup_barrier();
@@ -195,20 +209,21 @@ INLINE void x_times(THREADGROUP_PTR const float* x, THREADGROUP_PTR const float*
   // w = X diag(beta 2^c) K and u = X diag(beta) V: a SIMD group per row tile and every
   // WARPS / ROW_TILES-th column tile of each.
   const int rt = warp % ROW_TILES, row0 = rt * 16;
+  TileA<T> x_a[CHUNK / 16];
+  x_fragments(x_mat, w_scale, row0, lane, x_a);
   for (int ct = warp / ROW_TILES; ct < DK / 8; ct += WARPS / ROW_TILES) {
     TileAcc acc;
-    tile_zero(acc);
-    x_times(x_mat, w_scale, row0, lane, k_tile, LDK, ct * 8, acc);
+    x_times(x_a, lane, k_tile, LDK, ct * 8, acc);
 #pragma unroll
     for (int h = 0; h < 2; h++) {
       const int i = row0 + frag_row(lane) + 8 * h;
       store_pair(acc.v[2 * h], acc.v[2 * h + 1], w + (chunk_at * CHUNK + i) * DK + ct * 8 + frag_col(lane));
     }
   }
+  x_fragments(x_mat, rate, row0, lane, x_a);
   for (int ct = warp / ROW_TILES; ct < DV / 8; ct += WARPS / ROW_TILES) {
     TileAcc acc;
-    tile_zero(acc);
-    x_times(x_mat, rate, row0, lane, qv_tile, LDV, ct * 8, acc);
+    x_times(x_a, lane, qv_tile, LDV, ct * 8, acc);
 #pragma unroll
     for (int e = 0; e < 4; e++) {
       const int i = row0 + frag_row(lane) + 8 * (e / 2), col = ct * 8 + frag_col(lane) + e % 2;
