@@ -42,7 +42,7 @@
     const int i = thread_id + pass * THREADS, r = i / (DK / 8), piece = i % (DK / 8);                 \
     if (CHUNK * (DK / 8) % THREADS == 0 || i < CHUNK * (DK / 8)) {                                  \
       const bool present = !(CHECKED) || (FIRST_STEP) + r < steps;                                  \
-      async_copy16((TO) + r * LDK + piece * 8, present ? (FIRST_LINE) + (r * (LINE_STRIDE) + piece * 8) : (BUFFER), present); \
+      async_copy16((TO) + r * LDK + piece * 8, present ? (FIRST_LINE) + (size_t)r * (LINE_STRIDE) + piece * 8 : (BUFFER), present); \
     }                                                                                               \
   }
 
