@@ -127,6 +127,8 @@ INLINE void state_times_lines(THREAD TileAcc* acc, const THREAD TileA<T>* s_a, c
 #define ISSUE_AHEAD(PHASE) ISSUE(chunk + ((PHASE) + STAGES - 1) / 3, ((PHASE) + STAGES - 1) % 3)
 // This lane's share of a chunk's u (its state rows, its steps' columns: a pair of them per 8-step
 // tile) and the cumulative decays of its steps (and the last), read into registers a chunk ahead.
+// u stays in T until its use: widened where it is read, the widening waited on the load at once
+// (half of the loop's stalls on the H200, by ncu's sampling). Rows past DV read row 0 and count as zeros.
   const DEVICE float* c_lane = c_in + head_at * chunks * CHUNK + frag_col(lane);
   const bool row_real[2] = {my_row[0] < DV, my_row[1] < DV};
   const DEVICE T* u_lane[2] = {u + (head_at * chunks * DV + (row_real[0] ? my_row[0] : 0)) * CHUNK + frag_col(lane),
@@ -143,8 +145,8 @@ INLINE void state_times_lines(THREAD TileAcc* acc, const THREAD TileA<T>* s_a, c
     _Pragma("unroll") for (int h = 0; h < 2; h++) {                                                 \
       const DEVICE T* u_row = u_lane[h] + (size_t)ahead * DV * CHUNK;                               \
       _Pragma("unroll") for (int j = 0; j < STEP_TILES; j++) {                                      \
-        U_INTO[j][2 * h] = row_real[h] ? to_float(u_row[j * 8]) : 0.0f;                             \
-        U_INTO[j][2 * h + 1] = row_real[h] ? to_float(u_row[j * 8 + 1]) : 0.0f;                     \
+        U_INTO[j][2 * h] = u_row[j * 8];                                                            \
+        U_INTO[j][2 * h + 1] = u_row[j * 8 + 1];                                                    \
       }                                                                                             \
     }                                                                                               \
   }
@@ -152,11 +154,13 @@ INLINE void state_times_lines(THREAD TileAcc* acc, const THREAD TileA<T>* s_a, c
   DEVICE T* y_lane = y + ((size_t)(batch * steps + frag_col(lane)) * HV + head) * DV;  // this lane's first step's outputs
 #pragma unroll
   for (int m = 0; m < STAGES - 1; m++) ISSUE(m / 3, m % 3)
-  float next_u[STEP_TILES][4], next_c[STEP_TILES][2], next_last;
+  T next_u[STEP_TILES][4];
+  float next_c[STEP_TILES][2], next_last;
   READ_AHEAD(0, next_u, next_c, next_last)
   for (int chunk = 0; chunk < chunks; chunk++) {
     const int first_step = chunk * CHUNK;
-    float my_u[STEP_TILES][4], my_c[STEP_TILES][2];
+    T my_u[STEP_TILES][4];
+    float my_c[STEP_TILES][2];
 #pragma unroll
     for (int j = 0; j < STEP_TILES; j++) {
 #pragma unroll
@@ -180,7 +184,7 @@ INLINE void state_times_lines(THREAD TileAcc* acc, const THREAD TileA<T>* s_a, c
 #pragma unroll
     for (int j = 0; j < STEP_TILES; j++)
 #pragma unroll
-      for (int e = 0; e < 4; e++) fresh[j].v[e] = my_u[j][e] - fresh[j].v[e];
+      for (int e = 0; e < 4; e++) fresh[j].v[e] = (row_real[e / 2] ? to_float(my_u[j][e]) : 0.0f) - fresh[j].v[e];
 
     // Phase 1: y = (S qᵀ) diag(2^c) + v' withinᵀ.
     async_wait(STAGES - 2);
