@@ -1,0 +1,68 @@
+"""The measuring tools that run without a GPU: `tools/ncu_stalls.py` reading ncu's source page,
+`tools/ab_sources.py` extracting a revision's kernel sources."""
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def tool(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+SOURCE_PAGE = '''"Kernel Name","nuvec_example_0123",
+"Address","Source","Warp Stall Sampling (All Samples)","stall_long_sb","stall_wait","stall_barrier","stall_long_sb (Not Issued)"
+"0x10","LDG.E.U16 R2, desc[UR8][R4.64]","1","0","1","0","0"
+"0x20","IMAD.U32 R2, R2, 0x10000, RZ","60","58","2","0","58"
+"0x30","BAR.SYNC.DEFER_BLOCKING 0x0","30","0","2","28","0"
+"0x40","HMMA.16816.F32.BF16 R8, R12, R16, R8","9","0","9","0","0"
+'''
+
+
+def test_ncu_stalls_reads_the_source_page(tmp_path):
+    ncu = tool("ncu_stalls")
+    path = tmp_path / "source.csv"
+    path.write_text(SOURCE_PAGE)
+    name, instructions = ncu.read(str(path))
+    assert name == "nuvec_example_0123" and len(instructions) == 4
+    assert instructions[1].stalls == {"long_sb": 58.0, "wait": 2.0, "barrier": 0.0}  # "Not Issued" columns left out
+    lines = ncu.report(name, instructions, top=2)
+    assert lines[0] == "nuvec_example_0123: 4 instructions, 100 stall samples"
+    assert lines[1].split() == ["long_sb", "58.0%"] and lines[2].split() == ["barrier", "28.0%"]
+    assert "IMAD.U32" in lines[5] and "long_sb 97%" in lines[5]   # the most samples first
+    assert "BAR.SYNC" in lines[6] and len(lines) == 7
+
+
+def test_ncu_stalls_refuses_other_files(tmp_path):
+    path = tmp_path / "other.csv"
+    path.write_text("a,b\n1,2\n")
+    with pytest.raises(SystemExit, match="not ncu's source page"):
+        tool("ncu_stalls").read(str(path))
+
+
+@pytest.mark.skipif(subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True).returncode != 0,
+                    reason="not a git checkout")
+def test_ab_sources_extracts_a_revisions_kernel_sources(tmp_path):
+    into = tool("ab_sources").extract("HEAD", tmp_path / "src")
+    committed = subprocess.run(["git", "-C", str(ROOT), "show", "HEAD:nuvec_tg/kernels/src/gated_delta_pass.h"],
+                               capture_output=True, text=True, check=True).stdout
+    assert (into / "gated_delta_pass.h").read_text() == committed
+    names = subprocess.run(["git", "-C", str(ROOT), "ls-tree", "--name-only", "HEAD", "nuvec_tg/kernels/src/"],
+                           capture_output=True, text=True, check=True).stdout.split()
+    assert sorted(p.name for p in into.iterdir()) == sorted(Path(n).name for n in names)
+
+
+def test_ab_sources_needs_a_gpu():
+    result = subprocess.run([sys.executable, str(ROOT / "tools" / "ab_sources.py"), "--base", "HEAD"],
+                            capture_output=True, text=True, env={"PATH": "/usr/bin:/bin", "DEV": "PYTHON"}, cwd=ROOT)
+    assert result.returncode != 0 and "needs a GPU" in result.stderr

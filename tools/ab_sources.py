@@ -1,0 +1,126 @@
+"""Time the same calls with two versions of the kernel sources, interleaved in one process, and
+compare their outputs bit for bit (the method behind `benchmarks/gated_delta_h200.md`'s "what
+moved it" table: machines drift 5-15% between calls, so an A/B is only read within one).
+
+    DEV=CUDA python3 tools/ab_sources.py --base REV_OR_DIR [--case gated_delta] [--rounds 2]
+    python3 tools/ab_sources.py --extract REV DIR      copy REV's `nuvec_tg/kernels/src` into DIR
+
+`--base`: a directory holding another version of `nuvec_tg/kernels/src` (e.g. made here by
+`--extract` and carried to the GPU machine, which gets the working tree without git's history),
+or a git revision (extracted to a temporary directory). The other side is the working tree's
+sources. Only the kernel sources change between the sides (`program.SOURCE_DIR`): a change in the
+Python launch code (a plan, a define's value) is the same on both. Each (case, size) prints the
+best-of-3 TinyJit device time of each side per round, and whether the two sides' outputs are
+equal bit for bit (they should be, for a change meant to leave the arithmetic alone).
+
+Cases (`CASES`): `gated_delta`: the chunked prefill as the plan routes it, both passes, at
+Qwen3.5-9B's sizes (Hk 16, Hv 32, Dk = Dv = 128; bf16 q/k/v, float32 g, beta and state) for (B,
+T) in (1, 2048), (1, 8192), (8, 2048).
+"""
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tarfile
+import tempfile
+from io import BytesIO
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+SOURCES = "nuvec_tg/kernels/src"
+REPOSITORY = Path(__file__).resolve().parents[1]
+
+
+def extract(revision: str, into: Path) -> Path:
+    """REV's kernel sources (`git archive`) as files in `into`; returns `into`."""
+    archive = subprocess.run(["git", "-C", str(REPOSITORY), "archive", revision, SOURCES], check=True,
+                             capture_output=True).stdout
+    into.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(fileobj=BytesIO(archive)) as tar:
+        for member in tar.getmembers():
+            if member.isfile():
+                (into / Path(member.name).name).write_bytes(tar.extractfile(member).read())
+    return into
+
+
+def base_sources(base: str) -> Path:
+    """`--base` as a directory of sources: given as one, or extracted from a git revision."""
+    path = Path(base)
+    if path.is_dir(): return path.resolve()
+    return extract(base, Path(tempfile.mkdtemp()) / "src")
+
+
+def gated_delta_case():
+    """(label, calls, run) per size of the `gated_delta` case; run(call) -> outputs to compare."""
+    from tinygrad import Device, Tensor, dtypes
+
+    from nuvec_tg.kernels import gated_delta as kernel
+    from nuvec_tg.kernels import kernel_backend
+    backend = kernel_backend(Device.DEFAULT)
+    for b, t in ((1, 2048), (1, 8192), (8, 2048)):
+        q = (Tensor.rand(b, t, 16, 128) - 0.5).cast(dtypes.bfloat16).contiguous().realize()
+        k = (Tensor.rand(b, t, 16, 128) * 0.1).cast(dtypes.bfloat16).contiguous().realize()
+        v = (Tensor.rand(b, t, 32, 128) - 0.5).cast(dtypes.bfloat16).contiguous().realize()
+        g = (Tensor.rand(b, t, 32) * 0.1 + 0.9).contiguous().realize()
+        beta = Tensor.rand(b, t, 32).contiguous().realize()
+        state = Tensor.zeros(b, 32, 128, 128).contiguous().realize()
+
+        def run(*call):
+            return kernel.gated_delta_kernel(*call, backend=backend)
+        yield f"B {b} T {t}", [(q, k, v, g, beta, state)], run
+
+
+CASES: dict[str, Callable] = {"gated_delta": gated_delta_case}
+
+
+def bits(tensor) -> np.ndarray:
+    """A tensor's elements as unsigned integers of its width (equal arrays: equal bits)."""
+    from tinygrad import dtypes
+    return tensor.bitcast({2: dtypes.uint16, 4: dtypes.uint32, 8: dtypes.uint64}[tensor.dtype.itemsize]).numpy()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--base", help="the other side's kernel sources: a directory or a git revision")
+    parser.add_argument("--extract", nargs=2, metavar=("REV", "DIR"), help="copy REV's kernel sources into DIR and exit")
+    parser.add_argument("--case", choices=list(CASES), default="gated_delta")
+    parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds of (base, working tree)")
+    args = parser.parse_args()
+    if args.extract:
+        print(extract(args.extract[0], Path(args.extract[1])))
+        return
+    if args.base is None: parser.error("--base or --extract is required")
+
+    from tinygrad import Device
+
+    from nuvec_tg.bench.common import time_jit
+    from nuvec_tg.kernels import kernel_backend
+    from nuvec_tg.kernels import program
+    if kernel_backend(Device.DEFAULT) is None:
+        sys.exit(f"ab_sources: needs a GPU with nuvec_tg's kernels (DEV=CUDA or DEV=METAL), not {Device.DEFAULT}")
+    sides = {"base": base_sources(args.base), "tree": program.SOURCE_DIR}
+
+    def use(side: str) -> None:
+        program.SOURCE_DIR = sides[side]
+        program._source.cache_clear()
+
+    for label, calls, run in CASES[args.case]():
+        cells, outputs = [], {}
+        for _ in range(args.rounds):
+            for side in sides:
+                use(side)
+                cells.append(f"{side} {time_jit(run, calls, 3) * 1e6:.1f}")
+        for side in sides:
+            use(side)
+            result = run(*calls[0])
+            outputs[side] = [bits(t) for t in (result if isinstance(result, tuple) else (result,))]
+        same = all(np.array_equal(a, b) for a, b in zip(outputs["base"], outputs["tree"]))
+        print(f"{label}: " + " | ".join(cells) + f" | outputs equal bit for bit: {same}", flush=True)
+    use("tree")
+
+
+if __name__ == "__main__":
+    main()
