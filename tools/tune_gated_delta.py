@@ -8,7 +8,8 @@ for a decode step at B in {1, 8, 64, 256} and the 512-token prefill at B = 1, wi
 per second and the largest difference from the composition (decode rows; the prefill's is 0).
 
 `--chunked`: the chunked prefill kernel's launch (`kernel.Chunked(32, warps)` for each warps in
-`kernel.CHUNKED_WARPS`) for (B, T) in (1, 2048), (1, 8192), (8, 2048), beside
+`kernel.CHUNKED_WARPS`, with 2 and 4 line buffers in the state pass on CUDA: `kernel.PASS_STAGES`)
+for (B, T) in (1, 2048), (1, 8192), (8, 2048), beside
 the recurrent kernel forced at 4 x 1 and the first pass alone (`kernel.chunk_forms`: every chunk's
 forms, the part of the time that does not depend on the launch), with tokens per second and the
 largest difference of the final state from the recurrent kernel's on the same inputs."""
@@ -28,6 +29,7 @@ LAUNCH = [(w, r) for r in (1, 2, 4) for w in (2, 4, 8, 16)]
 CHUNK = 32
 CHUNKED_ROWS = [(1, 2048), (1, 8192), (8, 2048)]
 RECURRENT = kernel.Launch(4, 1)
+STAGES = {"cuda": (2, 4), "metal": (2,)}  # the state pass's line buffers (Metal's 32 KB hold two)
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 parser.add_argument("--chunked", action="store_true", help="sweep the chunked prefill kernel's warps instead")
 args = parser.parse_args()
@@ -72,12 +74,16 @@ def sweep_chunked() -> None:
         cells = [f"recurrent: {seconds * 1e6:.1f}/{b * t / seconds / 1e6:.2f}"]
         first = time_jit(lambda q, k, v, g, beta, state: tuple(kernel.chunk_forms(q, k, v, g, beta, BACKEND, CHUNK, False)), calls, 5)
         cells.append(f"first pass: {first * 1e6:.1f}")
-        for warps in kernel.CHUNKED_WARPS:
-            rule = launched(kernel.Chunked(CHUNK, warps))
-            got = rule(*calls[0])[1].numpy()
-            error = float(np.abs(got - want).max())
-            seconds = time_jit(rule, calls, 5)
-            cells.append(f"{CHUNK}x{warps}: {seconds * 1e6:.1f}/{b * t / seconds / 1e6:.2f} (err {error:.1e})")
+        planned_stages = kernel.PASS_STAGES[BACKEND]
+        for stages in STAGES[BACKEND]:
+            kernel.PASS_STAGES[BACKEND] = stages  # read when the state pass's program is made
+            for warps in kernel.CHUNKED_WARPS:
+                rule = launched(kernel.Chunked(CHUNK, warps))
+                got = rule(*calls[0])[1].numpy()
+                error = float(np.abs(got - want).max())
+                seconds = time_jit(rule, calls, 5)
+                cells.append(f"{CHUNK}x{warps}, {stages} buffers: {seconds * 1e6:.1f}/{b * t / seconds / 1e6:.2f} (err {error:.1e})")
+        kernel.PASS_STAGES[BACKEND] = planned_stages
         print(f"B {b} T {t}: " + "  ".join(cells), flush=True)
         del calls
 
