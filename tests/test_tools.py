@@ -66,3 +66,23 @@ def test_ab_sources_needs_a_gpu():
     result = subprocess.run([sys.executable, str(ROOT / "tools" / "ab_sources.py"), "--base", "HEAD"],
                             capture_output=True, text=True, env={"PATH": "/usr/bin:/bin", "DEV": "PYTHON"}, cwd=ROOT)
     assert result.returncode != 0 and "needs a GPU" in result.stderr
+
+
+def test_ab_sources_compares_emulated_outputs_bit_for_bit(tmp_path):
+    """The same sources give the same bits; a source that drops the state's decay does not."""
+    from kernel_emulator import COMPILER
+    if COMPILER is None: pytest.skip("no C++ compiler")
+    from nuvec_tg.kernels import program
+    ab = tool("ab_sources")
+    sources = program.SOURCE_DIR
+    same = tmp_path / "same"
+    faulty = tmp_path / "faulty"
+    for into in (same, faulty):
+        into.mkdir()
+        for path in program.SOURCE_DIR.iterdir(): (into / path.name).write_text(path.read_text())
+    pass_source = (faulty / "gated_delta_pass.h").read_text()
+    assert pass_source.count("s[n].v[e] *= keep;") == 1
+    (faulty / "gated_delta_pass.h").write_text(pass_source.replace("s[n].v[e] *= keep;", "s[n].v[e] *= 1.0f;"))
+    assert ab.compare_emulated("gated_delta", same, ["chunked_bf16"]) == {"chunked_bf16": True}
+    assert ab.compare_emulated("gated_delta", faulty, ["chunked_bf16"]) == {"chunked_bf16": False}
+    assert program.SOURCE_DIR == sources   # the working tree's sources restored

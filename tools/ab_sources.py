@@ -16,6 +16,11 @@ equal bit for bit (they should be, for a change meant to leave the arithmetic al
 Cases (`CASES`): `gated_delta`: the chunked prefill as the plan routes it, both passes, at
 Qwen3.5-9B's sizes (Hk 16, Hv 32, Dk = Dv = 128; bf16 q/k/v, float32 g, beta and state) for (B,
 T) in (1, 2048), (1, 8192), (8, 2048).
+
+`--emulated` (no GPU: a C++ compiler, as the emulated tests use): instead of timing, run the
+case's emulated tests' inputs (`tests/test_gated_delta_emulated.py`'s chunked cases, or those
+named by `--only`) through the CUDA rendering on the CPU with each side's sources and compare the
+outputs bit for bit: a refactor meant to leave the arithmetic alone shows here before a GPU does.
 """
 from __future__ import annotations
 
@@ -73,7 +78,37 @@ def gated_delta_case():
         yield f"B {b} T {t}", [(q, k, v, g, beta, state)], run
 
 
+def gated_delta_emulated(only: list[str] | None):
+    """(name, run) per chunked case of the emulated tests; run() -> the outputs by name."""
+    sys.path.insert(0, str(REPOSITORY / "tests"))
+    import test_gated_delta_emulated as emulated
+    for name, case in emulated.CHUNKED_CASES.items():
+        if only and name not in only: continue
+        arrays, _ = emulated.chunked_inputs(name, case)
+        yield name, lambda case=case, arrays=arrays: emulated.emulated_chunked(case, arrays)
+
+
 CASES: dict[str, Callable] = {"gated_delta": gated_delta_case}
+EMULATED: dict[str, Callable] = {"gated_delta": gated_delta_emulated}
+
+
+def compare_emulated(case: str, base: Path, only: list[str] | None = None) -> dict[str, bool]:
+    """Each emulated input's outputs under `base`'s sources and the working tree's: equal bit for bit?"""
+    from nuvec_tg.kernels import program
+    tree = program.SOURCE_DIR
+    same = {}
+    try:
+        for name, run in EMULATED[case](only):
+            outputs = {}
+            for side, sources in (("base", base), ("tree", tree)):
+                program.SOURCE_DIR = sources
+                program._source.cache_clear()
+                outputs[side] = run()
+            same[name] = all(np.array_equal(outputs["base"][key], outputs["tree"][key], equal_nan=True) for key in outputs["tree"])
+    finally:
+        program.SOURCE_DIR = tree
+        program._source.cache_clear()
+    return same
 
 
 def bits(tensor) -> np.ndarray:
@@ -88,11 +123,17 @@ def main() -> None:
     parser.add_argument("--extract", nargs=2, metavar=("REV", "DIR"), help="copy REV's kernel sources into DIR and exit")
     parser.add_argument("--case", choices=list(CASES), default="gated_delta")
     parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds of (base, working tree)")
+    parser.add_argument("--emulated", action="store_true", help="compare the emulated kernels' outputs on the CPU instead of timing")
+    parser.add_argument("--only", nargs="*", help="with --emulated: these emulated cases only")
     args = parser.parse_args()
     if args.extract:
         print(extract(args.extract[0], Path(args.extract[1])))
         return
     if args.base is None: parser.error("--base or --extract is required")
+    if args.emulated:
+        same = compare_emulated(args.case, base_sources(args.base), args.only)
+        for name, equal in same.items(): print(f"{name}: outputs equal bit for bit: {equal}", flush=True)
+        sys.exit(0 if same and all(same.values()) else 1)
 
     from tinygrad import Device
 
