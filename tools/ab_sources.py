@@ -92,6 +92,13 @@ CASES: dict[str, Callable] = {"gated_delta": gated_delta_case}
 EMULATED: dict[str, Callable] = {"gated_delta": gated_delta_emulated}
 
 
+def use_sources(sources: Path) -> None:
+    """Make the programs built from here on read their kernel sources from `sources`."""
+    from nuvec_tg.kernels import program
+    program.SOURCE_DIR = sources
+    program._source.cache_clear()
+
+
 def compare_emulated(case: str, base: Path, only: list[str] | None = None) -> dict[str, bool]:
     """Each emulated input's outputs under `base`'s sources and the working tree's: equal bit for bit?"""
     from nuvec_tg.kernels import program
@@ -101,13 +108,11 @@ def compare_emulated(case: str, base: Path, only: list[str] | None = None) -> di
         for name, run in EMULATED[case](only):
             outputs = {}
             for side, sources in (("base", base), ("tree", tree)):
-                program.SOURCE_DIR = sources
-                program._source.cache_clear()
+                use_sources(sources)
                 outputs[side] = run()
             same[name] = all(np.array_equal(outputs["base"][key], outputs["tree"][key], equal_nan=True) for key in outputs["tree"])
     finally:
-        program.SOURCE_DIR = tree
-        program._source.cache_clear()
+        use_sources(tree)
     return same
 
 
@@ -143,24 +148,21 @@ def main() -> None:
     if kernel_backend(Device.DEFAULT) is None:
         sys.exit(f"ab_sources: needs a GPU with nuvec_tg's kernels (DEV=CUDA or DEV=METAL), not {Device.DEFAULT}")
     sides = {"base": base_sources(args.base), "tree": program.SOURCE_DIR}
-
-    def use(side: str) -> None:
-        program.SOURCE_DIR = sides[side]
-        program._source.cache_clear()
-
-    for label, calls, run in CASES[args.case]():
-        cells, outputs = [], {}
-        for _ in range(args.rounds):
-            for side in sides:
-                use(side)
-                cells.append(f"{side} {time_jit(run, calls, 3) * 1e6:.1f}")
-        for side in sides:
-            use(side)
-            result = run(*calls[0])
-            outputs[side] = [bits(t) for t in (result if isinstance(result, tuple) else (result,))]
-        same = all(np.array_equal(a, b) for a, b in zip(outputs["base"], outputs["tree"]))
-        print(f"{label}: " + " | ".join(cells) + f" | outputs equal bit for bit: {same}", flush=True)
-    use("tree")
+    try:
+        for label, calls, run in CASES[args.case]():
+            cells, outputs = [], {}
+            for _ in range(args.rounds):
+                for side, sources in sides.items():
+                    use_sources(sources)
+                    cells.append(f"{side} {time_jit(run, calls, 3) * 1e6:.1f}")
+            for side, sources in sides.items():
+                use_sources(sources)
+                result = run(*calls[0])
+                outputs[side] = [bits(t) for t in (result if isinstance(result, tuple) else (result,))]
+            same = all(np.array_equal(a, b) for a, b in zip(outputs["base"], outputs["tree"]))
+            print(f"{label}: " + " | ".join(cells) + f" | outputs equal bit for bit: {same}", flush=True)
+    finally:
+        use_sources(sides["tree"])
 
 
 if __name__ == "__main__":
