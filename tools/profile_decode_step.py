@@ -22,7 +22,7 @@ import numpy as np
 from tinygrad import Device, Tensor, dtypes
 from tinygrad.engine.jit import _prepare_jit_inputs
 from tinygrad.helpers import ansistrip
-from tinygrad.engine.realize import ExecContext, get_graph_runtime, pm_exec
+from tinygrad.engine.realize import ExecContext, get_graph_runtime, pm_exec, resolve_params
 from tinygrad.uop.ops import Ops
 
 from nuvec_tg import models
@@ -53,6 +53,7 @@ def main() -> None:
     parser.add_argument("--prompt", type=int, default=512)
     parser.add_argument("--steps", type=int, default=32)
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--sequence", default="", help="FIRST,COUNT: also list those kernels in launch order with their buffers' sizes")
     parser.add_argument("--small", action="store_true", help="the tiny config of the same family")
     args = parser.parse_args()
     config = (SMALL_CONFIGS if args.small else CONFIGS)[args.config]
@@ -108,6 +109,11 @@ def main() -> None:
     print(f"captured: {len(calls)} kernels, {len(graphs)} graphs of "
           f"{[len(g.src[0].src[0].src) for g in graphs]}, {updatable} nodes re-parameterised a replay, "
           f"{len(captured.linear.src) - len(graphs)} calls outside graphs", flush=True)
+    if args.sequence:
+        first, count = (int(n) for n in args.sequence.split(","))
+        for index, (_, call) in enumerate(calls[first:first + count], start=first):
+            sizes = [u.buffer.size for u in resolve_params(call, tuple(inputs))]
+            print(f"  {index:4d} {call_name(call):40s} buffers {sizes}")
     context = ExecContext(var_vals, tuple(inputs), update_stats=False, jit=True, wait=True)
     per_name: dict[str, list[float]] = defaultdict(list)
     for _ in range(2):   # the first run warms caches; the second is kept
