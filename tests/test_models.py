@@ -139,7 +139,7 @@ def test_a_second_generation_reuses_the_cache_and_its_jitted_step(name):
             got = np.array(list(m.generate_tokens(prompt, max_tokens=8, stop_tokens=()))).T
             for row, expected in zip(got, want): np.testing.assert_array_equal(row, expected)
             caches.append(m._generation_cache)
-            steps.append((caches[-1].steps["greedy"], caches[-1].steps["greedy"].cnt))
+            steps.append((caches[-1].steps["chained"], caches[-1].steps["chained"].cnt))
         assert caches[0] is caches[1] and steps[0][0] is steps[1][0] and steps[1][1] == steps[0][1] + 7
     unfinished = m.generate_tokens(prompts[1], max_tokens=8, stop_tokens=())
     first = next(unfinished)

@@ -1,4 +1,5 @@
-"""Where one jitted decode step's time goes (issue 26): the captured step's kernels (how many, in
+"""Where one jitted decode step's time goes (issue 26): `generate_tokens`' prefill and decode
+(greedy, its steps chained on the device), then the captured step's kernels (how many, in
 how many graphs, how many of the graphs' nodes are re-parameterised at every replay), each
 kernel's device time run alone (summed by name, largest first), and three wall clocks per step:
 as `Model.generate_tokens` runs it (token from the host, result read back), the replay alone
@@ -62,6 +63,13 @@ def main() -> None:
     model = models.random_model(config, dtype=dtype, quantize=FORMATS[args.format])
     rng = np.random.default_rng(0)
     prompt = rng.integers(0, model.vocab_size, (args.batch, args.prompt)).astype(np.int32)
+    for attempt in ("first (compiles)", "second"):   # as a user runs it: generate_tokens, greedy
+        list(model.generate_tokens(prompt.tolist(), max_tokens=args.steps, stop_tokens=()))
+        stats = model.last_generation
+        print(f"generate_tokens, {attempt}: prefill {stats.prompt_seconds * 1e3:.1f} ms "
+              f"({stats.prompt_tokens / stats.prompt_seconds:.0f} tokens/s), decode "
+              f"{stats.generation_seconds / (args.steps - 1) * 1e3:.3f} ms a step "
+              f"({stats.generated_tokens / stats.generation_seconds:.1f} tokens/s)", flush=True)
     cache = model.make_cache(args.batch, -(-(args.prompt + 3 * args.steps + 8) // 256) * 256)
     model(prompt, cache=cache)[:, -1].argmax(-1).numpy()
     token = Tensor(np.zeros((args.batch, 1), dtype=np.int32), device=model.device)

@@ -70,6 +70,9 @@ class KVCache:
         self.position = 0
         self.pads: Tensor | None = None
         self.steps: dict[str, object] = {}     # the jitted decode steps bound to these buffers
+        # each sequence's tokens by cache row, for greedy steps chained on the device (row r's token
+        # at column r, the token it predicts at r + 1)
+        self.history = Tensor.zeros(batch, max_length + 1, dtype=dtypes.int32, device=device).contiguous().realize()
         self.in_use = False                     # a generation runs on it (`Model.generate_tokens`)
 
     def buffers(self) -> list[Tensor]:

@@ -19,12 +19,18 @@ from typing import Iterator
 import numpy as np
 from tinygrad import Device, Tensor, TinyJit, UOp, dtypes
 from tinygrad.dtype import DType
+from tinygrad.helpers import Context
 
 from .. import fast
 from .cache import KVCache, Positions
 from .config import Config
 from .layers import Attention, Embedding, Linear, Norm
 from .sampling import Sampler
+
+
+# The most greedy steps queued on the device before their tokens are read back (a synchronisation
+# drains the queue, so a group pays one launch's host time with the device idle).
+READ_BACK_GROUP = 16
 
 
 @dataclass
@@ -79,11 +85,18 @@ class Model:
     # ---- forward ------------------------------------------------------------------------------
 
     def _hidden(self, tokens: Tensor, positions: Positions, cache: KVCache | None) -> Tensor:
-        x = self.embed(tokens, self.dtype)
-        if self.embed_scale is not None: x = x * self.embed_scale
+        h = self.embed(tokens, self.dtype)
+        if self.embed_scale is not None: h = h * self.embed_scale
+        delta = None   # the stream is `delta + h` while a block's last add waits to be fused with the next norm
         for i, layer in enumerate(self.layers):
-            x = layer(x, positions, None if cache is None else cache.layers[i])
-        return self.norm(x)
+            layer_cache = None if cache is None else cache.layers[i]
+            if getattr(layer, "fuses_residual", False):
+                h, delta = layer.residual_call(h, delta, positions, layer_cache)
+                continue
+            if delta is not None: h, delta = delta + h, None
+            h = layer(h, positions, layer_cache)
+        if delta is None: return self.norm(h)
+        return fast.add_rms_norm(delta, h, self.norm.weight, self.norm.eps)[1]
 
     def _logits(self, hidden: Tensor) -> Tensor:
         logits = self.embed.as_linear(hidden) if self.head is None else self.head(hidden)
@@ -155,28 +168,52 @@ class Model:
         plan = fast.plan_attention(q, k, k, self.dtype, mask="causal", device=self.device)
         return isinstance(plan.kernel, fast.Vector)
 
-    def _decode(self, cache: KVCache, symbolic_keys: bool, greedy: bool, tokens: Tensor, length: UOp) -> Tensor:
-        """One token per sequence at cache row `length - 1`: the next tokens' logits `[B, vocab]`
-        (the model's dtype), or with `greedy` their argmax `[B]` int32."""
+    def _next(self, cache: KVCache, symbolic_keys: bool, greedy: bool, tokens: Tensor, length: UOp) -> Tensor:
+        """One token per sequence at cache row `length - 1`, unrealized: the next tokens' logits
+        `[B, vocab]` (the model's dtype), or with `greedy` their argmax `[B]` int32."""
         start = length - 1
         query_start = Tensor(length, device=self.device) - 1
         offset = query_start if cache.pads is None else query_start - cache.pads
         positions = Positions(start, 1, offset, cached=True, key_count=length if symbolic_keys else None,
                               query_start=query_start, pads=cache.pads, capacity=cache.max_length)
         logits = self._logits(self._hidden(tokens, positions, cache))[:, -1]
-        out = logits.argmax(-1).cast(dtypes.int32) if greedy else logits
-        return out.realize(*cache.buffers())
+        return logits.argmax(-1).cast(dtypes.int32) if greedy else logits
+
+    def _decode(self, cache: KVCache, symbolic_keys: bool, greedy: bool, tokens: Tensor, length: UOp) -> Tensor:
+        """`_next`, realized with the cache's writes."""
+        return self._next(cache, symbolic_keys, greedy, tokens, length).realize(*cache.buffers())
+
+    def _decode_chained(self, cache: KVCache, symbolic_keys: bool, length: UOp) -> None:
+        """The greedy step on the device alone: the token at `cache.history[:, length - 1]` in, its
+        argmax written to `cache.history[:, length]` (no host data in or out)."""
+        tokens = cache.history[:, length - 1:length]
+        cache.history[:, length:length + 1].assign(self._next(cache, symbolic_keys, True, tokens, length).reshape(-1, 1))
+        Tensor.realize(cache.history, *cache.buffers())
+
+    def _jit(self, cache: KVCache, key: str) -> TinyJit:
+        """The cache's jitted step `key` ("greedy", "logits" or "chained"), made on first use."""
+        if key not in cache.steps:
+            symbolic = self._symbolic_keys(cache)
+            if key == "chained": step = lambda n: self._decode_chained(cache, symbolic, n)  # noqa: E731
+            else: step = lambda t, n, greedy=key == "greedy": self._decode(cache, symbolic, greedy, t, n)  # noqa: E731
+            cache.steps[key] = TinyJit(step)
+            cache.steps.setdefault("length", UOp.variable("cache_length", 1, cache.max_length, dtype=dtypes.int32))
+        return cache.steps[key]
 
     def _step(self, cache: KVCache, tokens: Tensor, greedy: bool) -> Tensor:
         """Run the cache's jitted decode step on tokens `[B, 1]` at `cache.position`."""
-        key = "greedy" if greedy else "logits"
-        if key not in cache.steps:
-            symbolic = self._symbolic_keys(cache)
-            cache.steps[key] = TinyJit(lambda t, n: self._decode(cache, symbolic, greedy, t, n))
-            cache.steps.setdefault("length", UOp.variable("cache_length", 1, cache.max_length, dtype=dtypes.int32))
+        step = self._jit(cache, "greedy" if greedy else "logits")
         cache.position += 1
         tokens = tokens.contiguous().realize()
-        return cache.steps[key](tokens, cache.steps["length"].bind(cache.position))
+        with Context(JIT_BATCH_SIZE=0):   # captured as one graph: one launch, not tinygrad's batches of 32, 64, ...
+            return step(tokens, cache.steps["length"].bind(cache.position))
+
+    def _step_chained(self, cache: KVCache) -> None:
+        """Queue the chained greedy step at `cache.position` (returns without waiting for the device)."""
+        step = self._jit(cache, "chained")
+        cache.position += 1
+        with Context(JIT_BATCH_SIZE=0):
+            step(cache.steps["length"].bind(cache.position))
 
     # ---- generation ---------------------------------------------------------------------------
 
@@ -245,19 +282,46 @@ class Model:
         stats.prompt_seconds = time.perf_counter() - began
 
         began = time.perf_counter()
+        steps = self._greedy_steps(cache, next_tokens, max_tokens) if sampler.greedy else \
+            self._sampled_steps(cache, next_tokens, max_tokens, sampler)
         done = [False] * batch
-        for step in range(max_tokens):
-            out = [None if d else int(t) for d, t in zip(done, next_tokens)]
+        for step_tokens in steps:
+            out = [None if d else int(t) for d, t in zip(done, step_tokens)]
             stats.generated_tokens += sum(t is not None for t in out)
             done = [d or (t is not None and t in stops) for d, t in zip(done, out)]
             yield out
-            if all(done) or step == max_tokens - 1: break
-            tokens = Tensor(np.asarray(next_tokens, dtype=np.int32).reshape(batch, 1), device=self.device)
-            if sampler.greedy:
-                next_tokens = self._step(cache, tokens, greedy=True).numpy().tolist()
-            else:
-                next_tokens = sampler(self._step(cache, tokens, greedy=False))
+            if all(done): break
         stats.generation_seconds = time.perf_counter() - began
+
+    def _sampled_steps(self, cache: KVCache, first: list[int], max_tokens: int, sampler: Sampler) -> Iterator[list[int]]:
+        """Each step's tokens, sampled on the host from the jitted step's logits."""
+        tokens = first
+        for step in range(max_tokens):
+            yield tokens
+            if step == max_tokens - 1: break
+            logits = self._step(cache, Tensor(np.asarray(tokens, dtype=np.int32).reshape(-1, 1), device=self.device), greedy=False)
+            tokens = sampler(logits)
+
+    def _greedy_steps(self, cache: KVCache, first: list[int], max_tokens: int) -> Iterator[list[int]]:
+        """Each step's greedy tokens, the steps chained on the device: each step reads its token
+        from `cache.history` and writes the next there, so the host queues steps ahead of the
+        device and reads their tokens back in groups (1, 2, 4, ... up to READ_BACK_GROUP steps,
+        one synchronisation a group). A sequence's stop is seen a group late: the steps queued
+        past it are computed and dropped."""
+        column = cache.position                     # the first token's column; step s writes column + s
+        cache.history[:, column:column + 1].assign(
+            Tensor(np.asarray(first, dtype=np.int32).reshape(-1, 1), device=self.device)).realize()
+        yield first
+        queued = read = 0
+        group = 1
+        while read < max_tokens - 1:
+            while queued < min(max_tokens - 1, read + group):
+                self._step_chained(cache)
+                queued += 1
+            tokens = cache.history[:, column + 1 + read:column + 1 + queued].numpy()
+            read = queued
+            yield from (tokens[:, i].tolist() for i in range(tokens.shape[1]))
+            group = min(2 * group, READ_BACK_GROUP)
 
     def _cache_for_generation(self, batch: int, max_length: int, pads: list[int]) -> KVCache:
         """The previous generation's cache, emptied, when it has this shape (its jitted decode
