@@ -307,14 +307,19 @@ class Attention:
         q, k, v = (self._heads(p, h) for p, h in zip((q, k, v), (self.heads, self.kv_heads, self.kv_heads)))
         def norm(n: Norm | None): return (None, 0.0) if n is None else (n.weight, n.eps)
         q = self.rope(q, *norm(self.q_norm), positions.rope_offset)
-        k = self.rope(k, *norm(self.k_norm), positions.rope_offset)
         sinks = None if self.sinks is None else self.sinks.value
         if cache is None or not positions.cached:
+            k = self.rope(k, *norm(self.k_norm), positions.rope_offset)
             out = fast.scaled_dot_product_attention(q, k, v, self.scale, mask="causal", window=self.window, sinks=sinks)
         else:
             keys, values = cache
             start = positions.start
-            keys[:, :, start:start + t].assign(k.cast(keys.dtype))
+            # without padding a row's rotary position is its cache row: the keys go straight into the cache
+            written = None if positions.pads is not None else \
+                self.rope.into_cache(k, *norm(self.k_norm), positions.rope_offset, keys)
+            if written is None:
+                keys[:, :, start:start + t].assign(self.rope(k, *norm(self.k_norm), positions.rope_offset).cast(keys.dtype))
+            else: keys = written
             values[:, :, start:start + t].assign(v.cast(values.dtype))
             if positions.key_count is not None:
                 keys, values = keys[:, :, :positions.key_count], values[:, :, :positions.key_count]

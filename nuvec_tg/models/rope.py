@@ -23,6 +23,16 @@ class RotaryEmbedding:
     def __init__(self, rotation: fast.Rotation, attention_factor: float = 1.0):
         self.rotation, self.attention_factor = rotation, attention_factor
 
+    def into_cache(self, x: Tensor, weight: Tensor | None, eps: float, offset: int | Tensor, cache: Tensor) -> Tensor | None:
+        """`__call__`'s rows written into `cache` `[B, H, S, D]` at rows `offset..` in place by
+        `norm_rope`'s kernel (METAL, CUDA); returns the updated cache, or None where no kernel
+        wrote it in place (the composition's result is a new tensor; an attention factor needs a
+        step of its own): then the caller writes the rows itself."""
+        if self.attention_factor != 1.0: return None
+        written = fast.norm_rope(x, weight, eps, self.rotation, offset, cache=cache)
+        in_place = written.uop.is_realized and written.uop.base.buffer is cache.uop.base.buffer
+        return written if in_place else None
+
     def __call__(self, x: Tensor, weight: Tensor | None, eps: float, offset: int | Tensor) -> Tensor:
         y = fast.norm_rope(x, weight, eps, self.rotation, offset)
         if self.attention_factor == 1.0: return y
