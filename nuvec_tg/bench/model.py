@@ -8,12 +8,12 @@ per decode step, beside transformers' (eager attention and SDPA, bfloat16, the s
 nuvec_tg: one warm-up generation of the same shape first, so that the kernels' compiles are not
 timed; then `Model.generate_tokens` with no stop tokens, split into its phases as
 `Model.last_generation` records them: prefill (the prompt's forward and the first token read
-back) and decode (the other G - 1 tokens, one jitted step per token, each read back). The model
-keeps its last generation's cache and empties it for the next of the same shape, jitted step
-included: the warm-up generation makes the cache and captures its step in its first two steps
-(its seconds are in the notes), the timed ones replay it, as a user's second generation would.
-Decode tokens/s counts every decode step, ms per decode step is the median of the steps after
-the first two, and the "first 2 steps" column says what those took.
+back) and decode (the other G - 1 tokens: greedy steps chained on the device, their tokens read
+back in groups). The model keeps its last generation's cache and empties it for the next of the
+same shape, jitted step included: the warm-up generation captures the step, the timed ones replay
+it, as a user's second generation would. ms per decode step is the decode phase over its steps;
+the host / device split replays the step after the generation (`step_split`): the host's time
+until a replay returns, and replays queued back to back (the device's time a step).
 
 transformers (when torch and transformers import): measured first, before tinygrad opens the
 GPU (tinygrad makes its own CUDA context current, in which PyTorch's handles are invalid), and
@@ -25,7 +25,7 @@ clock read; one warm-up run first.
 After the table, per config and format: the weight bytes, and the decode step's implied bandwidth
 (the weights a step reads, all but the embedding table unless it is the head, plus the K/V rows
 it reads at the decode's mean position and any recurrent state read and written, over the
-steady step) against the device's peak.
+step's device time) against the device's peak.
 
 `--small` runs tiny configs of the same families (float32 on the CPU, which has no bfloat16
 conversions).
@@ -93,7 +93,7 @@ FORMATS = {"dense": None, "q4": 4}          # --formats: quantize= at load (4: a
 TRANSFORMERS_TYPES = {"qwen3_5": "qwen3_5_text"}
 TRANSFORMERS_IMPLEMENTATIONS = ("eager", "sdpa")
 COLUMNS = ["config", "stack", "dtype/quant", "B", "prefill tokens/s", "decode tokens/s", "ms per decode step",
-           "first 2 steps ms"]
+           "host ms / device ms a step"]
 
 
 @dataclasses.dataclass
@@ -104,20 +104,24 @@ class Timing:
     prefill_s: float
     decode_tokens: int        # B x (G - 1)
     decode_s: float
-    step_s: float             # the median decode step after the first two
-    first_steps_s: float      # the first two decode steps together (the jitted step's capture, for ours)
+    steps: int                # G - 1
+    split: tuple[float, float] | None = None   # ours: a step's host and device seconds (`step_split`)
+
+    @property
+    def step_s(self) -> float:
+        """The decode phase over its steps: the wall clock of a step as a user waits for it."""
+        return self.decode_s / self.steps
 
     def cells(self) -> str:
+        split = "-" if self.split is None else f"{self.split[0] * 1e3:.2f} / {self.split[1] * 1e3:.2f}"
         return (f"{self.prompt_tokens / self.prefill_s:.0f} | {self.decode_tokens / self.decode_s:.1f} | "
-                f"{self.step_s * 1e3:.2f} | {self.first_steps_s * 1e3:.1f} |")
+                f"{self.step_s * 1e3:.2f} | {split} |")
 
 
 def best(runs: list[tuple[float, float, list[float]]], batch: int, prompt: int, generate: int) -> Timing:
-    """The fastest prefill, decode and steady step of runs `(prefill s, decode s, step seconds)`:
-    a run's steady step is the median of its steps after the first two."""
-    steps = min((r[2] for r in runs), key=lambda s: statistics.median(s[2:]))
+    """The fastest prefill and decode of runs `(prefill s, decode s, step seconds)`."""
     return Timing(batch, batch * prompt, min(r[0] for r in runs), batch * (generate - 1), min(r[1] for r in runs),
-                  statistics.median(steps[2:]), sum(steps[:2]))
+                  generate - 1)
 
 
 # ---- nuvec_tg ------------------------------------------------------------------------------------
@@ -139,12 +143,36 @@ def generation(model: models.Model, prompts: list[list[int]], generate: int) -> 
 
 
 def time_ours(model: models.Model, batch: int, prompt: int, generate: int, repeats: int) -> tuple[Timing, float]:
-    """The best of `repeats` generations after a warm-up one; and the warm-up's seconds."""
+    """The best of `repeats` generations after a warm-up one, with the decode step's host/device
+    split; and the warm-up's seconds."""
     prompts = random_prompts(batch, prompt, model.vocab_size)
     began = time.perf_counter()
     generation(model, prompts, generate)
     warm = time.perf_counter() - began
-    return best([generation(model, prompts, generate) for _ in range(repeats)], batch, prompt, generate), warm
+    timing = best([generation(model, prompts, generate) for _ in range(repeats)], batch, prompt, generate)
+    timing.split = step_split(model)
+    return timing, warm
+
+
+def step_split(model: models.Model, steps: int = 16) -> tuple[float, float]:
+    """The greedy decode step of the model's last generation (its kept cache and jitted step),
+    replayed past its rows: host seconds (the median replay's time until the call returns, the
+    device idle before it) and device seconds (`steps` replays queued back to back, then one
+    synchronisation: a step's time when the host runs ahead, as `generate_tokens` queues them)."""
+    cache = model._generation_cache
+    steps = min(steps, (cache.max_length - cache.position) // 2)
+    device = Device[model.device]
+    hosts = []
+    for _ in range(steps):
+        device.synchronize()
+        began = time.perf_counter()
+        model._step_chained(cache)
+        hosts.append(time.perf_counter() - began)
+    device.synchronize()
+    began = time.perf_counter()
+    for _ in range(steps): model._step_chained(cache)
+    device.synchronize()
+    return statistics.median(hosts), (time.perf_counter() - began) / steps
 
 
 def largest_logit(model: models.Model, prompt: int, generate: int) -> float:
@@ -330,10 +358,13 @@ def run(args) -> list[str]:
              f"weights at the configs' sizes, {prompt} random prompt tokens then {generate} generated per sequence, B "
              f"sequences; wall clock with the host included, as a user sees it, best of {repeats} after a warm-up "
              f"generation (compiles not timed). nuvec_tg: `Model.generate_tokens` (stop tokens off), its prefill and "
-             f"decode phases as `last_generation` records them; decode tokens/s = B x {generate - 1} steps over the "
-             f"decode phase, including the first two steps ('first 2 steps'; the timed generations reuse the "
-             f"warm-up's cache and its jitted step, as a user's next generation does); ms per decode step is the "
-             f"median of the steps after those two. transformers: bf16 "
+             f"decode phases as `last_generation` records them (greedy: the steps chained on the device, their "
+             f"tokens read back in groups); decode tokens/s = B x {generate - 1} steps over the decode phase, and "
+             f"ms per decode step the decode phase over its steps (the timed generations reuse the warm-up's cache "
+             f"and its jitted step, as a user's next generation does). Host / device ms a step: the decode step "
+             f"replayed after the generation, the host's time until a replay returns (median of 16, the device "
+             f"idle) and 16 replays queued back to back over their count (the device's time a step when the host "
+             f"runs ahead). transformers: bf16 "
              f"(float32 on the CPU), a manual greedy loop over the model's "
              f"cache, one forward of the prompt (last row's logits) then one per token, CUDA synchronized at every "
              f"clock read. q4: quantized at load to 4-bit affine, groups of 64.", "",
@@ -360,10 +391,11 @@ def run(args) -> list[str]:
                 notes.append(f"{name} {label} B={b}: warm-up generation {warm:.1f} s")
                 emit(f"| {name} | nuvec_tg | {label} | {b} | " + timing.cells())
                 step_bytes = read + cache_bytes_per_step(model, b, prompt, generate)
-                rate = step_bytes / timing.step_s
+                step_s = timing.split[1]
+                rate = step_bytes / step_s
                 share = f"{100 * rate / peak:.0f}%" if peak else "-"
                 roofline.append(f"| {name} | {label} | {b} | {everything / 1e9:.4g} | {step_bytes / 1e9:.4g} | "
-                                f"{timing.step_s * 1e3:.2f} | {rate / 1e12:.2f} | {share} |")
+                                f"{step_s * 1e3:.2f} | {rate / 1e12:.2f} | {share} |")
             del model
             gc.collect()
         for impl in TRANSFORMERS_IMPLEMENTATIONS:
@@ -374,11 +406,11 @@ def run(args) -> list[str]:
                 if isinstance(got, Timing): emit(f"| {name} | {stack} | {their_label} | {b} | " + got.cells())
                 else: emit(f"| {name} | {stack} | {their_label} | {b} | {got} | - | - | - |")
 
-    head = ["config", "dtype/quant", "B", "weights GB", "read per step GB", "ms per step", "TB/s", "% of peak"]
+    head = ["config", "dtype/quant", "B", "weights GB", "read per step GB", "device ms per step", "TB/s", "% of peak"]
     tail = ["", f"Decode steps against the memory roofline (peak {'%.1f TB/s' % (peak / 1e12) if peak else 'unknown'}): "
             "a step reads the weights (all but the embedding table, unless it is the head) and the cache (K/V rows "
             f"at the decode's mean position, {prompt} + {generate}/2; recurrent state read and written); TB/s = "
-            "those bytes over the steady step (ms per decode step).", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head),
+            "those bytes over the step's device time (host / device ms a step's second).", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head),
             *roofline, "", *[f"- {note}" for note in notes]]
     print("\n".join(tail), flush=True)
     return lines + tail
