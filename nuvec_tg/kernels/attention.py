@@ -22,7 +22,7 @@ from tinygrad import Tensor, dtypes
 from tinygrad.dtype import DType
 from tinygrad.uop.ops import Ops, UOp
 
-from .program import CTYPES, Backward, Family, Param, Program, Resources, chunks, int_buffer, launch, threadgroup_array
+from .program import CTYPES, Backward, Family, Param, Program, Resources, chunks, int_buffer, kernel_input, launch, threadgroup_array
 
 
 @dataclass(frozen=True)
@@ -469,7 +469,7 @@ def attention_inputs(q: Tensor, k: Tensor, v: Tensor, dtype: DType, mask: Tensor
     sinks, then with `paged` the block tables and lengths), the runtime integers they start with
     (K's and V's offsets and strides, or the table's width and the pool's blocks; then the mask's
     strides), and the backward from `composition`."""
-    ins = [q.cast(dtype).contiguous()]
+    ins = [kernel_input(q.cast(dtype))]
     key_of = value_of = whole
     if paged is None:
         buffers, runtime, key_of, value_of = kv_buffers(k, v, dtype)

@@ -16,7 +16,7 @@ from tinygrad.dtype import DType
 from . import Target
 from . import debug, debugging
 from . import target as _target
-from .program import CTYPES, Backward, Family, Param, Program, Resources, chunks, int32_indices, int_buffer, launch, \
+from .program import CTYPES, Backward, Family, Param, Program, Resources, chunks, int32_indices, int_buffer, kernel_input, launch, \
     metal_limit_reason, threadgroup_array
 
 _ROUND = {dtypes.float16: "round_half(x)", dtypes.bfloat16: "round_bfloat(x)", dtypes.float32: "(x)"}
@@ -202,7 +202,7 @@ def _chunked(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Te
     hv, dv = v.shape[2], v.shape[3]
     device = q.device
     types = dict(q=q.dtype, g=g.dtype, beta=beta.dtype, state=state.dtype)
-    ins = [q.contiguous(), k.contiguous(), v.contiguous(), g.contiguous(), beta.contiguous()]
+    ins = [kernel_input(t) for t in (q, k, v, g, beta)]
     forms = chunk_forms(*ins, backend, shape.chunk, log_decay)
     program = pass_program(backend, types, dk, dv, hk, hv, shape, slots is not None)
     label = f"Dk{dk} Dv{dv} Hk{hk} Hv{hv} chunk {shape.chunk}, {shape.warps} SIMD groups"
@@ -243,7 +243,7 @@ def gated_delta_kernel(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
     types = dict(q=q.dtype, k=k.dtype, v=v.dtype, g=g.dtype, beta=beta.dtype, state=state.dtype, storage=out_storage)
     kernel = program(backend, types, mode, dk, dv, hk, hv, shape)
     y = Tensor.empty(b, steps, hv, dv, dtype=q.dtype, device=device)
-    ins = [q.contiguous(), k.contiguous(), v.contiguous(), g.contiguous(), beta.contiguous()]
+    ins = [kernel_input(t) for t in (q, k, v, g, beta)]
     if mode == "slots":
         outs = [y, state]
         ins.append(int32_indices(slots).contiguous())

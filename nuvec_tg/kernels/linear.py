@@ -27,7 +27,7 @@ from tinygrad.dtype import DType
 
 from ..tensor import dtype_name
 from . import Target
-from .program import (CTYPES, Backward, Family, Param, Program, Resources, chunks, int_buffer, launch, metal_limit_reason,
+from .program import (CTYPES, Backward, Family, Param, Program, Resources, chunks, int_buffer, kernel_input, launch, metal_limit_reason,
                       threadgroup_array)
 from .quant import QmvPlan, split_steps
 
@@ -198,7 +198,7 @@ def gemm_program(backend: str, dtype: DType, bias_dtype: DType | None, out_dtype
 
 
 def _inputs(x: Tensor, w: Tensor, bias: Tensor | None) -> list[Tensor]:
-    return [x.contiguous(), w.contiguous()] + ([] if bias is None else [bias.contiguous()])
+    return [kernel_input(x), kernel_input(w)] + ([] if bias is None else [kernel_input(bias)])
 
 
 def _backward(composition, ins: list[Tensor]) -> Backward | None:

@@ -272,6 +272,18 @@ def _grad_fxn(backward: Backward, positions: list[int]) -> Callable:
 launch_listeners: list[list[tuple[str, str]]] = []
 
 
+def kernel_input(t: Tensor) -> Tensor:
+    """`t` as a kernel's input: itself where it is a whole buffer (realized, or another kernel's
+    output) seen through reshapes, which `launch` binds as it is; else `t.contiguous()` (a copy,
+    or a view where tinygrad makes one). `.contiguous()` alone would copy a reshaped kernel output:
+    one kernel more for every product or norm that reads another's output."""
+    u = t.uop
+    while u.op is Ops.RESHAPE: u = u.src[0]
+    if u.op is Ops.AFTER: u = u.src[0]
+    while u.op is Ops.RESHAPE: u = u.src[0]
+    return t if u.op is Ops.BUFFER else t.contiguous()
+
+
 def launch(program: Program, device: str, outs: Sequence[Tensor], ins: Sequence[Tensor], grid: tuple[int, int, int],
            threads: int, *, scalars: Sequence[UOp] = (), backward: Backward | None = None, label: str = "",
            in_place: bool = False) -> list[Tensor]:

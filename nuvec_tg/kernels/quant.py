@@ -31,7 +31,7 @@ from tinygrad.dtype import DType
 
 from ..tensor import dtype_name
 from . import Target
-from .program import (CTYPES, Backward, Family, Param, Program, Resources, int_buffer, launch, metal_limit_reason,
+from .program import (CTYPES, Backward, Family, Param, Program, Resources, int_buffer, kernel_input, launch, metal_limit_reason,
                       threadgroup_array)
 
 MAX_ROWS = 8                  # rows of x qmv and qvm take (more: qmm, or the composition)
@@ -192,8 +192,8 @@ def _backward(op: str, composition, ins: list[Tensor], mode: str) -> Backward | 
 
 
 def _inputs(x: Tensor, weight: Tensor, scales: Tensor, biases: Tensor | None, picks: Tensor | None = None) -> list[Tensor]:
-    ins = [x.contiguous(), weight.contiguous(), scales.contiguous()]
-    if biases is not None: ins.append(biases.contiguous())
+    ins = [kernel_input(x), kernel_input(weight), kernel_input(scales)]
+    if biases is not None: ins.append(kernel_input(biases))
     if picks is not None: ins.append(picks.cast(dtypes.int32).contiguous())
     return ins
 

@@ -18,7 +18,7 @@ from tinygrad.dtype import DType
 from ..tensor import concrete, dtype_name
 from . import Target
 from . import rows as norm_rows
-from .program import (CTYPES, Backward, Family, Param, Program, Resources, chunks, int_buffer, launch, metal_limit_reason,
+from .program import (CTYPES, Backward, Family, Param, Program, Resources, chunks, int_buffer, kernel_input, launch, metal_limit_reason,
                       threadgroup_array)
 
 THREADS = 256
@@ -108,7 +108,7 @@ def rope_kernel(x: Tensor, dims: int, inv_freq: Tensor, offsets: Tensor, *, trad
     device = x.device
     launch_shape = plan(length, dims)
     kernel = program(backend, x.dtype, traditional, scale, launch_shape)
-    ins = [x.contiguous(), inv_freq.contiguous()]
+    ins = [kernel_input(x), kernel_input(inv_freq)]
     out = Tensor.empty(*shape, dtype=x.dtype, device=device)
     backward = None if composition is None else Backward("rope", composition, tuple(ins), wrt=(0, 1))
     per_batch = int(offsets.numel() > 1)
@@ -260,7 +260,7 @@ def norm_rope_kernel(x: Tensor, dims: int, inv_freq: Tensor, offsets: Tensor, *,
     if v_eps is not None: types["values"] = into[1].dtype if into else x.dtype
     kernel = norm_rope_program(backend, types, destination, traditional, scale, launch_shape,
                                eps=None if weight is None else eps, v_eps=v_eps)
-    ins = [x.contiguous()] + ([] if weight is None else [weight.contiguous()]) + [inv_freq.contiguous()]
+    ins = [kernel_input(x)] + ([] if weight is None else [kernel_input(weight)]) + [kernel_input(inv_freq)]
     backward = None
     if into:
         outs = [buffer.contiguous() for buffer in into]  # a realized buffer (or a prefix view of one) is itself

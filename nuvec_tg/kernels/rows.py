@@ -13,7 +13,7 @@ from tinygrad import Tensor
 from tinygrad.dtype import DType
 
 from . import Target
-from .program import CTYPES, Backward, Family, Param, Program, Resources, chunks, int_buffer, launch, threadgroup_array
+from .program import CTYPES, Backward, Family, Param, Program, Resources, chunks, int_buffer, kernel_input, launch, threadgroup_array
 
 MAX_THREADS = 1024
 VEC = 8          # elements of a piece where the row length allows (a multiple of VEC)
@@ -100,11 +100,11 @@ def norm_kernel(kind: str, x: Tensor, eps: float, out_dtype: DType, *, backend: 
     shape, length = tuple(x.shape), x.shape[-1]
     rows = math.prod(shape[:-1])
     device = x.device
-    types, ins = dict(x=x.dtype, y=out_dtype), [x.contiguous()]
+    types, ins = dict(x=x.dtype, y=out_dtype), [kernel_input(x)]
     for name, given in (("residual", residual), ("weight", weight), ("bias", bias)):
         if given is None: continue
         types[name] = given.dtype
-        ins.append(given.contiguous())
+        ins.append(kernel_input(given))
     if residual is not None: types["h"] = h_dtype
     program = norm_program(backend, kind, types, eps, launch_shape)
     # h's buffer has one more (leading) axis than y's: a gradient reaching only one of the two is
@@ -169,13 +169,13 @@ def residual_norm_kernel(h: Tensor, x: Tensor, weight: Tensor, eps: float, norme
     device = x.device
     launch_shape = plan(length)
     types = dict(x=x.dtype, h=h.dtype, weight=weight.dtype, normed=normed_dtype, s=s_dtype)
-    ins = [x.contiguous(), h.contiguous(), weight.contiguous()]
+    ins = [kernel_input(x), kernel_input(h), kernel_input(weight)]
     if isinstance(scale, Tensor):
         types["scale"] = scale.dtype
         ins.append(scale.reshape(1).contiguous())
     if next is not None:
         types.update(y=next[2], next_weight=next[0].dtype)
-        ins.append(next[0].contiguous())
+        ins.append(kernel_input(next[0]))
     program = residual_norm_program(backend, types, eps, launch_shape, scale=None if isinstance(scale, Tensor) else scale,
                                     next_eps=None if next is None else next[1])
     # With y, s's buffer has one more (leading) axis: a gradient reaching only one of the two is

@@ -14,7 +14,7 @@ from tinygrad.dtype import DType
 
 from ..tensor import concrete, dtype_name
 from . import Target
-from .program import (CTYPES, Backward, Family, Param, Program, Resources, int32_indices, int_buffer, launch,
+from .program import (CTYPES, Backward, Family, Param, Program, Resources, int32_indices, int_buffer, kernel_input, launch,
                       metal_limit_reason, threadgroup_array)
 
 MAX_THREADS = 1024
@@ -86,7 +86,7 @@ def _launch(mode: str, x: Tensor, targets: Tensor | None, backend: str, composit
     device = x.device
     launch_shape = plan(length)
     kernel = program(backend, mode, x.dtype, launch_shape)
-    ins = [x.contiguous()]
+    ins = [kernel_input(x)]
     if targets is not None:
         targets = int32_indices(targets)
         if targets.device is None:  # a Python number's constant has no device and no buffer: give it both

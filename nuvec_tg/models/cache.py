@@ -73,6 +73,7 @@ class KVCache:
         # each sequence's tokens by cache row, for greedy steps chained on the device (row r's token
         # at column r, the token it predicts at r + 1)
         self.history = Tensor.zeros(batch, max_length + 1, dtype=dtypes.int32, device=device).contiguous().realize()
+        self.query_start = Tensor.zeros(1, dtype=dtypes.int32, device=device).contiguous().realize()   # the step's row
         self.in_use = False                     # a generation runs on it (`Model.generate_tokens`)
 
     def buffers(self) -> list[Tensor]:

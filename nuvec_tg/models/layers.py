@@ -300,6 +300,8 @@ class Attention:
         """x: `[B, T, hidden]` (normalised). Returns the output projection `[B, T, hidden]`."""
         b, t, _ = x.shape
         q, k, v = self.qkv(x)
+        # the projection realized whole: its k and v become views of its buffer, not copies
+        Tensor.realize(q, k, v)
         gate = None
         if self.gated:
             q, gate = q.reshape(b, t, self.heads, 2 * self.head_dim).split(self.head_dim, dim=-1)
@@ -327,7 +329,8 @@ class Attention:
                 out = fast.scaled_dot_product_attention(q, keys, values, self.scale, mask=positions.mask(self.window), sinks=sinks)
             else:
                 out = fast.scaled_dot_product_attention(q, keys, values, self.scale, mask="causal", window=self.window, sinks=sinks)
-        out = out.transpose(1, 2).reshape(b, t, self.heads * self.head_dim)
+        # [B, H, T, D] to [B, T, H * D]: at T = 1 the same memory, a reshape (a transpose would be copied)
+        out = out.reshape(b, t, -1) if t == 1 else out.transpose(1, 2).reshape(b, t, self.heads * self.head_dim)
         return self.o(out if gate is None else out * gate.sigmoid())
 
 
@@ -357,6 +360,9 @@ class PreNormBlock:
         norm, post = self.input_norm, self.post_attention_norm
         if delta is None: x, normed = h, norm(h)
         else: x, normed = fast.add_rms_norm(delta, h, norm.weight, norm.eps)
+        # the stream realized here: a kernel that updates the cache in place realizes its inputs at
+        # once, and tinygrad would compute anything unrealized upstream again for the later uses
+        Tensor.realize(x, normed)
         attended = self.attention(normed, positions, cache)
         h, y = fast.add_rms_norm(attended, x, post.weight, post.eps)
         return h, self.mlp(y)

@@ -172,7 +172,9 @@ class Model:
         """One token per sequence at cache row `length - 1`, unrealized: the next tokens' logits
         `[B, vocab]` (the model's dtype), or with `greedy` their argmax `[B]` int32."""
         start = length - 1
-        query_start = Tensor(length, device=self.device) - 1
+        # written once a step into a buffer that every layer's kernels read (tinygrad keeps a tensor of
+        # the variable alone as an expression, which each of them would compute again)
+        query_start = cache.query_start.assign((Tensor(length, device=self.device) - 1).reshape(1)).realize().reshape(())
         offset = query_start if cache.pads is None else query_start - cache.pads
         positions = Positions(start, 1, offset, cached=True, key_count=length if symbolic_keys else None,
                               query_start=query_start, pads=cache.pads, capacity=cache.max_length)
