@@ -27,7 +27,7 @@ from tinygrad import dtypes
 from tinygrad.dtype import DType
 
 from nuvec_tg.fast.plan import PlanTarget, Vector, plan_call, validate_attention
-from nuvec_tg.kernels import gated_delta, linear, prefill, rope, rows, softmax
+from nuvec_tg.kernels import gated_delta, linear, paged, prefill, rope, rows, softmax
 from nuvec_tg.kernels import quant
 from nuvec_tg.kernels.attention import (MATRIX_ROWS, DecodeSpec, default_launch, geometry, matrix_staging_bytes,
                                         paged_unsupported)
@@ -502,9 +502,25 @@ def _norm_rope_candidates(backend: str) -> Iterator[_Candidate]:
         yield _Candidate(rope.NORM_ROPE.stem, make, cover, ((),))  # no inline assembly of its own (sincosf: the library's)
 
 
+def paged_write_calls() -> Iterator[tuple[DType, DType, int]]:
+    """paged_write's calls by `(source dtype, pool dtype, row length)`: each pair of dtypes at
+    every piece width (8, 4, 2 and 1 elements a thread)."""
+    for source, pool, length in itertools.product(KERNEL_DTYPES, KERNEL_DTYPES, (128, 12, 6, 7)):
+        yield source, pool, length
+
+
+def _paged_write_candidates(backend: str) -> Iterator[_Candidate]:
+    for source, pool, length in paged_write_calls():
+        shape = paged.plan(length, max(source.itemsize, pool.itemsize))
+
+        def make(source=source, pool=pool, shape=shape) -> tuple[str, Program]:
+            return paged.describe(shape, source, pool), paged.program(backend, source, pool, shape)
+        yield _Candidate(paged.PAGED_WRITE.stem, make, ((source, pool, shape.vec),), ((),))
+
+
 _WALKS = (_decode_candidates, _prefill_candidates, _gated_delta_candidates, _gated_delta_chunked_candidates, _qmv_candidates, _qvm_candidates, _qmm_candidates,
           _norm_candidates, _residual_norm_candidates, _softmax_candidates, _rope_candidates, _norm_rope_candidates,
-          _gemv_candidates, _gemm_candidates)
+          _gemv_candidates, _gemm_candidates, _paged_write_candidates)
 
 
 @functools.cache

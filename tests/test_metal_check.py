@@ -1,5 +1,5 @@
 """The Metal check: every Metal specialisation the plans and routes can emit (decode attention,
-gated delta, qmv, qvm, qmm, the row kernels, gemv, gemm), rendered and compiled by a C++ compiler in syntax-only mode against a
+gated delta, qmv, qvm, qmm, the row kernels, gemv, gemm, the paged write), rendered and compiled by a C++ compiler in syntax-only mode against a
 Metal shim (`tests/metal_shim/metal_stdlib`), since no Metal compiler runs on Linux.
 
 - C++14 with `-pedantic-errors`: the Metal language up to 3.2 is C++14, so C++17 syntax (which a
@@ -24,11 +24,11 @@ import pytest
 from tinygrad import dtypes
 
 from nuvec_tg.fast.plan import PlanTarget, Vector, plan_call, validate_attention
-from nuvec_tg.kernels import gated_delta, linear, rope, rows, softmax
+from nuvec_tg.kernels import gated_delta, linear, paged, rope, rows, softmax
 from nuvec_tg.kernels import quant as qmv
 from nuvec_tg.kernels.attention import DecodeSpec
-from kernel_specialisations import gemm_calls, gemv_calls, norm_calls, norm_rope_calls, norm_rope_program, prefill_specs, \
-    residual_norm_calls, rope_calls, softmax_calls
+from kernel_specialisations import gemm_calls, gemv_calls, norm_calls, norm_rope_calls, norm_rope_program, paged_write_calls, \
+    prefill_specs, residual_norm_calls, rope_calls, softmax_calls
 from nuvec_tg.kernels.program import FAMILIES, KERNEL_DTYPES, Param, Program, Resources, metal_limit_reason, prelude
 
 SHIM = pathlib.Path(__file__).parent / "metal_shim"
@@ -281,6 +281,17 @@ def test_every_norm_rope_metal_specialisation_compiles(tmp_path):
     check_metal(tmp_path, cases)
 
 
+def test_every_paged_write_metal_specialisation_compiles(tmp_path):
+    """paged_write: every pair of source and pool dtypes at every piece width."""
+    cases = []
+    for source, pool, length in paged_write_calls():
+        assert paged.unsupported((source, pool), 2, length, 16, PlanTarget("metal")) is None
+        shape = paged.plan(length, max(source.itemsize, pool.itemsize))
+        cases.append((paged.program("metal", source, pool, shape), paged.metal_resources(shape)))
+    assert len(cases) == 3 * 3 * 4
+    check_metal(tmp_path, cases)
+
+
 def qmv_cases():
     """Each qmv specialisation the routing emits, up to sizes: every mode, width and group, x (and
     y) dtype, affine scales dtype, 1-8 rows; K and N at the kernel's boundaries (half chunks, fewer
@@ -374,5 +385,5 @@ def test_every_metal_family_is_checked():
     checked = {"nuvec_sdpa_decode", "nuvec_sdpa_merge", "nuvec_gated_delta", "nuvec_qmv", "nuvec_qvm", "nuvec_qmm", "nuvec_rms_norm",
                "nuvec_layer_norm", "nuvec_residual_norm", "nuvec_softmax", "nuvec_logsumexp", "nuvec_cross_entropy",
                "nuvec_rope", "nuvec_norm_rope", "nuvec_sdpa_prefill", "nuvec_gemv", "nuvec_gemm",
-               "nuvec_gated_delta_chunks", "nuvec_gated_delta_pass"}
+               "nuvec_gated_delta_chunks", "nuvec_gated_delta_pass", "nuvec_paged_write"}
     assert {f.stem for f in FAMILIES if "metal" in f.backends} == checked

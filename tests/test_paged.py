@@ -144,23 +144,55 @@ def test_paged_attention_clamps_hostile_tables_and_lengths(device):
             assert_rows_close(f"hostile {s}", got[s:s + 1], want, KERNEL_TOLERANCE[dtype])
 
 
-def test_paged_write(device):
+def pool(values_, dtype, device) -> Tensor:
+    """A realized pool of `values_` (what the kernel writes in place)."""
+    return to(values_, dtype, device).contiguous().realize()
+
+
+def checked_paged_write(cache, new, slots) -> np.ndarray:
+    """`fast.paged_write`'s result as float64, asserting that the kernel ran on a GPU (and nothing on the CPU)."""
+    with expect_launches(cache.device, "nuvec_paged_write"):
+        return values(fast.paged_write(cache, new, slots))
+
+
+@pytest.mark.parametrize("source, destination", [(dtypes.bfloat16, dtypes.bfloat16), (dtypes.float32, dtypes.bfloat16),
+                                                 (dtypes.float16, dtypes.float32)])
+def test_paged_write(device, source, destination):
     rng = np.random.default_rng(0x6C)
-    cache_values = round_to(rng.uniform(-1, 1, (6, 2, 4, 16)), dtypes.bfloat16)
-    new_values = round_to(rng.uniform(-1, 1, (5, 2, 16)), dtypes.bfloat16)
-    cache, new = to(cache_values, dtypes.bfloat16, device), to(new_values, dtypes.bfloat16, device)
-    out = values(fast.paged_write(cache, new, Tensor([23, 0, 5, 17, 6], device=device)))
+    cache_values = round_to(rng.uniform(-1, 1, (6, 2, 4, 16)), destination)
+    new_values = rng.uniform(-1, 1, (5, 2, 16))
+    new = to(new_values, source, device).realize()   # a lazy cast to float16 and back would fold away
+    rows = round_to(round_to(new_values, source), destination)   # the rows as the pool holds them: rounded once more
+    out = checked_paged_write(pool(cache_values, destination, device), new, Tensor([23, 0, 5, 17, 6], device=device))
     want = cache_values.copy()
     for row, slot in enumerate([23, 0, 5, 17, 6]):
-        want[slot // 4, :, slot % 4] = new_values[row]
+        want[slot // 4, :, slot % 4] = rows[row]
     np.testing.assert_array_equal(out, want)
-    np.testing.assert_array_equal(values(cache), cache_values)  # the argument is not the contract: still whole
-    # Batched rows, and the later of two rows naming one slot wins.
-    batched = fast.paged_write(cache, new.reshape(1, 5, 2, 16)[:, :4], Tensor([[3, 3, 9, 1]], device=device))
+    # Batched rows `[B, T, Hkv, D]` at shuffled slots.
+    batched = checked_paged_write(pool(cache_values, destination, device), new.reshape(1, 5, 2, 16)[:, 1:],
+                                  Tensor([[9, 3, 22, 1]], device=device))
     want = cache_values.copy()
-    for row, slot in ((1, 3), (2, 9), (3, 1)):
-        want[slot // 4, :, slot % 4] = new_values[row]
-    np.testing.assert_array_equal(values(batched), want)
+    for row, slot in ((1, 9), (2, 3), (3, 22), (4, 1)):
+        want[slot // 4, :, slot % 4] = rows[row]
+    np.testing.assert_array_equal(batched, want)
+
+
+def test_two_rows_naming_one_slot(device):
+    """The composition keeps the later row; the kernel's rows race, so the slot holds pieces of
+    either (8 elements of a bfloat16 row a piece)."""
+    rng = np.random.default_rng(0x6E)
+    cache_values = round_to(rng.uniform(-1, 1, (3, 2, 4, 64)), dtypes.bfloat16)
+    new_values = round_to(rng.uniform(-1, 1, (3, 2, 64)), dtypes.bfloat16)
+    new = to(new_values, dtypes.bfloat16, device)
+    got = checked_paged_write(pool(cache_values, dtypes.bfloat16, device), new, Tensor([5, 2, 5], device=device))
+    np.testing.assert_array_equal(got[0, :, 2], new_values[1])
+    if device == "CPU":
+        np.testing.assert_array_equal(got[1, :, 1], new_values[2])
+        return
+    pieces = got[1, :, 1].reshape(2, 8, 8)
+    for head in range(2):
+        for p in range(8):
+            assert any(np.array_equal(pieces[head, p], new_values[r, head, 8 * p:8 * p + 8]) for r in (0, 2)), (head, p)
 
 
 def test_paged_write_skips_out_of_range_slots(device):
@@ -168,12 +200,15 @@ def test_paged_write_skips_out_of_range_slots(device):
     blocks, hkv, bs, d = 6, 2, 4, 16
     end = blocks * bs
     cache_values, new_values = rng.uniform(-1, 1, (blocks, hkv, bs, d)), rng.uniform(-1, 1, (6, hkv, d))
-    cache, new = to(cache_values, dtypes.float32, device), to(new_values, dtypes.float32, device)
+    new = to(new_values, dtypes.float32, device)
     slots = Tensor(np.array([-1, 3, end, 2**31 - 1, 7, -2**31], np.int32), device=device)
-    got = values(fast.paged_write(cache, new, slots))
-    want = values(fast.paged_write(cache, new[[1, 4]], Tensor([3, 7], device=device)))
+    got = checked_paged_write(pool(cache_values, dtypes.float32, device), new, slots)
+    want = checked_paged_write(pool(cache_values, dtypes.float32, device), new[[1, 4]], Tensor([3, 7], device=device))
     np.testing.assert_array_equal(got, want)
     assert (got != cache_values.astype(np.float32)).sum() <= 2 * hkv * d
+    # int64 slots beyond int32 stay outside the pool (never wrapped onto a live slot)
+    wide = Tensor(np.array([2**32 + 3, 3, -2**32 + 7, 2**40, 7, 2**63 - 1], np.int64), device=device)
+    np.testing.assert_array_equal(checked_paged_write(pool(cache_values, dtypes.float32, device), new, wide), want)
 
 
 PAGED_INVALID = [

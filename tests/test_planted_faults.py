@@ -17,6 +17,7 @@ import test_decode_emulated as vector
 import test_decode_mma_emulated as matrix
 import test_gated_delta_emulated as gated
 import test_norm_rope_emulated as norm_rope
+import test_paged_write_emulated as paged_write
 import test_prefill_emulated as prefill
 import test_linear_emulated as dense
 import test_qmv_emulated as quant
@@ -439,3 +440,25 @@ def test_prefill_reading_unclamped_table_entries_fails_the_bounds_check():
     fault = Fault("const int page = min(max(block_tables[batch * max_blocks + key / PAGE], 0), pool_blocks - 1);",
                   "const int page = block_tables[batch * max_blocks + key / PAGE];")
     expect_failure(fault, lambda: prefill.check("paged_hostile", edit=fault), OUTSIDE)
+
+
+# The paged pool's write (paged_write.h), through its emulated test's bit-for-bit comparison.
+PAGED_WRITE_FAULTS = {
+    "every_head_into_the_first": ("bf16_pieces_of_8_shuffled", Fault("* heads + row % heads)", "* heads + 0)")),
+    "the_block_taken_as_the_slot": ("f32_pieces_of_4", Fault("(long)(slot / block_size) * heads", "(long)(slot % 2) * heads")),
+    "the_source_read_as_the_pools_dtype": ("f32_into_bf16_rounded", Fault("LOAD_PIECE(CHUNK_S, S_CHUNKS, TS,", "LOAD_PIECE(CHUNK_P, P_CHUNKS, TP,")),
+    "the_last_piece_of_a_row_dropped": ("f16_pieces_of_2_length_6", Fault("if (slot < 0 || slot >= places) return;",
+                                                                          "if (slot < 0 || slot >= places || p == pieces - 1) return;")),
+}
+
+
+@pytest.mark.parametrize("fault_name", list(PAGED_WRITE_FAULTS))
+def test_paged_write_faults_fail_its_comparison(fault_name):
+    case, fault = PAGED_WRITE_FAULTS[fault_name]
+    expect_failure(fault, lambda: paged_write.check_case(case, fault), "Arrays are not equal")
+
+
+@needs_access_checks
+def test_paged_write_with_slots_unchecked_fails_the_bounds_check():
+    fault = Fault("if (slot < 0 || slot >= places) return;", "")
+    expect_failure(fault, lambda: paged_write.check_case("slots_just_past_either_end_f32", fault), OUTSIDE)

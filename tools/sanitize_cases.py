@@ -54,6 +54,8 @@ compiles dominate the time):
   dtype; norm_rope_at into pools with slots negative, past the pool, at both ends of int32 and
   shared; norm_rope_kv fresh and into caches; rows too long for the kernel (the three passes);
   no rows, no batch.
+- paged_write: rows of 128 (pieces of 8), 12 (of 4) and 7 (single elements), mixed dtypes, slots
+  shuffled, negative, past the pool, at both ends of int32 and shared, int64 ones past int32; no rows.
 
 Usage (from the repository root):
     DEV=CUDA PYTHONPATH=. python3 tools/sanitize_cases.py [-k SUBSTR ...] [--list]
@@ -687,7 +689,43 @@ NORM_ROPES = [
                                                        slots=np.zeros((0, 3), np.int32))),
 ]
 
-CASES = ATTENTION + GATED + QUANT + DENSE + NORMS + ROWS + ROPES + NORM_ROPES
+
+# ---- paged_write -----------------------------------------------------------------------------
+
+PAGED_WRITE = ("nuvec_paged_write",)
+
+
+def paged_write_call(count: int, heads: int, length: int, dtype: DType, blocks: int, block_size: int, slots,
+                     into: DType | None = None, slot_dtype=np.int32) -> Setup:
+    """`fast.paged_write` of `count` random rows `[count, heads, length]` into a fresh pool of
+    `blocks` blocks of `block_size` (in `into`, default the rows' dtype) at `slots`; the slot two
+    rows share is unspecified (the kernel's rows race)."""
+    def setup(rng):
+        rows = uniform(rng, (count, heads, length), dtype)
+        before = rng.uniform(-1, 1, (blocks, heads, block_size, length)).astype(np.float32)
+        live = [s for s in slots if 0 <= s < blocks * block_size]
+        unspecified = np.zeros(before.shape, bool)
+        for shared in {s for s in live if live.count(s) > 1}: unspecified[shared // block_size, :, shared % block_size] = True
+        slot_tensor = Tensor(np.asarray(slots, slot_dtype), device=DEVICE).realize()
+
+        def run(kernels: bool) -> Outputs:
+            pool = Tensor(before, device=DEVICE).cast(into or dtype).realize()   # fresh: the kernel writes it in place
+            return [("pool", fast.paged_write(pool, rows, slot_tensor), unspecified)]
+        return run
+    return setup
+
+
+PAGED_WRITES = [
+    Case("paged_write bf16 2 heads of 128, slots shuffled, -1, past the pool, 2^31-1, -2^31, shared", PAGED_WRITE,
+         paged_write_call(7, 2, 128, dtypes.bfloat16, 3, 4, [5, -1, 12, INT32_MAX, 5, -2**31, 0])),
+    Case("paged_write f32 into bf16, rows of 12 (pieces of 4), int64 slots past int32", PAGED_WRITE,
+         paged_write_call(3, 3, 12, dtypes.float32, 2, 2, [2**32 + 1, 3, 0], into=dtypes.bfloat16, slot_dtype=np.int64)),
+    Case("paged_write f16 rows of 7 (single elements) into f32", PAGED_WRITE,
+         paged_write_call(2, 1, 7, dtypes.float16, 2, 16, [31, 16], into=dtypes.float32)),
+    Case("paged_write no rows", NONE, paged_write_call(0, 2, 64, dtypes.float32, 2, 4, [])),
+]
+
+CASES = ATTENTION + GATED + QUANT + DENSE + NORMS + ROWS + ROPES + NORM_ROPES + PAGED_WRITES
 
 
 # ---- running ---------------------------------------------------------------------------------

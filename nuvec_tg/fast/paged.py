@@ -13,6 +13,7 @@ from __future__ import annotations
 from tinygrad import Tensor, dtypes
 
 from .. import kernels
+from ..kernels import paged as paged_kernel
 from ..kernels.attention import decode_attention, paged_unsupported
 from ..kernels.prefill import prefill_attention
 from ..tensor import check, check_floating, check_integer, check_number, check_tensor, dtype_name, promote_types, put_rows, take_rows
@@ -118,7 +119,10 @@ def paged_write(cache: Tensor, new: Tensor, slots: Tensor) -> Tensor:
     cache: `[blocks, Hkv, block_size, D]`; new: `[T, Hkv, D]` or `[B, T, Hkv, D]`; slots: integers
     of `new`'s leading shape. Slot `s` is block `s // block_size`, position `s % block_size`; slots
     outside `0..blocks*block_size-1` are skipped; when two rows name one slot the later row wins.
-    Returns the updated cache (the caller reads through it; `.clone()` keeps old values).
+    Returns the updated cache (the caller reads through it; `.clone()` keeps old values). On METAL
+    and CUDA one kernel writes the rows into `cache`'s buffer in place (when `cache` is a realized
+    buffer; otherwise a copy of it) and runs at once; rows naming one slot then race (the slot
+    holds pieces of either), where the composition keeps the later row.
     """
     op = "paged_write"
     _check_pool(op, "cache", cache)
@@ -131,7 +135,12 @@ def paged_write(cache: Tensor, new: Tensor, slots: Tensor) -> Tensor:
           f"slots must have new's leading shape {tuple(new.shape[:-2])}, got {tuple(slots.shape)}")
     check_integer(op, "slots", slots.dtype)
     check_floating(op, "new", new.dtype)
-    kernels.composition(op, f"{tuple(new.shape)} into {tuple(cache.shape)} on {cache.device}")
+    count = slots.numel()
+    backend = kernels.choose(op, f"{tuple(new.shape)} into {tuple(cache.shape)} on {cache.device}", cache.device, "paged_write",
+                             lambda backend: paged_kernel.unsupported((new.dtype, cache.dtype), count * heads, head_dim,
+                                                                      blocks * block_size, kernels.target(cache.device)))
+    if backend is not None:
+        return paged_kernel.paged_write_kernel(cache, new.reshape(count, heads, head_dim), slots.reshape(-1), backend=backend)
     rows = cache.permute(0, 2, 1, 3).reshape(blocks * block_size, heads, head_dim)
     rows = put_rows(rows, new.reshape(-1, heads, head_dim), slots.reshape(-1))
     return rows.reshape(blocks, block_size, heads, head_dim).permute(0, 2, 1, 3)

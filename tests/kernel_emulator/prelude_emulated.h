@@ -12,9 +12,16 @@ typedef unsigned short ushort;
 typedef unsigned char uchar;
 typedef _Float16 half;
 typedef __bf16 bfloat;
+#if defined(__clang__)
+// Vectors, as CUDA's are to its compiler: a copy of one is one 8- or 16-byte load and store, which
+// the access checks see (a struct's copy becomes a memcpy, which they do not).
+typedef uint uint2 __attribute__((ext_vector_type(2)));
+typedef uint uint4 __attribute__((ext_vector_type(4)));
+#else
 struct uint2 { uint x, y; };
-struct uint3 { uint x, y, z; };
 struct uint4 { uint x, y, z, w; };
+#endif
+struct uint3 { uint x, y, z; };
 struct float2 { float x, y; };
 struct float4 { float x, y, z, w; };
 #define DEVICE

@@ -1,0 +1,88 @@
+"""The paged pool's write kernel (`src/paged_write.h`): rows copied into their slots of a
+`[blocks, H, block_size, D]` pool in place, one thread a piece of up to 16 bytes, 256 threads a
+threadgroup over every row's pieces in turn — what `fast.paged_write` runs on METAL and CUDA (its
+composition rewrites the whole pool)."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from tinygrad import Tensor, dtypes
+from tinygrad.dtype import DType
+
+from ..tensor import concrete, dtype_name
+from . import Target
+from .program import CTYPES, Family, Param, Program, Resources, chunks, int32_indices, int_buffer, kernel_input, launch
+
+THREADS = 256
+PIECE_BYTES = 16
+
+
+@dataclass(frozen=True)
+class Launch:
+    """A call's launch: `threads` a threadgroup, each thread one piece of `vec` elements of a row."""
+    threads: int
+    vec: int
+
+    def groups(self, rows: int, length: int) -> int:
+        """Threadgroups for `rows` rows of `length` elements."""
+        return -(-rows * (length // self.vec) // self.threads)
+
+
+def plan(length: int, itemsize: int) -> Launch:
+    """The launch for rows of `length` elements of at most `itemsize` bytes (the source's or the
+    pool's, the wider): the most elements of 8, 4, 2 or 1 that divide the length and fit 16 bytes,
+    256 threads a threadgroup (no piece's work depends on the row count)."""
+    vec = next(w for w in (8, 4, 2, 1) if length % w == 0 and w * itemsize <= PIECE_BYTES)
+    return Launch(THREADS, vec)
+
+
+def unsupported(types: tuple[DType, ...], rows: int, length: int, places: int, target: Target) -> str | None:
+    """Why the kernel does not take a call on `target` (None when it does): `rows` source rows
+    (slots times heads) of `length` elements into a pool of `places` slots; `types` the source's
+    and the pool's: float16, bfloat16 or float32 (bfloat16 only where the target has it), nothing
+    empty, every piece's index and every slot within int32."""
+    if rows == 0 or length == 0 or places == 0: return "an empty call"
+    if any(concrete(t) not in CTYPES for t in types): return "a float64 source or pool"
+    if rows * length + THREADS >= 2**31 or places >= 2**31: return f"{rows} rows of {length} into {places} slots exceed int32 indexing"
+    return target.lacks(bfloat=any(concrete(t) == dtypes.bfloat16 for t in types))
+
+
+def metal_resources(shape: Launch) -> Resources:
+    """The threadgroup on Metal: its threads, no threadgroup memory."""
+    return Resources(shape.threads, 0)
+
+
+PAGED_WRITE = Family("nuvec_paged_write", ("pieces.h", "paged_write.h"), unsupported, plan)
+
+
+def program(backend: str, source: DType, pool: DType, shape: Launch) -> Program:
+    """One specialisation: rows of `source` dtype into a pool of `pool` dtype, launched as `shape`."""
+    ts, tp = CTYPES[concrete(source)], CTYPES[concrete(pool)]
+    defines: dict[str, object] = dict(TS=ts, TP=tp, VEC=shape.vec, THREADS=shape.threads)
+    defines.update(chunks("S", shape.vec * concrete(source).itemsize, shape.vec * concrete(source).itemsize))
+    defines.update(chunks("P", shape.vec * concrete(pool).itemsize, shape.vec * concrete(pool).itemsize))
+    params = [Param("pool", "out", tp), Param("source", "in", ts), Param("slots", "in", "int"), Param("ints", "in", "int")]
+    return PAGED_WRITE.program(backend, defines, params)
+
+
+def describe(shape: Launch, source: DType, pool: DType) -> str:
+    """The launch in words, for NUVEC_DEBUG."""
+    return f"{dtype_name(source)} rows into a {dtype_name(pool)} pool, {shape.vec} elements a thread"
+
+
+def paged_write_kernel(pool: Tensor, rows: Tensor, slots: Tensor, *, backend: str) -> Tensor:
+    """Write `rows` into `pool` at `slots`, in place (checked by the operation).
+
+    pool: `[blocks, H, block_size, D]`; rows: `[N, H, D]`; slots: `[N]` integers (outside
+    `0..blocks * block_size - 1`: skipped). Returns the pool, updated (its buffer, written now)."""
+    blocks, heads, block_size, length = pool.shape
+    count = rows.shape[0]
+    shape = plan(length, max(concrete(rows.dtype).itemsize, concrete(pool.dtype).itemsize))
+    kernel = program(backend, rows.dtype, pool.dtype, shape)
+    ints = int_buffer(pool.device, (length, count * heads, heads, block_size, blocks * block_size))
+    ins = [kernel_input(rows), int32_indices(slots).contiguous(), ints]
+    (written,) = launch(kernel, pool.device, [pool.contiguous()], ins, (shape.groups(count * heads, length), 1, 1), shape.threads,
+                        label=f"{backend} paged_write {count}x{heads}x{length} into {math.prod(pool.shape[:3])} rows",
+                        in_place=True)
+    return written
