@@ -112,6 +112,29 @@ def test_slots_equal_per_sequence_calls():
         np.testing.assert_array_equal(new_pool[untouched], pool_values[untouched].astype(np.float32))
 
 
+@pytest.mark.float64
+def test_the_chunked_form_on_slots_equals_each_sequence_alone():
+    """`gated_delta_chunked` over a pool: each live sequence continues from its slot as the
+    recurrence does from that state (chunks of 4, the last padded); a slot outside the pool gives
+    zeros and changes nothing; the other slots keep their bits."""
+    rng = np.random.default_rng(0x6C)
+    (q, k, v, g, beta, _), arrays = inputs(rng, 3, 10, 1, 2, 3, 2)
+    pool_values = rng.uniform(-1, 1, (4, 2, 2, 3))
+    pool = Tensor(pool_values, device="CPU")
+    slots = [2, -1, 0]
+    y, new_pool = fast.gated_delta_chunked(q, k, v, g.log(), beta, pool, chunk_size=4, slots=Tensor(slots, device="CPU"))
+    y, new_pool = values(y), values(new_pool)
+    for b, slot in enumerate(slots):
+        if slot < 0:
+            np.testing.assert_array_equal(y[b], 0.0)
+            continue
+        want_y, want_s, _ = gated_delta_reference(*(a[b:b + 1] for a in arrays[:5]), pool_values[slot:slot + 1])
+        assert_close(f"y {b}", y[b:b + 1], want_y, 1e-12)
+        assert_close(f"slot {slot}", new_pool[slot:slot + 1], want_s, 1e-12)
+    for untouched in (1, 3):
+        np.testing.assert_array_equal(new_pool[untouched], pool_values[untouched])
+
+
 INVALID = [
     (ValueError, "gated_delta", lambda q, k, v, g, b, s: fast.gated_delta(q, k, Tensor.zeros(2, 4, 3, 2, device="CPU"), g, b, s)),
     (ValueError, "gated_delta", lambda q, k, v, g, b, s: fast.gated_delta(q, k, v, Tensor.zeros(2, 4, 2, 1, device="CPU"), b, s)),
@@ -121,6 +144,9 @@ INVALID = [
     (TypeError, "gated_delta_steps", lambda q, k, v, g, b, s: fast.gated_delta_steps(q, k, v, g, b, s, storage=dtypes.int32)),
     (ValueError, "gated_delta_chunked", lambda q, k, v, g, b, s: fast.gated_delta_chunked(q, k, v, g, b, s, chunk_size=3)),
     (ValueError, "gated_delta_chunked", lambda q, k, v, g, b, s: fast.gated_delta_chunked(q, k, v, g[:, :3], b, s)),
+    (ValueError, "gated_delta_chunked", lambda q, k, v, g, b, s: fast.gated_delta_chunked(q, k, v, g, b, s, slots=Tensor([0, 1, 2], device="CPU"))),
+    (TypeError, "gated_delta_chunked", lambda q, k, v, g, b, s: fast.gated_delta_chunked(q, k, v, g, b, Tensor.zeros(3, 2, 2, 3, device="CPU"),
+                                                                                          slots=Tensor([0.0, 1.0], device="CPU"))),
     (ValueError, "gated_delta_slots", lambda q, k, v, g, b, s: fast.gated_delta_slots(q, k, v, g, b, s, Tensor([0, 1, 2], device="CPU"))),
     (ValueError, "gated_delta_slots", lambda q, k, v, g, b, s: fast.gated_delta_slots(q, k, v, g, b, Tensor.zeros(3, 2, 2, 2, device="CPU"),
                                                                                        Tensor([0, 1], device="CPU"))),

@@ -226,6 +226,27 @@ def test_the_chunked_prefill_updates_live_slots_only():
     np.testing.assert_array_equal(updated.numpy()[[0, 2, 3, 5]], before[[0, 2, 3, 5]])
 
 
+def test_the_chunked_prefill_on_slots_takes_the_log_decay_and_equals_its_composition():
+    """`gated_delta_chunked(..., slots=)` (a paged model's prefill): the chunked slot kernel on the
+    log decay, against the composition (each live slot's state gathered, chunked, written back)."""
+    rng = np.random.default_rng(0x5109)
+    b, t, hk, hv, dk, dv = 3, 90, 2, 4, 128, 128
+    q, k, v, g, beta, _ = inputs(rng, (b, t, hk, hv, dk, dv), dtypes.bfloat16, dtypes.float32)
+    pool = random(rng, (5, hv, dv, dk), dtypes.float32, gpu)[0].realize()
+    before = pool.numpy().copy()
+    slots = Tensor([3, -1, 0], dtype=dtypes.int32, device=gpu)
+    with expect_launches(gpu, None), compositions_only():
+        cy, cpool = fast.gated_delta_chunked(q, k, v, g.log(), beta, Tensor(before, device=gpu), slots=slots)
+        Tensor.realize(cy, cpool)
+    with expect_launches(gpu, CHUNKED):
+        y, updated = fast.gated_delta_chunked(q, k, v, g.log(), beta, pool, slots=slots)
+        Tensor.realize(y, updated)
+    chunked_close("chunked slots y vs the composition", y, values(cy), dtypes.bfloat16, t)
+    chunked_close("chunked slots pool vs the composition", updated, values(cpool), dtypes.bfloat16, t)
+    assert not y.numpy()[1].any()
+    np.testing.assert_array_equal(updated.numpy()[[1, 2, 4]], before[[1, 2, 4]])
+
+
 def test_gradients_through_the_chunked_prefill_equal_the_compositions():
     """The chunked launch carries the composition's backward (a short call forced onto it: the
     recurrence's composition over many steps would be slow to build)."""

@@ -192,29 +192,64 @@ def _chunked(q: Tensor, k: Tensor, v: Tensor, log_g: Tensor, beta: Tensor, state
     return y.cast(q.dtype), s.transpose(-1, -2).cast(state.dtype)
 
 
+def _check_pool(op: str, pool: Tensor, slots: Tensor, batch: int, hv: int, dv: int, dk: int) -> None:
+    """A `[P, Hv, Dv, Dk]` float pool and `[B]` integer slots."""
+    check_tensor(op, "pool", pool)
+    check_tensor(op, "slots", slots)
+    check(pool.ndim == 4 and tuple(pool.shape[1:]) == (hv, dv, dk), op,
+          f"pool must be [slots, {hv}, {dv}, {dk}], got {tuple(pool.shape)}")
+    check(tuple(slots.shape) == (batch,), op, f"slots must be [{batch}], got shape {tuple(slots.shape)}")
+    check_floating(op, "pool", pool.dtype)
+    check_integer(op, "slots", slots.dtype)
+
+
+def _on_slots(pool: Tensor, slots: Tensor, rule) -> tuple[Tensor, Tensor]:
+    """`rule(states) -> (y, new states)` run from each sequence's state in the pool, the new states
+    written back: a slot outside the pool reads a zero state, gives zero outputs and writes nothing."""
+    b, places = slots.shape[0], pool.shape[0]
+    valid = (slots >= 0) & (slots < places)
+    states = take_rows(pool, slots.cast(dtypes.int64).clip(0, max(places - 1, 0)).cast(dtypes.int32)) if places else \
+        Tensor.zeros(b, *pool.shape[1:], dtype=pool.dtype, device=pool.device)
+    y, new_states = rule(valid.reshape(b, 1, 1, 1).where(states, 0.0))
+    return valid.reshape(b, 1, 1, 1).where(y, 0.0), put_rows(pool, new_states, slots)
+
+
 def gated_delta_chunked(q: Tensor, k: Tensor, v: Tensor, log_g: Tensor, beta: Tensor, state: Tensor,
-                        chunk_size: int = 64) -> tuple[Tensor, Tensor]:
+                        chunk_size: int = 64, slots: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """`gated_delta` with the decay given as its logarithm (`g = exp(log_g)`, `log_g` finite and
     <= 0), for prefills: where the gated delta kernel runs this call (METAL, CUDA) it runs it;
     elsewhere the chunked composition (`chunk_size` steps a chunk, a power of two), equal to
     `gated_delta`'s up to rounding and compiled once per chunk count rather than per step.
 
-    Shapes and dtypes as `gated_delta`'s; returns `(y, the final state)`.
+    Shapes and dtypes as `gated_delta`'s; returns `(y, the final state)`. With `slots` (`[B]`
+    integers) `state` is a pool `[P, Hv, Dv, Dk]` as `gated_delta_slots` takes it: sequence `b`
+    continues from `pool[slots[b]]` and leaves its state there (a slot outside the pool: zero
+    outputs, no row changed); returns `(y, the updated pool)`, the kernel's written in place.
     """
     op = "gated_delta_chunked"
-    _check(op, q, k, v, log_g, beta, state)
+    if slots is None:
+        _check(op, q, k, v, log_g, beta, state)
+    else:
+        b, _, _, hv, dk, dv = _check(op, q, k, v, log_g, beta)
+        _check_pool(op, state, slots, b, hv, dv, dk)
     check(isinstance(chunk_size, int) and not isinstance(chunk_size, bool) and chunk_size >= 1
           and chunk_size & (chunk_size - 1) == 0, op, f"chunk_size must be a power of two, got {chunk_size!r}")
     backend = _kernel_backend(op, q, v, (q, k, v, log_g, beta, state))
     if backend is not None:
-        shape = kernel.route(q, k, v, "final")
+        shape = kernel.route(q, k, v, "final" if slots is None else "slots")
+        composition = None if slots is not None else lambda *x: _recurrence(*x, None)
         if isinstance(shape, kernel.Chunked):  # the chunked kernel takes the logarithm itself
+            if composition is not None:
+                composition = lambda q, k, v, lg, b, s: _recurrence(q, k, v, lg.exp(), b, s, None)  # noqa: E731
             return kernel.gated_delta_kernel(q, k, v, log_g, beta, state, backend=backend, shape=shape, log_decay=True,
-                                             composition=lambda q, k, v, lg, b, s: _recurrence(q, k, v, lg.exp(), b, s, None))
-        return kernel.gated_delta_kernel(q, k, v, log_g.exp(), beta, state, backend=backend, shape=shape,
-                                         composition=lambda *x: _recurrence(*x, None))
-    if q.shape[1] == 0: return _recurrence(q, k, v, log_g, beta, state, None)
-    return _chunked(q, k, v, log_g, beta, state, chunk_size)
+                                             slots=slots, composition=composition)
+        return kernel.gated_delta_kernel(q, k, v, log_g.exp(), beta, state, backend=backend, shape=shape, slots=slots,
+                                         composition=composition)
+
+    def rule(states: Tensor) -> tuple[Tensor, Tensor]:
+        if q.shape[1] == 0: return _recurrence(q, k, v, log_g, beta, states, None)
+        return _chunked(q, k, v, log_g, beta, states, chunk_size)
+    return rule(state) if slots is None else _on_slots(state, slots, rule)
 
 
 def gated_delta_slots(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, pool: Tensor,
@@ -231,20 +266,7 @@ def gated_delta_slots(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, 
     """
     op = "gated_delta_slots"
     b, _, _, hv, dk, dv = _check(op, q, k, v, g, beta)
-    check_tensor(op, "pool", pool)
-    check_tensor(op, "slots", slots)
-    check(pool.ndim == 4 and tuple(pool.shape[1:]) == (hv, dv, dk), op,
-          f"pool must be [slots, {hv}, {dv}, {dk}], got {tuple(pool.shape)}")
-    check(tuple(slots.shape) == (b,), op, f"slots must be [{b}], got shape {tuple(slots.shape)}")
-    check_floating(op, "pool", pool.dtype)
-    check_integer(op, "slots", slots.dtype)
+    _check_pool(op, pool, slots, b, hv, dv, dk)
     backend = _kernel_backend(op, q, v, (q, k, v, g, beta, pool))
     if backend is not None: return kernel.gated_delta_kernel(q, k, v, g, beta, pool, backend=backend, slots=slots)
-    places = pool.shape[0]
-    valid = (slots >= 0) & (slots < places)
-    states = take_rows(pool, slots.cast(dtypes.int64).clip(0, max(places - 1, 0)).cast(dtypes.int32)) if places else \
-        Tensor.zeros(b, hv, dv, dk, dtype=pool.dtype, device=pool.device)
-    states = valid.reshape(b, 1, 1, 1).where(states, 0.0)
-    y, new_states = _recurrence(q, k, v, g, beta, states, None)
-    y = valid.reshape(b, 1, 1, 1).where(y, 0.0)
-    return y, put_rows(pool, new_states, slots)
+    return _on_slots(pool, slots, lambda states: _recurrence(q, k, v, g, beta, states, None))
