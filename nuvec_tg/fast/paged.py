@@ -16,6 +16,7 @@ from .. import kernels
 from ..kernels import paged as paged_kernel
 from ..kernels.attention import decode_attention, paged_unsupported
 from ..kernels.prefill import prefill_attention
+from ..kernels.program import int32_indices
 from ..tensor import check, check_floating, check_integer, check_number, check_tensor, dtype_name, promote_types, put_rows, take_rows
 from .attention import compose_attention, report_plan
 from .plan import AttentionPlan, Composed, Tiled, Vector, plan_call, validate_attention
@@ -71,25 +72,25 @@ def paged_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: T
     cache_shape = (batch, kv_heads, capacity, head_dim)
     call = validate_attention(op, q.shape, cache_shape, cache_shape, dtype, "causal", sinks, window, None)
 
-    block_ids = block_tables.cast(dtypes.int64).clip(0, blocks - 1).cast(dtypes.int32)
-    lengths = lengths.cast(dtypes.int64).clip(0, capacity).cast(dtypes.int32)
+    # The kernels clamp table entries and lengths themselves (as the composition's clamps below):
+    # they read them as int32, where a wider value stays outside the same side of the range.
+    given_tables, given_lengths = block_tables, lengths
+    def clamped() -> tuple[Tensor, Tensor]:
+        return (given_tables.cast(dtypes.int64).clip(0, blocks - 1).cast(dtypes.int32),
+                given_lengths.cast(dtypes.int64).clip(0, capacity).cast(dtypes.int32))
     target = kernels.target(q.device)
     plan = plan_call(call, target, op)
     if isinstance(plan.kernel, Vector) and (reason := paged_unsupported(head_dim, block_size)) is not None:
         plan = AttentionPlan(Composed(), 0, 0, False, reason)
     report_plan(op, f"{tuple(q.shape)} over {tuple(k_cache.shape)} pages {dtype_name(dtype)}", q.device, plan)
     def composition(q, k_pool, v_pool, _mask, sinks):
-        return _paged_composition(q, k_pool, v_pool, block_ids, lengths, scale, sinks, window)
-    if isinstance(plan.kernel, Vector):
-        return decode_attention(q, k_cache, v_cache, scale, plan.kernel, dtype=dtype, backend=target.backend, causal=True,
-                                window=call.window, mask=None, sinks=sinks, paged=(block_ids, lengths, block_size),
-                                composition=composition)
-    if isinstance(plan.kernel, Tiled):
-        return prefill_attention(q, k_cache, v_cache, scale, plan.kernel, dtype=dtype, backend=target.backend, causal=True,
-                                 window=call.window, mask=None, sinks=sinks, paged=(block_ids, lengths, block_size),
-                                 composition=composition)
-    return _paged_composition(q.cast(dtype), k_cache.cast(dtype), v_cache.cast(dtype), block_ids, lengths, scale, sinks,
-                              window)
+        return _paged_composition(q, k_pool, v_pool, *clamped(), scale, sinks, window)
+    if isinstance(plan.kernel, (Vector, Tiled)):
+        paged = (int32_indices(block_tables), int32_indices(lengths), block_size)
+        run = decode_attention if isinstance(plan.kernel, Vector) else prefill_attention
+        return run(q, k_cache, v_cache, scale, plan.kernel, dtype=dtype, backend=target.backend, causal=True,
+                   window=call.window, mask=None, sinks=sinks, paged=paged, composition=composition)
+    return _paged_composition(q.cast(dtype), k_cache.cast(dtype), v_cache.cast(dtype), *clamped(), scale, sinks, window)
 
 
 def _paged_composition(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_ids: Tensor, lengths: Tensor, scale: float,

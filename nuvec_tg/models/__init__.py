@@ -28,6 +28,7 @@ from .checkpoint import Checkpoint
 from .config import Config
 from .loader import Loader, QuantSpec, default_dtype
 from .model import GenerationStats, Model, device_description
+from .paged import Engine, PagedCache
 from .random_weights import DIRECTORY, RandomCheckpoint
 
 # model_type -> the module that builds it (imported when a checkpoint needs it)
@@ -124,4 +125,5 @@ def supported() -> list[str]:
     return sorted(FAMILIES)
 
 
-__all__ = ["load", "random_model", "supported", "Model", "KVCache", "GenerationStats", "FAMILIES", "device_description"]
+__all__ = ["load", "random_model", "supported", "Model", "KVCache", "GenerationStats", "Engine", "PagedCache", "FAMILIES",
+           "device_description"]

@@ -22,6 +22,24 @@ from tinygrad import Tensor, UOp, dtypes
 
 
 @dataclass
+class Pages:
+    """Where a paged call's sequences keep their keys, values and states (`models.paged`).
+
+    starts: `[B]` int32, each sequence's position of the call's first row (its rotary position too).
+    writes: `[B, T]` int32, the pool slot each row's key and value go to (-1: nowhere, an idle row).
+    tables: `[B, M]` int32 block tables; lengths: `[B]` int32, the positions each sequence holds
+        once the call's rows are written (`starts + T`; 1 for an idle row).
+    sequences: `[B]` int32, each sequence's row of the state pools (-1: an idle row, which reads a
+        zero state and writes none).
+    """
+    starts: Tensor
+    writes: Tensor
+    tables: Tensor
+    lengths: Tensor
+    sequences: Tensor
+
+
+@dataclass
 class Positions:
     """Where a call's `rows` new tokens sit.
 
@@ -33,6 +51,8 @@ class Positions:
     query_start: `start` as an int32 tensor (None unless a mask is needed).
     pads: `[B]` int32 left padding, or None.
     capacity: the cache's `max_length`.
+    pages: for a paged cache (`models.paged.PagedCache`), where each sequence's rows go and what
+        they read; then `rope_offset` is `pages.starts`.
     """
     start: int | UOp
     rows: int
@@ -42,6 +62,7 @@ class Positions:
     query_start: Tensor | None = None
     pads: Tensor | None = None
     capacity: int = 0
+    pages: Pages | None = None
 
     @property
     def masked(self) -> bool:
@@ -103,6 +124,17 @@ class KVCache:
         elif any(pads) or self.pads is not None:
             self.set_padding(pads)
         Tensor.realize(*buffers)
+
+
+def written_in_place(result: Tensor, buffer: Tensor) -> bool:
+    """Whether `result` is `buffer` itself, updated in place (a kernel's write), rather than a new
+    tensor (a composition's, which the caller then assigns to the buffer)."""
+    return result.uop.is_realized and result.uop.base.buffer is buffer.uop.base.buffer
+
+
+def store(buffer: Tensor, updated: Tensor) -> Tensor:
+    """`buffer` holding `updated`: a kernel's in-place result as it is, a composition's assigned to it."""
+    return updated if written_in_place(updated, buffer) else buffer.assign(updated)
 
 
 def kv_buffers(batch: int, kv_heads: int, max_length: int, head_dim: int, dtype, device: str) -> tuple[Tensor, Tensor]:

@@ -23,7 +23,7 @@ from tinygrad import Tensor, dtypes
 
 from .. import fast, quant
 from ..quant import QuantizedWeight
-from .cache import Positions, kv_buffers
+from .cache import Pages, Positions, kv_buffers, store
 from .rope import RotaryEmbedding
 
 Weight = Tensor | QuantizedWeight
@@ -269,6 +269,11 @@ class MoE:
         return out[unsort]
 
 
+def _norm_parameters(norm: Norm | None) -> tuple[Tensor | None, float]:
+    """`(weight, eps)` of an optional per-head norm, as `norm_rope` takes them (None: no norm)."""
+    return (None, 0.0) if norm is None else (norm.weight, norm.eps)
+
+
 class Attention:
     """Grouped-query self-attention with optional per-head q/k RMS norms (Qwen3), rotary
     embeddings, a sliding window, and the KV cache.
@@ -292,6 +297,14 @@ class Attention:
     def make_cache(self, batch: int, max_length: int, dtype, device: str) -> tuple[Tensor, Tensor]:
         return kv_buffers(batch, self.kv_heads, max_length, self.head_dim, dtype, device)
 
+    def make_pool(self, sequences: int, blocks: int, block_size: int, dtype, device: str) -> tuple[Tensor, Tensor]:
+        """Zeroed key and value pools `[blocks, Hkv, block_size, D]` (a paged cache's; `models.paged`)."""
+        return kv_buffers(blocks, self.kv_heads, block_size, self.head_dim, dtype, device)
+
+    def clear_slot(self, pools: tuple[Tensor, Tensor], slot: int) -> list[Tensor]:
+        """Nothing to clear for a new sequence: no query reads past a sequence's own positions."""
+        return []
+
     def _heads(self, x: Tensor, heads: int) -> Tensor:
         b, t, _ = x.shape
         return x.reshape(b, t, heads, self.head_dim).transpose(1, 2)
@@ -307,20 +320,21 @@ class Attention:
             q, gate = q.reshape(b, t, self.heads, 2 * self.head_dim).split(self.head_dim, dim=-1)
             q, gate = q.reshape(b, t, -1), gate.reshape(b, t, -1)
         q, k, v = (self._heads(p, h) for p, h in zip((q, k, v), (self.heads, self.kv_heads, self.kv_heads)))
-        def norm(n: Norm | None): return (None, 0.0) if n is None else (n.weight, n.eps)
-        q = self.rope(q, *norm(self.q_norm), positions.rope_offset)
+        q = self.rope(q, *_norm_parameters(self.q_norm), positions.rope_offset)
         sinks = None if self.sinks is None else self.sinks.value
-        if cache is None or not positions.cached:
-            k = self.rope(k, *norm(self.k_norm), positions.rope_offset)
+        if positions.pages is not None:
+            out = self._paged(q, k, v, positions.pages, cache, sinks)
+        elif cache is None or not positions.cached:
+            k = self.rope(k, *_norm_parameters(self.k_norm), positions.rope_offset)
             out = fast.scaled_dot_product_attention(q, k, v, self.scale, mask="causal", window=self.window, sinks=sinks)
         else:
             keys, values = cache
             start = positions.start
             # without padding a row's rotary position is its cache row: the keys go straight into the cache
             written = None if positions.pads is not None else \
-                self.rope.into_cache(k, *norm(self.k_norm), positions.rope_offset, keys)
+                self.rope.into_cache(k, *_norm_parameters(self.k_norm), positions.rope_offset, keys)
             if written is None:
-                keys[:, :, start:start + t].assign(self.rope(k, *norm(self.k_norm), positions.rope_offset).cast(keys.dtype))
+                keys[:, :, start:start + t].assign(self.rope(k, *_norm_parameters(self.k_norm), positions.rope_offset).cast(keys.dtype))
             else: keys = written
             values[:, :, start:start + t].assign(v.cast(values.dtype))
             if positions.key_count is not None:
@@ -332,6 +346,16 @@ class Attention:
         # [B, H, T, D] to [B, T, H * D]: at T = 1 the same memory, a reshape (a transpose would be copied)
         out = out.reshape(b, t, -1) if t == 1 else out.transpose(1, 2).reshape(b, t, self.heads * self.head_dim)
         return self.o(out if gate is None else out * gate.sigmoid())
+
+    def _paged(self, q: Tensor, k: Tensor, v: Tensor, pages: Pages, pools: tuple[Tensor, Tensor],
+               sinks: Tensor | None) -> Tensor:
+        """Attention of `[B, H, T, D]` heads over a paged cache: the keys rotated and the values
+        written into the pools at `pages.writes` (in place where kernels run), then each sequence's
+        rows over its blocks."""
+        keys, values = pools
+        keys = self.rope.into_pool(k, *_norm_parameters(self.k_norm), pages.starts, keys, pages.writes)
+        values = store(values, fast.paged_write(values, v.transpose(1, 2), pages.writes))
+        return fast.paged_attention(q, keys, values, pages.tables, pages.lengths, self.scale, sinks=sinks, window=self.window)
 
 
 class PreNormBlock:
@@ -349,6 +373,12 @@ class PreNormBlock:
 
     def make_cache(self, batch: int, max_length: int, dtype, device: str):
         return self.attention.make_cache(batch, max_length, dtype, device)
+
+    def make_pool(self, sequences: int, blocks: int, block_size: int, dtype, device: str):
+        return self.attention.make_pool(sequences, blocks, block_size, dtype, device)
+
+    def clear_slot(self, pools, slot: int) -> list[Tensor]:
+        return self.attention.clear_slot(pools, slot)
 
     def __call__(self, x: Tensor, positions: Positions, cache) -> Tensor:
         h, out = self.residual_call(x, None, positions, cache)

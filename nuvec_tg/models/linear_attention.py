@@ -21,7 +21,7 @@ from __future__ import annotations
 from tinygrad import Tensor, dtypes
 
 from .. import fast
-from .cache import Positions
+from .cache import Pages, Positions, store
 from .layers import Linear, Norm, Parameter
 
 L2_EPS = 1e-6    # the l2norm of q and k (transformers' and FLA's), added to the sum of squares
@@ -79,11 +79,42 @@ class GatedDeltaNet:
         mixed = q.reshape(b, t, hk * dk).cat(k.reshape(b, t, hk * dk), v.reshape(b, t, hv * dv), dim=-1)
         return mixed, z.reshape(b, t, hv, dv), beta.reshape(b, t, hv), a.reshape(b, t, hv)
 
+    def make_pool(self, sequences: int, blocks: int, block_size: int, dtype, device: str) -> tuple[Tensor, Tensor]:
+        """A paged cache's state pools (`models.paged`), a row a sequence: zeroed convolution inputs
+        `[sequences, K - 1, C]` (dtype) and recurrent states `[sequences, Hv, Dv, Dk]` (float32)."""
+        return self.make_cache(sequences, 0, dtype, device)
+
+    def clear_slot(self, pools: tuple[Tensor, Tensor], slot: int) -> list[Tensor]:
+        """Zero a new sequence's row of both pools (in place, unrealized: the caller realizes them)."""
+        return [pool[slot:slot + 1].assign(Tensor.zeros(1, *pool.shape[1:], dtype=pool.dtype, device=pool.device))
+                for pool in pools]
+
+    def _rule_inputs(self, features: Tensor, beta: Tensor, a: Tensor) -> tuple[Tensor, ...]:
+        """The convolution's features `[B, T, C]` and the projections' b and a to the rule's
+        float32 q, k (l2-normalised, q scaled), v, rate and log decay."""
+        b, t, _ = features.shape
+        hk, hv, dk, dv = self.key_heads, self.value_heads, self.key_dim, self.value_dim
+        q, k, v = features.split([hk * dk, hk * dk, hv * dv], dim=-1)
+        q = l2_normalized(q.reshape(b, t, hk, dk).cast(dtypes.float32)) * (dk ** -0.5)
+        k = l2_normalized(k.reshape(b, t, hk, dk).cast(dtypes.float32))
+        v = v.reshape(b, t, hv, dv).cast(dtypes.float32)
+        rate = beta.cast(dtypes.float32).sigmoid()
+        log_decay = -self.a_log.value.cast(dtypes.float32).exp() * (a.cast(dtypes.float32) + self.dt_bias.value.cast(dtypes.float32)).softplus()
+        return q, k, v, rate, log_decay
+
+    def _output(self, y: Tensor, z: Tensor, dtype) -> Tensor:
+        """The rule's output `[B, T, Hv, Dv]` normalised per head, gated by `silu(z)` and projected out."""
+        b, t = y.shape[:2]
+        normed = fast.rms_norm(y.cast(dtype), self.norm.weight, self.norm.eps)
+        gated = (normed.cast(dtypes.float32) * z.cast(dtypes.float32).silu()).cast(dtype)
+        return self.out(gated.reshape(b, t, self.value_heads * self.value_dim))
+
     def __call__(self, x: Tensor, positions: Positions, cache: tuple[Tensor, Tensor] | None) -> Tensor:
         """x: `[B, T, hidden]` (normalised). Returns the output projection `[B, T, hidden]`; with a
         cache, continues each sequence from its state and leaves the new state there."""
+        if positions.pages is not None: return self._paged(x, positions.pages, cache)
         b, t, _ = x.shape
-        hk, hv, dk, dv = self.key_heads, self.value_heads, self.key_dim, self.value_dim
+        hv, dk, dv = self.value_heads, self.key_dim, self.value_dim
         cached = cache is not None and positions.cached
         kept = kept_rows(positions, b, t) if cached else None
         if kept is not None: x = kept.unsqueeze(-1).where(x, 0.0)
@@ -100,12 +131,7 @@ class GatedDeltaNet:
         sequence = history.cat(mixed, dim=1).contiguous()                            # [B, K - 1 + T, C]
         filters = self.conv.value.reshape(self.channels, self.kernel, 1)
         features = fast.depthwise_conv1d(sequence, filters).silu().contiguous()      # [B, T, C]
-        q, k, v = features.split([hk * dk, hk * dk, hv * dv], dim=-1)
-        q = l2_normalized(q.reshape(b, t, hk, dk).cast(dtypes.float32)) * (dk ** -0.5)
-        k = l2_normalized(k.reshape(b, t, hk, dk).cast(dtypes.float32))
-        v = v.reshape(b, t, hv, dv).cast(dtypes.float32)
-        rate = beta.cast(dtypes.float32).sigmoid()
-        log_decay = -self.a_log.value.cast(dtypes.float32).exp() * (a.cast(dtypes.float32) + self.dt_bias.value.cast(dtypes.float32)).softplus()
+        q, k, v, rate, log_decay = self._rule_inputs(features, beta, a)
         if kept is not None:
             rows = kept.unsqueeze(-1)
             rate, log_decay = rows.where(rate, 0.0), rows.where(log_decay, 0.0)
@@ -115,7 +141,19 @@ class GatedDeltaNet:
         if cached:
             conv_state.assign(sequence[:, t:].cast(conv_state.dtype))
             state.assign(new_state)
+        return self._output(y, z, x.dtype)
 
-        normed = fast.rms_norm(y.cast(x.dtype), self.norm.weight, self.norm.eps)
-        gated = (normed.cast(dtypes.float32) * z.cast(dtypes.float32).silu()).cast(x.dtype)
-        return self.out(gated.reshape(b, t, hv * dv))
+    def _paged(self, x: Tensor, pages: Pages, pools: tuple[Tensor, Tensor]) -> Tensor:
+        """The layer over a paged cache's state pools: sequence `b` continues from row
+        `pages.sequences[b]` of both and leaves its states there (an idle row, -1, reads zeros and
+        writes nothing); the recurrent pool is updated in place where the kernels run."""
+        conv_pool, state_pool = pools
+        mixed, z, beta, a = self._project(x)
+        filters = self.conv.value.reshape(self.channels, self.kernel, 1)
+        features, convolved = fast.causal_conv1d_slots(mixed, filters, conv_pool, pages.sequences, silu=True)
+        store(conv_pool, convolved)
+        q, k, v, rate, log_decay = self._rule_inputs(features.contiguous(), beta, a)
+        if x.shape[1] == 1: y, states = fast.gated_delta_slots(q, k, v, log_decay.exp(), rate, state_pool, pages.sequences)
+        else: y, states = fast.gated_delta_chunked(q, k, v, log_decay, rate, state_pool, slots=pages.sequences)
+        store(state_pool, states)
+        return self._output(y, z, x.dtype)

@@ -12,6 +12,7 @@ import numpy as np
 from tinygrad import Tensor, dtypes
 
 from .. import fast
+from .cache import store, written_in_place
 
 ROPE_TYPES = ("default", "linear", "yarn")
 
@@ -30,8 +31,15 @@ class RotaryEmbedding:
         step of its own): then the caller writes the rows itself."""
         if self.attention_factor != 1.0: return None
         written = fast.norm_rope(x, weight, eps, self.rotation, offset, cache=cache)
-        in_place = written.uop.is_realized and written.uop.base.buffer is cache.uop.base.buffer
-        return written if in_place else None
+        return written if written_in_place(written, cache) else None
+
+    def into_pool(self, x: Tensor, weight: Tensor | None, eps: float, starts: Tensor, pool: Tensor, slots: Tensor) -> Tensor:
+        """`__call__`'s rows of `[B, H, T, D]` x at positions `starts[b] + t`, written into a paged
+        `pool` at `slots [B, T]` (`norm_rope_at`: one kernel on METAL and CUDA, in place); returns
+        the pool holding them."""
+        if self.attention_factor == 1.0:
+            return store(pool, fast.norm_rope_at(x, weight, eps, self.rotation, starts, pool, slots))
+        return store(pool, fast.paged_write(pool, self(x, weight, eps, starts).transpose(1, 2), slots))
 
     def __call__(self, x: Tensor, weight: Tensor | None, eps: float, offset: int | Tensor) -> Tensor:
         y = fast.norm_rope(x, weight, eps, self.rotation, offset)

@@ -1,0 +1,115 @@
+"""Serving through the paged cache (`models.paged`: `PagedCache`, `Engine`) on the CPU in float32,
+against transformers' own outputs for the tiny checkpoints of tests/data/models/: each
+request's greedy tokens equal transformers' for its prompt alone, and each generated token's
+logits equal transformers' logits of the same sequence, whatever the schedule: prompts of
+different lengths prefilled in chunks between decode steps, requests joining while others
+decode, a request waiting for a slot or for blocks, a bucket with idle rows, a stop token.
+Families: Qwen3 (the schedules), Qwen3.5 (linear-attention states in slot pools), gpt-oss (sinks,
+a sliding window over pages, experts).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from tinygrad import Tensor
+
+from nuvec_tg import models
+from reference import assert_rows_close
+from test_models import TOL, fixture, model, reference
+
+
+def served(engine: models.Engine, *made: list[tuple[int, int]]) -> dict[int, list[int]]:
+    """Every request's tokens: those of steps already `made`, then as `run` yields them."""
+    tokens: dict[int, list[int]] = {}
+    for request, token in [pair for step in made for pair in step] + list(engine.run()):
+        tokens.setdefault(request, []).append(token)
+    return tokens
+
+
+@pytest.mark.parametrize("name", ["qwen3", "qwen3_5", "gpt_oss"])
+def test_interleaved_prefills_and_batched_decode_give_transformers_tokens_and_logits(name):
+    """Prompts of 5 and 11 tokens in chunks of 4: the second's prefill runs between the first's
+    decode steps, then both decode in one batch; each token and its logits are transformers'
+    (`sequence_logits_1` is the 11-token prompt followed by its greedy tokens)."""
+    ref, m = reference(name), model(name)
+    engine = models.Engine(m, max_sequences=4, max_length=64, prefill_chunk=4)
+    short = engine.submit(ref["prompt_0"].tolist(), max_tokens=8, stop_tokens=())
+    long = engine.submit(ref["prompt_1"].tolist(), max_tokens=8, stop_tokens=(), keep_logits=True)
+    first_steps = [engine.step() for _ in range(5)]
+    # the short prompt is in after two chunks and decodes while the long one's three chunks run
+    assert [[r for r, _ in made] for made in first_steps] == [[], [short], [short], [short], [short, long]]
+    tokens = served(engine, *first_steps)
+    np.testing.assert_array_equal(tokens[short], ref["greedy_0"])
+    np.testing.assert_array_equal(tokens[long], ref["greedy_1"])
+    prompt = len(ref["prompt_1"])
+    want = ref["sequence_logits_1"][prompt - 1:prompt + 7]
+    assert_rows_close(f"{name} logits", np.stack(engine.requests[long].logits), want, TOL)
+    assert not engine.busy and len(engine.cache.free_slots) == 4 and len(engine.cache.free_blocks) == engine.cache.blocks
+
+
+def test_requests_wait_for_blocks_and_slots_and_join_a_running_batch():
+    """Blocks for three of four requests (of 4 positions, 10 in all): the fourth waits with a slot
+    free until two finish and give their blocks back, then joins the one still decoding; three
+    decode at once in a bucket of four (an idle row). With one slot, a second request waits for
+    it. Every request's tokens are transformers' for its prompt alone; a request that could never
+    fit is refused at submit."""
+    ref, m = reference("qwen3"), model("qwen3")
+    p0, p1, g0, g1 = ref["prompt_0"].tolist(), ref["prompt_1"].tolist(), ref["greedy_0"], ref["greedy_1"]
+    wants = [(p0, g0[:4]), (p1, g1), (p1, g1[:2]), (p0, g0)]              # 2, 5, 3 and 3 blocks
+    engine = models.Engine(m, max_sequences=4, max_length=32, block_size=4, blocks=10, prefill_chunk=16)
+    ids = [engine.submit(p, max_tokens=len(w), stop_tokens=()) for p, w in wants]
+    made = engine.step()
+    assert [r.id for r in engine.waiting] == ids[3:] and engine.cache.free_slots and not engine.cache.free_blocks
+    tokens = served(engine, made)
+    for i, (_, want) in zip(ids, wants): np.testing.assert_array_equal(tokens[i], want)
+    assert sorted(engine.steps) == [(1, True), (2, True), (4, True)]
+    one = models.Engine(m, max_sequences=1, max_length=32, prefill_chunk=16)
+    first, second = one.submit(p1, max_tokens=3, stop_tokens=()), one.submit(p0, max_tokens=3, stop_tokens=())
+    made = one.step()
+    assert [r.id for r in one.waiting] == [second]
+    tokens = served(one, made)
+    assert tokens[first] == g1[:3].tolist() and tokens[second] == g0[:3].tolist()
+    with pytest.raises(ValueError, match="exceed max_length 32"):
+        engine.submit([1] * 30, max_tokens=4)
+    with pytest.raises(ValueError, match="needs 10 blocks, the pools hold 9"):
+        models.Engine(m, max_sequences=2, max_length=40, block_size=4, blocks=9).submit([1] * 30, max_tokens=10)
+
+
+def test_a_stop_token_ends_a_request_and_frees_its_slot():
+    ref, m = reference("qwen3"), model("qwen3")
+    engine = models.Engine(m, max_sequences=2, max_length=64)
+    stopping = engine.submit(ref["stop_prompt"].tolist(), max_tokens=8)
+    other = engine.submit(ref["prompt_1"].tolist(), max_tokens=8, stop_tokens=())
+    tokens = served(engine)
+    assert tokens[stopping] == ref["stop_output"].tolist() and engine.requests[stopping].finished
+    np.testing.assert_array_equal(tokens[other], ref["greedy_1"])
+
+
+def test_sampled_requests_repeat_their_seed_and_greedy_ones_stay_greedy():
+    """A sampled request beside a greedy one: the step returns logits, each request samples with
+    its own generator (the same seed, the same tokens) and the greedy one keeps its tokens."""
+    ref, m = reference("qwen3"), model("qwen3")
+    runs = []
+    for _ in range(2):
+        engine = models.Engine(m, max_sequences=2, max_length=64)
+        sampled = engine.submit(ref["prompt_0"].tolist(), max_tokens=6, temperature=0.8, top_k=20, seed=7, stop_tokens=())
+        greedy = engine.submit(ref["prompt_1"].tolist(), max_tokens=8, stop_tokens=())
+        tokens = served(engine)
+        np.testing.assert_array_equal(tokens[greedy], ref["greedy_1"])
+        runs.append(tokens[sampled])
+        assert (2, False) in engine.steps
+    assert runs[0] == runs[1] and len(runs[0]) == 6
+
+
+def test_engine_arguments_are_checked():
+    m = model("qwen3")
+    with pytest.raises(ValueError, match="block_size must be a power of two"):
+        models.Engine(m, block_size=12)
+    with pytest.raises(ValueError, match="sequences and max_length must be positive"):
+        models.PagedCache(m, 0, 16)
+    engine = models.Engine(m, max_sequences=1, max_length=16)
+    with pytest.raises(ValueError, match="at least one token"):
+        engine.submit([])
+    with pytest.raises(ValueError, match="max_tokens must be positive"):
+        engine.submit([1], max_tokens=0)
+    assert not engine.busy and fixture("qwen3").is_dir() and isinstance(engine.cache.buffers()[0], Tensor)
