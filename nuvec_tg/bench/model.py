@@ -175,6 +175,56 @@ def step_split(model: models.Model, steps: int = 16) -> tuple[float, float]:
     return statistics.median(hosts), (time.perf_counter() - began) / steps
 
 
+@dataclasses.dataclass
+class Serving:
+    """One engine run (seconds): `batch` requests of different prompt lengths submitted at once."""
+    batch: int
+    prompt_tokens: int
+    generated: int
+    total_s: float             # submit to the last token
+    first_s: float             # submit to the last request's first token (every prompt in)
+    full_step_s: float         # median step while every request decodes (no prefill in it)
+
+    def cells(self) -> str:
+        return (f"{self.prompt_tokens} | {self.total_s:.2f} | {self.generated / self.total_s:.1f} | "
+                f"{self.first_s:.2f} | {self.full_step_s * 1e3:.2f} | {self.batch / self.full_step_s:.1f} |")
+
+
+def serving_prompts(batch: int, prompt: int, vocab: int) -> list[list[int]]:
+    """`batch` random prompts of lengths spread evenly from half of `prompt` to `prompt`."""
+    lengths = np.linspace(max(prompt // 2, 1), prompt, batch).round().astype(int)
+    rng = np.random.default_rng(2)
+    return [rng.integers(0, vocab, n).tolist() for n in lengths]
+
+
+def serving(engine: models.Engine, prompts: list[list[int]], generate: int) -> Serving:
+    """Every prompt submitted at once, `generate` greedy tokens each, run to the end."""
+    began = time.perf_counter()
+    for p in prompts: engine.submit(p, max_tokens=generate, stop_tokens=())
+    first, full, generated = 0.0, [], 0
+    while engine.busy:
+        step_began = time.perf_counter()
+        everyone = len(engine.running) == len(prompts)
+        made = engine.step()
+        if everyone: full.append(time.perf_counter() - step_began)
+        generated += len(made)
+        if not first and not engine.waiting and not engine.prefilling: first = time.perf_counter() - began
+    total = time.perf_counter() - began
+    if generated != len(prompts) * generate:
+        raise RuntimeError(f"bench model: the engine made {generated} tokens, expected {len(prompts) * generate}")
+    return Serving(len(prompts), sum(map(len, prompts)), generated, total, first,
+                   statistics.median(full) if full else float("nan"))
+
+
+def time_engine(model: models.Model, batch: int, prompt: int, generate: int, repeats: int) -> Serving:
+    """The best (least total time) of `repeats` engine runs after a warm-up run on one engine (its
+    jitted steps captured by the warm-up)."""
+    prompts = serving_prompts(batch, prompt, model.vocab_size)
+    engine = models.Engine(model, max_sequences=batch, max_length=prompt + generate)
+    serving(engine, prompts, generate)
+    return min((serving(engine, prompts, generate) for _ in range(repeats)), key=lambda run: run.total_s)
+
+
 def largest_logit(model: models.Model, prompt: int, generate: int) -> float:
     """max |logit| of a cached prefill of one random prompt (NaN when any logit is not finite), in
     a cache as long as `generate_tokens` makes (so that its kernels are those of B = 1)."""
@@ -330,7 +380,7 @@ def _names(option: str | None, known: dict, what: str) -> list[str]:
 def run(args) -> list[str]:
     """The tables' lines (printed as they come). Reads `small`, `markdown`, `batches` and
     `repeats` as the other benchmarks do, and `configs`, `formats`, `prompt`, `generate`,
-    `no_transformers` where given."""
+    `no_transformers` and `engine` (the serving table's batches) where given."""
     small = args.small
     known = SMALL_CONFIGS if small else CONFIGS
     names = _names(getattr(args, "configs", None), known, "config")
@@ -375,7 +425,8 @@ def run(args) -> list[str]:
         print(row, flush=True)
         lines.append(row)
 
-    roofline = []
+    roofline, served = [], []
+    engine_batches = [int(b) for b in getattr(args, "engine", None).split(",")] if getattr(args, "engine", None) else []
     for name, config in runnable.items():
         for fmt in formats:
             label = dtype_name if FORMATS[fmt] is None else f"{dtype_name} q4"
@@ -396,6 +447,10 @@ def run(args) -> list[str]:
                 share = f"{100 * rate / peak:.0f}%" if peak else "-"
                 roofline.append(f"| {name} | {label} | {b} | {everything / 1e9:.4g} | {step_bytes / 1e9:.4g} | "
                                 f"{step_s * 1e3:.2f} | {rate / 1e12:.2f} | {share} |")
+            for b in engine_batches:
+                run = time_engine(model, b, prompt, generate, repeats)
+                served.append(f"| {name} | {label} | {b} | " + run.cells())
+                print(served[-1], flush=True)
             del model
             gc.collect()
         for impl in TRANSFORMERS_IMPLEMENTATIONS:
@@ -411,7 +466,17 @@ def run(args) -> list[str]:
             "a step reads the weights (all but the embedding table, unless it is the head) and the cache (K/V rows "
             f"at the decode's mean position, {prompt} + {generate}/2; recurrent state read and written); TB/s = "
             "those bytes over the step's device time (host / device ms a step's second).", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head),
-            *roofline, "", *[f"- {note}" for note in notes]]
+            *roofline]
+    if served:
+        head = ["config", "dtype/quant", "B", "prompt tokens", "total s", "generated tokens/s", "s to every first token",
+                "ms a step, all decoding", "tokens/s, all decoding"]
+        tail += ["", f"Serving (`models.Engine`, `--engine`): B requests submitted at once, prompts of lengths spread "
+                 f"evenly from {max(prompt // 2, 1)} to {prompt} tokens, {generate} greedy tokens each, continuous batching "
+                 "over the paged cache (a prompt chunk of up to 512 tokens a step between batched decode steps, tokens "
+                 "read back every step); best total of the repeats after a warm-up run on the same engine. The last "
+                 "two columns: the median step while every request decodes (no prefill in it).", "",
+                 "| " + " | ".join(head) + " |", "|" + "---|" * len(head), *served]
+    tail += ["", *[f"- {note}" for note in notes]]
     print("\n".join(tail), flush=True)
     return lines + tail
 
