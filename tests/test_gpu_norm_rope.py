@@ -218,6 +218,28 @@ def test_a_pool_takes_the_rows_at_their_slots(slots):
     np.testing.assert_array_equal(values(got), passes, err_msg=f"{slots} slots vs three passes")
 
 
+def test_key_heads_of_a_projection_are_read_in_place_into_a_cache_and_a_pool():
+    """k as a model has it: a slice of a fused q/k/v projection's realized output, as heads; the
+    kernel reads them in place (a strided view of the projection), with the bits of the heads
+    copied first, into a cache and into a pool."""
+    rng = np.random.default_rng(0x87)
+    projection = random(rng, (4, 3, 1024 + 2 * 256), BF16, gpu, spread=2.0)[0].realize()
+    k = projection[:, :, 1024:1280].reshape(4, 3, 2, 128).transpose(1, 2)
+    w = random(rng, (128,), BF16, gpu)[0]
+    rotation = rotation_of(128)
+    cache = random(rng, (4, 2, 8, 128), BF16, gpu)[0].realize()
+    pool = random(rng, (8, 2, 4, 128), BF16, gpu)[0].realize()
+    slots = Tensor(rng.permutation(32)[:12].reshape(4, 3).astype(np.int32), device=gpu)
+    positions = Tensor([0, 5, 2, 9], device=gpu)
+    with expect_launches(gpu, NORM_ROPE):
+        in_cache = values(fast.norm_rope(k, w, EPS, rotation, 2, cache.clone().realize()))
+        copied_cache = values(fast.norm_rope(k.contiguous().realize(), w, EPS, rotation, 2, cache.clone().realize()))
+        in_pool = values(fast.norm_rope_at(k, w, EPS, rotation, positions, pool.clone().realize(), slots))
+        copied_pool = values(fast.norm_rope_at(k.contiguous().realize(), w, EPS, rotation, positions, pool.clone().realize(), slots))
+    np.testing.assert_array_equal(in_cache, copied_cache)
+    np.testing.assert_array_equal(in_pool, copied_pool)
+
+
 def test_two_rows_naming_one_slot_leave_it_one_of_theirs_piece_by_piece():
     """The kernel's rows race for a slot they share (the composition's later row wins): each
     16-byte piece of the slot is one of theirs; every other slot is as the contract says."""

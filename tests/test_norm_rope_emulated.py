@@ -59,6 +59,7 @@ class Case:
     block_size: int = 4
     slots: tuple[int, ...] = ()
     into_dtype: DType | None = None
+    projection: tuple[int, int] | None = None   # x read in place from a [B, T, width] buffer: (width, x's first column)
 
     @property
     def normed(self) -> DType:
@@ -105,7 +106,25 @@ CASES = {
     "pool_slots_just_past_either_end_f32": Case((1, 2, 3, 32), 32, F32, F32, into="pool", places=3, slots=(-1, 12, 5)),
     "pool_a_threadgroup_a_row_f32": Case((1, 2, 3, 1024), 1024, F32, F32, offsets=(2,), into="pool", places=2,
                                          block_size=2, slots=(3, -5, 0)),
+    # x's heads read in place from a projection's output [B, T, 96 or 40] (the rest of each row NaN)
+    "pool_from_a_projection_bf16": Case((2, 2, 3, 16), 16, BF16, BF16, offsets=(4, 11), into="pool", places=4,
+                                        slots=(5, 0, 13, 2, 9, 15), projection=(96, 40)),
+    "fresh_from_a_projection_f32": Case((2, 3, 1, 8), 8, F32, F32, offsets=(2, 7), projection=(40, 12)),
 }
+
+
+def x_layout(case: Case, x: np.ndarray) -> tuple[np.ndarray, list[int]]:
+    """x as the kernel reads it (float64): itself, or placed in a projection's output `[B, T,
+    width]` of NaN at its columns; and the layout's runtime integers (heads, first element, the
+    batch item's, head's and step's strides)."""
+    shape = case.shape
+    batch, steps, length = shape[0], shape[-2], shape[-1]
+    heads = math.prod(shape[1:-2])
+    if case.projection is None: return x, [heads, 0, heads * steps * length, steps * length, length]
+    width, start = case.projection
+    buffer = np.full((batch, steps, width), np.nan)
+    buffer[:, :, start:start + heads * length] = x.transpose(0, 2, 1, 3).reshape(batch, steps, heads * length)
+    return buffer, [heads, start, steps * width, length, width]
 
 
 def inputs(case: Case, seed: int = 0):
@@ -164,15 +183,16 @@ def emulate(case: Case, x, weight, inv_freq, before, edit=None):
                                        eps=EPS if weight is not None else None, v_eps=V_EPS if case.values else None)
     if edit is not None: program = edit(program)
     poison = case.into == "fresh"  # fresh outputs start as NaN: a row not written shows
+    source, layout = x_layout(case, x)
     buffers = {"rotated": to_bits(np.full(case.shape, np.nan) if poison else before[0], rotated_dtype),
                "values": to_bits(np.full(case.shape, np.nan) if poison else before[1], values_dtype),
-               "x": to_bits(x, case.dtype), "inv_freq": inv_freq, "offsets": np.asarray(case.offsets, np.int32),
+               "x": to_bits(source, case.dtype), "inv_freq": inv_freq, "offsets": np.asarray(case.offsets, np.int32),
                "slots": np.asarray(case.slots, np.int32)}
     if weight is not None: buffers["weight"] = to_bits(weight, case.weight)
     heads = case.shape[1] if case.into == "pool" else 0
     places = case.places * (case.block_size if case.into == "pool" else 1)
     buffers["ints"] = np.array([length, case.dims // 2, case.shape[-2], rows // case.shape[0], rows, int(len(case.offsets) > 1),
-                                places, heads, case.block_size if case.into == "pool" else 0], np.int32)
+                                places, heads, case.block_size if case.into == "pool" else 0, *layout], np.int32)
     build(program)([np.ascontiguousarray(buffers[p.name]) for p in program.params], launch.groups(rows), launch.threads)
     return from_bits(buffers["rotated"], rotated_dtype), (from_bits(buffers["values"], values_dtype) if case.values else None)
 

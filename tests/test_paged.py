@@ -195,6 +195,19 @@ def test_two_rows_naming_one_slot(device):
             assert any(np.array_equal(pieces[head, p], new_values[r, head, 8 * p:8 * p + 8]) for r in (0, 2)), (head, p)
 
 
+def test_paged_write_reads_the_value_heads_of_a_projection_in_place(device):
+    """Rows `[B, T, Hkv, D]` that are a slice of a fused projection's realized output (what a
+    model's values are): the kernel reads them in place, with the result of the rows copied first."""
+    rng = np.random.default_rng(0x6F)
+    projection = to(rng.uniform(-1, 1, (2, 3, 96)), dtypes.bfloat16, device).realize()
+    rows = projection[:, :, 64:96].reshape(2, 3, 2, 16)
+    cache_values = round_to(rng.uniform(-1, 1, (4, 2, 4, 16)), dtypes.bfloat16)
+    slots = Tensor([[5, 0, 13], [2, -1, 9]], device=device)
+    got = checked_paged_write(pool(cache_values, dtypes.bfloat16, device), rows, slots)
+    want = checked_paged_write(pool(cache_values, dtypes.bfloat16, device), rows.contiguous().realize(), slots)
+    np.testing.assert_array_equal(got, want)
+
+
 def test_paged_write_skips_out_of_range_slots(device):
     rng = np.random.default_rng(0x6D)
     blocks, hkv, bs, d = 6, 2, 4, 16

@@ -36,16 +36,24 @@ def bits_of(x: np.ndarray, dtype) -> np.ndarray:
     return np.ascontiguousarray(to_bits(x, dtype))
 
 
-def emulate(source_bits: np.ndarray, pool_bits: np.ndarray, slots, source_dtype, pool_dtype, edit=None) -> np.ndarray:
+def emulate(source_bits: np.ndarray, pool_bits: np.ndarray, slots, source_dtype, pool_dtype, edit=None,
+            projection: tuple[int, int] | None = None) -> np.ndarray:
     """The kernel over rows `[N, H, D]` (as the dtype's bits) into a copy of the pool's bits
-    `[blocks, H, block_size, D]`; returns the pool's bits after it."""
+    `[blocks, H, block_size, D]`; returns the pool's bits after it. projection: (width, first
+    column): the rows read in place from a `[N, width]` buffer (the rest of it all ones bits)."""
     count, heads, length = source_bits.shape
+    layout = [0, heads * length, length]
+    if projection is not None:
+        width, start = projection
+        buffer = np.full((count, width), 0xFFFF if source_bits.dtype == np.uint16 else np.nan, source_bits.dtype)
+        buffer[:, start:start + heads * length] = source_bits.reshape(count, -1)
+        source_bits, layout = buffer, [start, width, length]
     blocks, _, block_size, _ = pool_bits.shape
     shape = kernel.plan(length, max(source_dtype.itemsize, pool_dtype.itemsize))
     program = kernel.program("cuda", source_dtype, pool_dtype, shape)
     if edit is not None: program = edit(program)
     pool = pool_bits.copy()
-    ints = np.array([length, count * heads, heads, block_size, blocks * block_size], np.int32)
+    ints = np.array([length, count * heads, heads, block_size, blocks * block_size, *layout], np.int32)
     buffers = {"pool": pool, "source": source_bits, "slots": np.asarray(slots, np.int32), "ints": ints}
     build(program)([buffers[p.name] for p in program.params], shape.groups(count * heads, length), shape.threads)
     return pool
@@ -81,6 +89,18 @@ def check_case(name: str, edit=None) -> None:
 @pytest.mark.parametrize("name", list(CASES))
 def test_emulated_paged_write_matches_numpy_bit_for_bit(name):
     check_case(name)
+
+
+@pytest.mark.parametrize("dtype, projection", [(BF16, (96, 32)), (F32, (40, 4))])
+def test_rows_of_a_projection_are_read_in_place(dtype, projection):
+    """The value heads of a fused projection's output `[N, width]`, its first column a multiple of
+    a piece: written as the rows alone are (nothing else of the buffer read: it is NaN)."""
+    rng = np.random.default_rng(5)
+    heads, length = 2, 16 if dtype == BF16 else 12
+    source = bits_of(rng.uniform(-1, 1, (3, heads, length)), dtype)
+    pool = bits_of(rng.uniform(-1, 1, (2, heads, 4, length)), dtype)
+    np.testing.assert_array_equal(emulate(source, pool, [6, -1, 1], dtype, dtype, projection=projection),
+                                  emulate(source, pool, [6, -1, 1], dtype, dtype))
 
 
 def test_every_piece_width_is_covered():

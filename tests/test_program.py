@@ -7,7 +7,7 @@ import pytest
 from tinygrad import Tensor, dtypes
 
 from nuvec_tg import kernels
-from nuvec_tg.kernels.program import FAMILIES, Backward, Family, Param, Program, launch
+from nuvec_tg.kernels.program import FAMILIES, Backward, Family, Param, Program, StridedView, launch, strided_view
 
 READ_THEN_ADD = Program("read_then_add", """void read_then_add(float* restrict y, float* restrict pool, const float* restrict x) {
   for (int i = 0; i < 8; i++) { y[i] = pool[i]; pool[i] = pool[i] + x[i]; }
@@ -132,3 +132,28 @@ def test_choose_says_which_program_runs_and_why_not(monkeypatch, capsys):
         "nuvec_tg: op (2, 3): composition (cuda: too many rows)",
         "nuvec_tg: op (2, 3): the qmv kernel",
         "nuvec_tg: op (2, 3): composition (kernels are off (NUVEC_KERNELS=0 or compositions_only()))"]
+
+
+def strided_elements(view: StridedView, shape) -> np.ndarray:
+    """The elements a kernel reads through `view` (numpy's strides over the base's values)."""
+    base = view.base.numpy().reshape(-1)
+    return np.lib.stride_tricks.as_strided(base[view.offset:], shape, [base.itemsize * s for s in view.strides])
+
+
+def test_strided_views_of_a_projection_read_its_heads_in_place():
+    """q, k and v of a fused product's realized output, as heads `[B, H, T, D]` or rows `[B * T,
+    H, D]`; a transposed slice; and what cannot be read so (a merge across a slice, an expand)."""
+    out = Tensor(np.arange(4 * 3 * 40, dtype=np.float32).reshape(4, 3, 40)).realize()
+    q, k, v = out.split([24, 8, 8], dim=-1)
+    cases = [(q.reshape(4, 3, 3, 8).transpose(1, 2), 0, (120, 8, 40, 1)),
+             (k.reshape(4, 3, 1, 8).transpose(1, 2), 24, (120, 8, 40, 1)),
+             (v.reshape(12, 1, 8), 32, (40, 8, 1)),
+             (out.reshape(12, 40)[2:5, 10:20].permute(1, 0), 90, (1, 40))]
+    for t, offset, strides in cases:
+        view = strided_view(t)
+        assert (view.offset, view.strides) == (offset, strides), t.shape
+        np.testing.assert_array_equal(strided_elements(view, t.shape), t.numpy())
+        np.testing.assert_array_equal(view.of(view.base).numpy(), t.numpy())
+    assert strided_view(out.reshape(12, 40)[2:5, 10:20].reshape(30)) is None      # a slice's rows merged: a copy
+    assert strided_view(v.reshape(4, 3, 1, 8).expand(4, 3, 2, 8)) is None
+    assert strided_view(q * 2) is None                                           # not a view of a buffer

@@ -55,7 +55,8 @@ compiles dominate the time):
   shared; norm_rope_kv fresh and into caches; rows too long for the kernel (the three passes);
   no rows, no batch.
 - paged_write: rows of 128 (pieces of 8), 12 (of 4) and 7 (single elements), mixed dtypes, slots
-  shuffled, negative, past the pool, at both ends of int32 and shared, int64 ones past int32; no rows.
+  shuffled, negative, past the pool, at both ends of int32 and shared, int64 ones past int32; no rows;
+  heads of a projection's output read in place (by norm_rope_at too).
 
 Usage (from the repository root):
     DEV=CUDA PYTHONPATH=. python3 tools/sanitize_cases.py [-k SUBSTR ...] [--list]
@@ -715,7 +716,29 @@ def paged_write_call(count: int, heads: int, length: int, dtype: DType, blocks: 
     return setup
 
 
+def projection_heads_call(dtype: DType, into: str) -> Setup:
+    """Heads read in place from a fused projection's realized output `[2, 3, 96]` (its columns 32
+    to 64, two heads of 16): into a pool by `norm_rope_at` ("keys") or `paged_write` ("values")."""
+    def setup(rng):
+        projection = uniform(rng, (2, 3, 96), dtype)
+        heads = projection[:, :, 32:64].reshape(2, 3, 2, 16)
+        w = uniform(rng, (16,), dtype, 0.5, 1.5)
+        before = rng.uniform(-1, 1, (3, 2, 4, 16)).astype(np.float32)
+        slots = integers([[5, 0, 11], [2, -1, 9]])
+
+        def run(kernels: bool) -> Outputs:
+            pool = Tensor(before, device=DEVICE).cast(dtype).realize()
+            if into == "keys":
+                return [("pool", fast.norm_rope_at(heads.transpose(1, 2), w, 1e-6, fast.Rotation(16), integers([3, 8]),
+                                                   pool, slots), None)]
+            return [("pool", fast.paged_write(pool, heads, slots), None)]
+        return run
+    return setup
+
+
 PAGED_WRITES = [
+    Case("norm_rope_at bf16 keys of a projection read in place into a pool", NORM_ROPE, projection_heads_call(dtypes.bfloat16, "keys")),
+    Case("paged_write f16 values of a projection read in place", PAGED_WRITE, projection_heads_call(dtypes.float16, "values")),
     Case("paged_write bf16 2 heads of 128, slots shuffled, -1, past the pool, 2^31-1, -2^31, shared", PAGED_WRITE,
          paged_write_call(7, 2, 128, dtypes.bfloat16, 3, 4, [5, -1, 12, INT32_MAX, 5, -2**31, 0])),
     Case("paged_write f32 into bf16, rows of 12 (pieces of 4), int64 slots past int32", PAGED_WRITE,

@@ -12,7 +12,7 @@ from tinygrad.dtype import DType
 
 from ..tensor import concrete, dtype_name
 from . import Target
-from .program import CTYPES, Family, Param, Program, Resources, chunks, int32_indices, int_buffer, kernel_input, launch
+from .program import CTYPES, Family, Param, Program, Resources, chunks, int32_indices, int_buffer, kernel_input, launch, strided_view
 
 THREADS = 256
 PIECE_BYTES = 16
@@ -74,14 +74,19 @@ def describe(shape: Launch, source: DType, pool: DType) -> str:
 def paged_write_kernel(pool: Tensor, rows: Tensor, slots: Tensor, *, backend: str) -> Tensor:
     """Write `rows` into `pool` at `slots`, in place (checked by the operation).
 
-    pool: `[blocks, H, block_size, D]`; rows: `[N, H, D]`; slots: `[N]` integers (outside
+    pool: `[blocks, H, block_size, D]`; rows: `[N, H, D]` (a strided view of a buffer, such as the
+    value heads of a fused projection's output, read in place); slots: `[N]` integers (outside
     `0..blocks * block_size - 1`: skipped). Returns the pool, updated (its buffer, written now)."""
     blocks, heads, block_size, length = pool.shape
     count = rows.shape[0]
     shape = plan(length, max(concrete(rows.dtype).itemsize, concrete(pool.dtype).itemsize))
     kernel = program(backend, rows.dtype, pool.dtype, shape)
-    ints = int_buffer(pool.device, (length, count * heads, heads, block_size, blocks * block_size))
-    ins = [kernel_input(rows), int32_indices(slots).contiguous(), ints]
+    source, layout = kernel_input(rows), (0, heads * length, length)
+    view = strided_view(rows) if source is not rows else None   # a view that would be copied: read in place where it can be
+    if view is not None and view.strides[2] == 1 and all(n % shape.vec == 0 for n in (view.offset, *view.strides[:2])):
+        source, layout = view.base, (view.offset, *view.strides[:2])
+    ints = int_buffer(pool.device, (length, count * heads, heads, block_size, blocks * block_size, *layout))
+    ins = [source, int32_indices(slots).contiguous(), ints]
     (written,) = launch(kernel, pool.device, [pool.contiguous()], ins, (shape.groups(count * heads, length), 1, 1), shape.threads,
                         label=f"{backend} paged_write {count}x{heads}x{length} into {math.prod(pool.shape[:3])} rows",
                         in_place=True)

@@ -284,6 +284,80 @@ def kernel_input(t: Tensor) -> Tensor:
     return t if u.op is Ops.BUFFER else t.contiguous()
 
 
+@dataclass(frozen=True)
+class StridedView:
+    """A tensor as a kernel can read it in place from the buffer beneath it: `base` (the buffer,
+    flat), the element `offset` of its first element, and each axis's element `strides`. `moves`
+    are the movement operations that make the tensor from `base` (`of`), which a kernel's backward
+    differentiates through."""
+    base: Tensor
+    offset: int
+    strides: tuple[int, ...]
+    moves: tuple[tuple[Ops, tuple], ...]
+
+    def of(self, base: Tensor) -> Tensor:
+        """The tensor, from (a tensor standing for) `base`."""
+        for op, arg in self.moves:
+            base = base.reshape(arg) if op is Ops.RESHAPE else base.shrink(arg) if op is Ops.SHRINK else base.permute(arg)
+        return base
+
+
+def _reshaped_strides(shape: tuple[int, ...], strides: tuple[int, ...], new: tuple[int, ...]) -> tuple[int, ...] | None:
+    """The strides of `new` over the same elements as `shape` with `strides`, where a reshape
+    needs no copy (numpy's rule: every run of old axes merged into new ones is contiguous); None
+    where it would."""
+    old = [(size, stride) for size, stride in zip(shape, strides) if size != 1]
+    out = [0] * len(new)
+    oi = ni = 0
+    while ni < len(new) and oi < len(old):
+        oj, nj = oi + 1, ni + 1
+        old_size, new_size = old[oi][0], new[ni]
+        while old_size != new_size:
+            if new_size < old_size:
+                if nj == len(new): return None
+                new_size, nj = new_size * new[nj], nj + 1
+            else:
+                if oj == len(old): return None
+                old_size, oj = old_size * old[oj][0], oj + 1
+        if any(old[k][1] != old[k + 1][0] * old[k + 1][1] for k in range(oi, oj - 1)): return None
+        out[nj - 1] = old[oj - 1][1]
+        for k in range(nj - 1, ni, -1): out[k - 1] = out[k] * new[k]
+        oi, ni = oj, nj
+    if oi != len(old) or any(size != 1 for size in new[ni:]): return None
+    return tuple(out)
+
+
+def strided_view(t: Tensor) -> StridedView | None:
+    """`t` as a strided view of a realized buffer (or another kernel's output) through reshapes,
+    shrinks and permutes, or None (another movement, a symbolic or empty shape, a reshape that
+    would copy)."""
+    chain, u = [], t.uop
+    while u.op in (Ops.RESHAPE, Ops.SHRINK, Ops.PERMUTE):
+        chain.append(u)
+        u = u.src[0]
+    if u.op is Ops.AFTER: u = u.src[0]
+    while u.op is Ops.RESHAPE:
+        chain.append(u)
+        u = u.src[0]
+    if u.op is not Ops.BUFFER or not all(isinstance(n, int) and n > 0 for c in chain for n in c.shape): return None
+    shape, strides, offset, moves = (u.shape[0],), (1,), 0, []
+    for c in reversed(chain):
+        if c.op is Ops.RESHAPE:
+            strides = _reshaped_strides(shape, strides, tuple(c.shape))
+            if strides is None: return None
+            moves.append((Ops.RESHAPE, tuple(c.shape)))
+        elif c.op is Ops.SHRINK:
+            starts = [start for start, _ in c.marg]
+            if not all(isinstance(start, int) for start in starts): return None
+            offset += sum(start * stride for start, stride in zip(starts, strides))
+            moves.append((Ops.SHRINK, tuple((start, start + size) for start, size in zip(starts, c.shape))))
+        else:
+            strides = tuple(strides[i] for i in c.marg)
+            moves.append((Ops.PERMUTE, tuple(c.marg)))
+        shape = tuple(c.shape)
+    return StridedView(Tensor(u), offset, strides, tuple(moves))
+
+
 def launch(program: Program, device: str, outs: Sequence[Tensor], ins: Sequence[Tensor], grid: tuple[int, int, int],
            threads: int, *, scalars: Sequence[UOp] = (), backward: Backward | None = None, label: str = "",
            in_place: bool = False) -> list[Tensor]:

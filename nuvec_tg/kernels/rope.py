@@ -19,7 +19,7 @@ from ..tensor import concrete, dtype_name
 from . import Target
 from . import rows as norm_rows
 from .program import (CTYPES, Backward, Family, Param, Program, Resources, chunks, int_buffer, kernel_input, launch, metal_limit_reason,
-                      threadgroup_array)
+                      strided_view, threadgroup_array)
 
 THREADS = 256
 WIDTHS = (8, 4, 2, 1)   # pairs a unit rotates (elements a piece holds): the widest that fits
@@ -119,6 +119,33 @@ def rope_kernel(x: Tensor, dims: int, inv_freq: Tensor, offsets: Tensor, *, trad
 
 
 # ---- norm_rope: the RMS norm, the rotation and the write in one pass (src/norm_rope.h) ----------
+
+@dataclass(frozen=True)
+class RowLayout:
+    """Where the rows of `x` `[B, ..., T, D]` lie in the buffer a kernel reads: `ints` (the rows a
+    batch item has per step, the first element, and the batch item's, the middle index's and the
+    step's element strides), and `rows(source)`, x from that buffer."""
+    ints: tuple[int, int, int, int, int]
+    rows: Callable[[Tensor], Tensor]
+
+
+def row_layout(x: Tensor, vec: int, in_place: bool = True) -> tuple[Tensor, RowLayout]:
+    """What a row kernel reads for x `[B, ..., T, D]` (pieces of `vec` elements): with `in_place`,
+    where x is a strided view of a buffer whose rows are consecutive and every stride and the
+    offset a multiple of `vec` (the heads of a projection's output: q, k and v of a fused
+    product), that buffer; otherwise x itself, made contiguous where it is not (a copy). A
+    gradient through the buffer read in place reaches the buffer, not the view: where a backward
+    must reach x, `in_place` is off."""
+    shape = tuple(x.shape)
+    batch, steps, length = shape[0], shape[-2], shape[-1]
+    middle = math.prod(shape[1:-2])
+    view = None
+    if in_place and all(isinstance(n, int) for n in shape) and kernel_input(x) is not x:   # a view that would be copied
+        view = strided_view(x.reshape(batch, middle, steps, length))
+    if view is not None and view.strides[3] == 1 and all(n % vec == 0 for n in (view.offset, *view.strides[:3])):
+        return view.base, RowLayout((middle, view.offset, *view.strides[:3]), lambda base: view.of(base).reshape(shape))
+    source = kernel_input(x)
+    return source, RowLayout((middle, 0, middle * steps * length, steps * length, length), lambda source: source)
 
 FUSED_THREADS = 256      # threads a threadgroup of rows of one SIMD group or less
 MIN_LANES = 8            # lanes a row at least: at most 4 rows a SIMD group, a SIMD sum each
@@ -260,7 +287,9 @@ def norm_rope_kernel(x: Tensor, dims: int, inv_freq: Tensor, offsets: Tensor, *,
     if v_eps is not None: types["values"] = into[1].dtype if into else x.dtype
     kernel = norm_rope_program(backend, types, destination, traditional, scale, launch_shape,
                                eps=None if weight is None else eps, v_eps=v_eps)
-    ins = [kernel_input(x)] + ([] if weight is None else [kernel_input(weight)]) + [kernel_input(inv_freq)]
+    # x read in place where it is a strided view of a buffer, unless a backward must reach x itself
+    source, layout = row_layout(x, launch_shape.norm.vec, in_place=bool(into) or composition is None)
+    ins = [source] + ([] if weight is None else [kernel_input(weight)]) + [kernel_input(inv_freq)]
     backward = None
     if into:
         outs = [buffer.contiguous() for buffer in into]  # a realized buffer (or a prefix view of one) is itself
@@ -270,8 +299,8 @@ def norm_rope_kernel(x: Tensor, dims: int, inv_freq: Tensor, offsets: Tensor, *,
         outs = [Tensor.empty(*((1,) if v_eps is not None else ()), *shape, dtype=normed_dtype, device=device)]
         if v_eps is not None: outs.append(Tensor.empty(*shape, dtype=x.dtype, device=device))
         if composition is not None:
-            def differentiable(*args: Tensor) -> Tensor | tuple[Tensor, Tensor]:
-                result = composition(*args)
+            def differentiable(source: Tensor, *args: Tensor) -> Tensor | tuple[Tensor, Tensor]:
+                result = composition(layout.rows(source), *args)
                 return (result[0].reshape(1, *shape), result[1]) if v_eps is not None else result
             backward = Backward("norm_rope", differentiable, tuple(ins), wrt=tuple(range(len(ins))))
     ins.append(offsets)
@@ -280,7 +309,7 @@ def norm_rope_kernel(x: Tensor, dims: int, inv_freq: Tensor, offsets: Tensor, *,
     if destination == "cache": places = into[0].shape[2]
     if destination == "pool": places, heads, block_size = into[0].shape[0] * into[0].shape[2], into[0].shape[1], into[0].shape[2]
     ins.append(int_buffer(device, (length, dims // 2, shape[-2], rows // shape[0], rows, int(offsets.numel() > 1), places, heads,
-                                   block_size)))
+                                   block_size, *layout.ints)))
     label = f"{backend} norm_rope {rows}x{length} dims {dims} into {destination}{' with values' if v_eps is not None else ''}"
     results = launch(kernel, device, outs, ins, (launch_shape.groups(rows), 1, 1), launch_shape.threads, backward=backward,
                      label=label, in_place=bool(into))

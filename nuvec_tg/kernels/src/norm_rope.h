@@ -22,7 +22,7 @@
 //   2  a pool [blocks, H, block_size, length] (x [B, H, T, length]): slot s = slots[b * T + t] is
 //      row s % block_size of head (r / T) % H in block s / block_size, skipped outside
 //      0..blocks * block_size - 1. Rows naming one slot race: the slot's pieces come from either.
-// A skipped row is not read. Every read lies in x, the weight, the `pairs` inverse frequencies,
+// A skipped row is not read. Every read lies in x's rows (as the strides place them), the weight, the `pairs` inverse frequencies,
 // offsets[0] or offsets[b], and slots[b * T + t], for rows r < rows; every write in its
 // destination row. No row's arithmetic depends on another's, nor on ROWS: a row's bits never
 // depend on the batch.
@@ -35,7 +35,10 @@
 // V by VEC elements, K by UNIT).
 // Runtime integers (`ints`): the row length, pairs (dims / 2), T, rows per batch item, rows,
 // per_batch (offsets has B elements, else one), places (S, or blocks * block_size), heads (H of a
-// pool), block_size.
+// pool), block_size; then where x's rows lie in its buffer: its heads (rows per batch item / T),
+// the first element, and the batch item's, head's and step's element strides (row r = (b, head,
+// t) starts at first + b * batch + head * head stride + t * step; every one a multiple of VEC, the
+// row's elements consecutive; a contiguous x: 0, H * T * length, T * length, length).
 
 /* kernel */
   const int length = ints[0], pairs = ints[1], steps = ints[2], batch_rows = ints[3], rows = ints[4];
@@ -44,8 +47,10 @@
   const int mine = me / LANES, part = me % LANES;  // this thread's row of the threadgroup, and lane in it
   const int row = (int)nv_group.x * ROWS + mine;
   const int pieces = length / VEC;
-  const long base = (long)row * length;
   const int b = row / batch_rows, t = row % steps;
+  // x's row r = (b, head, t) in place in its buffer (a head of a projection's output, say)
+  const int x_heads = ints[9];
+  const long base = (long)ints[10] + (long)b * ints[11] + (long)((row / steps) % x_heads) * ints[12] + (long)t * ints[13];
   THREADGROUP TO kept[ROWS * HELD];  // each row's y, where the rotating units read it
 #if LANES > 32
   THREADGROUP float partial[THREADS / 32];

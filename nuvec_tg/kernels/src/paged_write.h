@@ -7,13 +7,16 @@
 // the types agree, every value as it is (a NaN stays a NaN; its payload is the dialect's). Rows
 // naming one slot race: the slot's pieces come from either.
 //
-// Every read lies in the source's rows r < rows and in slots[0..rows / H - 1]; every write in the
+// Every read lies in the source's rows r < rows (as the strides place them) and in slots[0..rows / H - 1]; every write in the
 // slot's row of the pool. No piece depends on another, nor on the row count.
 //
 // Defines: TS, TP (the source's and the pool's types), VEC, THREADS; CHUNK_S / S_CHUNKS and
 // CHUNK_P / P_CHUNKS, how a piece is read and written (`chunks()` in program.py).
 // Runtime integers (`ints`): the row length, rows (N * H), heads (H), block_size, places
-// (blocks * block_size).
+// (blocks * block_size); then where the source's rows lie in its buffer: the first element and
+// a slot's and a head's element strides (row r = (n, h) starts at first + n * slot stride + h *
+// head stride; each a multiple of VEC, a row's elements consecutive; contiguous rows: 0, H *
+// length, length), so that rows of a projection's output are read in place.
 
 /* kernel */
   const int length = ints[0], rows = ints[1], heads = ints[2], block_size = ints[3], places = ints[4];
@@ -24,7 +27,7 @@
   const int slot = slots[row / heads];
   if (slot < 0 || slot >= places) return;
   const long dest = (((long)(slot / block_size) * heads + row % heads) * block_size + slot % block_size) * length + (long)p * VEC;
-  const long from = (long)row * length + (long)p * VEC;
+  const long from = (long)ints[5] + (long)(row / heads) * ints[6] + (long)(row % heads) * ints[7] + (long)p * VEC;
   float v[VEC];
   LOAD_PIECE(CHUNK_S, S_CHUNKS, TS, source + from, v)
   STORE_PIECE(CHUNK_P, P_CHUNKS, TP, v, pool + dest)
