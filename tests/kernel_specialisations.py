@@ -464,7 +464,8 @@ def norm_rope_calls() -> Iterator[tuple[dict[str, DType], str, bool, int, int]]:
     `rope.norm_rope_program` takes them): each dtype and pair layout at every launch shape (8, 16
     and 32 lanes a row, two pieces a lane, rows of 64 and 1024 lanes, single elements) and unit
     width the kernel takes; each destination with and without a weight and values (a pool has no
-    values: no operation asks for them); mixed dtypes."""
+    normalised values: no operation asks for them); values copied beside the keys into caches and
+    pools (a model's K and V), of each dtype and of pieces of 1; mixed dtypes."""
     for dtype, traditional, (length, dims) in itertools.product(KERNEL_DTYPES, (False, True), NORM_ROPE_SHAPES):
         if rope.norm_rope_unsupported((dtype, dtype), 1, length, dims, 0, PlanTarget("cuda")) is None:
             yield dict(x=dtype, normed=dtype, rotated=dtype, weight=dtype), "fresh", traditional, length, dims
@@ -473,6 +474,11 @@ def norm_rope_calls() -> Iterator[tuple[dict[str, DType], str, bool, int, int]]:
         types = dict(x=dtype, normed=dtype, rotated=dtype) | (dict(weight=dtype) if weight else {}) | \
             (dict(values=dtype) if values else {})
         yield types, destination, False, 128, 128
+    for dtype, destination, weight in itertools.product(KERNEL_DTYPES, ("cache", "pool"), (True, False)):
+        types = dict(x=dtype, normed=dtype, rotated=dtype) | (dict(weight=dtype) if weight else {})
+        yield types | dict(values=dtype, values_in=dtype), destination, False, 128, 128
+    yield dict(x=dtypes.float32, normed=dtypes.float32, rotated=dtypes.bfloat16, weight=dtypes.float32, values=dtypes.bfloat16,
+               values_in=dtypes.float16), "pool", True, 7, 6
     yield dict(x=dtypes.float16, normed=dtypes.float32, rotated=dtypes.bfloat16, weight=dtypes.float32, values=dtypes.float32), \
         "cache", True, 80, 40
     yield dict(x=dtypes.bfloat16, normed=dtypes.bfloat16, rotated=dtypes.float32, weight=dtypes.bfloat16), "pool", False, 64, 32
@@ -483,7 +489,8 @@ def norm_rope_program(backend: str, types: dict[str, DType], destination: str, t
                       dims: int) -> Program:
     """A `norm_rope_calls` member's program, with its plan's launch."""
     return rope.norm_rope_program(backend, types, destination, traditional, 1.0, rope.norm_rope_plan(length, dims),
-                                  eps=1e-6 if "weight" in types else None, v_eps=1e-5 if "values" in types else None)
+                                  eps=1e-6 if "weight" in types else None,
+                                  v_eps=1e-5 if "values" in types and "values_in" not in types else None)
 
 
 def _norm_rope_candidates(backend: str) -> Iterator[_Candidate]:
@@ -497,7 +504,7 @@ def _norm_rope_candidates(backend: str) -> Iterator[_Candidate]:
                 f"{rope.describe_norm_rope(shape)}"
             return label, norm_rope_program(backend, types, destination, traditional, length, dims)
         layout = (shape.lanes > 32, shape.norm.per, shape.norm.vec, shape.rotation.vec)
-        options = (destination, "weight" in types, "values" in types)
+        options = (destination, "weight" in types, "values" in types, "values_in" in types)
         cover = ((types["x"], traditional, layout), (options, tuple(types.values())), (shape.lanes,))
         yield _Candidate(rope.NORM_ROPE.stem, make, cover, ((),))  # no inline assembly of its own (sincosf: the library's)
 

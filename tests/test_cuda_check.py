@@ -109,7 +109,7 @@ REACHED = {
     "nuvec_cross_entropy": {"MODE": {"2"}, "LOOPED": {"0", "1"}, "TO": {"float"}, "THREADS": {"32", "1024"}},
     "nuvec_rope": {"TRADITIONAL": {"0", "1"}, "VEC": {"1", "2", "4", "8"}, "TX": {"half", "bfloat", "float"},
                    "SCALE": {"1.0f", "0.25f"}},
-    "nuvec_norm_rope": {"DEST": {"0", "1", "2"}, "NORM": {"0", "1"}, "VALUES": {"0", "1"}, "TRADITIONAL": {"0", "1"},
+    "nuvec_norm_rope": {"DEST": {"0", "1", "2"}, "NORM": {"0", "1"}, "VALUES": {"0", "1", "2"}, "TRADITIONAL": {"0", "1"},
                         "LANES": {"8", "16", "32", "64", "512"}, "PER": {"1", "2"}, "VEC": {"1", "8"},
                         "UNIT": {"1", "2", "4", "8"}, "TX": {"half", "bfloat", "float"}, "TO": {"half", "bfloat", "float"},
                         "TK": {"half", "bfloat", "float"}},

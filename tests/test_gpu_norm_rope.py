@@ -221,7 +221,8 @@ def test_a_pool_takes_the_rows_at_their_slots(slots):
 def test_key_heads_of_a_projection_are_read_in_place_into_a_cache_and_a_pool():
     """k as a model has it: a slice of a fused q/k/v projection's realized output, as heads; the
     kernel reads them in place (a strided view of the projection), with the bits of the heads
-    copied first, into a cache and into a pool."""
+    copied first, into a cache and into a pool; and the value heads written beside them by the
+    same launch, as they are."""
     rng = np.random.default_rng(0x87)
     projection = random(rng, (4, 3, 1024 + 2 * 256), BF16, gpu, spread=2.0)[0].realize()
     k = projection[:, :, 1024:1280].reshape(4, 3, 2, 128).transpose(1, 2)
@@ -238,6 +239,19 @@ def test_key_heads_of_a_projection_are_read_in_place_into_a_cache_and_a_pool():
         copied_pool = values(fast.norm_rope_at(k.contiguous().realize(), w, EPS, rotation, positions, pool.clone().realize(), slots))
     np.testing.assert_array_equal(in_cache, copied_cache)
     np.testing.assert_array_equal(in_pool, copied_pool)
+    # with the value heads beside them (one launch writes both), equal to the keys' write and the values' copy
+    v = projection[:, :, 1280:1536].reshape(4, 3, 2, 128).transpose(1, 2)
+    with expect_launches(gpu, NORM_ROPE):
+        keys, vals = fast.norm_rope(k, w, EPS, rotation, 2, cache.clone().realize(), v, cache.clone().realize())
+        pool_keys, pool_vals = fast.norm_rope_at(k, w, EPS, rotation, positions, pool.clone().realize(), slots, v,
+                                                 pool.clone().realize())
+    np.testing.assert_array_equal(values(keys), copied_cache)
+    np.testing.assert_array_equal(values(pool_keys), copied_pool)
+    want_vals = values(cache)
+    want_vals[:, :, 2:5] = values(v)
+    np.testing.assert_array_equal(values(vals), want_vals)
+    with compositions_only():
+        np.testing.assert_array_equal(values(pool_vals), values(fast.paged_write(pool.clone(), v.transpose(1, 2), slots)))
 
 
 def test_two_rows_naming_one_slot_leave_it_one_of_theirs_piece_by_piece():

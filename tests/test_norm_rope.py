@@ -136,6 +136,13 @@ NORM_ROPE_INVALID = [
     (ValueError, lambda x, r: fast.norm_rope_kv(x, None, 1e-6, 1e-6, r, 0, Tensor.zeros(1, 2, 8, 64))),
     (ValueError, lambda x, r: fast.norm_rope_kv(x, None, 1e-6, 1e-6, r, 6, Tensor.zeros(1, 2, 8, 64), Tensor.zeros(1, 2, 8, 64))),
     (ValueError, lambda x, r: fast.norm_rope(x, None, 1e-6, fast.Rotation(65))),
+    (ValueError, lambda x, r: fast.norm_rope(x, None, 1e-6, r, 2, Tensor.zeros(1, 2, 8, 64), x)),
+    (ValueError, lambda x, r: fast.norm_rope(x, None, 1e-6, r, 2, None, x, Tensor.zeros(1, 2, 8, 64))),
+    (ValueError, lambda x, r: fast.norm_rope(x, None, 1e-6, r, 2, Tensor.zeros(1, 2, 8, 64), x[:, :1], Tensor.zeros(1, 2, 8, 64))),
+    (ValueError, lambda x, r: fast.norm_rope(x, None, 1e-6, r, 2, Tensor.zeros(1, 2, 8, 64), x, Tensor.zeros(1, 2, 9, 64))),
+    (TypeError, lambda x, r: fast.norm_rope(x, None, 1e-6, r, 2, Tensor.zeros(1, 2, 8, 64), x.cast(dtypes.int32),
+                                            Tensor.zeros(1, 2, 8, 64))),
+    (ValueError, lambda x, r: fast.norm_rope_at(x, None, 1e-6, r, Tensor([1]), Tensor.zeros(4, 2, 4, 64), Tensor([[1, 2, 3]]), x)),
 ]
 
 
@@ -150,12 +157,15 @@ def test_norm_rope_invalid_arguments(error, call):
 # norm_rope kernel (the kernel itself runs in test_norm_rope_emulated.py and on a GPU in
 # test_gpu_norm_rope.py), to check what the operations do around it: the route, the destination's
 # runtime integers, the in-place update, shapes and dtypes, and the backward (the composition's).
-# The stand-in writes x's rows (and their negatives as the values) where the kernel's DEST puts them.
+# The stand-in writes x's rows (and their negatives as the values, or the copied values' rows) where
+# the kernel's DEST puts them, reading x (and the copied values) where their strides place them.
 
 STAND_IN = """
   const int length = ints[0], steps = ints[2], batch_rows = ints[3], rows = ints[4], places = ints[6];
   for (int r = 0; r < rows; r++) {
     const int b = r / batch_rows, t = r % steps;
+    const long from = (long)ints[10] + (long)b * ints[11] + (long)((r / steps) % ints[9]) * ints[12] + (long)t * ints[13];
+    const long v_from = COPIED ? (long)ints[15] + (long)b * ints[16] + (long)((r / steps) % ints[14]) * ints[17] + (long)t * ints[18] : 0;
     long dest = -1;
     if (DEST == 0) dest = r;
     if (DEST == 1 && (long)offsets[0] + t >= 0 && (long)offsets[0] + t < places) dest = (long)(r / steps) * places + offsets[0] + t;
@@ -164,7 +174,7 @@ STAND_IN = """
       if (slot >= 0 && slot < places) dest = ((long)(slot / block_size) * heads + (r / steps) % heads) * block_size + slot % block_size;
     }
     if (dest < 0) continue;
-    for (int i = 0; i < length; i++) { rotated[dest * length + i] = x[r * length + i]; VALUES_LINE }
+    for (int i = 0; i < length; i++) { rotated[dest * length + i] = x[from + i]; VALUES_LINE }
   }
 """
 
@@ -178,7 +188,9 @@ def stand_ins(monkeypatch):
         params = render(backend, types, destination, traditional, scale, shape, eps=eps, v_eps=v_eps).params
         body = STAND_IN.replace("DEST", str(rope_kernel.DESTINATIONS.index(destination)))
         body = body.replace("SLOT", "slots[b * steps + t]" if destination == "pool" else "0")
-        body = body.replace("VALUES_LINE", "values[dest * length + i] = -x[r * length + i];" if v_eps is not None else "")
+        copied = "values_in" in types
+        body = body.replace("COPIED", str(int(copied))).replace("VALUES_LINE", "values[dest * length + i] = v_rows[v_from + i];" if copied
+                                                                else "values[dest * length + i] = -x[from + i];" if v_eps is not None else "")
         return stand_in_program(f"stand_in_norm_rope_{destination}", params, body)
     monkeypatch.setattr(kernels, "active_backend", lambda device: "cuda")
     monkeypatch.setattr(rope_kernel, "norm_rope_program", stand_in)
@@ -247,6 +259,39 @@ def test_norm_rope_kv_writes_both_caches_from_one_launch(stand_ins):
     assert fresh_k.shape == fresh_v.shape == x.shape
     np.testing.assert_array_equal(fresh_k.numpy(), xv)
     np.testing.assert_array_equal(fresh_v.numpy(), -xv)
+
+
+def test_keys_and_values_of_a_projection_go_into_caches_and_pools_from_one_launch_read_in_place(stand_ins):
+    """k and v as a model has them, head views of a fused projection's realized output: one launch
+    writes both into caches (at an offset) and into pools (at slots), x and the values read where
+    the projection holds them (the stand-in reads them through the layout's strides), as the
+    composition writes them."""
+    rng = np.random.default_rng(0x70)
+    projection, pv = random(rng, (2, 3, 48), dtypes.float32, "CPU")
+    projection.realize()
+    heads = lambda start: projection[:, :, start:start + 16].reshape(2, 3, 2, 8).transpose(1, 2)   # noqa: E731
+    k, v = heads(16), heads(32)
+    rotation = fast.Rotation(8)
+    caches = [random(rng, (2, 2, 6, 8), dtypes.float32, "CPU")[0].realize() for _ in range(2)]
+    pools = [random(rng, (3, 2, 4, 8), dtypes.float32, "CPU")[0].realize() for _ in range(2)]
+    slots = Tensor([[5, -1, 11], [0, 12, 3]], device="CPU")
+    with kernels.compositions_only():
+        want_cache = [values(t) for t in fast.norm_rope(k, None, 1e-6, rotation, 2, caches[0].clone(), v, caches[1].clone())]
+        want_pool = [values(t) for t in fast.norm_rope_at(k, None, 1e-6, rotation, Tensor([3, 9], device="CPU"), pools[0].clone(),
+                                                          slots, v, pools[1].clone())]
+    with kernels.record_launches() as launches:
+        got_cache = fast.norm_rope(k, None, 1e-6, rotation, 2, *caches[:1], v, caches[1])
+        got_pool = fast.norm_rope_at(k, None, 1e-6, rotation, Tensor([3, 9], device="CPU"), pools[0], slots, v, pools[1])
+    assert launched(launches) == ["stand_in_norm_rope_cache", "stand_in_norm_rope_pool"]
+    assert launches[0][1] == "cuda norm_rope 12x8 dims 8 into cache with copied values"
+    # the stand-in writes x's rows unrotated: the values are the composition's, the keys' rows x's own
+    for got, want in ((got_cache, want_cache), (got_pool, want_pool)):
+        np.testing.assert_array_equal(values(got[1]), want[1])
+    key_rows = pv[:, :, 16:32].reshape(2, 3, 2, 8).transpose(0, 2, 1, 3)                # [B, H, T, D]
+    np.testing.assert_array_equal(values(got_cache[0])[:, :, 2:5], key_rows)
+    pool_keys = values(got_pool[0])
+    for (b, t), slot in np.ndenumerate(slots.numpy()):
+        if 0 <= slot < 12: np.testing.assert_array_equal(pool_keys[slot // 4, :, slot % 4], key_rows[b, :, t])
 
 
 def test_what_the_kernel_does_not_take_composes(stand_ins):

@@ -60,6 +60,12 @@ class Case:
     slots: tuple[int, ...] = ()
     into_dtype: DType | None = None
     projection: tuple[int, int] | None = None   # x read in place from a [B, T, width] buffer: (width, x's first column)
+    copied: DType | None = None                  # values copied from rows of their own in this dtype (VALUES 2)
+    v_projection: tuple[int, int] | None = None  # those rows read in place from a [B, T, width] buffer
+
+    @property
+    def has_values(self) -> bool:
+        return self.values or self.copied is not None
 
     @property
     def normed(self) -> DType:
@@ -110,18 +116,27 @@ CASES = {
     "pool_from_a_projection_bf16": Case((2, 2, 3, 16), 16, BF16, BF16, offsets=(4, 11), into="pool", places=4,
                                         slots=(5, 0, 13, 2, 9, 15), projection=(96, 40)),
     "fresh_from_a_projection_f32": Case((2, 3, 1, 8), 8, F32, F32, offsets=(2, 7), projection=(40, 12)),
+    # a model's keys and values in one pass: the values copied beside the keys
+    "cache_copied_values_bf16": Case((2, 2, 3, 128), 128, BF16, BF16, offsets=(5,), into="cache", places=8, copied=BF16),
+    "cache_copied_f32_values_into_bf16": Case((1, 2, 4, 64), 64, F32, F32, True, (2,), into="cache", places=8,
+                                              into_dtype=BF16, copied=F32),
+    "pool_copied_values_of_a_projection_bf16": Case((2, 2, 3, 16), 16, BF16, BF16, offsets=(4, 11), into="pool", places=4,
+                                                    slots=(5, -1, 13, 2, 99, 15), projection=(104, 40), copied=BF16,
+                                                    v_projection=(104, 72)),
+    "pool_copied_f16_values_single_elements_f32": Case((1, 2, 3, 7), 6, F32, F32, True, into="pool", places=2,
+                                                       slots=(3, 0, 6), copied=F16),
 }
 
 
-def x_layout(case: Case, x: np.ndarray) -> tuple[np.ndarray, list[int]]:
-    """x as the kernel reads it (float64): itself, or placed in a projection's output `[B, T,
-    width]` of NaN at its columns; and the layout's runtime integers (heads, first element, the
-    batch item's, head's and step's strides)."""
+def x_layout(case: Case, x: np.ndarray, projection: tuple[int, int] | None) -> tuple[np.ndarray, list[int]]:
+    """Rows of x's shape as the kernel reads them (float64): themselves, or placed in a
+    projection's output `[B, T, width]` of NaN at its columns `(width, first column)`; and the
+    layout's runtime integers (heads, first element, the batch item's, head's and step's strides)."""
     shape = case.shape
     batch, steps, length = shape[0], shape[-2], shape[-1]
     heads = math.prod(shape[1:-2])
-    if case.projection is None: return x, [heads, 0, heads * steps * length, steps * length, length]
-    width, start = case.projection
+    if projection is None: return x, [heads, 0, heads * steps * length, steps * length, length]
+    width, start = projection
     buffer = np.full((batch, steps, width), np.nan)
     buffer[:, :, start:start + heads * length] = x.transpose(0, 2, 1, 3).reshape(batch, steps, heads * length)
     return buffer, [heads, start, steps * width, length, width]
@@ -137,7 +152,14 @@ def inputs(case: Case, seed: int = 0):
     rotated_dtype, values_dtype = case.destination_dtypes()
     before = (round_to(rng.uniform(-3, 3, case.destination_shape()), rotated_dtype),
               round_to(rng.uniform(-3, 3, case.destination_shape()), values_dtype))
+    if case.copied is not None:   # the value rows ride along with x
+        x = (x, round_to(rng.uniform(-3, 3, case.shape), case.copied))
     return x, weight, inv_freq, before
+
+
+def split(case: Case, x):
+    """x and the copied value rows (None without)."""
+    return x if case.copied is not None else (x, None)
 
 
 def write(case: Case, rows: np.ndarray, before: np.ndarray, dtype: DType) -> np.ndarray:
@@ -161,11 +183,12 @@ def write(case: Case, rows: np.ndarray, before: np.ndarray, dtype: DType) -> np.
 def reference(case: Case, x, weight, inv_freq, before):
     """float64 with the operations' roundings: the normalised rows (and weighted) in the rows'
     dtype, rotated by the contract's float32 angles and rounded to it, then written."""
+    x, v_rows = split(case, x)
     y = x
     if weight is not None:
         y = round_to(round_to(x / np.sqrt((x * x).mean(-1, keepdims=True) + EPS), case.normed) * weight, case.normed)
     rotated = round_to(rope_reference(y, case.dims, case.traditional, case.offsets, case.scale, inv_freq), case.normed)
-    values = round_to(x / np.sqrt((x * x).mean(-1, keepdims=True) + V_EPS), case.dtype)
+    values = round_to(x / np.sqrt((x * x).mean(-1, keepdims=True) + V_EPS), case.dtype) if v_rows is None else v_rows
     rotated_dtype, values_dtype = case.destination_dtypes()
     return write(case, rotated, before[0], rotated_dtype), write(case, values, before[1], values_dtype)
 
@@ -178,28 +201,35 @@ def emulate(case: Case, x, weight, inv_freq, before, edit=None):
     rotated_dtype, values_dtype = case.destination_dtypes()
     types = dict(x=case.dtype, normed=case.normed, rotated=rotated_dtype)
     if weight is not None: types["weight"] = case.weight
-    if case.values: types["values"] = values_dtype
+    x, v_rows = split(case, x)
+    if case.has_values: types["values"] = values_dtype
+    if case.copied is not None: types["values_in"] = case.copied
     program = kernel.norm_rope_program("cuda", types, case.into, case.traditional, case.scale, launch,
                                        eps=EPS if weight is not None else None, v_eps=V_EPS if case.values else None)
     if edit is not None: program = edit(program)
     poison = case.into == "fresh"  # fresh outputs start as NaN: a row not written shows
-    source, layout = x_layout(case, x)
+    source, layout = x_layout(case, x, case.projection)
+    if v_rows is not None:
+        v_source, v_layout = x_layout(case, v_rows, case.v_projection)
+        layout = layout + v_layout
     buffers = {"rotated": to_bits(np.full(case.shape, np.nan) if poison else before[0], rotated_dtype),
                "values": to_bits(np.full(case.shape, np.nan) if poison else before[1], values_dtype),
                "x": to_bits(source, case.dtype), "inv_freq": inv_freq, "offsets": np.asarray(case.offsets, np.int32),
                "slots": np.asarray(case.slots, np.int32)}
+    if v_rows is not None: buffers["v_rows"] = to_bits(v_source, case.copied)
     if weight is not None: buffers["weight"] = to_bits(weight, case.weight)
     heads = case.shape[1] if case.into == "pool" else 0
     places = case.places * (case.block_size if case.into == "pool" else 1)
     buffers["ints"] = np.array([length, case.dims // 2, case.shape[-2], rows // case.shape[0], rows, int(len(case.offsets) > 1),
                                 places, heads, case.block_size if case.into == "pool" else 0, *layout], np.int32)
     build(program)([np.ascontiguousarray(buffers[p.name]) for p in program.params], launch.groups(rows), launch.threads)
-    return from_bits(buffers["rotated"], rotated_dtype), (from_bits(buffers["values"], values_dtype) if case.values else None)
+    return from_bits(buffers["rotated"], rotated_dtype), (from_bits(buffers["values"], values_dtype) if case.has_values else None)
 
 
 def three_passes(case: Case, x, weight, inv_freq, before):
     """What the operations ran before the fused kernel, emulated: the norm kernel, the rope
-    kernel, then the write (numpy)."""
+    kernel, then the write (numpy); copied values written as they are."""
+    x, v_rows = split(case, x)
     rows, length = math.prod(case.shape[:-1]), case.shape[-1]
     flat = x.reshape(rows, length)
     y = x
@@ -207,8 +237,8 @@ def three_passes(case: Case, x, weight, inv_freq, before):
         y = norm_emulated.emulate("rms", rows, length, case.dtype, case.weight, None, None, case.normed,
                                   {"x": flat, "weight": weight})[1].reshape(case.shape)
     rotated = rope_emulated.emulate(y, case.dims, case.traditional, case.normed, case.offsets, case.scale, inv_freq)
-    values = norm_emulated.emulate("rms", rows, length, case.dtype, None, None, None, case.dtype, {"x": flat},
-                                   eps=V_EPS)[1].reshape(case.shape)
+    values = v_rows if v_rows is not None else \
+        norm_emulated.emulate("rms", rows, length, case.dtype, None, None, None, case.dtype, {"x": flat}, eps=V_EPS)[1].reshape(case.shape)
     rotated_dtype, values_dtype = case.destination_dtypes()
     return write(case, rotated, before[0], rotated_dtype), write(case, values, before[1], values_dtype)
 
@@ -220,7 +250,7 @@ def check_case(name, edit=None):
     got = emulate(case, x, weight, inv_freq, before, edit)
     want = reference(case, x, weight, inv_freq, before)
     assert_rows_close(f"{name} rotated", got[0], want[0], TOLERANCE[case.normed])
-    if case.values: assert_rows_close(f"{name} values", got[1], want[1], TOLERANCE[case.dtype])
+    if case.has_values: assert_rows_close(f"{name} values", got[1], want[1], TOLERANCE[case.dtype])
     return got
 
 
@@ -231,7 +261,7 @@ def test_emulated_norm_rope_matches_numpy_and_the_three_passes_bit_for_bit(name)
     x, weight, inv_freq, before = inputs(case)
     passes = three_passes(case, x, weight, inv_freq, before)
     np.testing.assert_array_equal(got[0], passes[0], err_msg=f"{name}: rotated rows against the three passes")
-    if case.values: np.testing.assert_array_equal(got[1], passes[1], err_msg=f"{name}: values against rms_norm")
+    if case.has_values: np.testing.assert_array_equal(got[1], passes[1], err_msg=f"{name}: values against rms_norm or copied")
 
 
 def test_every_launch_shape_and_unit_width_is_covered():

@@ -390,6 +390,11 @@ NORM_ROPE_FAULTS = {
     "features_past_dims_not_written": ("cache_rows_past_the_cache_f32",
                                        Fault("      STORE_PIECE(CHUNK_K, K_CHUNKS, TK, out, into + at)\n", "")),
     "values_not_normalised": ("cache_kv_f32_into_bf16", Fault("to_float(TX(held[k][e] * value_scale))", "held[k][e]")),
+    "copied_values_read_at_the_keys_columns": ("pool_copied_values_of_a_projection_bf16",
+                                               Fault("(long)ints[15] + (long)b * ints[16]", "(long)ints[10] + (long)b * ints[16]")),
+    "copied_values_taken_from_the_keys_rows": ("cache_copied_values_bf16",
+                                               Fault("LOAD_PIECE(CHUNK_VI, VI_CHUNKS, TVI, v_rows + v_base + (long)p * VEC, v)",
+                                                     "for (int e = 0; e < VEC; e++) v[e] = held[k][e];")),
 }
 
 

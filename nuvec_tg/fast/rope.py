@@ -232,14 +232,16 @@ def _write_rows(cache: Tensor, rows: Tensor, offset: int | Tensor) -> Tensor:
 
 def _fused(op: str, x: Tensor, weight: Tensor | None, eps: float, normed_dtype: DType, rotation: Rotation,
            offset: int | Tensor, *, v_eps: float | None = None, into: tuple[Tensor, ...] = (),
-           slots: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor] | None:
+           slots: Tensor | None = None, values: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor] | None:
     """The norm_rope kernel's call where it takes `op` (None where it does not: the caller runs
     the composition): the norm (with a weight), the rotation at `offset` and, with `v_eps`, the
-    values `rms_norm(x, None, v_eps)`, into fresh outputs or in place into `into` (caches, or a
-    pool at `slots`). Fresh outputs differentiate through the composition; buffers updated in
-    place have no backward (the design's rule for in-place pools)."""
+    values `rms_norm(x, None, v_eps)` (or `values` copied as they are, into `into`'s second),
+    into fresh outputs or in place into `into` (caches, or a pool at `slots`). Fresh outputs
+    differentiate through the composition; buffers updated in place have no backward (the
+    design's rule for in-place pools)."""
     dims = rotation.dims
-    types = (x.dtype, normed_dtype) + (() if weight is None else (weight.dtype,)) + tuple(t.dtype for t in into)
+    types = (x.dtype, normed_dtype) + (() if weight is None else (weight.dtype,)) + tuple(t.dtype for t in into) + \
+        (() if values is None else (values.dtype,))
     places = 0 if not into else into[0].shape[0] * into[0].shape[2] if slots is not None else into[0].shape[2]
     backend = _kernel_backend(op, x, dims, fused=(types, places))
     if backend is None: return None
@@ -254,12 +256,27 @@ def _fused(op: str, x: Tensor, weight: Tensor | None, eps: float, normed_dtype: 
     return rope_kernel.norm_rope_kernel(
         x, dims, inv_freq, _offsets(x, offset), backend=backend, traditional=rotation.traditional, scale=scale,
         normed_dtype=normed_dtype, weight=weight, eps=None if weight is None else float(eps), v_eps=v_eps, into=into,
-        slots=None if slots is None else int32_indices(slots).to(x.device).reshape(-1).contiguous(),
+        slots=None if slots is None else int32_indices(slots).to(x.device).reshape(-1).contiguous(), values=values,
         composition=None if into else composition)
 
 
+def _check_values(op: str, x: Tensor, values: Tensor | None, destination: Tensor | None, what: str, given: Tensor | None) -> None:
+    """Values to write beside the keys: given with their destination (and the keys'), x's shape, a float dtype."""
+    check((values is None) == (destination is None), op, f"values and {what} go together")
+    if values is None: return
+    check(given is not None, op, "values need the keys' destination too")
+    check_tensor(op, "values", values)
+    check(tuple(values.shape) == tuple(x.shape), op, f"values must have x's shape {tuple(x.shape)}, got {tuple(values.shape)}")
+    check_floating(op, "values", values.dtype)
+    check_tensor(op, what, destination)
+    check(tuple(destination.shape) == tuple(given.shape), op,
+          f"{what} must have the keys' destination's shape {tuple(given.shape)}, got {tuple(destination.shape)}")
+    check_floating(op, what, destination.dtype)
+
+
 def norm_rope(x: Tensor, weight: Tensor | None, eps: float, rotation: Rotation, offset: int | Tensor = 0,
-              cache: Tensor | None = None) -> Tensor:
+              cache: Tensor | None = None, values: Tensor | None = None,
+              values_cache: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
     """RMS-normalise each head's rows, rotate them, and optionally write them into a cache.
 
     x: `[B, H, L, D]` (or any rank >= 3 without a cache). weight: `[D]`, or None for no
@@ -268,8 +285,10 @@ def norm_rope(x: Tensor, weight: Tensor | None, eps: float, rotation: Rotation, 
     `S >= offset + L` for an int offset; a tensor offset's rows outside the cache are skipped.
     Returns the rotated rows `[B, H, L, D]` (x's dtype promoted with the weight's), or with a
     cache the cache with them at `offset..offset+L-1` (read through the result: `docs/design.md`,
-    the in-place contract). On METAL and CUDA one kernel reads each row once and writes it once,
-    the cache in place.
+    the in-place contract). values, values_cache: rows of x's shape and a cache of the cache's
+    shape, given with a cache: the values written as they are at the same positions (a model's
+    keys and values in one pass); returns both caches. On METAL and CUDA one kernel reads each row
+    once and writes it once, the caches in place.
     """
     op = "norm_rope"
     check_tensor(op, "x", x)
@@ -277,15 +296,20 @@ def norm_rope(x: Tensor, weight: Tensor | None, eps: float, rotation: Rotation, 
     normed_dtype = _check_norm(op, x, weight, eps)
     _check_rope(x, rotation.dims, rotation.base, rotation.scale, offset, rotation.freqs, op=op, dtype=normed_dtype)
     _check_offset_fits(op, x, offset, cache, "cache")
+    _check_values(op, x, values, values_cache, "values_cache", cache)
     if weight is None and cache is None: return rotation.apply(x, offset)  # the rotation alone
-    fused = _fused(op, x, weight, eps, normed_dtype, rotation, offset, into=() if cache is None else (cache,))
+    into = () if cache is None else (cache,) if values is None else (cache, values_cache)
+    fused = _fused(op, x, weight, eps, normed_dtype, rotation, offset, into=into, values=values)
     if fused is not None: return fused
     rotated = rotation.apply(_normalized(x, weight, eps), offset)
-    return rotated if cache is None else _write_rows(cache, rotated, offset)
+    if cache is None: return rotated
+    written = _write_rows(cache, rotated, offset)
+    return written if values is None else (written, _write_rows(values_cache, values, offset))
 
 
 def norm_rope_at(x: Tensor, weight: Tensor | None, eps: float, rotation: Rotation, positions: Tensor,
-                 pool: Tensor | None = None, slots: Tensor | None = None) -> Tensor:
+                 pool: Tensor | None = None, slots: Tensor | None = None, values: Tensor | None = None,
+                 values_pool: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
     """`norm_rope` with a start position per sequence, optionally written into a paged pool.
 
     x: `[B, H, L, D]`; positions: `[B]` integers (row `l` of sequence `b` is at
@@ -293,7 +317,9 @@ def norm_rope_at(x: Tensor, weight: Tensor | None, eps: float, rotation: Rotatio
     together: row `l` of sequence `b` goes to slot `slots[b, l]` (out-of-range slots skipped; of
     rows naming one slot the composition keeps the later, while the kernel's rows race, so the
     slot holds pieces of either). Returns the rotated rows, or the updated pool (on METAL and
-    CUDA written in place).
+    CUDA written in place). values, values_pool: rows of x's shape and a pool of the pool's shape,
+    given with a pool: the values written as they are at the same slots (`paged_write`); returns
+    both pools.
     """
     op = "norm_rope_at"
     check_tensor(op, "x", x)
@@ -313,12 +339,15 @@ def norm_rope_at(x: Tensor, weight: Tensor | None, eps: float, rotation: Rotatio
         check_floating(op, "pool", pool.dtype)
     normed_dtype = _check_norm(op, x, weight, eps)
     _check_rope(x, rotation.dims, rotation.base, rotation.scale, positions, rotation.freqs, op=op, dtype=normed_dtype)
+    _check_values(op, x, values, values_pool, "values_pool", pool)
     if weight is None and pool is None: return rotation.apply(x, positions)  # the rotation alone
-    fused = _fused(op, x, weight, eps, normed_dtype, rotation, positions, into=() if pool is None else (pool,), slots=slots)
+    into = () if pool is None else (pool,) if values is None else (pool, values_pool)
+    fused = _fused(op, x, weight, eps, normed_dtype, rotation, positions, into=into, slots=slots, values=values)
     if fused is not None: return fused
     rotated = rotation.apply(_normalized(x, weight, eps), positions)
     if pool is None: return rotated
-    return paged_write(pool, rotated.transpose(1, 2), slots)
+    written = paged_write(pool, rotated.transpose(1, 2), slots)
+    return written if values is None else (written, paged_write(values_pool, values.transpose(1, 2), slots))
 
 
 def norm_rope_kv(x: Tensor, weight: Tensor | None, eps: float, v_eps: float, rotation: Rotation,

@@ -231,27 +231,33 @@ def norm_rope_program(backend: str, types: dict[str, DType], destination: str, t
                       shape: FusedLaunch, *, eps: float | None = None, v_eps: float | None = None) -> Program:
     """One specialisation. types: the dtypes of `x`, `normed` (the normalised rows, rope's input),
     `rotated` (its destination's), and where present `weight` (normalising, with `eps`) and
-    `values` (the values' destination's, with `v_eps`). destination: "fresh", "cache" or "pool".
-    scale, eps, v_eps: float32 literals in the text (one program per value). shape: the launch
-    (`norm_rope_plan`)."""
+    `values` (the values' destination's): with `v_eps` x's own norm, or with `values_in` (the
+    source rows' dtype, into a cache or pool only) copied from rows of their own. destination:
+    "fresh", "cache" or "pool". scale, eps, v_eps: float32 literals in the text (one program per
+    value). shape: the launch (`norm_rope_plan`)."""
     if destination not in DESTINATIONS: raise ValueError(f"norm_rope_program: unknown destination {destination!r}")
-    if ("weight" in types) != (eps is not None) or ("values" in types) != (v_eps is not None):
-        raise ValueError("norm_rope_program: a weight comes with eps, values with v_eps")
+    copied = "values_in" in types
+    if ("weight" in types) != (eps is not None) or ("values" in types) != (v_eps is not None or copied) or \
+            (copied and (v_eps is not None or destination == "fresh")):
+        raise ValueError("norm_rope_program: a weight comes with eps, values with v_eps or copied rows (into a cache or pool)")
     ctypes = {key: CTYPES[concrete(dtype)] for key, dtype in types.items()}
     vec, unit = shape.norm.vec, shape.rotation.vec
     defines: dict[str, object] = dict(
-        TX=ctypes["x"], TO=ctypes["normed"], TK=ctypes["rotated"], NORM=int("weight" in types), VALUES=int("values" in types),
-        DEST=DESTINATIONS.index(destination), TRADITIONAL=int(traditional), SCALE=float_literal(scale), VEC=vec,
-        PER=shape.norm.per, LANES=shape.lanes, ROWS=shape.rows, THREADS=shape.threads, HELD=shape.held, UNIT=unit)
-    for name, prefix, width in (("x", "X", vec), ("weight", "W", vec), ("values", "V", vec), ("rotated", "K", unit)):
+        TX=ctypes["x"], TO=ctypes["normed"], TK=ctypes["rotated"], NORM=int("weight" in types),
+        VALUES=2 if copied else int("values" in types), DEST=DESTINATIONS.index(destination), TRADITIONAL=int(traditional),
+        SCALE=float_literal(scale), VEC=vec, PER=shape.norm.per, LANES=shape.lanes, ROWS=shape.rows, THREADS=shape.threads,
+        HELD=shape.held, UNIT=unit)
+    for name, prefix, width in (("x", "X", vec), ("weight", "W", vec), ("values", "V", vec), ("values_in", "VI", vec),
+                                ("rotated", "K", unit)):
         if name not in types: continue
-        if name in ("weight", "values"): defines[f"T{prefix}"] = ctypes[name]
+        if name in ("weight", "values", "values_in"): defines[f"T{prefix}"] = ctypes[name]
         piece = width * concrete(types[name]).itemsize
         defines.update(chunks(prefix, piece, piece))
     if eps is not None: defines["EPS"] = float_literal(eps)
     if v_eps is not None: defines["V_EPS"] = float_literal(v_eps)
     params = [Param("rotated", "out", ctypes["rotated"])] + ([Param("values", "out", ctypes["values"])] if "values" in types else [])
     params += [Param("x", "in", ctypes["x"])] + ([Param("weight", "in", ctypes["weight"])] if "weight" in types else [])
+    params += [Param("v_rows", "in", ctypes["values_in"])] if copied else []
     params += [Param("inv_freq", "in", "float"), Param("offsets", "in", "int")]
     params += [Param("slots", "in", "int")] if destination == "pool" else []
     params.append(Param("ints", "in", "int"))
@@ -260,14 +266,15 @@ def norm_rope_program(backend: str, types: dict[str, DType], destination: str, t
 
 def norm_rope_kernel(x: Tensor, dims: int, inv_freq: Tensor, offsets: Tensor, *, backend: str, traditional: bool, scale: float,
                      normed_dtype: DType, weight: Tensor | None = None, eps: float | None = None, v_eps: float | None = None,
-                     into: tuple[Tensor, ...] = (), slots: Tensor | None = None,
+                     into: tuple[Tensor, ...] = (), slots: Tensor | None = None, values: Tensor | None = None,
                      composition: Callable[..., Tensor | tuple[Tensor, Tensor]] | None = None) -> Tensor | tuple[Tensor, Tensor]:
     """Normalise and rotate the first `dims` features of `x`'s rows in one pass (checked by the
     operation), into fresh outputs or in place.
 
     x: `[B, ..., T, D]` (`[B, H, T, D]` with `into`), float16, bfloat16 or float32. weight: `[D]`
     with its `eps`, or None (no normalisation). normed_dtype: the normalised rows' dtype (x's
-    promoted with the weight's). v_eps: with it, the values `rms_norm(x, None, v_eps)` too.
+    promoted with the weight's). v_eps: with it, the values `rms_norm(x, None, v_eps)` too; or
+    values: rows of x's shape written as they are beside x's (into a cache or pool: `into` has both).
     inv_freq: `[dims / 2]` float32. offsets: int32, one element, or `B` for fresh outputs.
     into: () for fresh outputs, or the buffers written in place, rotated rows first, then values:
     caches `[B, H, S, D]` (row t at position `offsets[0] + t`, skipped outside the cache), or with
@@ -284,12 +291,19 @@ def norm_rope_kernel(x: Tensor, dims: int, inv_freq: Tensor, offsets: Tensor, *,
     destination = "pool" if slots is not None else "cache" if into else "fresh"
     types = dict(x=x.dtype, normed=normed_dtype, rotated=into[0].dtype if into else normed_dtype)
     if weight is not None: types["weight"] = weight.dtype
-    if v_eps is not None: types["values"] = into[1].dtype if into else x.dtype
+    if v_eps is not None or values is not None: types["values"] = into[1].dtype if into else x.dtype
+    if values is not None: types["values_in"] = values.dtype
     kernel = norm_rope_program(backend, types, destination, traditional, scale, launch_shape,
                                eps=None if weight is None else eps, v_eps=v_eps)
     # x read in place where it is a strided view of a buffer, unless a backward must reach x itself
     source, layout = row_layout(x, launch_shape.norm.vec, in_place=bool(into) or composition is None)
-    ins = [source] + ([] if weight is None else [kernel_input(weight)]) + [kernel_input(inv_freq)]
+    ins = [source] + ([] if weight is None else [kernel_input(weight)])
+    value_ints: tuple[int, ...] = ()
+    if values is not None:
+        value_source, value_layout = row_layout(values, launch_shape.norm.vec)
+        ins.append(value_source)
+        value_ints = value_layout.ints
+    ins.append(kernel_input(inv_freq))
     backward = None
     if into:
         outs = [buffer.contiguous() for buffer in into]  # a realized buffer (or a prefix view of one) is itself
@@ -309,8 +323,9 @@ def norm_rope_kernel(x: Tensor, dims: int, inv_freq: Tensor, offsets: Tensor, *,
     if destination == "cache": places = into[0].shape[2]
     if destination == "pool": places, heads, block_size = into[0].shape[0] * into[0].shape[2], into[0].shape[1], into[0].shape[2]
     ins.append(int_buffer(device, (length, dims // 2, shape[-2], rows // shape[0], rows, int(offsets.numel() > 1), places, heads,
-                                   block_size, *layout.ints)))
-    label = f"{backend} norm_rope {rows}x{length} dims {dims} into {destination}{' with values' if v_eps is not None else ''}"
+                                   block_size, *layout.ints, *value_ints)))
+    label = f"{backend} norm_rope {rows}x{length} dims {dims} into {destination}" + \
+        (" with values" if v_eps is not None else " with copied values" if values is not None else "")
     results = launch(kernel, device, outs, ins, (launch_shape.groups(rows), 1, 1), launch_shape.threads, backward=backward,
                      label=label, in_place=bool(into))
     if into: return results[0] if len(results) == 1 else (results[0], results[1])

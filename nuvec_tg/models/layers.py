@@ -23,7 +23,7 @@ from tinygrad import Tensor, dtypes
 
 from .. import fast, quant
 from ..quant import QuantizedWeight
-from .cache import Pages, Positions, kv_buffers, store
+from .cache import Pages, Positions, kv_buffers
 from .rope import RotaryEmbedding
 
 Weight = Tensor | QuantizedWeight
@@ -330,13 +330,13 @@ class Attention:
         else:
             keys, values = cache
             start = positions.start
-            # without padding a row's rotary position is its cache row: the keys go straight into the cache
+            # without padding a row's rotary position is its cache row: keys and values go straight into the cache
             written = None if positions.pads is not None else \
-                self.rope.into_cache(k, *_norm_parameters(self.k_norm), positions.rope_offset, keys)
+                self.rope.into_cache(k, *_norm_parameters(self.k_norm), positions.rope_offset, keys, v, values)
             if written is None:
                 keys[:, :, start:start + t].assign(self.rope(k, *_norm_parameters(self.k_norm), positions.rope_offset).cast(keys.dtype))
-            else: keys = written
-            values[:, :, start:start + t].assign(v.cast(values.dtype))
+                values[:, :, start:start + t].assign(v.cast(values.dtype))
+            else: keys, values = written
             if positions.key_count is not None:
                 keys, values = keys[:, :, :positions.key_count], values[:, :, :positions.key_count]
             if positions.masked:
@@ -349,12 +349,11 @@ class Attention:
 
     def _paged(self, q: Tensor, k: Tensor, v: Tensor, pages: Pages, pools: tuple[Tensor, Tensor],
                sinks: Tensor | None) -> Tensor:
-        """Attention of `[B, H, T, D]` heads over a paged cache: the keys rotated and the values
-        written into the pools at `pages.writes` (in place where kernels run), then each sequence's
-        rows over its blocks."""
-        keys, values = pools
-        keys = self.rope.into_pool(k, *_norm_parameters(self.k_norm), pages.starts, keys, pages.writes)
-        values = store(values, fast.paged_write(values, v.transpose(1, 2), pages.writes))
+        """Attention of `[B, H, T, D]` heads over a paged cache: the keys rotated and written into
+        the pools at `pages.writes` with the values (one kernel, in place, where kernels run), then
+        each sequence's rows over its blocks."""
+        key_pool, value_pool = pools
+        keys, values = self.rope.into_pool(k, *_norm_parameters(self.k_norm), pages.starts, key_pool, pages.writes, v, value_pool)
         return fast.paged_attention(q, keys, values, pages.tables, pages.lengths, self.scale, sinks=sinks, window=self.window)
 
 

@@ -24,22 +24,28 @@ class RotaryEmbedding:
     def __init__(self, rotation: fast.Rotation, attention_factor: float = 1.0):
         self.rotation, self.attention_factor = rotation, attention_factor
 
-    def into_cache(self, x: Tensor, weight: Tensor | None, eps: float, offset: int | Tensor, cache: Tensor) -> Tensor | None:
-        """`__call__`'s rows written into `cache` `[B, H, S, D]` at rows `offset..` in place by
-        `norm_rope`'s kernel (METAL, CUDA); returns the updated cache, or None where no kernel
-        wrote it in place (the composition's result is a new tensor; an attention factor needs a
-        step of its own): then the caller writes the rows itself."""
+    def into_cache(self, x: Tensor, weight: Tensor | None, eps: float, offset: int | Tensor, cache: Tensor,
+                   values: Tensor, values_cache: Tensor) -> tuple[Tensor, Tensor] | None:
+        """`__call__`'s rows written into `cache` `[B, H, S, D]` at rows `offset..`, and `values`
+        (x's shape) into `values_cache` beside them, in place by `norm_rope`'s kernel (METAL,
+        CUDA); returns the updated caches, or None where no kernel wrote them in place (the
+        composition's results are new tensors; an attention factor needs a step of its own): then
+        the caller writes the rows itself."""
         if self.attention_factor != 1.0: return None
-        written = fast.norm_rope(x, weight, eps, self.rotation, offset, cache=cache)
-        return written if written_in_place(written, cache) else None
+        keys, written = fast.norm_rope(x, weight, eps, self.rotation, offset, cache=cache, values=values, values_cache=values_cache)
+        return (keys, written) if written_in_place(keys, cache) and written_in_place(written, values_cache) else None
 
-    def into_pool(self, x: Tensor, weight: Tensor | None, eps: float, starts: Tensor, pool: Tensor, slots: Tensor) -> Tensor:
+    def into_pool(self, x: Tensor, weight: Tensor | None, eps: float, starts: Tensor, pool: Tensor, slots: Tensor,
+                  values: Tensor, values_pool: Tensor) -> tuple[Tensor, Tensor]:
         """`__call__`'s rows of `[B, H, T, D]` x at positions `starts[b] + t`, written into a paged
-        `pool` at `slots [B, T]` (`norm_rope_at`: one kernel on METAL and CUDA, in place); returns
-        the pool holding them."""
+        `pool` at `slots [B, T]`, and `values` (x's shape) into `values_pool` at the same slots
+        (`norm_rope_at`: one kernel on METAL and CUDA, in place); returns the pools holding them."""
         if self.attention_factor == 1.0:
-            return store(pool, fast.norm_rope_at(x, weight, eps, self.rotation, starts, pool, slots))
-        return store(pool, fast.paged_write(pool, self(x, weight, eps, starts).transpose(1, 2), slots))
+            keys, written = fast.norm_rope_at(x, weight, eps, self.rotation, starts, pool, slots, values, values_pool)
+        else:
+            keys = fast.paged_write(pool, self(x, weight, eps, starts).transpose(1, 2), slots)
+            written = fast.paged_write(values_pool, values.transpose(1, 2), slots)
+        return store(pool, keys), store(values_pool, written)
 
     def __call__(self, x: Tensor, weight: Tensor | None, eps: float, offset: int | Tensor) -> Tensor:
         y = fast.norm_rope(x, weight, eps, self.rotation, offset)

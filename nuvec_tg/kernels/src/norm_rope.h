@@ -10,8 +10,10 @@
 // SIMD group of 32 / LANES rows each row's lane sums in turn are moved to lanes 0..LANES-1, zeros
 // above, and summed by simd_sum: what norm.h's one SIMD group sums for such a row.
 //   NORM:   y = TO(TO(x * r) * w), r = 1 / sqrt(sum / length + EPS) (norm.h's); else y = x (TO = TX)
-//   VALUES: v = TX(x * (1 / sqrt(sum / length + V_EPS))) (rms_norm without a weight), stored as TV
+//   VALUES 1: v = TX(x * (1 / sqrt(sum / length + V_EPS))) (rms_norm without a weight), stored as TV
 //           from the registers
+//   VALUES 2: v = the same row of `v_rows` (TVI, a layout of its own), copied as TV beside it (a
+//           model's values written into the cache or pool by the keys' kernel)
 // y goes to threadgroup memory in TO, the type rope.h reads it in; then the row's units (rope.h's:
 // UNIT pairs, or a piece past dims) turn it as rotation.h says, rounded to TO, then stored as TK.
 //
@@ -22,23 +24,24 @@
 //   2  a pool [blocks, H, block_size, length] (x [B, H, T, length]): slot s = slots[b * T + t] is
 //      row s % block_size of head (r / T) % H in block s / block_size, skipped outside
 //      0..blocks * block_size - 1. Rows naming one slot race: the slot's pieces come from either.
-// A skipped row is not read. Every read lies in x's rows (as the strides place them), the weight, the `pairs` inverse frequencies,
-// offsets[0] or offsets[b], and slots[b * T + t], for rows r < rows; every write in its
-// destination row. No row's arithmetic depends on another's, nor on ROWS: a row's bits never
+// A skipped row is not read. Every read lies in x's and v_rows' rows (as the strides place them),
+// the weight, the `pairs` inverse frequencies, offsets[0] or offsets[b], and slots[b * T + t], for
+// rows r < rows; every write in its destination row. No row's arithmetic depends on another's, nor on ROWS: a row's bits never
 // depend on the batch.
 //
 // Defines: TX (x's type), TO (the normalised rows'), TK, TV (the destinations' types: rotated rows,
-// values), TW (the weight's; NORM), NORM, VALUES, DEST, TRADITIONAL, SCALE, EPS (NORM), V_EPS
+// values), TVI (v_rows'; VALUES 2), TW (the weight's; NORM), NORM, VALUES, DEST, TRADITIONAL, SCALE, EPS (NORM), V_EPS
 // (VALUES), VEC, PER (norm.h's pieces), LANES, ROWS, THREADS (LANES * ROWS), HELD (elements a row
 // keeps in threadgroup memory: LANES * PER * VEC), UNIT (pairs a rotating unit turns: it divides
-// pairs and length); CHUNK_<buffer> and <buffer>_CHUNKS, how a piece is read or written (X, W and
-// V by VEC elements, K by UNIT).
+// pairs and length); CHUNK_<buffer> and <buffer>_CHUNKS, how a piece is read or written (X, W, V
+// and VI by VEC elements, K by UNIT).
 // Runtime integers (`ints`): the row length, pairs (dims / 2), T, rows per batch item, rows,
 // per_batch (offsets has B elements, else one), places (S, or blocks * block_size), heads (H of a
 // pool), block_size; then where x's rows lie in its buffer: its heads (rows per batch item / T),
 // the first element, and the batch item's, head's and step's element strides (row r = (b, head,
 // t) starts at first + b * batch + head * head stride + t * step; every one a multiple of VEC, the
-// row's elements consecutive; a contiguous x: 0, H * T * length, T * length, length).
+// row's elements consecutive; a contiguous x: 0, H * T * length, T * length, length); with
+// VALUES 2 the same five for v_rows.
 
 /* kernel */
   const int length = ints[0], pairs = ints[1], steps = ints[2], batch_rows = ints[3], rows = ints[4];
@@ -51,6 +54,9 @@
   // x's row r = (b, head, t) in place in its buffer (a head of a projection's output, say)
   const int x_heads = ints[9];
   const long base = (long)ints[10] + (long)b * ints[11] + (long)((row / steps) % x_heads) * ints[12] + (long)t * ints[13];
+#if VALUES == 2
+  const long v_base = (long)ints[15] + (long)b * ints[16] + (long)((row / steps) % ints[14]) * ints[17] + (long)t * ints[18];
+#endif
   THREADGROUP TO kept[ROWS * HELD];  // each row's y, where the rotating units read it
 #if LANES > 32
   THREADGROUP float partial[THREADS / 32];
@@ -88,7 +94,7 @@
     }
   }
 
-#if NORM || VALUES
+#if NORM || VALUES == 1
   float squares;
 #if LANES > 32
   GROUP_SUM(sum, squares)
@@ -105,7 +111,7 @@
 #if NORM
   const float scale = 1.0f / sqrt(squares / (float)length + EPS);  // correctly rounded, as norm.h's
 #endif
-#if VALUES
+#if VALUES == 1
   const float value_scale = 1.0f / sqrt(squares / (float)length + V_EPS);
 #endif
 
@@ -125,10 +131,14 @@
 #endif
 #pragma unroll
     for (int e = 0; e < VEC; e++) kept[mine * HELD + p * VEC + e] = TO(y[e]);
-#if VALUES
+#if VALUES == 1
     float v[VEC];
 #pragma unroll
     for (int e = 0; e < VEC; e++) v[e] = to_float(TX(held[k][e] * value_scale));
+    STORE_PIECE(CHUNK_V, V_CHUNKS, TV, v, values + dest * length + (long)p * VEC)
+#elif VALUES == 2
+    float v[VEC];
+    LOAD_PIECE(CHUNK_VI, VI_CHUNKS, TVI, v_rows + v_base + (long)p * VEC, v)
     STORE_PIECE(CHUNK_V, V_CHUNKS, TV, v, values + dest * length + (long)p * VEC)
 #endif
   }
