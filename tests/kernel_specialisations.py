@@ -302,6 +302,18 @@ def gemm_calls(backend: str) -> Iterator[tuple[DType, DType | None, DType, int, 
         yield dtype, bias, promote_types(dtype, bias or dtype), k, shape
 
 
+def _gemm_wgmma_candidates(backend: str) -> Iterator[_Candidate]:
+    """gemm_wgmma (CUDA only): both 16-bit types, no bias or a bias of each kernel dtype (y their
+    promotion), each tile shape the plan emits and the tuning sweep's others."""
+    if backend != "cuda": return
+    for dtype, bias, tiles in itertools.product((dtypes.float16, dtypes.bfloat16), (None,) + FLOATS, linear.WGMMA_SHAPES):
+        out = promote_types(dtype, bias or dtype)
+        label = f"x and w {dtype_name(dtype)} bias {dtype_name(bias) if bias else '-'} y {dtype_name(out)} {tiles}"
+        make = functools.partial(_labelled, label, linear.wgmma_program, dtype, bias, out, tiles=tiles)
+        # assembled: each wgmma type and width
+        yield _Candidate("nuvec_gemm_wgmma", make, ((dtype, bias, out), (dtype, tiles)), ((dtype, tiles.columns),))
+
+
 def _gemv_candidates(backend: str) -> Iterator[_Candidate]:
     for x, w, bias, out, rows, k, n, p in gemv_calls():
         label = f"x {dtype_name(x)} w {dtype_name(w)} bias {dtype_name(bias) if bias else '-'} M{rows} K{k} N{n} {p}"
@@ -527,7 +539,7 @@ def _paged_write_candidates(backend: str) -> Iterator[_Candidate]:
 
 _WALKS = (_decode_candidates, _prefill_candidates, _gated_delta_candidates, _gated_delta_chunked_candidates, _qmv_candidates, _qvm_candidates, _qmm_candidates,
           _norm_candidates, _residual_norm_candidates, _softmax_candidates, _rope_candidates, _norm_rope_candidates,
-          _gemv_candidates, _gemm_candidates, _paged_write_candidates)
+          _gemv_candidates, _gemm_candidates, _gemm_wgmma_candidates, _paged_write_candidates)
 
 
 @functools.cache

@@ -26,7 +26,7 @@ from nuvec_tg.bench.__main__ import BENCHMARKS, main
 
 KERNEL_BENCHMARKS = [what for what in BENCHMARKS if what != "model"]
 # ours' µs, counting cells from 1 (gated_delta and quant: in both their tables)
-OURS_COLUMN = {"attention": 7, "prefill": 7, "gated_delta": 3, "linear": 4, "quant": 5, "rows": 4}
+OURS_COLUMN = {"attention": 7, "prefill": 7, "gated_delta": 3, "linear": 5, "quant": 5, "rows": 4}
 
 
 def small_args(**changes) -> argparse.Namespace:

@@ -119,6 +119,8 @@ REACHED = {
                    "CHUNK_W": {"uint4", "uint2", "uint", "ushort"}, "K_SPLIT": {"1", "2", "8"}, "COLUMNS": {"3", "4"}},
     "nuvec_gemm": {"TX": {"half", "bfloat"}, "TY": {"half", "bfloat", "float"}, "BIAS": {"0", "1"},
                    "COPY_BYTES": {"4", "8", "16"}, "BM": {"64", "128"}, "BN": {"64", "128"}},
+    "nuvec_gemm_wgmma": {"TX": {"half", "bfloat"}, "TY": {"half", "bfloat", "float"}, "BIAS": {"0", "1"},
+                         "BM": {"64", "128"}, "BN": {"64", "128", "256"}},
 }
 
 
@@ -142,6 +144,8 @@ def test_the_covering_set_reaches_every_code_path():
     assert {d["COPY_BYTES"] for d in assembled["nuvec_gemm"]} == {"4", "8", "16"}
     assert {d["TX"] for d in assembled["nuvec_gemm"]} == {"half", "bfloat"}
     assert {d["BM"] for d in assembled["nuvec_gemm"]} == {"64", "128"}
+    assert {(d["TX"], d["BN"]) for d in assembled["nuvec_gemm_wgmma"]} == {(t, n) for t in ("half", "bfloat")
+                                                                            for n in ("64", "128", "256")}
 
 
 @pytest.mark.parametrize("family", [f.stem for f in FAMILIES if "cuda" in f.backends])
@@ -150,26 +154,35 @@ def test_every_planned_cuda_specialisation_compiles(tmp_path, family):
     assert status == 0, output
 
 
-@pytest.fixture(scope="module")
-def assembled_ptx(tmp_path_factory) -> tuple[list[ks.Specialisation], pathlib.Path]:
-    """The assembled set compiled to PTX in one unit (clang -O0: code generation's checks, quickly)."""
-    items = [item for items in ks.assembled("cuda").values() for item in items]
+# The programs built for the device's own architecture, and for sm_90a (Program.arch: the wgmma
+# kernels), whose PTX needs ISA 8.0 (CUDA 12.0, the first with wgmma) and an sm_90a assembler.
+ARCH_FLAGS = {ARCH: [], "sm_90a": [f"--cuda-gpu-arch={ARCH}", "--no-cuda-gpu-arch=sm_90", "--cuda-gpu-arch=sm_90a",
+                                   "--cuda-feature=+ptx80"]}
+
+
+@pytest.fixture(scope="module", params=list(ARCH_FLAGS))
+def assembled_ptx(request, tmp_path_factory) -> tuple[str, list[ks.Specialisation], pathlib.Path]:
+    """The assembled set of one architecture compiled to PTX in one unit (clang -O0: code
+    generation's checks, quickly)."""
+    arch = request.param
+    items = [item for items in ks.assembled("cuda").values() for item in items if (item.program.arch or ARCH) == arch]
     folder = tmp_path_factory.mktemp("ptx")
-    status, output = _compile(folder / "assembled.cu", items, ["-O0", "-S", "-o", str(folder / "assembled.ptx")])
+    status, output = _compile(folder / "assembled.cu", items, [*ARCH_FLAGS[arch], "-O0", "-S", "-o", str(folder / "assembled.ptx")])
     assert status == 0, output
-    return items, folder / "assembled.ptx"
+    return arch, items, folder / "assembled.ptx"
 
 
 def test_the_assembly_paths_generate_ptx(assembled_ptx):
-    items, ptx = assembled_ptx
+    arch, items, ptx = assembled_ptx
     entries = set(re.findall(r"\.entry (\w+)", ptx.read_text()))
-    assert entries == {item.program.name for item in items}
+    assert items and entries == {item.program.name for item in items}
+    assert f".target {arch}" in ptx.read_text()
 
 
 @pytest.mark.skipif(PTXAS is None, reason=NO_PTXAS)
-def test_the_assembly_paths_assemble_for_sm_90(assembled_ptx):
-    items, ptx = assembled_ptx
-    result = subprocess.run([PTXAS, f"-arch={ARCH}", "-O1", str(ptx), "-o", str(ptx.with_suffix(".cubin"))],
+def test_the_assembly_paths_assemble(assembled_ptx):
+    arch, items, ptx = assembled_ptx
+    result = subprocess.run([PTXAS, f"-arch={arch}", "-O1", str(ptx), "-o", str(ptx.with_suffix(".cubin"))],
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[:4000]
 

@@ -5,20 +5,31 @@ scaled by each row's largest |want|, reference.py): M at the route's boundary (8
 axes, strided x; each gemv row's bits equal to that row alone (M 1-8), each gemm row's bits equal
 to that row in another row count (9, 13, 100, 257: both tile shapes); gradients equal to the
 composition's; a replayed TinyJit step; what stays a composition (float32 and mixed x and w beyond
-8 rows, an odd K on CUDA, float64). Every call meant for a kernel asserts that it launched."""
+8 rows, an odd K on CUDA, float64). On Hopper (CUDA sm_90) more than 8 rows with K a multiple of 8
+take gemm_wgmma instead of gemm, and every one of its tile shapes gives the same bits. Every call
+meant for a kernel asserts that it launched."""
 import numpy as np
 import pytest
 from tinygrad import Tensor, TinyJit, dtypes
 
 from conftest import GPU_DEVICES
 from nuvec_tg import fast
+from nuvec_tg import kernels
 from nuvec_tg.kernels import compositions_only, kernel_backend
+from nuvec_tg.kernels import linear as linear_kernels
 from reference import COMPOSITION_TOLERANCE, KERNEL_TOLERANCE, assert_rows_close, expect_launches, random, values
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not GPU_DEVICES, reason="no GPU")]
 gpu = GPU_DEVICES[0] if GPU_DEVICES else None
 F16, BF16, F32 = dtypes.float16, dtypes.bfloat16, dtypes.float32
-GEMV, GEMM = "nuvec_gemv", "nuvec_gemm"
+GEMV, WGMMA = "nuvec_gemv", "nuvec_gemm_wgmma"
+WARPGROUPS = gpu is not None and kernels.target(gpu).warpgroups
+
+
+def gemm_for(k: int) -> str:
+    """The program more than 8 rows of depth K launch: gemm_wgmma on Hopper where K is a multiple
+    of 8, else gemm (a prefix gemm_wgmma's names share: the wgmma cases are the strict ones)."""
+    return WGMMA if WARPGROUPS and k % 8 == 0 else "nuvec_gemm"
 
 
 def bits_of(t: Tensor) -> np.ndarray:
@@ -81,7 +92,7 @@ def test_gemm_matches_numpy_and_the_composition_and_keeps_a_rows_bits(dtype, bia
     x, w, b, want = inputs(0x22, (257, k), n, dtype, bias_dtype=bias_dtype)
     results = {}
     for rows in (9, 13, 100, 257):
-        y = assert_matches(f"M{rows} K{k} N{n}", x[257 - rows:].contiguous(), w, b, GEMM, want[257 - rows:])
+        y = assert_matches(f"M{rows} K{k} N{n}", x[257 - rows:].contiguous(), w, b, gemm_for(k), want[257 - rows:])
         results[rows] = bits_of(y)
     for rows in (9, 13, 100):
         np.testing.assert_array_equal(results[rows], results[257][257 - rows:], err_msg=f"the last {rows} rows")
@@ -90,7 +101,7 @@ def test_gemm_matches_numpy_and_the_composition_and_keeps_a_rows_bits(dtype, bia
 def test_eight_and_nine_rows_take_each_kernel():
     x, w, b, want = inputs(0x23, (9, 256), 64, BF16, bias_dtype=BF16)
     assert_matches("M8", x[:8].contiguous(), w, b, GEMV, want[:8])
-    assert_matches("M9", x, w, b, GEMM, want)
+    assert_matches("M9", x, w, b, gemm_for(256), want)
 
 
 @pytest.mark.parametrize("shape", [(2, 50, 320), (3, 1, 320), (4, 2, 3, 320)], ids=str)
@@ -98,7 +109,7 @@ def test_leading_axes_are_rows(shape):
     """x `[..., K]`: its leading axes flattened into rows (100, 3 and 24 of them), the result shaped back."""
     x, w, b, want = inputs(0x24, shape, 100, BF16, bias_dtype=BF16)
     rows = int(np.prod(shape[:-1]))
-    y = assert_matches(f"{shape}", x, w, b, GEMV if rows <= 8 else GEMM, want)
+    y = assert_matches(f"{shape}", x, w, b, GEMV if rows <= 8 else gemm_for(320), want)
     assert y.shape == shape[:-1] + (100,)
 
 
@@ -107,7 +118,7 @@ def test_strided_x_is_copied_to_rows_first():
     rng = np.random.default_rng(0x25)
     base = random(rng, (320, 40), F16, gpu)[0].realize()
     w, b = (random(rng, shape, F16, gpu)[0].realize() for shape in ((64, 320), (64,)))
-    for view, kernel in ((base.T, GEMM), (base.T[3:7], GEMV)):
+    for view, kernel in ((base.T, gemm_for(320)), (base.T[3:7], GEMV)):
         with expect_launches(gpu, kernel):
             strided = bits_of(fast.linear(view, w, b))
         np.testing.assert_array_equal(strided, bits_of(fast.linear(view.contiguous(), w, b)))
@@ -117,7 +128,7 @@ def test_strided_x_is_copied_to_rows_first():
 def test_gradients_equal_the_compositions(rows):
     x, w, b, _ = inputs(0x26, (rows, 96), 48, BF16, bias_dtype=BF16)
     upstream = random(np.random.default_rng(0x27), (rows, 48), BF16, gpu)[0].realize()
-    with expect_launches(gpu, GEMV if rows <= 8 else GEMM):
+    with expect_launches(gpu, GEMV if rows <= 8 else gemm_for(96)):
         grads = [g.realize() for g in (fast.linear(x, w, b) * upstream).sum().gradient(x, w, b)]
     with expect_launches(gpu, None), compositions_only():
         composed = [g.realize() for g in (fast.linear(x, w, b) * upstream).sum().gradient(x, w, b)]
@@ -143,7 +154,7 @@ def test_what_no_kernel_takes_is_the_composition():
         x, w, _, want = inputs(0x2A, (20, 64), 32, x_dtype, w_dtype)
         assert_matches(f"{x_dtype} x {w_dtype} w", x, w, None, None, want)
     x, w, _, want = inputs(0x2B, (20, 63), 32, F16)
-    assert_matches("odd K", x, w, None, GEMM if kernel_backend(gpu) == "metal" else None, want)
+    assert_matches("odd K", x, w, None, "nuvec_gemm" if kernel_backend(gpu) == "metal" else None, want)
     with expect_launches(gpu, None):
         assert fast.linear(Tensor.zeros(0, 64, device=gpu), Tensor.ones(8, 64, device=gpu)).numpy().shape == (0, 8)
         assert fast.linear(Tensor.ones(20, 64, device=gpu, dtype=F16), Tensor.ones(0, 64, device=gpu, dtype=F16)).numpy().shape == (20, 0)
@@ -153,4 +164,26 @@ def test_what_no_kernel_takes_is_the_composition():
 def test_the_benchmarks_shapes(rows, k, n):
     """Real sizes: decode rows against a square and a wide weight, a prefill's 512 rows."""
     x, w, b, want = inputs(0x2C + rows, (rows, k), n, BF16)
-    assert_matches(f"M{rows} K{k} N{n}", x, w, b, GEMV if rows <= 8 else GEMM, want)
+    assert_matches(f"M{rows} K{k} N{n}", x, w, b, GEMV if rows <= 8 else gemm_for(k), want)
+
+
+@pytest.mark.skipif(not WARPGROUPS, reason="no warpgroup products (CUDA sm_90)")
+@pytest.mark.parametrize("dtype, bias_dtype, k, n", [(BF16, None, 4096, 1000), (F16, F32, 328, 300), (BF16, BF16, 8, 70)],
+                         ids=str)
+def test_every_wgmma_tile_shape_gives_the_same_bits(dtype, bias_dtype, k, n):
+    """Each of gemm_wgmma's tile shapes (`WGMMA_SHAPES`: 64 or 128 rows, 64, 128 or 256 columns,
+    3 to 8 stages) on 300 rows: within the kernels' tolerance of float64 numpy and every one bit
+    for bit the plan's (which may so follow M). K from one step to 64, N off every tile width."""
+    x, w, b, want = inputs(0x2D, (300, k), n, dtype, bias_dtype=bias_dtype)
+    results = []
+    for tiles in linear_kernels.WGMMA_SHAPES:
+        with expect_launches(gpu, WGMMA):
+            y = linear_kernels.gemm_wgmma(x, w, b, out_dtype=y_dtype(dtype, bias_dtype), tiles=tiles).realize()
+        assert_rows_close(f"{tiles}", values(y), want, KERNEL_TOLERANCE[y.dtype])
+        results.append(bits_of(y))
+    for tiles, bits in zip(linear_kernels.WGMMA_SHAPES, results):
+        np.testing.assert_array_equal(bits, results[0], err_msg=f"{tiles} against {linear_kernels.WGMMA_SHAPES[0]}")
+
+
+def y_dtype(dtype, bias_dtype):
+    return dtype if bias_dtype in (None, dtype) else F32

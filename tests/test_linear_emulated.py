@@ -79,6 +79,18 @@ def emulated_gemv(case: Case, rows: slice, plan: QmvPlan | None = None, edit=Non
     return y
 
 
+def emulated_gemm_wgmma(case: Case, rows: slice, tiles: linear.WgmmaTiles, edit=None) -> np.ndarray:
+    """y's raw values from the emulated gemm_wgmma for `case`'s rows `rows` with `tiles` (the
+    warpgroup products computed by each thread from the swizzled tiles, `prelude_emulated.h`)."""
+    m = len(range(*rows.indices(case.x.shape[0])))
+    n, k = case.w.shape
+    program = edited(linear.wgmma_program(case.x_dtype, case.bias_dtype, case.out_dtype, tiles=tiles), edit)
+    y = case.empty(m)
+    groups, groups_y, _ = tiles.grid(m, n)
+    build(program)(case.buffers(rows, y) + [np.array([m, n, k], np.int32)], groups, tiles.threads, groups_y)
+    return y
+
+
 def emulated_gemm(case: Case, rows: slice, tiles: linear.Tiles, metal_tiles: bool = False, edit=None) -> np.ndarray:
     """y's raw values from the emulated gemm for `case`'s rows `rows` with `tiles` (`metal_tiles`:
     in Metal's layout, float tiles widened from memory)."""
@@ -201,3 +213,41 @@ def test_gemm_plans_follow_the_rows_and_the_backend():
         [linear.GEMM_SMALL] * 2 + [linear.GEMM_MEDIUM] * 2 + [linear.GEMM_LARGE] * 2
     assert linear.gemm_plan(4096, "metal") == linear.GEMM_METAL
     assert linear.GEMM_LARGE.grid(257, 130) == (3, 2, 1)
+
+
+
+@pytest.mark.parametrize("dtype, bias_dtype, out_dtype", [(bf16, bf16, bf16), (f16, f32, f32)], ids=str)
+def test_emulated_gemm_wgmma_matches_numpy_in_every_tile_shape(dtype, bias_dtype, out_dtype):
+    """gemm_wgmma's stages (swizzled 128-byte rows, copied STAGES - 2 steps ahead) and its
+    accumulators' layout: M = 130 (past a 128-row tile), N = 270 (past a 256-column tile), K = 200
+    (a multiple of 8, not of the step of 64: the last step's pieces past K are zeros). Every tile
+    shape gives the same bits, and the last 9 rows alone the same bits as among the 130."""
+    case = Case(0x121, 130, 200, 270, dtype, bias_dtype=bias_dtype, out_dtype=out_dtype)
+    first = emulated_gemm_wgmma(case, slice(0, 130), linear.WGMMA_SHAPES[0])
+    check_rows(str(linear.WGMMA_SHAPES[0]), first, case.want, out_dtype)
+    for tiles in linear.WGMMA_SHAPES[1:]:
+        np.testing.assert_array_equal(emulated_gemm_wgmma(case, slice(0, 130), tiles), first, err_msg=str(tiles))
+    np.testing.assert_array_equal(emulated_gemm_wgmma(case, slice(121, 130), linear.wgmma_plan(9)), first[121:])
+
+
+def test_emulated_gemm_wgmma_at_one_short_step():
+    """K = 8 (one piece of one step) and M = 9, N = 3: tiles almost all zeros."""
+    case = Case(0x122, 9, 8, 3, bf16)
+    check_rows("K 8", emulated_gemm_wgmma(case, slice(0, 9), linear.wgmma_plan(9)), case.want, bf16)
+
+
+def test_wgmma_plans_and_routes():
+    """The plan follows M (any shape has the same bits); every shape fits an sm_90 threadgroup; the
+    route takes gemm_wgmma only on a target with warpgroup products and K a multiple of 8."""
+    from nuvec_tg.kernels import Target
+    assert [linear.wgmma_plan(m) for m in (9, 64, 65, 1024, 1025)] == \
+        [linear.WGMMA_SMALL, linear.WGMMA_SMALL, linear.WGMMA_MEDIUM, linear.WGMMA_MEDIUM, linear.WGMMA_LARGE]
+    assert all(linear.wgmma_bytes(t) <= linear.WGMMA_MAX_DYNAMIC for t in linear.WGMMA_SHAPES)
+    hopper, ampere = Target("cuda", warpgroups=True), Target("cuda")
+    assert linear.route(bf16, bf16, None, bf16, 9, 4096, 64, hopper) == ("gemm_wgmma", None)
+    assert linear.route(bf16, bf16, None, bf16, 9, 4100, 64, hopper) == ("gemm", None)
+    assert linear.route(bf16, bf16, None, bf16, 8, 4096, 64, hopper) == ("gemv", None)
+    assert linear.route(bf16, bf16, None, bf16, 9, 4096, 64, ampere) == ("gemm", None)
+    assert linear.route(f32, f32, None, f32, 9, 4096, 64, hopper)[1] is not None
+    with pytest.raises(ValueError, match="threadgroup memory"):
+        linear.wgmma_program(bf16, None, bf16, tiles=linear.WgmmaTiles(2, 256, 5))

@@ -310,6 +310,28 @@ def test_gemm_faults_fail_its_comparison(fault_name):
                                                    case.want, dtypes.bfloat16), message)
 
 
+WGMMA_FAULTS = {
+    # the copies store the pieces where they come from, the tensor cores read them swizzled
+    "copies_unswizzled": (DIFFER, Fault("const int swizzled_piece = 16 * (piece ^ (first_row % 8));",
+                                        "const int swizzled_piece = 16 * piece;")),
+    # the last step's pieces past K read: the next row's first elements, and past the last the buffer's end
+    "copies_past_k": (f"{DIFFER}|{OUTSIDE}", Fault("const bool k_in = k_first + 8 * piece < k_size;",
+                                                    "const bool k_in = k_first < k_size;")),
+    "skips_the_last_step": (DIFFER, Fault("for (int step = 0; step < steps; step++) {",
+                                          "for (int step = 0; step < steps - 1; step++) {")),
+    # the accumulator's second row of a SIMD group's 16 taken as 4 rows on, not 8
+    "stores_rows_4_apart": (DIFFER, Fault("const int row = row_first + 8 * half_tile;", "const int row = row_first + 4 * half_tile;")),
+}
+
+
+@pytest.mark.parametrize("fault_name", list(WGMMA_FAULTS))
+def test_gemm_wgmma_faults_fail_its_comparison(fault_name):
+    message, fault = WGMMA_FAULTS[fault_name]
+    case = dense.Case(0x123, 70, 200, 67, dtypes.bfloat16, bias_dtype=dtypes.bfloat16)
+    expect_failure(fault, lambda: dense.check_rows("gemm_wgmma", dense.emulated_gemm_wgmma(case, slice(0, 70), linear.WGMMA_SMALL,
+                                                                                           edit=fault), case.want, dtypes.bfloat16), message)
+
+
 def test_gemm_in_metals_layout_reading_past_k_fails_its_comparison():
     fault = Fault("x_in[i] && k + j < k_size ?", "x_in[i] && k + j <= k_size ?")
     case = gemm_case()

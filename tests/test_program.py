@@ -102,6 +102,23 @@ def test_a_family_names_each_specialisation_by_its_text():
     FAMILIES.pop()   # the test's own family
 
 
+def test_a_family_of_its_own_architecture_says_so_in_its_cuda_programs():
+    """A family built for an architecture of its own (the wgmma kernels: sm_90a) marks its CUDA
+    programs with it, so that `launch` compiles them for it; each carries the dynamic threadgroup
+    memory its launches need."""
+    params = [Param("y", "out", "float"), Param("ints", "in", "int")]
+    family = Family("nuvec_test_only", ("sdpa_merge.h",), lambda *a: None, lambda *a: None, ("cuda", "metal"), arch="sm_90a")
+    try:
+        cuda = family.program("cuda", {}, params, dynamic_bytes=4096)
+        assert (cuda.arch, cuda.dynamic_bytes) == ("sm_90a", 4096)
+        assert family.program("metal", {}, params).arch is None
+        assert next(f for f in FAMILIES if f.stem == "nuvec_gemm").program("cuda", {}, params).arch is None
+    finally:
+        FAMILIES.pop()   # the test's own family
+    wgmma = {f.stem: f for f in FAMILIES if f.arch == "sm_90a"}
+    assert set(wgmma) == {"nuvec_gemm_wgmma"} and all(f.backends == ("cuda",) for f in wgmma.values())
+
+
 def test_every_family_is_registered_once():
     stems = [f.stem for f in FAMILIES]
     assert sorted(stems) == sorted(set(stems))

@@ -65,11 +65,18 @@ def compile_nvrtc(by_family: dict[str, tuple[Specialisation, ...]], arch: str | 
     device = _cuda_device()
     arch = arch or (device.arch if device is not None else "sm_90")
     compiler = NVRTCCompiler(arch, ptx=False)  # tinygrad's options; the cubin, so that the PTX is assembled as well
+    compilers = {own: NVRTCCompiler(own, ptx=False) for own in {item.program.arch for items in by_family.values() for item in items}
+                 if own is not None}
+    compilers[arch] = compiler
     print(f"nvrtc {' '.join(compiler.compile_options)}; " + (f"loading into {device.device}" if device is not None else
                                                              "no CUDA device opened: compiled only"), flush=True)
+
+    def compile_one(program: Program) -> bytes:
+        """A program built for an architecture of its own (`Program.arch`: sm_90a) by a compiler for it."""
+        return compilers[program.arch or arch].compile(program.source)
     with concurrent.futures.ThreadPoolExecutor(jobs) as pool:  # nvrtc is thread-safe and ctypes releases the GIL
         for family, items in by_family.items():
-            futures = [pool.submit(compiler.compile, item.program.source) for item in items]
+            futures = [pool.submit(compile_one, item.program) for item in items]
             measured = []
             for item, future in zip(items, futures):
                 try:
@@ -85,7 +92,8 @@ def compile_nvrtc(by_family: dict[str, tuple[Specialisation, ...]], arch: str | 
                 spilling = sum(m[1] > 0 for m in measured)
                 summary = (f"; at most {registers} registers, {shared} bytes of static threadgroup memory, "
                            f"{spilling} with local memory (at most {local} bytes)")
-            print(f"{family}: {len(items)} compiled ({arch}){summary}", flush=True)
+            arches = sorted({item.program.arch or arch for item in items})
+            print(f"{family}: {len(items)} compiled ({', '.join(arches)}){summary}", flush=True)
     return 0
 
 
@@ -146,7 +154,9 @@ def compile_nvcc(items: list[Specialisation], jobs: int = os.cpu_count() or 2) -
         for j, chunk in enumerate(chunks[first:first + jobs], first):
             source = f"{tmp}/unit{j}.cu"
             pathlib.Path(source).write_text(translation_unit("cuda", [item.program for item in chunk])[0])
-            command = ["nvcc", "-arch=sm_90", "-cubin", "-Xptxas", "-v", "-o", f"{tmp}/unit{j}.cubin", source]
+            # sm_90a for a unit holding a wgmma program (its code runs on sm_90 devices alone, as the program's does)
+            target = "-gencode=arch=compute_90a,code=sm_90a" if any(item.program.arch for item in chunk) else "-arch=sm_90"
+            command = ["nvcc", target, "-cubin", "-Xptxas", "-v", "-o", f"{tmp}/unit{j}.cubin", source]
             procs.append((chunk, subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)))
         for chunk, proc in procs:
             out = proc.communicate()[0]

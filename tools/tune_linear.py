@@ -7,6 +7,9 @@
   it from K and N only: read the best split per shape across the row counts.
 - gemm (M in {16, 64, 512, 2048}): every tile shape in `linear.TILE_SHAPES` (rows x columns, SIMD
   groups, stages); any tile shape gives the same bits, so `linear.gemm_plan` may follow M.
+- `--wgmma`: gemm_wgmma's tile shapes (`linear.WGMMA_SHAPES`: rows x columns / stages) at the gemm
+  rows instead (CUDA sm_90), for `linear.wgmma_plan`; each line ends saying whether every shape
+  gave the same bits (the plan may follow M only if so).
 
 Each cell is timed as the benchmark times (TinyJit replays of calls over rotated inputs,
 `bench.common.rotation` and `time_jit`): device µs per call and TFLOP/s (gemv: also TB/s of w, x and
@@ -66,14 +69,18 @@ def main() -> int:
     if "--quick" in sys.argv: shapes, rows = [(4096, 14336)], (1, 512)
     cases = [(m, k, n) for k, n in shapes for m in rows]
 
+    wgmma = "--wgmma" in sys.argv
+
     def shapes_of(m: int, k: int, n: int) -> list:
-        return gemv_plans(m, k) if m <= linear.MAX_ROWS else [t for t in linear.TILE_SHAPES if backend == "cuda" or t == linear.GEMM_METAL]
+        if m <= linear.MAX_ROWS: return gemv_plans(m, k)
+        if wgmma: return list(linear.WGMMA_SHAPES)
+        return [t for t in linear.TILE_SHAPES if backend == "cuda" or t == linear.GEMM_METAL]
 
     def program(m: int, k: int, n: int, shape):
         if m <= linear.MAX_ROWS:
             return linear.gemv_program(backend, dtypes.bfloat16, dtypes.bfloat16, None, dtypes.bfloat16, rows=m, k=k, n=n, plan=shape)
         return linear.gemm_program(backend, dtypes.bfloat16, None, dtypes.bfloat16, k=k, tiles=shape)
-    precompile(sorted({program(*case, shape).source for case in cases for shape in shapes_of(*case)}))
+    if not wgmma: precompile(sorted({program(*case, shape).source for case in cases for shape in shapes_of(*case)}))
     torch_seconds = {case: time_torch(*case, REPEATS) for case in cases}
     print(f"device {Device.DEFAULT}; gemv cells: columns x column SIMD groups x K split x unroll: µs / TFLOP/s / TB/s; "
           "gemm cells: tile rows x columns, SIMD groups, stages: µs / TFLOP/s (* the default)", flush=True)
@@ -88,16 +95,20 @@ def main() -> int:
         with compositions_only():
             want = fast.linear(*calls[0]).float().numpy()
         vector = m <= linear.MAX_ROWS
-        default = linear.gemv_plan(m, k, n) if vector else linear.gemm_plan(m, backend)
-        cells = []
+        default = linear.gemv_plan(m, k, n) if vector else linear.wgmma_plan(m) if wgmma else linear.gemm_plan(m, backend)
+        cells, bits = [], []
         for shape in shapes_of(m, k, n):
             def product(x, w, shape=shape):
                 if vector: return linear.gemv(x, w, None, out_dtype=dtypes.bfloat16, backend=backend, plan=shape)
+                if wgmma: return linear.gemm_wgmma(x, w, None, out_dtype=dtypes.bfloat16, tiles=shape)
                 return linear.gemm(x, w, None, out_dtype=dtypes.bfloat16, backend=backend, tiles=shape)
-            error = float(np.abs(product(*calls[0]).float().numpy() - want).max() / max(np.abs(want).max(), 1e-30))
+            first = product(*calls[0]).realize()
+            bits.append(first.bitcast(dtypes.uint16).numpy())
+            error = float(np.abs(first.float().numpy() - want).max() / max(np.abs(want).max(), 1e-30))
             seconds = time_jit(product, calls, REPEATS)
             mark = "*" if shape == default else ""
             label = (f"{shape.columns_per_warp}x{shape.column_warps}x{shape.k_split}x{shape.unroll}" if vector else
+                     f"{shape.rows}x{shape.columns}/{shape.stages}s" if wgmma else
                      f"{shape.rows}x{shape.columns}/{shape.warps_m * shape.warps_n}w/{shape.stages}s")
             rate = f"/{moved_bytes(m, k, n) / seconds / 1e12:.2f}" if vector else ""
             cells.append((seconds, f"{mark}{label}: {seconds * 1e6:.1f}/{2 * m * k * n / seconds / 1e12:.1f}{rate}", error))
@@ -105,7 +116,8 @@ def main() -> int:
         torch_s = torch_seconds[(m, k, n)]
         torch_text = f"{torch_s * 1e6:.1f} µs" if torch_s else "-"
         print(f"M{m} K{k} N{n}: " + "  ".join(c for _, c, _ in cells) +
-              f"  | torch {torch_text} | max rel. error {max(e for _, _, e in cells):.1e}", flush=True)
+              f"  | torch {torch_text} | max rel. error {max(e for _, _, e in cells):.1e}" +
+              ("" if vector else f" | same bits in every shape: {all(np.array_equal(b, bits[0]) for b in bits)}"), flush=True)
         del weights, xs, calls
     return 0
 

@@ -10,8 +10,11 @@ from __future__ import annotations
 import numpy as np
 from tinygrad import Tensor, dtypes
 
-from .. import fast
+from tinygrad import Device
+
+from .. import fast, kernels
 from ..kernels import compositions_only
+from ..kernels import linear as linear_kernels
 from ..kernels.linear import MAX_ROWS
 from .common import (COPIES, MAX_CALLS, PEAK_FLOPS, cuda_torch, device_name, l2_marker, optional_us, part_of, release_torch,
                      rotation, start_table, time_jit, torch_graph_seconds)
@@ -50,6 +53,16 @@ def grid_of(args) -> list[tuple[int, int, int]]:
     return part_of(grid, args.part, args.batches)
 
 
+def kernel_cell(m: int, k: int, n: int) -> str:
+    """Which kernel `fast.linear` runs for M rows of bfloat16 against w `[N, K]` here, and its launch."""
+    target = kernels.target(Device.DEFAULT)
+    kernel, reason = linear_kernels.route(dtypes.bfloat16, dtypes.bfloat16, None, dtypes.bfloat16, m, k, n, target)
+    if reason is not None or target.backend is None: return "composition"
+    if kernel == "gemv": return f"gemv {linear_kernels.gemv_plan(m, k, n)}"
+    if kernel == "gemm_wgmma": return str(linear_kernels.wgmma_plan(m))
+    return f"gemm {linear_kernels.gemm_plan(m, target.backend)}"
+
+
 def rate_cells(m: int, k: int, n: int, seconds: float, peak_bandwidth: float | None, peak_flops: float | None) -> str:
     """`µs | TFLOP/s | % peak | TB/s | % peak |` cells: FLOPs for every row, bytes for M <= MAX_ROWS."""
     flops = 2 * m * k * n / seconds
@@ -67,12 +80,13 @@ def run(args) -> list[str]:
     release_torch()
     peak_flops = PEAK_FLOPS.get(device_name())
     lines, peak = start_table(
-        "Dense products y = x · wᵀ (x and w bfloat16, float32 accumulation, no bias): gemv up to 8 rows, gemm beyond",
+        "Dense products y = x · wᵀ (x and w bfloat16, float32 accumulation, no bias): gemv up to 8 rows, gemm beyond "
+        "(on Hopper gemm_wgmma, the warpgroup products)",
         f"µs per call (best of {args.repeats} replays of the calls over rotated inputs: TinyJit for ours and tinygrad's "
         "matmul, a CUDA graph of PyTorch's F.linear), TFLOP/s and share of the dense bfloat16 peak "
         f"({'%.0f TFLOP/s' % (peak_flops / 1e12) if peak_flops else 'unknown'}), for M <= {MAX_ROWS} bytes (w, x, y once) "
         "per second and share of peak bandwidth",
-        ["M", "K", "N", "nuvec µs", "TFLOP/s", "% peak", "TB/s", "% peak", "tinygrad µs", "torch µs", "TFLOP/s",
+        ["M", "K", "N", "kernel", "nuvec µs", "TFLOP/s", "% peak", "TB/s", "% peak", "tinygrad µs", "torch µs", "TFLOP/s",
          "vs torch"], max_calls)
     rng = np.random.default_rng(0)
     for m, k, n in grid:
@@ -86,7 +100,7 @@ def run(args) -> list[str]:
         with compositions_only():
             composed = time_jit(fast.linear, calls, max(2, args.repeats // 2))
         torch_s = torch_seconds[(m, k, n)]
-        row = f"| {m}{l2_marker(turn)} | {k} | {n} | " + rate_cells(m, k, n, ours, peak, peak_flops) + " " + optional_us(composed)
+        row = f"| {m}{l2_marker(turn)} | {k} | {n} | {kernel_cell(m, k, n)} | " + rate_cells(m, k, n, ours, peak, peak_flops) + " " + optional_us(composed)
         row += f" {optional_us(torch_s)} {2 * m * k * n / torch_s / 1e12:.1f} | {torch_s / ours:.2f}x |" if torch_s else " - | - | - |"
         print(row, flush=True)
         lines.append(row)

@@ -27,12 +27,15 @@ def _linear(x: Tensor, w: Tensor, bias: Tensor | None, dtype: DType) -> Tensor:
     return y.cast(dtype)
 
 
-def _describe(x: Tensor, w: Tensor, bias: Tensor | None, rows: int, backend: str | None) -> str:
+def _describe(x: Tensor, w: Tensor, bias: Tensor | None, rows: int, target: kernels.Target) -> str:
     """What NUVEC_DEBUG says of a call: its shapes and device, and the launch a kernel would take."""
     k, n = w.shape[1], w.shape[0]
+    backend = target.backend
     description = f"{tuple(x.shape)} x {tuple(w.shape)}{' + bias' if bias is not None else ''} on {x.device}"
     if rows and k and n:
         if rows <= linear_kernels.MAX_ROWS: description += f" ({linear_kernels.gemv_plan(rows, k, n)})"
+        elif backend is not None and linear_kernels.takes_wgmma(k, target):
+            description += f" ({linear_kernels.wgmma_plan(rows)})"
         elif backend is not None: description += f" ({linear_kernels.gemm_plan(rows, backend)})"
     return description
 
@@ -46,8 +49,8 @@ def linear(x: Tensor, w: Tensor, bias: Tensor | None = None) -> Tensor:
     the one rounding. Gradients reach x, w and bias through the composition.
 
     On CUDA and METAL, up to 8 rows of x run the gemv kernel (each row with the bits of that row
-    alone), more rows the gemm kernel on the matrix units (x and w of one 16-bit dtype); the rest
-    is tinygrad's matmul.
+    alone), more rows the gemm kernel on the matrix units (x and w of one 16-bit dtype; on Hopper,
+    K a multiple of 8, its warpgroup products); the rest is tinygrad's matmul.
     """
     op = "linear"
     check_tensor(op, "x", x)
@@ -68,9 +71,9 @@ def linear(x: Tensor, w: Tensor, bias: Tensor | None = None) -> Tensor:
     target = kernels.target(x.device)
     kernel, reason = linear_kernels.route(x.dtype, w.dtype, None if bias is None else bias.dtype, dtype, rows, k, n, target)
     if not concrete: reason = "a symbolic shape"
-    backend = kernels.choose(op, _describe(x, w, bias, rows, target.backend), x.device, kernel, lambda backend: reason)
+    backend = kernels.choose(op, _describe(x, w, bias, rows, target), x.device, kernel, lambda backend: reason)
     if backend is None: return _linear(x, w, bias, dtype)
-    launch = linear_kernels.gemv if kernel == "gemv" else linear_kernels.gemm
+    launch = {"gemv": linear_kernels.gemv, "gemm": linear_kernels.gemm, "gemm_wgmma": linear_kernels.gemm_wgmma}[kernel]
     y = launch(x.reshape(rows, k), w, bias, out_dtype=dtype, backend=backend,
                composition=lambda x, w, bias: _linear(x, w, bias, dtype))
     return y.reshape(*x.shape[:-1], n)

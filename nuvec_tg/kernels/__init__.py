@@ -83,6 +83,16 @@ def multiprocessors(device: str) -> int | None:
         return None
 
 
+@functools.cache
+def warpgroup_products(device: str) -> bool:
+    """Whether a CUDA device runs Hopper's warpgroup matrix products (wgmma: compute capability 9.0
+    exactly, code built for sm_90a runs nowhere else); False where it cannot be read."""
+    try:
+        return Device[device].arch == "sm_90"
+    except Exception:  # noqa: BLE001 - unknown: the wgmma kernels stay off
+        return False
+
+
 def gpu_class_from_name(name: str) -> str:
     """MLX's GPU class from a Metal device's name: `d` Ultra, `s` Max, `g` other Macs (M-series), `p` phones and tablets."""
     if "Ultra" in name: return "d"
@@ -141,12 +151,14 @@ class Target:
     for compositions only); `gpu_class` (Metal: MLX's `p`, `g`, `s`, `d`; None plans as `g`);
     `multiprocessors` (CUDA); `bfloat`, whether the kernel language has bfloat (CUDA; Metal 3.1
     and later); `matrix_units`, whether the GPU has the matrix units of the matrix kernels (CUDA's
-    mma; Metal's simdgroup matrices, Apple7 and later)."""
+    mma; Metal's simdgroup matrices, Apple7 and later); `warpgroups`, whether it has Hopper's
+    warpgroup matrix products (CUDA sm_90: wgmma)."""
     backend: str | None
     gpu_class: str | None = None
     multiprocessors: int | None = None
     bfloat: bool = True
     matrix_units: bool = True
+    warpgroups: bool = False
 
     def lacks(self, *, bfloat: bool = False, matrix_units: bool = False) -> str | None:
         """Why a kernel that needs bfloat (`bfloat`) or matrix units (`matrix_units`) cannot run on
@@ -164,7 +176,7 @@ def target(device: str | tuple[str, ...]) -> Target:
     backend = active_backend(device)
     if backend == "metal":
         return Target("metal", gpu_class(device), bfloat=metal_bfloat(), matrix_units=metal_matrix_units(device))
-    if backend == "cuda": return Target("cuda", multiprocessors=multiprocessors(device))
+    if backend == "cuda": return Target("cuda", multiprocessors=multiprocessors(device), warpgroups=warpgroup_products(device))
     return Target(None)
 
 

@@ -1,6 +1,7 @@
 """The dense products' kernels, `y = x · wᵀ (+ bias)` with float32 accumulation: `gemv`
 (`src/gemv.h`) for up to 8 rows of x, memory-bound, reading w once; `gemm` (`src/gemm.h`) for more
-rows, on the matrix units (CUDA's mma.sync, Metal's simdgroup matrices).
+rows, on the matrix units (CUDA's mma.sync, Metal's simdgroup matrices); on Hopper (CUDA sm_90)
+`gemm_wgmma` (`src/gemm_wgmma.h`) in its place, on the warpgroup matrix products.
 
 Which kernel runs (`route`, the same rule on METAL and CUDA; `fast.linear` asks with the device's
 `kernels.Target`, anything else is the composition):
@@ -8,14 +9,16 @@ Which kernel runs (`route`, the same rule on METAL and CUDA; `fast.linear` asks 
 - more rows: gemm, x and w of one 16-bit dtype (bias and y any kernel dtype: the products of
   16-bit values are exact in float32, so promoting them changes nothing); float32 products stay on
   the composition (the matrix units would round them). On CUDA K must be even (the copies need
-  4-byte aligned rows), on Metal the target needs simdgroup matrices;
+  4-byte aligned rows), on Metal the target needs simdgroup matrices; on a target with warpgroup
+  products (sm_90) and K a multiple of 8 (16-byte rows), gemm_wgmma instead;
 - on every route: bfloat16 anywhere needs a target with bfloat, and on Metal a kernel's
   threadgroup (`*_metal_resources`) must fit an Apple GPU.
 
 Bits. gemv's arithmetic order depends on K and N only (its piece width and K split), gemm's on K
-only (whatever its tiles), so a row's bits never depend on how many rows share the call: a row of
-1-8 rows has the bits of that row alone, and a row of more than 8 the bits of that row in any
-other product of more than 8 rows.
+only (whatever its tiles), as gemm_wgmma's (which of the two runs depends on K and the device,
+not on M), so a row's bits never depend on how many rows share the call: a row of 1-8 rows has the
+bits of that row alone, and a row of more than 8 the bits of that row in any other product of more
+than 8 rows.
 """
 from __future__ import annotations
 
@@ -29,7 +32,7 @@ from ..tensor import dtype_name
 from . import Target
 from .program import (CTYPES, Backward, Family, Param, Program, Resources, chunks, int_buffer, kernel_input, launch, metal_limit_reason,
                       threadgroup_array)
-from .quant import QmvPlan, split_steps
+from .quant import WGMMA_MAX_DYNAMIC, WGMMA_ROW_BYTES, WGMMA_STEP, QmvPlan, WgmmaTiles, split_steps
 
 MAX_ROWS = 8             # rows of x gemv takes (more: gemm)
 VEC = 8                  # elements of a lane's piece of a row where K allows (16 bytes of a 16-bit w)
@@ -133,22 +136,52 @@ def gemm_metal_resources(tiles: Tiles) -> Resources:
                      + threadgroup_array(tiles.columns * GEMM_TILE_LD, 4))
 
 
+def wgmma_bytes(tiles: WgmmaTiles) -> int:
+    """gemm_wgmma's dynamic threadgroup memory: the stages (128-byte rows of x's and w's tiles) and
+    1024 bytes to align them."""
+    return tiles.stages * (tiles.rows + tiles.columns) * WGMMA_ROW_BYTES + 1024
+
+
+# Starting points until tools/tune_linear.py --wgmma sweeps them on the H200: a short x reads w at
+# memory's pace (narrow tiles, more threadgroups, deep stages); a long one is bound by the products
+# (the widest tiles, which read the fewest bytes of threadgroup memory a product).
+WGMMA_SMALL = WgmmaTiles(1, 64, 8)
+WGMMA_MEDIUM = WgmmaTiles(2, 128, 6)
+WGMMA_LARGE = WgmmaTiles(2, 256, 4)
+WGMMA_SHAPES = (WGMMA_SMALL, WgmmaTiles(1, 128, 8), WgmmaTiles(1, 256, 5), WgmmaTiles(2, 64, 8), WGMMA_MEDIUM,
+                WgmmaTiles(2, 128, 4), WGMMA_LARGE, WgmmaTiles(2, 256, 3))
+
+
+def wgmma_plan(rows: int) -> WgmmaTiles:
+    """gemm_wgmma's tiles for M rows: WGMMA_SMALL up to SMALL_ROWS rows, WGMMA_MEDIUM up to
+    MEDIUM_ROWS, else WGMMA_LARGE. Any tile shape gives the same bits, so the plan may follow M."""
+    return WGMMA_SMALL if rows <= SMALL_ROWS else WGMMA_MEDIUM if rows <= MEDIUM_ROWS else WGMMA_LARGE
+
+
+def takes_wgmma(k: int, target: Target) -> bool:
+    """Whether gemm_wgmma runs a product of more than MAX_ROWS rows on `target` in gemm's place: a
+    target with warpgroup products, K a multiple of 8 (16-byte rows: each copy all in or all out).
+    It depends on K and the device only, so every row of every M has one kernel's bits."""
+    return target.backend == "cuda" and target.warpgroups and k % 8 == 0
+
+
 def route(x_dtype: DType, w_dtype: DType, bias_dtype: DType | None, out_dtype: DType, rows: int, k: int, n: int,
           target: Target) -> tuple[str, str | None]:
-    """`fast.linear`'s kernel on `target` for `rows` rows of x against w `[N, K]`: `("gemv" | "gemm",
-    reason it cannot run or None)`."""
-    kernel = "gemv" if rows <= MAX_ROWS else "gemm"
+    """`fast.linear`'s kernel on `target` for `rows` rows of x against w `[N, K]`: `("gemv" | "gemm" |
+    "gemm_wgmma", reason it cannot run or None)`."""
+    kernel = "gemv" if rows <= MAX_ROWS else "gemm_wgmma" if takes_wgmma(k, target) else "gemm"
     if rows == 0 or k == 0 or n == 0: return kernel, "an empty product"
     types = (x_dtype, w_dtype, out_dtype) + (() if bias_dtype is None else (bias_dtype,))
     if any(t not in CTYPES for t in types): return kernel, "a float64 input or result"
-    if kernel == "gemm":
+    if kernel != "gemv":
         if x_dtype != w_dtype or x_dtype not in GEMM_DTYPES:
             return kernel, (f"{dtype_name(x_dtype)} x and {dtype_name(w_dtype)} w (gemm multiplies x and w of one "
                             "16-bit dtype)")
         if target.backend == "cuda" and k % 2: return kernel, f"K = {k} is odd (gemm's copies need 4-byte aligned rows)"
-        if math.ceil(n / gemm_plan(rows, target.backend or "cuda").columns) > 65535:
+        columns = wgmma_plan(rows).columns if kernel == "gemm_wgmma" else gemm_plan(rows, target.backend or "cuda").columns
+        if math.ceil(n / columns) > 65535:
             return kernel, f"N = {n} (more than 65535 column tiles)"
-    reason = target.lacks(bfloat=dtypes.bfloat16 in types, matrix_units=kernel == "gemm")
+    reason = target.lacks(bfloat=dtypes.bfloat16 in types, matrix_units=kernel != "gemv")
     if reason is None and target.backend == "metal":
         resources = (gemv_metal_resources(rows, gemv_plan(rows, k, n)) if kernel == "gemv"
                      else gemm_metal_resources(GEMM_METAL))
@@ -164,6 +197,7 @@ def unsupported(x_dtype: DType, w_dtype: DType, bias_dtype: DType | None, out_dt
 
 GEMV = Family("nuvec_gemv", ("pieces.h", "column_sums.h", "gemv.h"), unsupported, gemv_plan)
 GEMM = Family("nuvec_gemm", ("gemm.h",), unsupported, gemm_plan)
+GEMM_WGMMA = Family("nuvec_gemm_wgmma", ("gemm_wgmma.h",), unsupported, wgmma_plan, backends=("cuda",), arch="sm_90a")
 
 
 def _params(out_dtype: DType, x_dtype: DType, w_dtype: DType, bias_dtype: DType | None) -> list[Param]:
@@ -195,6 +229,19 @@ def gemm_program(backend: str, dtype: DType, bias_dtype: DType | None, out_dtype
     defines.update(BM=tiles.rows, BN=tiles.columns, BK=GEMM_STEP, WARPS_M=tiles.warps_m, WARPS_N=tiles.warps_n,
                    STAGES=tiles.stages, COPY_BYTES=copy_bytes(k), TILE_LD=GEMM_TILE_LD)
     return GEMM.program(backend, defines, _params(out_dtype, dtype, dtype, bias_dtype) + [Param("ints", "in", "int")])
+
+
+def wgmma_program(dtype: DType, bias_dtype: DType | None, out_dtype: DType, *, tiles: WgmmaTiles) -> Program:
+    """The gemm_wgmma specialisation (CUDA sm_90a): x and w of `dtype` (16-bit), parameters y, x, w
+    (, bias), ints (M, N, K)."""
+    if wgmma_bytes(tiles) > WGMMA_MAX_DYNAMIC:
+        raise ValueError(f"gemm_wgmma: {tiles} takes {wgmma_bytes(tiles)} bytes of threadgroup memory "
+                         f"(at most {WGMMA_MAX_DYNAMIC})")
+    defines: dict[str, object] = dict(TX=CTYPES[dtype], TY=CTYPES[out_dtype], BIAS=int(bias_dtype is not None))
+    if bias_dtype is not None: defines["TB"] = CTYPES[bias_dtype]
+    defines.update(WARPGROUPS=tiles.warpgroups, BM=tiles.rows, BN=tiles.columns, BK=WGMMA_STEP, STAGES=tiles.stages)
+    return GEMM_WGMMA.program("cuda", defines, _params(out_dtype, dtype, dtype, bias_dtype) + [Param("ints", "in", "int")],
+                              dynamic_bytes=wgmma_bytes(tiles))
 
 
 def _inputs(x: Tensor, w: Tensor, bias: Tensor | None) -> list[Tensor]:
@@ -242,3 +289,21 @@ def gemm(x: Tensor, w: Tensor, bias: Tensor | None, *, out_dtype: DType, backend
     y = Tensor.empty(rows, n, dtype=out_dtype, device=x.device)
     return launch(program, x.device, [y], ins, tiles.grid(rows, n), tiles.threads, backward=backward,
                   label=f"{backend} gemm M{rows} K{k} N{n} {tiles}")[0]
+
+
+def gemm_wgmma(x: Tensor, w: Tensor, bias: Tensor | None, *, out_dtype: DType, backend: str = "cuda", composition=None,
+               tiles: WgmmaTiles | None = None) -> Tensor:
+    """`gemm`'s product on the warpgroup matrix products (CUDA sm_90a; K a multiple of 8): `x [M,
+    K] · wᵀ (+ bias)` for x and `w [N, K]` of one 16-bit dtype; returns `[M, N]` in `out_dtype`.
+    `tiles` overrides `wgmma_plan` (tuning)."""
+    if backend != "cuda": raise ValueError(f"gemm_wgmma: no {backend} kernel (CUDA sm_90 only)")
+    rows, k = x.shape
+    n = w.shape[0]
+    tiles = tiles or wgmma_plan(rows)
+    program = wgmma_program(x.dtype, None if bias is None else bias.dtype, out_dtype, tiles=tiles)
+    ins = _inputs(x, w, bias)
+    backward = _backward(composition, ins)
+    ins.append(int_buffer(x.device, (rows, n, k)))
+    y = Tensor.empty(rows, n, dtype=out_dtype, device=x.device)
+    return launch(program, x.device, [y], ins, tiles.grid(rows, n), tiles.threads, backward=backward,
+                  label=f"cuda gemm_wgmma M{rows} K{k} N{n} {tiles}")[0]

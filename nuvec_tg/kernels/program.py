@@ -113,6 +113,8 @@ class Program:
     params: tuple[Param, ...]
     backend: str | None
     bfloat: bool = False  # whether the program names bfloat (its defines or parameters)
+    arch: str | None = None  # CUDA: the architecture it compiles for where not the device's own (sm_90a: wgmma)
+    dynamic_bytes: int = 0   # CUDA: dynamic threadgroup memory a launch gives it (past the 48 KB declared statically)
 
     @property
     def header(self) -> str:
@@ -171,16 +173,18 @@ class Family:
     unsupported: Callable[..., str | None]
     plan: Callable[..., object]
     backends: tuple[str, ...] = BACKENDS
+    arch: str | None = None  # CUDA: the architecture its programs compile for, where not the device's own
 
     def __post_init__(self) -> None:
         FAMILIES.append(self)
 
     def program(self, backend: str, defines: dict[str, object], params: Sequence[Param],
-                occupancy: tuple[int, int] | None = None) -> Program:
+                occupancy: tuple[int, int] | None = None, dynamic_bytes: int = 0) -> Program:
         """The family specialised by `defines` for `backend`, with the signature of `params` (in
         launch order: outputs, inputs, then scalars), named `<stem>_<hash of its text>`. It needs
         bfloat where a define's value or a parameter's type names it. `occupancy`: (threads,
-        threadgroups) a CUDA multiprocessor must hold at once (`_signature`)."""
+        threadgroups) a CUDA multiprocessor must hold at once (`_signature`). `dynamic_bytes`: the
+        dynamic threadgroup memory (CUDA) each launch gives it."""
         if backend not in self.backends: raise ValueError(f"{self.stem}: no {backend} kernel (only {', '.join(self.backends)})")
         helpers, body = _source(self.sources[-1]).split(BODY_MARKER)
         helpers = "".join(_source(f) for f in self.sources[:-1]) + helpers
@@ -188,7 +192,8 @@ class Family:
         text = f"{define_lines}{helpers}\n{_signature(backend, self.stem, params, occupancy)}{body}}}\n"
         name = f"{self.stem}_{hashlib.sha256(text.encode()).hexdigest()[:12]}"
         bfloat = any("bfloat" in str(value) for value in defines.values()) or any(p.ctype == "bfloat" for p in params)
-        return Program(name, text.replace(f"{self.stem}(", f"{name}("), tuple(params), backend, bfloat)
+        return Program(name, text.replace(f"{self.stem}(", f"{name}("), tuple(params), backend, bfloat,
+                       self.arch if backend == "cuda" else None, dynamic_bytes)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -210,8 +215,23 @@ def int32_indices(indices: Tensor) -> Tensor:
 
 
 @functools.cache
-def _compiled(device: str, source: str) -> bytes:
-    return Device[device].renderer.compiler.compile_cached(source)
+def _compiled(device: str, source: str, arch: str | None = None) -> bytes:
+    """The program's binary for `device`: through the device's compiler, or for CUDA's `arch` where
+    given (tinygrad compiles for the device's own, sm_90, which has no wgmma)."""
+    if arch is None: return Device[device].renderer.compiler.compile_cached(source)
+    from tinygrad.runtime.support.compiler_cuda import NVRTCCompiler
+    return NVRTCCompiler(arch).compile_cached(source)
+
+
+def _give_dynamic_memory(device: str, program: UOp, dynamic_bytes: int) -> None:
+    """Load `program` on `device` with `dynamic_bytes` of dynamic threadgroup memory a launch, into
+    the runtime cache where tinygrad looks for it (eager runs and CUDA graphs alike read the
+    launch's memory from it): tinygrad loads programs with none, and a launch that uses more than
+    it was given fails."""
+    from tinygrad.engine.realize import runtime_cache
+    key = (program.key, device)
+    if key not in runtime_cache:
+        runtime_cache[key] = Device[device].runtime_t(Device[device], program.to_elf(), smem=dynamic_bytes)
 
 
 @dataclass(frozen=True)
@@ -372,7 +392,8 @@ def launch(program: Program, device: str, outs: Sequence[Tensor], ins: Sequence[
     `in_place` (an output is an existing buffer the program updates) realizes them all now, so
     that the update is applied once. label: what `record_launches` and NUVEC_DEBUG show.
     """
-    lib = _compiled(device, program.source)
+    device = Device.canonicalize(device)
+    lib = _compiled(device, program.source, program.arch)
     tensors = list(outs) + list(ins)
     count = len(tensors)
     params = [UOp.placeholder_like(t.uop, i).base for i, t in enumerate(tensors)]
@@ -383,6 +404,7 @@ def launch(program: Program, device: str, outs: Sequence[Tensor], ins: Sequence[
                        globals=tuple(range(count)), outs=tuple(range(len(outs))), ins=tuple(range(len(outs), count)))
     program_uop = UOp(Ops.PROGRAM, src=(sink, UOp(Ops.LINEAR, src=(*sink.src, sink)), UOp(Ops.SOURCE, arg=program.source),
                                         UOp(Ops.BINARY, arg=lib)), arg=info)
+    if program.dynamic_bytes: _give_dynamic_memory(device, program_uop, program.dynamic_bytes)
     grad_fxn = None
     if backward is not None:
         indices = [next((i for i, t in enumerate(ins) if t is given), None) for given in backward.inputs]

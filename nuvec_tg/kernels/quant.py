@@ -50,6 +50,34 @@ _MODES = {"affine": 0, "mxfp4": 1, "mxfp8": 2, "nvfp4": 3}
 
 
 @dataclass(frozen=True)
+class WgmmaTiles:
+    """The tiles of the kernels on Hopper's warpgroup products (gemm_wgmma, qmm_wgmma):
+    `warpgroups` x 64 rows by `columns` (64, 128 or 256) outputs a threadgroup, `stages` stage
+    buffers of WGMMA_STEP k (STAGES - 2 steps copied ahead)."""
+    warpgroups: int
+    columns: int
+    stages: int
+
+    @property
+    def rows(self) -> int: return 64 * self.warpgroups
+
+    @property
+    def threads(self) -> int: return 128 * self.warpgroups
+
+    def grid(self, m: int, n: int) -> tuple[int, int, int]:
+        """(row tiles, column tiles, 1): a tile of w's threadgroups launch together, so w is read
+        from memory about once."""
+        return math.ceil(m / self.rows), math.ceil(n / self.columns), 1
+
+    def __str__(self) -> str: return f"wgmma {self.rows}x{self.columns}/{self.stages}s"
+
+
+WGMMA_STEP = 64                     # k a step (BK): a tile row is 128 bytes, the 128-byte swizzle's width
+WGMMA_ROW_BYTES = 2 * WGMMA_STEP
+WGMMA_MAX_DYNAMIC = 232448          # an sm_90 threadgroup's dynamic threadgroup memory (227 KB)
+
+
+@dataclass(frozen=True)
 class QmvPlan:
     """A launch shape: a threadgroup of `column_warps * k_split` SIMD groups serves
     `column_warps * columns_per_warp` output columns; the `k_split` SIMD groups of one set of

@@ -286,3 +286,33 @@ inline void tile_store(const TileAcc& acc, float* out, int ld, int lane) {
   out[(g + 8) * ld + 2 * c + 1] = acc.v[3];
 }
 #endif
+
+// Hopper's warpgroup products (the CUDA prelude's wgmma_*, gemm_wgmma.h). Both operands are tiles
+// in threadgroup memory, so each thread computes its own accumulator elements from them at once, in
+// the CUDA prelude's register layout, and the group's fence, commit and wait have nothing to do. A
+// tile is read through the 128-byte swizzle the tensor cores read it through (piece p of row r at
+// piece p ^ (r % 8)); one that does not start at a multiple of 1024 bytes (where the hardware's
+// swizzle, made from the address's bits, would differ) stops the emulator.
+inline unsigned shared_address(const void* at) { return (unsigned)(unsigned long)at; }
+#define DYNAMIC_THREADGROUP(name, bytes) alignas(1024) static uint4 name[(bytes) / 16]
+inline void wgmma_fence() {}
+inline void wgmma_commit() {}
+template <int N> inline void wgmma_wait() {}
+inline void async_proxy_fence() {}
+inline void wgmma_hold(float&) {}
+template <typename T> inline float swizzled_element(const T* tile, int row, int k) {
+  const char* at = (const char*)tile + row * 128 + (((k / 8) ^ (row % 8)) * 16) + (k % 8) * 2;
+  T value;
+  std::memcpy(&value, at, 2);
+  return to_float(value);
+}
+template <int N, typename T> inline void wgmma_tile(float* d, const T* a, const T* b, int step) {
+  if (((unsigned long)a | (unsigned long)b) % 1024) __builtin_trap();
+  const int thread = threadIdx.x % 128, warp = thread / 32, lane = thread % 32;
+  for (int i = 0; i < N / 2; i++) {
+    const int row = 16 * warp + lane / 4 + 8 * ((i % 4) / 2), column = 8 * (i / 4) + 2 * (lane % 4) + i % 2;
+    float sum = d[i];
+    for (int k = 16 * step; k < 16 * step + 16; k++) sum += swizzled_element(a, row, k) * swizzled_element(b, column, k);
+    d[i] = sum;
+  }
+}
