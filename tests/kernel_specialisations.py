@@ -276,6 +276,23 @@ def _qmm_candidates(backend: str) -> Iterator[_Candidate]:
                              ((quant.load_words(bits, k * bits // 32),), (x,)))
 
 
+def _qmm_wgmma_candidates(backend: str) -> Iterator[_Candidate]:
+    """qmm_wgmma (CUDA only): every mode, width and group, 16-bit x, affine scales in x's type and
+    float32, plain and gathered, both plans' tiles at every width, the sweep's others at 4 bits."""
+    if backend != "cuda": return
+    for (mode, group, bits), x, gather in itertools.product(FORMATS, (dtypes.float16, dtypes.bfloat16), (False, True)):
+        shapes = quant.QMM_WGMMA_SHAPES if bits == 4 else (quant.QMM_WGMMA_SMALL, quant.QMM_WGMMA_LARGE)
+        for scales, tiles in itertools.product((x, dtypes.float32) if mode == "affine" else (dtypes.uint8,), shapes):
+            if quant.qmm_wgmma_bytes(tiles, bits) > quant.WGMMA_MAX_DYNAMIC: continue
+            label = (f"{mode} {bits}-bit g{group} x {dtype_name(x)} scales {dtype_name(scales)} {tiles}"
+                     + (" gathered" if gather else ""))
+            make = functools.partial(_labelled, label, quant.qmm_wgmma_program, x, scales, x, mode=mode, group_size=group,
+                                     bits=bits, tiles=tiles, gather=gather)
+            # assembled: each copy width of the packed words, each wgmma type and width
+            yield _Candidate("nuvec_qmm_wgmma", make, ((mode, group, bits, x, gather), (mode, x, scales, gather, tiles)),
+                             ((bits % 2,), (x, tiles.columns)))
+
+
 def gemv_calls() -> Iterator[tuple[DType, DType, DType | None, DType, int, int, int, quant.QmvPlan]]:
     """gemv's calls by `(x, w, bias, y dtypes, rows, K, N, plan)`, as `linear.route` gives them to
     the kernel: every dtype of x and w, no bias, a bias of x's dtype or float32 (y their promotion);
@@ -537,7 +554,7 @@ def _paged_write_candidates(backend: str) -> Iterator[_Candidate]:
         yield _Candidate(paged.PAGED_WRITE.stem, make, ((source, pool, shape.vec),), ((),))
 
 
-_WALKS = (_decode_candidates, _prefill_candidates, _gated_delta_candidates, _gated_delta_chunked_candidates, _qmv_candidates, _qvm_candidates, _qmm_candidates,
+_WALKS = (_decode_candidates, _prefill_candidates, _gated_delta_candidates, _gated_delta_chunked_candidates, _qmv_candidates, _qvm_candidates, _qmm_candidates, _qmm_wgmma_candidates,
           _norm_candidates, _residual_norm_candidates, _softmax_candidates, _rope_candidates, _norm_rope_candidates,
           _gemv_candidates, _gemm_candidates, _gemm_wgmma_candidates, _paged_write_candidates)
 

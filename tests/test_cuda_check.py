@@ -119,6 +119,9 @@ REACHED = {
                    "CHUNK_W": {"uint4", "uint2", "uint", "ushort"}, "K_SPLIT": {"1", "2", "8"}, "COLUMNS": {"3", "4"}},
     "nuvec_gemm": {"TX": {"half", "bfloat"}, "TY": {"half", "bfloat", "float"}, "BIAS": {"0", "1"},
                    "COPY_BYTES": {"4", "8", "16"}, "BM": {"64", "128"}, "BN": {"64", "128"}},
+    "nuvec_qmm_wgmma": {"MODE": {"0", "1", "2", "3"}, "BITS": {"1", "2", "3", "4", "5", "6", "8"}, "GATHER": {"0", "1"},
+                        "TX": {"half", "bfloat"}, "TS": {"half", "bfloat", "float", "uchar"}, "COPY_BYTES": {"8", "16"},
+                        "BM": {"64", "128"}, "BN": {"128", "256"}},
     "nuvec_gemm_wgmma": {"TX": {"half", "bfloat"}, "TY": {"half", "bfloat", "float"}, "BIAS": {"0", "1"},
                          "BM": {"64", "128"}, "BN": {"64", "128", "256"}},
 }

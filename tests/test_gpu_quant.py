@@ -5,13 +5,14 @@ a multiple of a SIMD step, nvfp4's half chunks, K split across 1-8 SIMD groups),
 product's rows equal to one-row products bit for bit, gradients. Products are compared row by row
 (`assert_rows_close`, tolerances in reference.py) with float64 numpy over the weights decoded in
 numpy (quant_reference.py) and with the composition; every call meant for a kernel asserts that it
-launched (`expect_launches`)."""
+launched (`expect_launches`). On Hopper (CUDA sm_90) qmm with K a multiple of 64 is qmm_wgmma, every
+tile shape of which gives the same bits."""
 import numpy as np
 import pytest
 from tinygrad import Tensor, dtypes
 
 from conftest import GPU_DEVICES
-from nuvec_tg import quant
+from nuvec_tg import kernels, quant
 from nuvec_tg.kernels import compositions_only
 from nuvec_tg.kernels import quant as qmv
 from quant_reference import dequantized
@@ -19,6 +20,7 @@ from reference import COMPOSITION_TOLERANCE, KERNEL_TOLERANCE, assert_rows_close
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not GPU_DEVICES, reason="no GPU")]
 gpu = GPU_DEVICES[0] if GPU_DEVICES else None
+WARPGROUPS = gpu is not None and kernels.target(gpu).warpgroups
 FORMATS = [("affine", 32, b) for b in (1, 2, 3, 4, 5, 6, 8)] + [("affine", 64, 4), ("affine", 128, 8), ("mxfp4", 32, 4),
                                                                  ("mxfp8", 32, 8), ("nvfp4", 16, 4)]
 
@@ -208,3 +210,57 @@ def test_sorted_many_row_gathers_run_the_gathered_qmm(mode, group, width):
     y = assert_matches(f"{mode} gathered", lambda: quant.gather_qmm(x, qw, None, rhs, sorted_indices=True), "nuvec_qmm", want)
     assert y.shape == (entries, 1, n)
     assert not values(y)[-3:].any()
+
+
+
+@pytest.mark.skipif(not WARPGROUPS, reason="no warpgroup products (CUDA sm_90)")
+@pytest.mark.parametrize("mode, group, width", FORMATS, ids=lambda f: str(f))
+def test_qmm_wgmma_matches_the_composition_in_every_tile_shape(mode, group, width):
+    """qmm_wgmma (K a multiple of 64 on sm_90) at M = 130 (past a 128-row tile), N = 300 (past a
+    256-column tile), K = 1088: the public call launches it; every tile shape that fits is within
+    tolerance of numpy and, bit for bit, the plan's."""
+    rng = np.random.default_rng(0x9BA)
+    n, k = 300, 1088
+    qw = quant.quantize(random(rng, (n, k), dtypes.bfloat16, gpu)[0], group, width, mode=mode)
+    x, xv = random(rng, (130, k), dtypes.bfloat16, gpu)
+    x = x.realize()
+    want = xv @ dequantized(qw).T
+    planned = bits_of(assert_matches(f"{mode} {width}-bit", lambda: quant.quantized_matmul(x, qw), "nuvec_qmm_wgmma", want))
+    for tiles in qmv.QMM_WGMMA_SHAPES:
+        if qmv.qmm_wgmma_bytes(tiles, width) > qmv.WGMMA_MAX_DYNAMIC: continue
+        with expect_launches(gpu, "nuvec_qmm_wgmma"):
+            y = qmv.qmm(x, qw.weight, qw.scales, qw.biases, mode=mode, group_size=group, bits=width, out_dtype=dtypes.bfloat16,
+                        backend="cuda", tiles=tiles).realize()
+        assert_rows_close(f"{tiles}", values(y), want, KERNEL_TOLERANCE[dtypes.bfloat16])
+        np.testing.assert_array_equal(bits_of(y), planned, err_msg=str(tiles))
+
+
+@pytest.mark.skipif(not WARPGROUPS, reason="no warpgroup products (CUDA sm_90)")
+@pytest.mark.parametrize("mode, group, width", [("affine", 64, 4), ("mxfp4", 32, 4), ("affine", 32, 3)], ids=str)
+def test_qmm_wgmma_gathers_each_rows_batch(mode, group, width):
+    """The gathered qmm_wgmma (a mixture of experts' prefill): sorted runs crossing row tiles, an
+    unsorted stretch, hostile picks at both ends giving zeros; a row's bits equal to its expert's
+    plain product."""
+    rng = np.random.default_rng(0x9BB)
+    experts, n, k, entries = 4, 200, 512, 300
+    qw = quant.quantize(random(rng, (experts, n, k), dtypes.bfloat16, gpu)[0], group, width, mode=mode)
+    x, xv = random(rng, (entries, 1, k), dtypes.bfloat16, gpu)
+    x = x.realize()
+    picks = np.sort(rng.integers(0, experts, entries)).astype(np.int32)
+    picks[:2], picks[-3:] = -1, experts + 5
+    picks[150:160] = rng.integers(0, experts, 10)
+    dense = dequantized(qw)
+    want = np.stack([xv[i] @ dense[e].T if 0 <= e < experts else np.zeros((1, n)) for i, e in enumerate(picks)])
+    y = assert_matches(f"{mode} gathered", lambda: quant.gather_qmm(x, qw, None, Tensor(picks, device=gpu), sorted_indices=True),
+                       "nuvec_qmm_wgmma", want)
+    assert not values(y)[:2].any() and not values(y)[-3:].any()
+
+
+@pytest.mark.skipif(not WARPGROUPS, reason="no warpgroup products (CUDA sm_90)")
+def test_qmm_wgmma_gradients_equal_the_compositions():
+    rng = np.random.default_rng(0x9BC)
+    qw = quant.quantize(random(rng, (96, 256), dtypes.bfloat16, gpu)[0], 64, 4)
+    x = random(rng, (40, 256), dtypes.bfloat16, gpu)[0].realize()
+    upstream = random(rng, (40, 96), dtypes.bfloat16, gpu)[0].realize()
+    assert_gradients_equal_the_composition(lambda: quant.quantized_matmul(x, qw), upstream, [x, qw.scales, qw.biases],
+                                           "nuvec_qmm_wgmma")

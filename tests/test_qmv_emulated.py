@@ -292,3 +292,70 @@ def test_emulated_gathered_qmm_takes_each_rows_batch(mode, group, bits, dtype, m
         mine = picks == batch
         assert_rows_close(f"batch {batch}", got[mine], want[mine], TOL[dtype])
     assert not got[(picks < 0) | (picks >= batches)].any()
+
+
+def emulated_qmm_wgmma(x: np.ndarray, qw, dtype, tiles, picks: np.ndarray | None = None, edit=None) -> np.ndarray:
+    """y's raw values from the emulated qmm_wgmma (Hopper's warpgroup products computed by each
+    thread from the swizzled tiles) for raw x `[M, K]` in `dtype` with `tiles`; `picks`: gathered,
+    each row with its own weight batch of `qw` `[E, N, ...]`."""
+    rows, k = x.shape
+    n = qw.weight.shape[-2]
+    kernel = edited(qmv.qmm_wgmma_program(dtype, qw.scales.dtype, dtype, mode=qw.mode, group_size=qw.group_size, bits=qw.bits,
+                                          tiles=tiles, gather=picks is not None), edit)
+    y = np.full((rows, n), 0xFFFF, dtype=x.dtype)  # NaN patterns: an output the kernel misses shows
+    buffers = [y, x, raw(qw.weight), raw(qw.scales)] + ([raw(qw.biases)] if qw.biases is not None else [])
+    if picks is not None: buffers.append(picks)
+    buffers.append(np.array([rows, n, k] + ([qw.weight.shape[0]] if picks is not None else []), dtype=np.int32))
+    groups, groups_y, _ = tiles.grid(rows, n)
+    build(kernel)(buffers, groups, tiles.threads, groups_y)
+    return y
+
+
+QMM_WGMMA_CASES = [("affine", 64, 4, dtypes.bfloat16), ("affine", 32, 3, dtypes.float16), ("affine", 128, 8, dtypes.bfloat16),
+                   ("affine", 32, 6, dtypes.bfloat16), ("mxfp4", 32, 4, dtypes.bfloat16), ("mxfp8", 32, 8, dtypes.float16),
+                   ("nvfp4", 16, 4, dtypes.bfloat16)]
+
+
+@pytest.mark.parametrize("mode, group, bits, dtype", QMM_WGMMA_CASES, ids=str)
+def test_emulated_qmm_wgmma_matches_the_composition_in_both_plans(mode, group, bits, dtype):
+    """M = 70 (past a 64-row tile), N = 267 (past a 256-column tile), K = 192 (three steps of two
+    chunks; 256 for groups of 128; nvfp4: two groups a chunk), odd widths (8-byte copies of words)
+    and even: both plans' tiles within tolerance of the composition and equal bit for bit."""
+    rng = np.random.default_rng(0x9BD)
+    n, k = 267, 256 if group == 128 else 192
+    qw = quantized(random(rng, (n, k), dtype, "CPU")[0], mode, group, bits)
+    x_tensor = random(rng, (70, k), dtype, "CPU")[0].realize()
+    want = quant.quantized_matmul(x_tensor, qw).cast(dtypes.float32).numpy().astype(np.float64)
+    small = emulated_qmm_wgmma(raw(x_tensor), qw, dtype, qmv.QMM_WGMMA_SMALL)
+    check_rows("qmm_wgmma", small, want, dtype)
+    np.testing.assert_array_equal(emulated_qmm_wgmma(raw(x_tensor), qw, dtype, qmv.QMM_WGMMA_LARGE), small)
+
+
+def test_emulated_gathered_qmm_wgmma_takes_each_rows_batch():
+    """Rows with their own weight batch: sorted runs crossing row tiles, an unsorted stretch, hostile
+    picks at both ends giving zeros."""
+    rng = np.random.default_rng(0x9BE)
+    batches, n, k, rows, dtype = 3, 130, 128, 150, dtypes.bfloat16
+    qw = quantized(random(rng, (batches, n, k), dtype, "CPU")[0], "affine", 64, 4)
+    x_tensor = random(rng, (rows, k), dtype, "CPU")[0].realize()
+    picks = np.sort(rng.integers(0, batches, rows)).astype(np.int32)
+    picks[:3], picks[-2:] = -1, batches + 2
+    picks[100:110] = rng.integers(0, batches, 10)
+    got = as_float(emulated_qmm_wgmma(raw(x_tensor), qw, dtype, qmv.QMM_WGMMA_LARGE, picks), dtype)
+    for batch in range(batches):
+        one = quant.QuantizedWeight(*(t[batch].contiguous() for t in (qw.weight, qw.scales, qw.biases)), "affine", 64, 4)
+        want = quant.quantized_matmul(x_tensor, one).cast(dtypes.float32).numpy().astype(np.float64)
+        assert_rows_close(f"batch {batch}", got[picks == batch], want[picks == batch], TOL[dtype])
+    assert not got[(picks < 0) | (picks >= batches)].any()
+
+
+def test_qmm_wgmma_routes_and_plans():
+    """qmm_wgmma takes qmm's calls on a target with warpgroup products and K a multiple of 64; its
+    plan follows M; every shape fits an sm_90 threadgroup at 4 bits."""
+    from nuvec_tg.kernels import Target
+    assert qmv.takes_qmm_wgmma(4096, Target("cuda", warpgroups=True))
+    assert not qmv.takes_qmm_wgmma(4096 + 32, Target("cuda", warpgroups=True))
+    assert not qmv.takes_qmm_wgmma(4096, Target("cuda"))
+    assert not qmv.takes_qmm_wgmma(4096, Target("metal"))
+    assert [qmv.qmm_wgmma_plan(m) for m in (9, 64, 65)] == [qmv.QMM_WGMMA_SMALL, qmv.QMM_WGMMA_SMALL, qmv.QMM_WGMMA_LARGE]
+    assert all(qmv.qmm_wgmma_bytes(t, 4) <= qmv.WGMMA_MAX_DYNAMIC for t in qmv.QMM_WGMMA_SHAPES)

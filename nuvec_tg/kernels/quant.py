@@ -14,6 +14,9 @@ with the device's `kernels.Target`, anything else is the composition):
   MAX_ROWS rows per entry, `gather_qmv`.
 - On every route: bfloat16 anywhere needs a target with bfloat, qmm a target with matrix units,
   and on Metal a kernel's threadgroup (`*_metal_resources`) must fit an Apple GPU's limits.
+- qmm on a target with Hopper's warpgroup products (CUDA sm_90) and K a multiple of 64 runs
+  `qmm_wgmma` (`src/qmm_wgmma.h`) in its place (`takes_qmm_wgmma`: K and the device decide, never
+  M, so a row's bits still never depend on the row count).
 
 `plan` picks qmv's launch shape (`QmvPlan`); its defaults are the module constants below, read off
 `tools/tune_qmv.py` on the device. Only `k_split` changes a row's arithmetic order, so
@@ -31,6 +34,7 @@ from tinygrad.dtype import DType
 
 from ..tensor import dtype_name
 from . import Target
+from . import target as _target
 from .program import (CTYPES, Backward, Family, Param, Program, Resources, int_buffer, kernel_input, launch, metal_limit_reason,
                       threadgroup_array)
 
@@ -404,6 +408,49 @@ def gather_route(x_dtype: DType, scales_dtype: DType, out_dtype: DType, entries:
     return kernel, qmv_unsupported(x_dtype, scales_dtype, out_dtype, rows if entries else 0, k, n, target)
 
 
+# qmm on Hopper's warpgroup products (`src/qmm_wgmma.h`): WgmmaTiles of 64 or 128 rows by 128 or
+# 256 columns, steps of 64 k. Starting points until tools/tune_qmv.py --wgmma sweeps them on the H200.
+QMM_WGMMA_SMALL = WgmmaTiles(1, 128, 4)
+QMM_WGMMA_LARGE = WgmmaTiles(2, 256, 4)
+QMM_WGMMA_SHAPES = (QMM_WGMMA_SMALL, WgmmaTiles(1, 256, 4), WgmmaTiles(2, 128, 4), WgmmaTiles(2, 128, 6), QMM_WGMMA_LARGE,
+                    WgmmaTiles(2, 256, 3))
+QMM_WGMMA_SMALL_ROWS = 64
+
+
+def takes_qmm_wgmma(k: int, target: Target) -> bool:
+    """Whether qmm_wgmma runs a qmm call of depth K on `target` in qmm's place: warpgroup products
+    and K a multiple of 64 (whole steps of two chunks). K and the device decide, never M."""
+    return target.backend == "cuda" and target.warpgroups and k % WGMMA_STEP == 0
+
+
+def qmm_wgmma_plan(rows: int) -> WgmmaTiles:
+    """qmm_wgmma's tiles for M rows (any shape gives the same bits, so the plan may follow M)."""
+    return QMM_WGMMA_SMALL if rows <= QMM_WGMMA_SMALL_ROWS else QMM_WGMMA_LARGE
+
+
+def qmm_wgmma_bytes(tiles: WgmmaTiles, bits: int) -> int:
+    """qmm_wgmma's dynamic threadgroup memory: the stages (x's 128-byte rows and the weight rows'
+    8 * bits bytes of words), the two dequantized w tiles, and 1024 bytes to align them."""
+    return tiles.stages * (tiles.rows * WGMMA_ROW_BYTES + tiles.columns * 8 * bits) + 2 * tiles.columns * WGMMA_ROW_BYTES + 1024
+
+
+QMM_WGMMA = Family("nuvec_qmm_wgmma", ("quant_codes.h", "qmm_wgmma.h"), qmm_unsupported, qmm_wgmma_plan, backends=("cuda",),
+                   arch="sm_90a")
+
+
+def qmm_wgmma_program(x_dtype: DType, scales_dtype: DType, out_dtype: DType, *, mode: str, group_size: int, bits: int,
+                      tiles: WgmmaTiles, gather: bool = False) -> Program:
+    """The qmm_wgmma specialisation (CUDA sm_90a): parameters as qmm's."""
+    if (needed := qmm_wgmma_bytes(tiles, bits)) > WGMMA_MAX_DYNAMIC:
+        raise ValueError(f"qmm_wgmma: {tiles} at {bits} bits takes {needed} bytes of threadgroup memory (at most {WGMMA_MAX_DYNAMIC})")
+    defines = dict(TX=ctype(x_dtype), TS=ctype(scales_dtype), TY=ctype(out_dtype), BITS=bits, GROUP=group_size,
+                   MODE=_MODES[mode], GATHER=int(gather), WARPGROUPS=tiles.warpgroups, BM=tiles.rows, BN=tiles.columns,
+                   BK=WGMMA_STEP, STAGES=tiles.stages, COPY_BYTES=16 if bits % 2 == 0 else 8,
+                   LOAD_WORDS=load_words(bits, 2 * bits))  # quant_codes.h's (a row: whole steps of 2 chunks)
+    params = _params(defines["TY"], defines["TX"], defines["TS"], mode, gather) + [Param("ints", "in", "int")]
+    return QMM_WGMMA.program("cuda", defines, params, dynamic_bytes=qmm_wgmma_bytes(tiles, bits))
+
+
 def qmm_program(backend: str, x_dtype: DType, scales_dtype: DType, out_dtype: DType, *, mode: str, group_size: int,
                 bits: int, k: int, gather: bool = False) -> Program:
     """The qmm specialisation: parameters y, x, w, scales (, biases) (, picks), ints (M, N, K (,
@@ -417,7 +464,8 @@ def qmm_program(backend: str, x_dtype: DType, scales_dtype: DType, out_dtype: DT
 
 
 def qmm(x: Tensor, weight: Tensor, scales: Tensor, biases: Tensor | None, *, mode: str, group_size: int, bits: int,
-        out_dtype: DType, backend: str, composition=None, picks: Tensor | None = None) -> Tensor:
+        out_dtype: DType, backend: str, composition=None, picks: Tensor | None = None,
+        tiles: WgmmaTiles | None = None) -> Tensor:
     """`x [M, K] · wᵀ` (x float16 or bfloat16) for packed `weight [N, K * bits / 32]`, `scales`
     (and affine `biases`) `[N, K / group_size]`; returns `[M, N]` in `out_dtype`. The weights are
     dequantized into x's type (MLX's rounding), the products accumulate in float32.
@@ -425,15 +473,25 @@ def qmm(x: Tensor, weight: Tensor, scales: Tensor, biases: Tensor | None, *, mod
     picks (int32 `[M]`): row i of x times weight batch `picks[i]` of `weight [E, N, ...]`, `scales`
     (and `biases`) `[E, N, ...]`, zeros for a pick outside 0..E-1; rows grouped by batch (sorted
     picks) run as one product per batch and row tile (a mixture of experts' prefill).
-    composition: `(x, weight, scales, biases[, picks]) -> y`, whose gradient is the backward."""
+    composition: `(x, weight, scales, biases[, picks]) -> y`, whose gradient is the backward.
+    On Hopper with K a multiple of 64 the kernel is qmm_wgmma (`tiles` overrides its plan: tuning)."""
     rows, k = x.shape
     n = weight.shape[-2]
-    kernel = qmm_program(backend, x.dtype, scales.dtype, out_dtype, mode=mode, group_size=group_size, bits=bits, k=k,
-                         gather=picks is not None)
+    gather = picks is not None
+    wgmma = backend == "cuda" and takes_qmm_wgmma(k, _target(x.device))
+    if wgmma:
+        tiles = tiles or qmm_wgmma_plan(rows)
+        kernel = qmm_wgmma_program(x.dtype, scales.dtype, out_dtype, mode=mode, group_size=group_size, bits=bits, tiles=tiles,
+                                   gather=gather)
+        grid, threads = tiles.grid(rows, n), tiles.threads
+    else:
+        kernel = qmm_program(backend, x.dtype, scales.dtype, out_dtype, mode=mode, group_size=group_size, bits=bits, k=k,
+                             gather=gather)
+        grid, threads = (*qmm_plan(rows, n), 1), QMM_THREADS
     ins = _inputs(x, weight, scales, biases, picks)
     backward = _backward("quantized_matmul" if picks is None else "gather_qmm", composition, ins, mode)
-    ins.append(int_buffer(x.device, (rows, n, k) + ((weight.shape[0],) if picks is not None else ())))
+    ins.append(int_buffer(x.device, (rows, n, k) + ((weight.shape[0],) if gather else ())))
     y = Tensor.empty(rows, n, dtype=out_dtype, device=x.device)
-    return launch(kernel, x.device, [y], ins, (*qmm_plan(rows, n), 1), QMM_THREADS,
-                  backward=backward,
-                  label=f"{backend} qmm {mode} {bits}-bit g{group_size} M{rows} K{k} N{n}{' gather' if picks is not None else ''}")[0]
+    name = f"qmm_wgmma {tiles}" if wgmma else "qmm"
+    return launch(kernel, x.device, [y], ins, grid, threads, backward=backward,
+                  label=f"{backend} {name} {mode} {bits}-bit g{group_size} M{rows} K{k} N{n}{' gather' if gather else ''}")[0]
