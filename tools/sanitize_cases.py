@@ -81,12 +81,15 @@ from tinygrad import Device, Tensor, UOp, dtypes
 from tinygrad.dtype import DType
 
 from nuvec_tg import fast, quant
+from nuvec_tg import kernels as nuvec_kernels
 from nuvec_tg.kernels import compositions_only, record_launches
 
 DEVICE = Device.DEFAULT
 # The backend whose kernels the calls build here: None on devices without kernels, or with them off.
 BACKEND = None if os.environ.get("NUVEC_KERNELS", "1") == "0" else \
     {"CUDA": "cuda", "METAL": "metal"}.get(DEVICE.split(":")[0].upper())
+# Hopper (CUDA sm_90): products of more than 8 rows take the wgmma kernels where K allows.
+WARPGROUPS = BACKEND == "cuda" and nuvec_kernels.target(DEVICE).warpgroups
 # Relative to max(|composition|, 1) over the output: loose, the sanitizer looks for worse.
 TOLERANCE = {dtypes.float32: 1e-3, dtypes.float16: 1e-2, dtypes.bfloat16: 6e-2}
 INT32_MAX = 2**31 - 1
@@ -100,6 +103,17 @@ GATED_DELTA = ("nuvec_gated_delta",)
 GATED_CHUNKED = ("nuvec_gated_delta_chunks", "nuvec_gated_delta_pass")
 QMV, QVM, QMM = ("nuvec_qmv",), ("nuvec_qvm",), ("nuvec_qmm",)
 GEMV, GEMM = ("nuvec_gemv",), ("nuvec_gemm",)
+
+
+def qmm_of(k: int) -> tuple[str, ...]:
+    """The family of a qmm call of depth K: qmm_wgmma on Hopper where K is a multiple of 64."""
+    return ("nuvec_qmm_wgmma",) if WARPGROUPS and k % 64 == 0 else QMM
+
+
+def gemm_of(k: int) -> tuple[str, ...]:
+    """The family of more than 8 rows of a dense product of depth K: gemm_wgmma on Hopper where K
+    is a multiple of 8."""
+    return ("nuvec_gemm_wgmma",) if WARPGROUPS and k % 8 == 0 else GEMM
 RMS_NORM, LAYER_NORM, RESIDUAL_NORM = ("nuvec_rms_norm",), ("nuvec_layer_norm",), ("nuvec_residual_norm",)
 SOFTMAX, LOGSUMEXP, CROSS_ENTROPY = ("nuvec_softmax",), ("nuvec_logsumexp",), ("nuvec_cross_entropy",)
 ROPE = ("nuvec_rope",)
@@ -434,13 +448,15 @@ QUANT = [Case(f"qmv {fmt(mode, group, bits)} {SHORT[dtype]} M{rows} K{1024 + 3 *
          gather("affine", 32, 8, (1, 1, 320), 3, 13, dtypes.float32, None, [2])),
     Case("gather_qmm no entries", NONE, gather("affine", 64, 4, (2, 1, 320), 3, 13, dtypes.float32, [], [])),
     # qmm: M not a multiple of the 64-row tile, N = 100 not a multiple of the 64-column tile
-    *[Case(f"qmm affine4 g64 bf16 M{m} K320 N100", QMM, product("affine", 64, 4, (m, 320), 100, dtypes.bfloat16))
+    *[Case(f"qmm affine4 g64 bf16 M{m} K320 N100", qmm_of(320), product("affine", 64, 4, (m, 320), 100, dtypes.bfloat16))
       for m in (9, 65, 130)],
-    Case("qmm affine3 g32 f16 M65 K320 N100", QMM, product("affine", 32, 3, (65, 320), 100, dtypes.float16)),
-    Case("qmm affine8 g128 f16 M9 K384 N100", QMM, product("affine", 128, 8, (9, 384), 100, dtypes.float16)),
-    Case("qmm mxfp8 bf16 M9 K320 N100", QMM, product("mxfp8", 32, 8, (9, 320), 100, dtypes.bfloat16)),
-    Case("qmm mxfp4 bf16 batch 5x13 K320 N100", QMM, product("mxfp4", 32, 4, (5, 13, 320), 100, dtypes.bfloat16)),
-    Case("qmm nvfp4 f16 M130 K272 (a half chunk) N100", QMM, product("nvfp4", 16, 4, (130, 272), 100, dtypes.float16)),
+    Case("qmm affine3 g32 f16 M65 K320 N100", qmm_of(320), product("affine", 32, 3, (65, 320), 100, dtypes.float16)),
+    Case("qmm affine8 g128 f16 M9 K384 N100", qmm_of(384), product("affine", 128, 8, (9, 384), 100, dtypes.float16)),
+    Case("qmm mxfp8 bf16 M9 K320 N100", qmm_of(320), product("mxfp8", 32, 8, (9, 320), 100, dtypes.bfloat16)),
+    Case("qmm mxfp4 bf16 batch 5x13 K320 N100", qmm_of(320), product("mxfp4", 32, 4, (5, 13, 320), 100, dtypes.bfloat16)),
+    Case("qmm affine3 g64 bf16 M130 K192 N267 (odd width, past 128-row and 256-column tiles)", qmm_of(192),
+         product("affine", 64, 3, (130, 192), 267, dtypes.bfloat16)),
+    Case("qmm nvfp4 f16 M130 K272 (a half chunk) N100", qmm_of(272), product("nvfp4", 16, 4, (130, 272), 100, dtypes.float16)),
 ]
 
 
@@ -454,7 +470,7 @@ def sorted_gather(mode: str, group: int, bits: int, k: int, dtype: DType) -> Set
 
 
 QUANT += [Case(f"gathered qmm {fmt(mode, group, bits)} {SHORT[dtype]} 40 sorted entries E3, experts out of range, K{k} N100",
-               QMM, sorted_gather(mode, group, bits, k, dtype))
+               qmm_of(k), sorted_gather(mode, group, bits, k, dtype))
           for mode, group, bits, k, dtype in (("affine", 64, 4, 320, dtypes.bfloat16),
                                               ("mxfp4", 32, 4, 320, dtypes.float16), ("nvfp4", 16, 4, 272, dtypes.bfloat16))]
 
@@ -477,11 +493,13 @@ DENSE = [
     Case("gemv f16 x bf16 w M3 K4100 (pieces of 4) N37", GEMV, dense((3, 4100), 37, dtypes.float16, dtypes.bfloat16)),
     Case("gemv f32 M8 K257 (pieces of 1) N3 bias", GEMV, dense((8, 257), 3, dtypes.float32, bias_dtype=dtypes.float32)),
     Case("gemv f32 x bf16 w 1-D x K320 N5", GEMV, dense((320,), 5, dtypes.float32, dtypes.bfloat16)),
-    Case("gemm bf16 M9 K104 N130 bias", GEMM, dense((9, 104), 130, dtypes.bfloat16, bias_dtype=dtypes.bfloat16)),
-    Case("gemm f16 M65 K100 (copies of 8 bytes) N200", GEMM, dense((65, 100), 200, dtypes.float16)),
-    Case("gemm bf16 M257 K98 (copies of 4 bytes) N72 f32 bias", GEMM,
+    Case("gemm bf16 M9 K104 N130 bias", gemm_of(104), dense((9, 104), 130, dtypes.bfloat16, bias_dtype=dtypes.bfloat16)),
+    Case("gemm f16 M65 K100 (copies of 8 bytes) N200", gemm_of(100), dense((65, 100), 200, dtypes.float16)),
+    Case("gemm bf16 M257 K98 (copies of 4 bytes) N72 f32 bias", gemm_of(98),
          dense((257, 98), 72, dtypes.bfloat16, bias_dtype=dtypes.float32)),
-    Case("gemm f16 batch 5x13 K320 N100 bias", GEMM, dense((5, 13, 320), 100, dtypes.float16, bias_dtype=dtypes.float16)),
+    Case("gemm f16 batch 5x13 K320 N100 bias", gemm_of(320), dense((5, 13, 320), 100, dtypes.float16, bias_dtype=dtypes.float16)),
+    Case("gemm bf16 M130 K200 N270 bias (past 128-row and 256-column tiles)", gemm_of(200),
+         dense((130, 200), 270, dtypes.bfloat16, bias_dtype=dtypes.bfloat16)),
     Case("linear f32 M20 (the composition)", NONE, dense((20, 64), 32, dtypes.float32)),
     Case("linear no rows", NONE, dense((0, 64), 32, dtypes.bfloat16)),
     Case("linear no columns", NONE, dense((20, 64), 0, dtypes.bfloat16)),
