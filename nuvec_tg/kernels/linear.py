@@ -142,20 +142,21 @@ def wgmma_bytes(tiles: WgmmaTiles) -> int:
     return tiles.stages * (tiles.rows + tiles.columns) * WGMMA_ROW_BYTES + 1024
 
 
-# Starting points until tools/tune_linear.py --wgmma sweeps them on the H200: a short x reads w at
-# memory's pace (narrow tiles, more threadgroups, deep stages); a long one is bound by the products
-# (the widest tiles, which read the fewest bytes of threadgroup memory a product).
-WGMMA_SMALL = WgmmaTiles(1, 64, 8)
-WGMMA_MEDIUM = WgmmaTiles(2, 128, 6)
+# From the H200 sweep (tools/tune_linear.py --wgmma, benchmarks/linear_h200.md), K 4096 N 14336: up to
+# SMALL_ROWS rows one warpgroup's 64 x 128 tiles, 8 stages (M 64: 32.4 µs against 36.9 for 64 x 64,
+# more threadgroups reading w at memory's pace); beyond, two warpgroups' 128 x 256 tiles, 4 stages
+# (the fewest bytes of threadgroup memory a product: M 512 516 TFLOP/s against 458 for 128 x 128,
+# M 2048 601 against 532).
+WGMMA_SMALL = WgmmaTiles(1, 128, 8)
 WGMMA_LARGE = WgmmaTiles(2, 256, 4)
-WGMMA_SHAPES = (WGMMA_SMALL, WgmmaTiles(1, 128, 8), WgmmaTiles(1, 256, 5), WgmmaTiles(2, 64, 8), WGMMA_MEDIUM,
+WGMMA_SHAPES = (WgmmaTiles(1, 64, 8), WGMMA_SMALL, WgmmaTiles(1, 256, 5), WgmmaTiles(2, 64, 8), WgmmaTiles(2, 128, 6),
                 WgmmaTiles(2, 128, 4), WGMMA_LARGE, WgmmaTiles(2, 256, 3))
 
 
 def wgmma_plan(rows: int) -> WgmmaTiles:
-    """gemm_wgmma's tiles for M rows: WGMMA_SMALL up to SMALL_ROWS rows, WGMMA_MEDIUM up to
-    MEDIUM_ROWS, else WGMMA_LARGE. Any tile shape gives the same bits, so the plan may follow M."""
-    return WGMMA_SMALL if rows <= SMALL_ROWS else WGMMA_MEDIUM if rows <= MEDIUM_ROWS else WGMMA_LARGE
+    """gemm_wgmma's tiles for M rows: WGMMA_SMALL up to SMALL_ROWS rows, else WGMMA_LARGE. Any tile
+    shape gives the same bits, so the plan may follow M."""
+    return WGMMA_SMALL if rows <= SMALL_ROWS else WGMMA_LARGE
 
 
 def takes_wgmma(k: int, target: Target) -> bool:
