@@ -198,7 +198,7 @@ def unsupported(x_dtype: DType, w_dtype: DType, bias_dtype: DType | None, out_dt
 
 GEMV = Family("nuvec_gemv", ("pieces.h", "column_sums.h", "gemv.h"), unsupported, gemv_plan)
 GEMM = Family("nuvec_gemm", ("gemm.h",), unsupported, gemm_plan)
-GEMM_WGMMA = Family("nuvec_gemm_wgmma", ("gemm_wgmma.h",), unsupported, wgmma_plan, backends=("cuda",), arch="sm_90a")
+GEMM_WGMMA = Family("nuvec_gemm_wgmma", ("wgmma_steps.h", "gemm_wgmma.h"), unsupported, wgmma_plan, backends=("cuda",), arch="sm_90a")
 
 
 def _params(out_dtype: DType, x_dtype: DType, w_dtype: DType, bias_dtype: DType | None) -> list[Param]:
@@ -275,21 +275,28 @@ def gemv(x: Tensor, w: Tensor, bias: Tensor | None, *, out_dtype: DType, backend
                   label=f"{backend} gemv M{rows} K{k} N{n} {plan}")[0]
 
 
-def gemm(x: Tensor, w: Tensor, bias: Tensor | None, *, out_dtype: DType, backend: str, composition=None,
-         tiles: Tiles | None = None) -> Tensor:
-    """`x [M, K] · wᵀ (+ bias)` for x and `w [N, K]` of one 16-bit dtype, `bias [N]` or None;
-    returns `[M, N]` in `out_dtype`. composition: as `gemv`'s. `tiles` overrides `gemm_plan`
-    (tuning)."""
+def _tiled(program: Program, x: Tensor, w: Tensor, bias: Tensor | None, out_dtype: DType, composition,
+           tiles: Tiles | WgmmaTiles, name: str) -> Tensor:
+    """A matrix-unit product's launch (gemm, gemm_wgmma): inputs y, x, w (, bias), the ints (M, N,
+    K), over `tiles`' grid."""
     rows, k = x.shape
     n = w.shape[0]
-    tiles = tiles or gemm_plan(rows, backend)
-    program = gemm_program(backend, x.dtype, None if bias is None else bias.dtype, out_dtype, k=k, tiles=tiles)
     ins = _inputs(x, w, bias)
     backward = _backward(composition, ins)
     ins.append(int_buffer(x.device, (rows, n, k)))
     y = Tensor.empty(rows, n, dtype=out_dtype, device=x.device)
     return launch(program, x.device, [y], ins, tiles.grid(rows, n), tiles.threads, backward=backward,
-                  label=f"{backend} gemm M{rows} K{k} N{n} {tiles}")[0]
+                  label=f"{name} M{rows} K{k} N{n} {tiles}")[0]
+
+
+def gemm(x: Tensor, w: Tensor, bias: Tensor | None, *, out_dtype: DType, backend: str, composition=None,
+         tiles: Tiles | None = None) -> Tensor:
+    """`x [M, K] · wᵀ (+ bias)` for x and `w [N, K]` of one 16-bit dtype, `bias [N]` or None;
+    returns `[M, N]` in `out_dtype`. composition: as `gemv`'s. `tiles` overrides `gemm_plan`
+    (tuning)."""
+    tiles = tiles or gemm_plan(x.shape[0], backend)
+    program = gemm_program(backend, x.dtype, None if bias is None else bias.dtype, out_dtype, k=x.shape[1], tiles=tiles)
+    return _tiled(program, x, w, bias, out_dtype, composition, tiles, f"{backend} gemm")
 
 
 def gemm_wgmma(x: Tensor, w: Tensor, bias: Tensor | None, *, out_dtype: DType, backend: str = "cuda", composition=None,
@@ -298,13 +305,6 @@ def gemm_wgmma(x: Tensor, w: Tensor, bias: Tensor | None, *, out_dtype: DType, b
     K] · wᵀ (+ bias)` for x and `w [N, K]` of one 16-bit dtype; returns `[M, N]` in `out_dtype`.
     `tiles` overrides `wgmma_plan` (tuning)."""
     if backend != "cuda": raise ValueError(f"gemm_wgmma: no {backend} kernel (CUDA sm_90 only)")
-    rows, k = x.shape
-    n = w.shape[0]
-    tiles = tiles or wgmma_plan(rows)
+    tiles = tiles or wgmma_plan(x.shape[0])
     program = wgmma_program(x.dtype, None if bias is None else bias.dtype, out_dtype, tiles=tiles)
-    ins = _inputs(x, w, bias)
-    backward = _backward(composition, ins)
-    ins.append(int_buffer(x.device, (rows, n, k)))
-    y = Tensor.empty(rows, n, dtype=out_dtype, device=x.device)
-    return launch(program, x.device, [y], ins, tiles.grid(rows, n), tiles.threads, backward=backward,
-                  label=f"cuda gemm_wgmma M{rows} K{k} N{n} {tiles}")[0]
+    return _tiled(program, x, w, bias, out_dtype, composition, tiles, "cuda gemm_wgmma")

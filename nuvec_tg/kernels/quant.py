@@ -434,7 +434,7 @@ def qmm_wgmma_bytes(tiles: WgmmaTiles, bits: int) -> int:
     return tiles.stages * (tiles.rows * WGMMA_ROW_BYTES + tiles.columns * 8 * bits) + 2 * tiles.columns * WGMMA_ROW_BYTES + 1024
 
 
-QMM_WGMMA = Family("nuvec_qmm_wgmma", ("quant_codes.h", "qmm_wgmma.h"), qmm_unsupported, qmm_wgmma_plan, backends=("cuda",),
+QMM_WGMMA = Family("nuvec_qmm_wgmma", ("quant_codes.h", "wgmma_steps.h", "qmm_wgmma.h"), qmm_unsupported, qmm_wgmma_plan, backends=("cuda",),
                    arch="sm_90a")
 
 

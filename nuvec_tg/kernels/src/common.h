@@ -6,3 +6,15 @@
 INLINE float merge_factor(float part_max, float merged_max) {
   return part_max == -INFINITY ? 0.0f : exp2(part_max - merged_max);
 }
+
+// Two results of an output row, at columns `column` and `column + 1` of N = `n_size`, rounded into
+// `out` (the first one's place): one store where N is even (the pair is then aligned), else each
+// column that exists.
+template <typename T> INLINE void store_row_pair(float low, float high, DEVICE T* out, int column, int n_size) {
+  if (n_size % 2 == 0 && column + 1 < n_size) {
+    store_pair(low, high, out);
+  } else {
+    if (column < n_size) from_float(low, out);
+    if (column + 1 < n_size) from_float(high, out + 1);
+  }
+}

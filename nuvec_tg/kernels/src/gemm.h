@@ -220,12 +220,6 @@ INLINE void copy_piece(THREADGROUP_PTR TX* to, const DEVICE TX* from, const DEVI
         low += bias_pair[0];
         high += bias_pair[1];
 #endif
-        DEVICE TY* out = y + (size_t)row * n_size + column;
-        if (n_size % 2 == 0 && column + 1 < n_size) {
-          store_pair(low, high, out);
-        } else {
-          if (column < n_size) from_float(low, out);
-          if (column + 1 < n_size) from_float(high, out + 1);
-        }
+        store_row_pair(low, high, y + (size_t)row * n_size + column, column, n_size);
       }
   }

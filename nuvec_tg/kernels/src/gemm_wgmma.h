@@ -99,47 +99,23 @@
     threadgroup_barrier();
     if (step + STAGES - 2 < steps) COPY_STEP(step + STAGES - 2) else async_commit();
     const unsigned char* stage = stages + (step % STAGES) * STAGE_BYTES;
-    const TX* a_tile = (const TX*)(stage + warpgroup * 64 * ROW_BYTES);
-    const TX* b_tile = (const TX*)(stage + BM * ROW_BYTES);
-    wgmma_fence();
-#pragma unroll
-    for (int k16 = 0; k16 < BK / 16; k16++) wgmma_tile<BN>(acc, a_tile, b_tile, k16);
-    wgmma_commit();
-    wgmma_wait<1>();
-#pragma unroll
-    for (int i = 0; i < ACCUMULATORS; i++) wgmma_hold(acc[i]);
+    wgmma_step<BN>(acc, (const TX*)(stage + warpgroup * 64 * ROW_BYTES), (const TX*)(stage + BM * ROW_BYTES));
   }
-  wgmma_wait<0>();
-#pragma unroll
-  for (int i = 0; i < ACCUMULATORS; i++) wgmma_hold(acc[i]);
+  wgmma_finish<BN>(acc);
   async_wait(0);  // only empty groups are left: none outlives the kernel
 
-  // Each thread's elements of y (rows 16 * warp + lane / 4 and + 8 of its warpgroup's 64, columns
-  // 8 j + 2 (lane % 4) and + 1), the bias added in float32, rounded once; a pair in one store where
-  // N is even (then aligned).
-  const int row_first = m_first + 64 * warpgroup + 16 * warp + lane / 4;
+  // The bias added in float32 to each thread's columns (8 j + 2 (lane % 4) and + 1), then its
+  // elements of y rounded once.
+  const int column_first = n_first + 2 * (lane % 4);
+#if BIAS
 #pragma unroll
   for (int j = 0; j < BN / 8; j++) {
-    const int column = n_first + 8 * j + 2 * (lane % 4);
-#if BIAS
-    const float bias_pair[2] = {column < n_size ? to_float(bias[column]) : 0.0f,
-                                column + 1 < n_size ? to_float(bias[column + 1]) : 0.0f};
-#endif
-#pragma unroll
-    for (int half_tile = 0; half_tile < 2; half_tile++) {
-      const int row = row_first + 8 * half_tile;
-      if (row >= m_size) continue;
-      float low = acc[4 * j + 2 * half_tile], high = acc[4 * j + 2 * half_tile + 1];
-#if BIAS
-      low += bias_pair[0];
-      high += bias_pair[1];
-#endif
-      DEVICE TY* out = y + (size_t)row * n_size + column;
-      if (n_size % 2 == 0 && column + 1 < n_size) {
-        store_pair(low, high, out);
-      } else {
-        if (column < n_size) from_float(low, out);
-        if (column + 1 < n_size) from_float(high, out + 1);
-      }
-    }
+    const int column = column_first + 8 * j;
+    const float low = column < n_size ? to_float(bias[column]) : 0.0f, high = column + 1 < n_size ? to_float(bias[column + 1]) : 0.0f;
+    acc[4 * j] += low;
+    acc[4 * j + 1] += high;
+    acc[4 * j + 2] += low;
+    acc[4 * j + 3] += high;
   }
+#endif
+  store_accumulators<BN>(acc, y, m_first + 64 * warpgroup + 16 * warp + lane / 4, column_first, 0, m_size, n_size);

@@ -229,39 +229,14 @@ INLINE void stage_chunk_words(const unsigned char* at, THREAD uint* words) {
       // The dequantized tile visible to the tensor cores, from every thread.
       async_proxy_fence();
       threadgroup_barrier();
-      const TX* a_tile = (const TX*)(stage + warpgroup * 64 * ROW_BYTES);
-      wgmma_fence();
-#pragma unroll
-      for (int k16 = 0; k16 < BK / 16; k16++) wgmma_tile<BN>(acc, a_tile, (const TX*)w_tile, k16);
-      wgmma_commit();
-      wgmma_wait<1>();
-#pragma unroll
-      for (int i = 0; i < ACCUMULATORS; i++) wgmma_hold(acc[i]);
+      wgmma_step<BN>(acc, (const TX*)(stage + warpgroup * 64 * ROW_BYTES), (const TX*)w_tile);
     }
-    wgmma_wait<0>();
-#pragma unroll
-    for (int i = 0; i < ACCUMULATORS; i++) wgmma_hold(acc[i]);
+    wgmma_finish<BN>(acc);
     async_wait(0);  // only empty groups are left: none outlives the run
 
-    // Each thread's elements of y (gemm_wgmma.h's layout) for the run's rows, rounded once.
-    const int row_first = m_first + 64 * warpgroup + 16 * warp + lane / 4;
-#pragma unroll
-    for (int j = 0; j < BN / 8; j++) {
-      const int column = n_first + 8 * j + 2 * (lane % 4);
-#pragma unroll
-      for (int half_tile = 0; half_tile < 2; half_tile++) {
-        const int row = row_first + 8 * half_tile;
-        if (row < run_start || row >= run_end) continue;
-        const float low = acc[4 * j + 2 * half_tile], high = acc[4 * j + 2 * half_tile + 1];
-        DEVICE TY* out = y + (size_t)row * n_size + column;
-        if (n_size % 2 == 0 && column + 1 < n_size) {
-          store_pair(low, high, out);
-        } else {
-          if (column < n_size) from_float(low, out);
-          if (column + 1 < n_size) from_float(high, out + 1);
-        }
-      }
-    }
+    // Each thread's elements of y for the run's rows, rounded once.
+    store_accumulators<BN>(acc, y, m_first + 64 * warpgroup + 16 * warp + lane / 4, n_first + 2 * (lane % 4), run_start, run_end,
+                           n_size);
     threadgroup_barrier();  // every thread is done with the stages and tiles before the next run fills them
     run_start = run_end;
   }
