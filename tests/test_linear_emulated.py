@@ -227,21 +227,24 @@ def test_emulated_gemm_wgmma_matches_numpy_in_every_tile_shape(dtype, bias_dtype
     check_rows(str(linear.WGMMA_SHAPES[0]), first, case.want, out_dtype)
     for tiles in linear.WGMMA_SHAPES[1:]:
         np.testing.assert_array_equal(emulated_gemm_wgmma(case, slice(0, 130), tiles), first, err_msg=str(tiles))
-    np.testing.assert_array_equal(emulated_gemm_wgmma(case, slice(121, 130), linear.wgmma_plan(9)), first[121:])
+    np.testing.assert_array_equal(emulated_gemm_wgmma(case, slice(121, 130), linear.wgmma_plan(9, 270)), first[121:])
 
 
 def test_emulated_gemm_wgmma_at_one_short_step():
     """K = 8 (one piece of one step) and M = 9, N = 3: tiles almost all zeros."""
     case = Case(0x122, 9, 8, 3, bf16)
-    check_rows("K 8", emulated_gemm_wgmma(case, slice(0, 9), linear.wgmma_plan(9)), case.want, bf16)
+    check_rows("K 8", emulated_gemm_wgmma(case, slice(0, 9), linear.wgmma_plan(9, 270)), case.want, bf16)
 
 
 def test_wgmma_plans_and_routes():
     """The plan follows M (any shape has the same bits); every shape fits an sm_90 threadgroup; the
     route takes gemm_wgmma only on a target with warpgroup products and K a multiple of 8."""
     from nuvec_tg.kernels import Target
-    assert [linear.wgmma_plan(m) for m in (9, 64, 65, 4096)] == [linear.WGMMA_SMALL, linear.WGMMA_SMALL, linear.WGMMA_LARGE,
-                                                                  linear.WGMMA_LARGE]
+    assert [linear.wgmma_plan(m, 14336) for m in (9, 64, 65, 512, 4096)] == [
+        linear.WGMMA_SMALL, linear.WGMMA_SMALL, linear.WGMMA_NARROW, linear.WGMMA_LARGE, linear.WGMMA_LARGE]
+    # M 512 at N 4096: 64 tiles of 128 x 256 on 132 multiprocessors, so 128 of 128 x 128; M 2048 fills them
+    assert linear.wgmma_plan(512, 4096, 132) == linear.WGMMA_NARROW and linear.wgmma_plan(2048, 4096, 132) == linear.WGMMA_LARGE
+    assert linear.wgmma_plan(512, 4096, 64) == linear.WGMMA_LARGE
     assert all(linear.wgmma_bytes(t) <= linear.WGMMA_MAX_DYNAMIC for t in linear.WGMMA_SHAPES)
     hopper, ampere = Target("cuda", warpgroups=True), Target("cuda")
     assert linear.route(bf16, bf16, None, bf16, 9, 4096, 64, hopper) == ("gemm_wgmma", None)

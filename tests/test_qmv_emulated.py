@@ -357,5 +357,7 @@ def test_qmm_wgmma_routes_and_plans():
     assert not qmv.takes_qmm_wgmma(4096 + 32, Target("cuda", warpgroups=True))
     assert not qmv.takes_qmm_wgmma(4096, Target("cuda"))
     assert not qmv.takes_qmm_wgmma(4096, Target("metal"))
-    assert [qmv.qmm_wgmma_plan(m) for m in (9, 64, 65)] == [qmv.QMM_WGMMA_SMALL, qmv.QMM_WGMMA_SMALL, qmv.QMM_WGMMA_LARGE]
+    assert [qmv.qmm_wgmma_plan(m, 14336) for m in (9, 64, 65, 512)] == [qmv.QMM_WGMMA_SMALL, qmv.QMM_WGMMA_SMALL,
+                                                                         qmv.QMM_WGMMA_NARROW, qmv.QMM_WGMMA_LARGE]
+    assert qmv.qmm_wgmma_plan(512, 4096, 132) == qmv.QMM_WGMMA_NARROW
     assert all(qmv.qmm_wgmma_bytes(t, 4) <= qmv.WGMMA_MAX_DYNAMIC for t in qmv.QMM_WGMMA_SHAPES)

@@ -26,7 +26,7 @@ import sys
 import numpy as np
 from tinygrad import Device, Tensor, dtypes
 
-from nuvec_tg import fast
+from nuvec_tg import fast, kernels
 from nuvec_tg.bench.common import rotation, time_jit
 from nuvec_tg.bench.linear import SHAPES, moved_bytes, time_torch
 from nuvec_tg.kernels import compositions_only, kernel_backend
@@ -95,7 +95,7 @@ def main() -> int:
         with compositions_only():
             want = fast.linear(*calls[0]).float().numpy()
         vector = m <= linear.MAX_ROWS
-        default = linear.gemv_plan(m, k, n) if vector else linear.wgmma_plan(m) if wgmma else linear.gemm_plan(m, backend)
+        default = linear.gemv_plan(m, k, n) if vector else linear.wgmma_plan(m, n, kernels.target(Device.DEFAULT).multiprocessors) if wgmma else linear.gemm_plan(m, backend)
         cells, bits = [], []
         for shape in shapes_of(m, k, n):
             def product(x, w, shape=shape):

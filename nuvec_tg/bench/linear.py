@@ -59,7 +59,7 @@ def kernel_cell(m: int, k: int, n: int) -> str:
     kernel, reason = linear_kernels.route(dtypes.bfloat16, dtypes.bfloat16, None, dtypes.bfloat16, m, k, n, target)
     if reason is not None or target.backend is None: return "composition"
     if kernel == "gemv": return f"gemv {linear_kernels.gemv_plan(m, k, n)}"
-    if kernel == "gemm_wgmma": return str(linear_kernels.wgmma_plan(m))
+    if kernel == "gemm_wgmma": return str(linear_kernels.wgmma_plan(m, n, target.multiprocessors))
     return f"gemm {linear_kernels.gemm_plan(m, target.backend)}"
 
 

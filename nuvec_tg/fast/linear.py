@@ -35,7 +35,7 @@ def _describe(x: Tensor, w: Tensor, bias: Tensor | None, rows: int, target: kern
     if rows and k and n:
         if rows <= linear_kernels.MAX_ROWS: description += f" ({linear_kernels.gemv_plan(rows, k, n)})"
         elif backend is not None and linear_kernels.takes_wgmma(k, target):
-            description += f" ({linear_kernels.wgmma_plan(rows)})"
+            description += f" ({linear_kernels.wgmma_plan(rows, n, target.multiprocessors)})"
         elif backend is not None: description += f" ({linear_kernels.gemm_plan(rows, backend)})"
     return description
 

@@ -412,7 +412,8 @@ def gather_route(x_dtype: DType, scales_dtype: DType, out_dtype: DType, entries:
 # 256 columns, steps of 64 k. Starting points until tools/tune_qmv.py --wgmma sweeps them on the H200.
 QMM_WGMMA_SMALL = WgmmaTiles(1, 128, 4)
 QMM_WGMMA_LARGE = WgmmaTiles(2, 256, 4)
-QMM_WGMMA_SHAPES = (QMM_WGMMA_SMALL, WgmmaTiles(1, 256, 4), WgmmaTiles(2, 128, 4), WgmmaTiles(2, 128, 6), QMM_WGMMA_LARGE,
+QMM_WGMMA_NARROW = WgmmaTiles(2, 128, 4)  # where 128 x 256 tiles would leave multiprocessors idle (gemm_wgmma's rule)
+QMM_WGMMA_SHAPES = (QMM_WGMMA_SMALL, WgmmaTiles(1, 256, 4), QMM_WGMMA_NARROW, WgmmaTiles(2, 128, 6), QMM_WGMMA_LARGE,
                     WgmmaTiles(2, 256, 3))
 QMM_WGMMA_SMALL_ROWS = 64
 
@@ -423,9 +424,12 @@ def takes_qmm_wgmma(k: int, target: Target) -> bool:
     return target.backend == "cuda" and target.warpgroups and k % WGMMA_STEP == 0
 
 
-def qmm_wgmma_plan(rows: int) -> WgmmaTiles:
-    """qmm_wgmma's tiles for M rows (any shape gives the same bits, so the plan may follow M)."""
-    return QMM_WGMMA_SMALL if rows <= QMM_WGMMA_SMALL_ROWS else QMM_WGMMA_LARGE
+def qmm_wgmma_plan(rows: int, n: int, multiprocessors: int | None = None) -> WgmmaTiles:
+    """qmm_wgmma's tiles for M rows and N columns: QMM_WGMMA_SMALL up to QMM_WGMMA_SMALL_ROWS rows,
+    else QMM_WGMMA_LARGE, or QMM_WGMMA_NARROW where its tiles would be fewer than the device's
+    multiprocessors (132 where unknown). Any shape gives the same bits, so the plan may follow M and N."""
+    if rows <= QMM_WGMMA_SMALL_ROWS: return QMM_WGMMA_SMALL
+    return QMM_WGMMA_LARGE if math.prod(QMM_WGMMA_LARGE.grid(rows, n)) >= (multiprocessors or 132) else QMM_WGMMA_NARROW
 
 
 def qmm_wgmma_bytes(tiles: WgmmaTiles, bits: int) -> int:
@@ -478,9 +482,10 @@ def qmm(x: Tensor, weight: Tensor, scales: Tensor, biases: Tensor | None, *, mod
     rows, k = x.shape
     n = weight.shape[-2]
     gather = picks is not None
-    wgmma = backend == "cuda" and takes_qmm_wgmma(k, _target(x.device))
+    target = _target(x.device)
+    wgmma = backend == "cuda" and takes_qmm_wgmma(k, target)
     if wgmma:
-        tiles = tiles or qmm_wgmma_plan(rows)
+        tiles = tiles or qmm_wgmma_plan(rows, n, target.multiprocessors)
         kernel = qmm_wgmma_program(x.dtype, scales.dtype, out_dtype, mode=mode, group_size=group_size, bits=bits, tiles=tiles,
                                    gather=gather)
         grid, threads = tiles.grid(rows, n), tiles.threads
