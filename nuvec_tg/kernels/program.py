@@ -230,7 +230,7 @@ def _give_dynamic_memory(device: str, program: UOp, dynamic_bytes: int) -> None:
     it was given fails."""
     from tinygrad.engine.realize import runtime_cache
     key = (program.key, device)
-    if key not in runtime_cache:
+    if getattr(runtime_cache.get(key), "smem", 0) < dynamic_bytes:  # none yet, or one loaded with too little
         runtime_cache[key] = Device[device].runtime_t(Device[device], program.to_elf(), smem=dynamic_bytes)
 
 
