@@ -33,7 +33,7 @@ from . import Target
 from . import target as _target
 from .program import (CTYPES, Backward, Family, Param, Program, Resources, chunks, int_buffer, kernel_input, launch, metal_limit_reason,
                       threadgroup_array)
-from .quant import WGMMA_MAX_DYNAMIC, WGMMA_ROW_BYTES, WGMMA_STEP, QmvPlan, WgmmaTiles, split_steps
+from .quant import WGMMA_MAX_DYNAMIC, WGMMA_ROW_BYTES, WGMMA_STEP, QmvPlan, WgmmaTiles, split_steps, wgmma_tiles
 
 MAX_ROWS = 8             # rows of x gemv takes (more: gemm)
 VEC = 8                  # elements of a lane's piece of a row where K allows (16 bytes of a 16-bit w)
@@ -163,8 +163,7 @@ def wgmma_plan(rows: int, n: int, multiprocessors: int | None = None) -> WgmmaTi
     WGMMA_LARGE, or WGMMA_NARROW where WGMMA_LARGE's tiles would be fewer than the device's
     multiprocessors (the H200's 132 where unknown). Any tile shape gives the same bits, so the plan
     may follow M and N."""
-    if rows <= SMALL_ROWS: return WGMMA_SMALL
-    return WGMMA_LARGE if math.prod(WGMMA_LARGE.grid(rows, n)) >= (multiprocessors or 132) else WGMMA_NARROW
+    return wgmma_tiles(rows, n, multiprocessors, WGMMA_SMALL, WGMMA_LARGE, WGMMA_NARROW, SMALL_ROWS)
 
 
 def takes_wgmma(k: int, target: Target) -> bool:

@@ -76,6 +76,15 @@ class WgmmaTiles:
     def __str__(self) -> str: return f"wgmma {self.rows}x{self.columns}/{self.stages}s"
 
 
+def wgmma_tiles(rows: int, n: int, multiprocessors: int | None, small: WgmmaTiles, large: WgmmaTiles, narrow: WgmmaTiles,
+                small_rows: int) -> WgmmaTiles:
+    """The wgmma kernels' plan rule: `small` up to `small_rows` rows; beyond, `large`, or `narrow`
+    where `large`'s tiles would be fewer than the device's multiprocessors (132, the H200's, where
+    unknown) and leave some idle."""
+    if rows <= small_rows: return small
+    return large if math.prod(large.grid(rows, n)) >= (multiprocessors or 132) else narrow
+
+
 WGMMA_STEP = 64                     # k a step (BK): a tile row is 128 bytes, the 128-byte swizzle's width
 WGMMA_ROW_BYTES = 2 * WGMMA_STEP
 WGMMA_MAX_DYNAMIC = 232448          # an sm_90 threadgroup's dynamic threadgroup memory (227 KB)
@@ -409,7 +418,8 @@ def gather_route(x_dtype: DType, scales_dtype: DType, out_dtype: DType, entries:
 
 
 # qmm on Hopper's warpgroup products (`src/qmm_wgmma.h`): WgmmaTiles of 64 or 128 rows by 128 or
-# 256 columns, steps of 64 k. Starting points until tools/tune_qmv.py --wgmma sweeps them on the H200.
+# 256 columns, steps of 64 k. gemm_wgmma's measured choices with 4 stages (the words' stages and two
+# w tiles take the room of more); not yet swept on the device, every shape GPU-tested.
 QMM_WGMMA_SMALL = WgmmaTiles(1, 128, 4)
 QMM_WGMMA_LARGE = WgmmaTiles(2, 256, 4)
 QMM_WGMMA_NARROW = WgmmaTiles(2, 128, 4)  # where 128 x 256 tiles would leave multiprocessors idle (gemm_wgmma's rule)
@@ -428,8 +438,7 @@ def qmm_wgmma_plan(rows: int, n: int, multiprocessors: int | None = None) -> Wgm
     """qmm_wgmma's tiles for M rows and N columns: QMM_WGMMA_SMALL up to QMM_WGMMA_SMALL_ROWS rows,
     else QMM_WGMMA_LARGE, or QMM_WGMMA_NARROW where its tiles would be fewer than the device's
     multiprocessors (132 where unknown). Any shape gives the same bits, so the plan may follow M and N."""
-    if rows <= QMM_WGMMA_SMALL_ROWS: return QMM_WGMMA_SMALL
-    return QMM_WGMMA_LARGE if math.prod(QMM_WGMMA_LARGE.grid(rows, n)) >= (multiprocessors or 132) else QMM_WGMMA_NARROW
+    return wgmma_tiles(rows, n, multiprocessors, QMM_WGMMA_SMALL, QMM_WGMMA_LARGE, QMM_WGMMA_NARROW, QMM_WGMMA_SMALL_ROWS)
 
 
 def qmm_wgmma_bytes(tiles: WgmmaTiles, bits: int) -> int:

@@ -57,8 +57,8 @@
 #endif
 #define ACCUMULATORS (BN / 2)
 
-// A chunk's BITS words from threadgroup memory (their row's words start 8-byte aligned, 16 where
-// BITS is even... of 4: the widest loads that allows).
+// A chunk's BITS words from threadgroup memory in the widest loads its place allows: 16 bytes where
+// BITS is a multiple of 4, 8 where it is even, else 4.
 INLINE void stage_chunk_words(const unsigned char* at, THREAD uint* words) {
 #if BITS % 4 == 0
 #pragma unroll
