@@ -63,6 +63,8 @@ KEY_COUNTS = (60, 600, 5000, 70000)
 BATCHES = (1, 64)
 # Plan targets per backend: Metal's GPU classes, CUDA at the default multiprocessor count (the H200's).
 TARGETS = {"metal": [PlanTarget("metal", c) for c in ("g", "s", "d")], "cuda": [PlanTarget("cuda")]}
+# The prefill route also differs on a CUDA target with Hopper's warpgroup products.
+PREFILL_TARGETS = {"metal": TARGETS["metal"], "cuda": [PlanTarget("cuda"), PlanTarget("cuda", warpgroups=True)]}
 # What the plan sees of a call's options (mask, window), then the options the kernels take for it:
 # (mask kind 0 none / 1 bool / 2 additive, causal, window, sinks, paged block size).
 PLANNED_OPTIONS = {
@@ -394,7 +396,8 @@ def _norm_candidates(backend: str) -> Iterator[_Candidate]:
 def softmax_calls() -> Iterator[tuple[str, DType, int]]:
     """The softmax family's calls by `(mode, dtype, length)`: each mode and dtype at a length for
     every launch the plan emits (32 to 1024 threads holding the row in registers, the looped 1024)."""
-    lengths = [256 * k for k in range(1, softmax.MAX_THREADS // 32 + 1)] + [softmax.MAX_THREADS * softmax.ITEMS + 1]
+    lengths = [256 * k for k in range(1, softmax.MAX_THREADS // 32 + 1)] + [softmax.MAX_THREADS * softmax.ITEMS + 1,
+                                                                           softmax.MAX_THREADS * softmax.ITEMS + 8, 257]
     yield from itertools.product(softmax.MODES, KERNEL_DTYPES, lengths)
 
 
@@ -403,9 +406,9 @@ def _softmax_candidates(backend: str) -> Iterator[_Candidate]:
         shape = softmax.plan(length)
 
         def make(mode=mode, dtype=dtype, shape=shape) -> tuple[str, Program]:
-            label = f"{mode} {dtype_name(dtype)} {shape.threads} threads" + (" looped" if shape.looped else "")
+            label = f"{mode} {dtype_name(dtype)} {shape.threads} threads, pieces of {shape.vec}" + (" looped" if shape.looped else "")
             return label, softmax.program(backend, mode, dtype, shape)
-        cover = ((dtype, shape.looped), (shape.threads, shape.looped))
+        cover = ((dtype, shape.looped, shape.vec), (shape.threads, shape.looped))
         yield _Candidate(softmax.BY_MODE[mode].stem, make, cover, ((),))  # no inline assembly of its own
 
 
@@ -459,7 +462,7 @@ def prefill_specs(backend: str) -> Iterator[prefill.PrefillSpec]:
     """The tiled kernel for every prefill call the walk plans for it on `backend` (every head size
     and 16-bit dtype, each target), with every option it takes."""
     for (d, dv), dtype, (hq, hkv, lq, lk), target in itertools.product(sorted(prefill.PREFILL_HEADS), prefill.PREFILL_DTYPES,
-                                                                       PREFILL_CALLS, TARGETS[backend]):
+                                                                       PREFILL_CALLS, PREFILL_TARGETS[backend]):
         for mask, window in PREFILL_OPTIONS:
             call = validate_attention("check", (1, hq, lq, d), (1, hkv, lk, d), (1, hkv, lk, dv), dtype,
                                       "causal" if mask == "causal" else None, None, window, None)
@@ -481,7 +484,8 @@ def _prefill_candidates(backend: str) -> Iterator[_Candidate]:
             return label, spec.program(backend)
         options = (spec.mask_kind, spec.causal, spec.window, spec.sinks, spec.page > 0)
         cover = ((spec.dtype, spec.head_dim, spec.value_dim, spec.shape), (spec.dtype, spec.shape, options))
-        yield _Candidate(prefill.PREFILL.stem, make, cover, ((spec.dtype,),))
+        # assembled: each mma type (the warpgroup kernel: each with each width of V's products)
+        yield _Candidate(spec.family.stem, make, cover, ((spec.dtype, spec.value_dim if spec.shape.wgmma_stages else 0),))
 
 
 NORM_ROPE_SHAPES = [(64, 64), (128, 128), (256, 256), (512, 512), (1024, 1024), (8192, 8192), (80, 40), (7, 6), (6, 4),

@@ -12,7 +12,7 @@ from tinygrad import Tensor, dtypes
 
 from nuvec_tg import fast
 from nuvec_tg.fast import PlanTarget
-from nuvec_tg.kernels import gpu_class, kernel_backend, multiprocessors, record_launches
+from nuvec_tg.kernels import gpu_class, kernel_backend, multiprocessors, record_launches, warpgroup_products
 from nuvec_tg.kernels.program import Program
 from nuvec_tg.tensor import promote_types
 
@@ -189,7 +189,7 @@ def kernel_target(device: str) -> PlanTarget:
     test's expectation of a kernel must not follow `NUVEC_KERNELS=0`)."""
     backend = kernel_backend(device)
     if backend == "metal": return PlanTarget("metal", gpu_class(device))
-    if backend == "cuda": return PlanTarget("cuda", multiprocessors=multiprocessors(device))
+    if backend == "cuda": return PlanTarget("cuda", multiprocessors=multiprocessors(device), warpgroups=warpgroup_products(device))
     return PlanTarget(None)
 
 

@@ -4,7 +4,8 @@ above the keys, sinks, grouped heads 1, 3, 4 and 8, `Lq < Lk` (a chunk continuin
 head size and 16-bit dtype, K/V as views of a model's layout and as cache slices; empty calls;
 batch items equal to each item alone bit for bit, and repeated runs; gradients through the
 composition. Paged prefill (more than 8 queries over a pool): tests/test_paged.py. Every call
-meant for the kernel asserts that it launched (`expect_launches`)."""
+meant for the kernel asserts that the plan's kernel launched (`expect_launches`): on Hopper the
+warpgroup kernel for head sizes 64, 128 and 256, where the mma.sync kernel is also run directly."""
 import math
 
 import numpy as np
@@ -13,7 +14,7 @@ from tinygrad import Tensor, dtypes
 
 from conftest import GPU_DEVICES
 from nuvec_tg import fast
-from nuvec_tg.kernels import compositions_only
+from nuvec_tg.kernels import compositions_only, prefill
 from attention_reference import attention_reference
 from reference import COMPOSITION_TOLERANCE, KERNEL_TOLERANCE, assert_rows_close, expect_launches, kernel_target, random, \
     values
@@ -21,6 +22,7 @@ from reference import COMPOSITION_TOLERANCE, KERNEL_TOLERANCE, assert_rows_close
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not GPU_DEVICES, reason="no GPU")]
 gpu = GPU_DEVICES[0] if GPU_DEVICES else None
 PREFILL = "nuvec_sdpa_prefill"
+PREFILL_WGMMA = "nuvec_sdpa_prefill_wgmma"
 HALVES = [dtypes.float16, dtypes.bfloat16]
 
 
@@ -42,7 +44,7 @@ def check_call(name, q, k, v, qv, kv, vv, scale, dtype, options, reference):
     against the composition on the device."""
     plan = fast.plan_attention(q.shape, k.shape, v.shape, dtype, device=kernel_target(gpu), **options)
     assert isinstance(plan.kernel, fast.Tiled), (name, plan)
-    with expect_launches(gpu, PREFILL):
+    with expect_launches(gpu, PREFILL_WGMMA if plan.kernel.wgmma_stages else PREFILL):
         out = fast.scaled_dot_product_attention(q, k, v, scale, **options).realize()
     with expect_launches(gpu, None), compositions_only():
         composed = fast.scaled_dot_product_attention(q, k, v, scale, **options).realize()
@@ -176,3 +178,28 @@ def test_gradients_through_the_kernel_equal_the_composition():
         composed = grads()
     for name, a, e in zip(("dq", "dk", "dv", "dsinks"), kernel, composed):
         assert_rows_close(name, values(a), values(e), COMPOSITION_TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("shape", [(2, 8, 2, 77, 150, 64, 64), (1, 8, 2, 130, 131, 128, 128), (1, 4, 1, 73, 101, 256, 256),
+                                   (1, 4, 2, 50, 90, 128, 64)], ids=str)
+def test_the_mma_sync_kernel_where_the_warpgroup_kernel_routes(shape):
+    """Head sizes the warpgroup kernel takes on Hopper run the mma.sync kernel elsewhere: run it
+    directly (its own plan's launch) against numpy under each option, and beside the plan's kernel."""
+    b, hq, hkv, lq, lk, d, dv = shape
+    rng = np.random.default_rng(0x5A5A)
+    dtype = dtypes.bfloat16
+    (q, qv), (k, kv), (v, vv) = inputs(rng, b, hq, hkv, lq, lk, d, dv, dtype)
+    sinks, sv = random(rng, (hq,), dtype, gpu, spread=3.0)
+    bool_values = rng.uniform(size=(b, 1, lq, lk)) > 0.3
+    mma_sync = prefill.plan(kernel_target(gpu).backend, d, dv)
+    for options, reference in ((dict(causal=True, window=None, mask=None, sinks=sinks), dict(causal=True, sinks=sv)),
+                               (dict(causal=True, window=40, mask=None, sinks=None), dict(causal=True, window=40)),
+                               (dict(causal=False, window=None, mask=Tensor(bool_values, device=gpu), sinks=None),
+                                dict(mask=bool_values))):
+        shape_used = prefill.plan(kernel_target(gpu).backend, d, dv, options["mask"] is not None)
+        with expect_launches(gpu, PREFILL):
+            out = prefill.prefill_attention(q.contiguous(), k.contiguous(), v.contiguous(), d ** -0.5, shape_used,
+                                            dtype=dtype, backend=kernel_target(gpu).backend, **options).realize()
+        assert not shape_used.wgmma_stages and not mma_sync.wgmma_stages
+        assert_rows_close(f"mma.sync {list(reference)}", values(out), attention_reference(qv, kv, vv, d ** -0.5, **reference),
+                          KERNEL_TOLERANCE[dtype])

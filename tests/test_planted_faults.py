@@ -446,10 +446,10 @@ PREFILL_FAULTS = {
     "drop_last_key_tile": ("causal_continuing", Fault("tile < tile_end; tile++", "tile < tile_end - 1; tile++")),
     "sum_not_moved_onto_a_new_maximum": ("causal_continuing", Fault("row_sum[rt][h] *= factor;", "")),
     "row_sum_of_two_lanes_only": ("causal_gqa4", Fault("sum += simd_shuffle_xor(sum, ROW_PEER_B);", "")),
-    "causal_off_by_one": ("causal_gqa4", Fault("visible = visible && key <= pos + shift;",
-                                               "visible = visible && key <= pos + shift + 1;")),
-    "window_off_by_one": ("window_below", Fault("visible = visible && key > pos + shift - window;",
-                                                "visible = visible && key >= pos + shift - window;")),
+    "causal_off_by_one": ("causal_gqa4", Fault("visible = visible && (key) <= (pos) + shift;",
+                                               "visible = visible && (key) <= (pos) + shift + 1;")),
+    "window_off_by_one": ("window_below", Fault("visible = visible && (key) > (pos) + shift - window;",
+                                                "visible = visible && (key) >= (pos) + shift - window;")),
     # Row R's query head taken as R / positions rather than R % GQA (the packing read the other way).
     "head_packing": ("sinks_causal", Fault("row_head[rt][h] = kv_head * GQA + row % GQA;",
                                            "row_head[rt][h] = kv_head * GQA + row / q_len % GQA;")),
@@ -460,6 +460,24 @@ PREFILL_FAULTS = {
 def test_prefill_faults_fail_its_comparison(fault_name):
     case, fault = PREFILL_FAULTS[fault_name]
     expect_failure(fault, lambda: prefill.check(case, edit=fault), f"{DIFFER}|an output not written")
+
+
+# The warpgroup kernel (sdpa_prefill_wgmma.h), two warpgroups over 64-key tiles.
+PREFILL_WGMMA_SHAPE = prefill.Tiled(8, 1, 64, False, wgmma_stages=2)
+PREFILL_WGMMA_FAULTS = {
+    # key steps' weights packed as rows g, g + 8 at k 2c + 8 where the registers want k 2c first
+    "weights_packed_the_other_way": ("causal_gqa4", Fault("weights[j / 2][h + 2 * (j % 2)]", "weights[j / 2][2 * h + (j % 2)]")),
+    "v_blocks_on_top_of_each_other": ("d128", Fault("(const T*)v_tile, K_BLOCK_BYTES, step)", "(const T*)v_tile, 0, step)")),
+    "next_tile_into_the_stage_being_read": ("causal_continuing", Fault("((index + STAGES - 1) % STAGES)", "(index % STAGES)")),
+    "copies_not_swizzled": ("no_mask_gqa3", Fault("16 * (piece ^ (first_line % 8))", "16 * piece")),
+    "every_warpgroup_on_the_first_rows_of_q": ("causal_gqa4", Fault("+ warpgroup * 64 * LINE_BYTES)", ")")),
+}
+
+
+@pytest.mark.parametrize("fault_name", list(PREFILL_WGMMA_FAULTS))
+def test_prefill_wgmma_faults_fail_its_comparison(fault_name):
+    case, fault = PREFILL_WGMMA_FAULTS[fault_name]
+    expect_failure(fault, lambda: prefill.check(case, PREFILL_WGMMA_SHAPE, edit=fault), f"{DIFFER}|an output not written")
 
 
 @needs_access_checks

@@ -14,7 +14,7 @@ from tinygrad import dtypes
 
 from emulated_decode import TOLERANCE, Case, from_bits, make_inputs, reference
 from kernel_emulator import COMPILER, build
-from nuvec_tg.kernels.prefill import PrefillSpec, Tiled
+from nuvec_tg.kernels.prefill import WGMMA_HEADS, PrefillSpec, Tiled
 from reference import assert_rows_close
 
 pytestmark = pytest.mark.skipif(COMPILER is None, reason="no C++ compiler")
@@ -40,6 +40,8 @@ CASES = {
     "cache_slice": Case(2, 4, 2, 26, 29, 64, 64, causal=True, cache=(5, 48, 7, 40)),
     "paged_hostile": Case(2, 4, 2, 20, 0, 64, 64, **HOSTILE),
     "paged_window_sinks": Case(2, 4, 1, 20, 0, 64, 64, window=11, sinks=True, **HOSTILE),
+    "d256_window": Case(1, 4, 2, 70, 150, 256, 256, causal=True, window=90),
+    "d128_dv64_sinks": Case(1, 4, 1, 33, 140, 128, 64, causal=True, sinks=True),
 }
 
 
@@ -109,3 +111,21 @@ def test_emulated_prefill_with_a_negative_scale(name):
     inputs = make_inputs(name, case)
     want = reference(inputs.q, inputs.k, inputs.v, -0.3, inputs.visible, inputs.bias, inputs.sinks)
     assert_rows_close(name, run_prefill(case, inputs, scale=-0.3), want, TOLERANCE[case.dtype])
+
+
+# The warpgroup kernel (sdpa_prefill_wgmma.h, the emulator's wgmma): one warpgroup over 64-key tiles
+# (several tiles a call at these sizes), and the plan's two warpgroups over 128.
+WGMMA_SMALL = Tiled(4, 1, 64, False, wgmma_stages=2)
+WGMMA_CASES = [name for name, case in CASES.items() if (case.head_dim, case.value_dim) in WGMMA_HEADS]
+
+
+@pytest.mark.parametrize("name", WGMMA_CASES)
+def test_emulated_prefill_wgmma_matches_numpy(name):
+    check(name, WGMMA_SMALL)
+
+
+@pytest.mark.parametrize("shape", [Tiled(8, 1, 128, False, wgmma_stages=2), Tiled(8, 1, 64, False, wgmma_stages=3),
+                                   Tiled(4, 1, 128, False, wgmma_stages=4), Tiled(12, 1, 128, False, wgmma_stages=2)], ids=str)
+def test_emulated_prefill_wgmma_launch_shapes(shape):
+    check("causal_continuing", shape)
+    check("paged_window_sinks", shape)

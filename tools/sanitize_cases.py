@@ -83,6 +83,7 @@ from tinygrad.dtype import DType
 from nuvec_tg import fast, quant
 from nuvec_tg import kernels as nuvec_kernels
 from nuvec_tg.kernels import compositions_only, record_launches
+from nuvec_tg.kernels.prefill import WGMMA_HEADS
 
 DEVICE = Device.DEFAULT
 # The backend whose kernels the calls build here: None on devices without kernels, or with them off.
@@ -108,6 +109,12 @@ GEMV, GEMM = ("nuvec_gemv",), ("nuvec_gemm",)
 def qmm_of(k: int) -> tuple[str, ...]:
     """The family of a qmm call of depth K: qmm_wgmma on Hopper where K is a multiple of 64."""
     return ("nuvec_qmm_wgmma",) if WARPGROUPS and k % 64 == 0 else QMM
+
+
+def prefill_of(d: int, dv: int | None = None) -> tuple[str, ...]:
+    """The family of a prefill call of head sizes D (and Dv, default D): the warpgroup kernel on
+    Hopper where it takes them."""
+    return ("nuvec_sdpa_prefill_wgmma",) if WARPGROUPS and (d, d if dv is None else dv) in WGMMA_HEADS else PREFILL
 
 
 def gemm_of(k: int) -> tuple[str, ...]:
@@ -268,22 +275,33 @@ ATTENTION = [
     Case("paged no batch", NONE, paged(4, 2, 1, 64, 16, [], 3, [], dtypes.float32)),
     # the tiled prefill kernel: rows and keys off the tiles, every option, padded head sizes, grouped
     # rows packed past a tile's end, cache slices, paged pools with hostile tables and lengths
-    Case("prefill bf16 D128 gqa4 Lq9 Lk9 causal", PREFILL, attention(1, 8, 2, 9, 9, 128, 128, dtypes.bfloat16, mask="causal")),
-    Case("prefill f16 D64 gqa3 Lq37 Lk100 no mask", PREFILL, attention(1, 6, 2, 37, 100, 64, 64, dtypes.float16)),
-    Case("prefill bf16 D80 Lq70 Lk70 window13 sinks", PREFILL,
+    Case("prefill bf16 D128 gqa4 Lq9 Lk9 causal", prefill_of(128),
+         attention(1, 8, 2, 9, 9, 128, 128, dtypes.bfloat16, mask="causal")),
+    Case("prefill f16 D64 gqa3 Lq37 Lk100 no mask", prefill_of(64), attention(1, 6, 2, 37, 100, 64, 64, dtypes.float16)),
+    Case("prefill bf16 D80 Lq70 Lk70 window13 sinks", prefill_of(80),
          attention(2, 2, 2, 70, 70, 80, 80, dtypes.bfloat16, mask="causal", window=13, sinks=True)),
-    Case("prefill f16 D72 gqa8 Lq21 Lk50 bool", PREFILL, attention(1, 8, 1, 21, 50, 72, 72, dtypes.float16, mask="bool")),
-    Case("prefill bf16 D96/64 Lq33 Lk65 additive sinks", PREFILL,
+    Case("prefill f16 D72 gqa8 Lq21 Lk50 bool", prefill_of(72),
+         attention(1, 8, 1, 21, 50, 72, 72, dtypes.float16, mask="bool")),
+    Case("prefill bf16 D96/64 Lq33 Lk65 additive sinks", prefill_of(96, 64),
          attention(1, 4, 2, 33, 65, 96, 64, dtypes.bfloat16, mask="additive", sinks=True)),
-    Case("prefill f16 D256 Lq17 Lk40 causal", PREFILL, attention(1, 2, 1, 17, 40, 256, 256, dtypes.float16, mask="causal")),
-    Case("prefill bf16 D192 Lq20 Lk20 causal", PREFILL, attention(1, 2, 2, 20, 20, 192, 192, dtypes.bfloat16, mask="causal")),
-    Case("prefill bf16 D128 Lq40 keys 5..105 of 200 causal", PREFILL,
+    Case("prefill f16 D256 Lq17 Lk40 causal", prefill_of(256),
+         attention(1, 2, 1, 17, 40, 256, 256, dtypes.float16, mask="causal")),
+    Case("prefill bf16 D192 Lq20 Lk20 causal", prefill_of(192),
+         attention(1, 2, 2, 20, 20, 192, 192, dtypes.bfloat16, mask="causal")),
+    Case("prefill bf16 D128 Lq40 keys 5..105 of 200 causal", prefill_of(128),
          attention(1, 4, 2, 40, 100, 128, 128, dtypes.bfloat16, mask="causal", cache=(5, 200))),
-    Case("prefill paged f16 D64 page16 Lq12 hostile table, lengths past capacity and negative", PREFILL,
+    Case("prefill paged f16 D64 page16 Lq12 hostile table, lengths past capacity and negative", prefill_of(64),
          paged(4, 2, 12, 64, 16, HOSTILE_TABLE, 5, [65, -3], dtypes.float16)),
-    Case("prefill paged bf16 D128 page32 Lq20 window9 sinks, lengths 2^31-1 and 5", PREFILL,
+    Case("prefill paged bf16 D128 page32 Lq20 window9 sinks, lengths 2^31-1 and 5", prefill_of(128),
          paged(8, 2, 20, 128, 32, [[1, 0, 7, -2, 3], [4, 4, 4, 4, 4]], 6, [INT32_MAX, 5], dtypes.bfloat16, window=9,
                sinks=True)),
+    # the warpgroup kernel's (Hopper; elsewhere these run the mma.sync kernel): several key tiles
+    # through both stages, 128-row tiles past the last row, V's 64-column blocks of a 256 head
+    Case("prefill bf16 D128 gqa4 Lq300 Lk347 causal (several 128-key tiles)", prefill_of(128),
+         attention(1, 8, 2, 300, 347, 128, 128, dtypes.bfloat16, mask="causal")),
+    Case("prefill f16 D256 gqa2 Lq150 Lk260 window70 sinks", prefill_of(256),
+         attention(1, 4, 2, 150, 260, 256, 256, dtypes.float16, mask="causal", window=70, sinks=True)),
+    Case("prefill bf16 D64 Lq99 Lk211 additive", prefill_of(64), attention(2, 2, 2, 99, 211, 64, 64, dtypes.bfloat16, mask="additive")),
     Case("prefill no queries bf16 D128", NONE, attention(1, 2, 2, 0, 20, 128, 128, dtypes.bfloat16)),
     Case("prefill no keys bf16 D128", NONE, attention(1, 2, 2, 20, 0, 128, 128, dtypes.bfloat16)),
 ]

@@ -7,7 +7,10 @@ over the visible pairs, its output checked against the plan's launch; `*` marks 
 `--ceiling` first measures what the matrix units give through `mma.sync` (m16n8k16, bf16 into
 float32) with every operand in registers: the rate no kernel built on it can pass. `--shapes
 "128:4x1/64r@3,4x1/32r;64:..."` times only those launches (and the plan's) per head size: SIMD
-groups x row tiles / keys, `r` or `s`, `@n` an occupancy cap. Results: benchmarks/prefill_h200.md."""
+groups x row tiles / keys, `r` or `s`, `@n` an occupancy cap; `8x1/128w2`: the warpgroup kernel
+(sdpa_prefill_wgmma.h) of 8 SIMD groups over 128-key tiles in 2 stages. `--wgmma` sweeps the
+warpgroup kernel's launches (CUDA sm_90), each checked against the mma.sync kernel's plan.
+Results: benchmarks/prefill_h200.md."""
 import argparse
 import itertools
 import sys
@@ -17,7 +20,7 @@ from tinygrad import Device, Tensor, dtypes
 
 from nuvec_tg.bench.common import time_jit
 from nuvec_tg.bench.prefill import flops
-from nuvec_tg.kernels import kernel_backend, prefill
+from nuvec_tg.kernels import kernel_backend, prefill, target
 from nuvec_tg.kernels.program import Program, launch, prelude
 
 BACKEND = kernel_backend(Device.DEFAULT)
@@ -69,8 +72,18 @@ def candidates(head_dim: int):
         yield shape
 
 
+def wgmma_candidates(head_dim: int):
+    """The warpgroup kernel's launches: 1-3 warpgroups over 64- and 128-key tiles in 2-4 stages,
+    within an sm_90 threadgroup's dynamic memory (a launch past the registers fails and says so)."""
+    for warps, keys, stages in itertools.product((4, 8, 12), (64, 128), (2, 3, 4)):
+        shape = prefill.Tiled(warps, 1, keys, False, wgmma_stages=stages)
+        if prefill.wgmma_bytes(head_dim, head_dim, shape) <= prefill.WGMMA_MAX_DYNAMIC: yield shape
+
+
 def label(shape: prefill.Tiled) -> str:
-    """warps x row tiles / keys, r (Q in registers) or s (read each tile), then @groups where capped."""
+    """warps x row tiles / keys, r (Q in registers) or s (read each tile), then @groups where capped;
+    the warpgroup kernel's: warps x 1 / keys w stages."""
+    if shape.wgmma_stages: return f"{shape.warps}x1/{shape.keys}w{shape.wgmma_stages}"
     return (f"{shape.warps}x{shape.row_tiles}/{shape.keys}{'r' if shape.q_resident else 's'}"
             + (f"@{shape.resident_groups}" if shape.resident_groups else ""))
 
@@ -80,22 +93,28 @@ def parse(text: str) -> prefill.Tiled:
     head, _, groups = text.partition("@")
     sizes, keys = head.split("/")
     warps, row_tiles = sizes.split("x")
+    if "w" in keys:
+        keys, stages = keys.split("w")
+        return prefill.Tiled(int(warps), 1, int(keys), False, wgmma_stages=int(stages))
     return prefill.Tiled(int(warps), int(row_tiles), int(keys[:-1]), keys[-1] == "r", int(groups or 0))
 
 
-def sweep(head_dim: int, length: int, repeats: int, quick: bool, only: list[prefill.Tiled] | None = None) -> None:
+def sweep(head_dim: int, length: int, repeats: int, quick: bool, only: list[prefill.Tiled] | None = None,
+          wgmma: bool = False) -> None:
     rng = np.random.default_rng(head_dim)
     make = lambda *s: Tensor(rng.standard_normal(s, dtype=np.float32)).cast(dtypes.bfloat16).contiguous().realize()  # noqa: E731
     sets = [(make(1, 32, length, head_dim), make(1, 8, length, head_dim), make(1, 8, length, head_dim)) for _ in range(3)]
-    planned = prefill.plan(BACKEND, head_dim, head_dim)
+    planned = prefill.plan(BACKEND, head_dim, head_dim, warpgroups=target(Device.DEFAULT).warpgroups)
+    checked_against = prefill.plan(BACKEND, head_dim, head_dim) if wgmma else planned  # the mma.sync kernel's
     work = flops(1, 32, length, length, head_dim, head_dim, None)
 
     def call(shape):
         return lambda q, k, v: prefill.prefill_attention(q, k, v, head_dim ** -0.5, shape, dtype=dtypes.bfloat16,
                                                          backend=BACKEND, causal=True, window=None, mask=None, sinks=None)
-    reference = call(planned)(*sets[0]).float().numpy()
+    reference = call(checked_against)(*sets[0]).float().numpy()
     cells = []
-    shapes = [planned] if quick else [planned] + [s for s in only if s != planned] if only else list(candidates(head_dim))
+    everything = [checked_against] + list(wgmma_candidates(head_dim)) if wgmma else list(candidates(head_dim))
+    shapes = [planned] if quick else [planned] + [s for s in only if s != planned] if only else everything
     for shape in shapes:
         try:
             got = call(shape)(*sets[0]).float().numpy()
@@ -120,13 +139,14 @@ def main() -> None:
     parser.add_argument("--heads", default="128,64,256")
     parser.add_argument("--length", type=int, default=4096)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--wgmma", action="store_true", help="the warpgroup kernel's launches (CUDA sm_90)")
     parser.add_argument("--shapes", help="D:label,label;D:... only these launches (and the plan's) for those head sizes")
     args = parser.parse_args()
     only = {int(d): [parse(x) for x in labels.split(",")] for d, labels in
             (part.split(":") for part in args.shapes.split(";"))} if args.shapes else {}
     if args.ceiling and BACKEND == "cuda": ceiling(args.repeats)
     for head_dim in (int(d) for d in args.heads.split(",")):
-        sweep(head_dim, args.length, args.repeats, args.quick, only.get(head_dim))
+        sweep(head_dim, args.length, args.repeats, args.quick, only.get(head_dim), args.wgmma)
 
 
 if __name__ == "__main__":

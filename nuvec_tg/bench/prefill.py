@@ -109,7 +109,8 @@ def run(args) -> list[str]:
         plan = fast.plan_attention(sets[0][0].shape, sets[0][1].shape, sets[0][2].shape, dtype, **options)
         ours = time_jit(lambda q, k, v: fast.scaled_dot_product_attention(q, k, v, d ** -0.5, **options), sets, args.repeats)
         theirs = None
-        if b * hq * length * length * 4 <= 4 << 30 and window is None:  # tinygrad materialises every score
+        # tinygrad materialises every score: only where they fit 4 GiB (and not under --no-tinygrad)
+        if b * hq * length * length * 4 <= 4 << 30 and window is None and not getattr(args, "no_tinygrad", False):
             theirs = time_jit(lambda q, k, v: q.scaled_dot_product_attention(k, v, is_causal=True, enable_gqa=hq != hkv),
                               sets, max(2, args.repeats // 2))
         work = flops(b, hq, length, length, d, d, window)
@@ -117,8 +118,10 @@ def run(args) -> list[str]:
         torch_s = cells.get("masked") or cells.get("default")
         flash = cells.get("flash")
         kernel = plan.kernel
-        plan_text = type(kernel).__name__ + (f" {kernel.warps}x{kernel.row_tiles * 16}/{kernel.keys}"
-                                             if isinstance(kernel, fast.Tiled) else "")
+        plan_text = type(kernel).__name__
+        if isinstance(kernel, fast.Tiled):  # SIMD groups x rows each / keys; wgmma: warpgroups x 64 / keys
+            plan_text += (f" wgmma {kernel.warps // 4}x64/{kernel.keys}" if kernel.wgmma_stages else
+                          f" {kernel.warps}x{kernel.row_tiles * 16}/{kernel.keys}")
         share = f"{100 * work / ours / peak:.0f}%" if peak else "-"
         line = (f"| {b} | {hq}/{hkv} | {d} | {length} | {'window ' + str(window) if window else 'causal'} | {plan_text} | "
                 f"{ours * 1e6:.1f} | {work / ours / 1e12:.0f} | {share} | "

@@ -282,7 +282,7 @@ def plan_call(call: AttentionCall, target: PlanTarget, op: str = "plan_attention
     elif _tiled_route(call, target):
         reason = prefill_unsupported(call.head_dim, call.v_head_dim, call.dtype, target)
         if reason is None:
-            shape = prefill_plan(target.backend, call.head_dim, call.v_head_dim, call.mask == "array")
+            shape = prefill_plan(target.backend, call.head_dim, call.v_head_dim, call.mask == "array", target.warpgroups)
             return AttentionPlan(shape, call.mask_copy_bytes, 0, False)
     else:
         reason = f"{call.q_len} queries of head sizes D {call.head_dim} / DV {call.v_head_dim} have no tiled route"

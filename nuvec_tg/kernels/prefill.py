@@ -1,11 +1,12 @@
-"""The tiled prefill attention kernel (`src/sdpa_prefill.h`), the attention plan's `Tiled` route:
-FlashAttention-style tiles of query rows against tiles of keys on the matrix units (CUDA mma.sync,
-Metal simdgroup matrices), over contiguous K/V (or slices of longer caches, read in place) or a
-paged pool.
+"""The tiled prefill attention kernels, the attention plan's `Tiled` route: FlashAttention-style
+tiles of query rows against tiles of keys on the matrix units, over contiguous K/V (or slices of
+longer caches, read in place) or a paged pool. `src/sdpa_prefill.h` runs on CUDA's mma.sync and
+Metal's simdgroup matrices; `src/sdpa_prefill_wgmma.h` on Hopper's warpgroup products (CUDA sm_90a)
+for head sizes 64, 128 and 256.
 
 A threadgroup of `warps` SIMD groups serves `warps * row_tiles * 16` query rows of one key head and
 one batch item (the head's grouped query heads packed with the positions); its key tiles hold
-`keys` keys. `plan` chooses these from the head sizes, the dtype and the backend only, never from
+`keys` keys. `plan` chooses these from the head sizes, the dtype and the target only, never from
 the batch or the lengths, so a row's bits never depend on the call it is in.
 """
 from __future__ import annotations
@@ -30,12 +31,15 @@ class Tiled:
     `warps` SIMD groups, each owning `row_tiles` tiles of 16 query rows, over key tiles of `keys`
     keys; `q_resident`: Q's fragments held in registers for the whole key loop (else read from
     threadgroup memory at every key tile); `resident_groups` (CUDA): threadgroups a multiprocessor
-    must hold at once, which caps the compiler's registers (0: no cap)."""
+    must hold at once, which caps the compiler's registers (0: no cap). With `wgmma_stages` the
+    launch is sdpa_prefill_wgmma.h's: `warps / 4` warpgroups of 64 rows (`row_tiles` 1), key tiles
+    copied `wgmma_stages - 1` ahead into as many stages."""
     warps: int
     row_tiles: int
     keys: int
     q_resident: bool
     resident_groups: int = 0
+    wgmma_stages: int = 0  # past 0: the warpgroup kernel, `warps / 4` warpgroups, this many stages of K and V
 
     @property
     def rows(self) -> int:
@@ -48,14 +52,31 @@ PREFILL_HEADS = frozenset({(d, d) for d in (64, 72, 80, 96, 128, 192, 256)} | {(
 PREFILL_DTYPES = (dtypes.float16, dtypes.bfloat16)
 
 
+# Head sizes the warpgroup kernel takes: its products read 64-feature blocks, and V's blocks are
+# the N of a wgmma shape the prelude writes out (64, 128, 256).
+WGMMA_HEADS = frozenset({(d, dv) for d in (64, 128, 256) for dv in (64, 128, 256)}) & PREFILL_HEADS
+# From the sweep (`tools/tune_prefill.py --wgmma`, benchmarks/prefill_h200.md; causal bf16 32/8
+# heads, 4096 tokens, on an H100): head size 64, one warpgroup over 128-key tiles (321 TFLOP/s
+# against 268-304 for two and three); 128, three warpgroups over 128-key tiles (452 against 404 for
+# two); 256, two over 64-key tiles (473: a thread's O takes 128 registers, so three do not fit, and
+# Q and two stages of 128-key tiles would not fit 227 KB); two stages (a third gained nothing).
+WGMMA_SHAPES = {64: Tiled(4, 1, 128, False, wgmma_stages=2), 128: Tiled(12, 1, 128, False, wgmma_stages=2),
+                256: Tiled(8, 1, 64, False, wgmma_stages=2)}
+# Under an array mask three warpgroups' 168 registers a thread would spill (132 bytes, ptxas): two.
+WGMMA_MASKED_128 = Tiled(8, 1, 128, False, wgmma_stages=2)
+WGMMA_MAX_DYNAMIC = 227 * 1024  # an sm_90 threadgroup's dynamic threadgroup memory
+
+
 def padded(head_dim: int) -> int:
     """D rounded up to the 16 features of an mma step."""
     return -(-head_dim // 16) * 16
 
 
-def plan(backend: str, head_dim: int, value_dim: int, array_mask: bool = False) -> Tiled:
+def plan(backend: str, head_dim: int, value_dim: int, array_mask: bool = False, warpgroups: bool = False) -> Tiled:
     """The launch for head sizes `(head_dim, value_dim)` on `backend` (`array_mask`: the call reads a
-    mask array), within 48 KB of static threadgroup memory (CUDA) or Apple's 32 KB, and a lane's
+    mask array; `warpgroups`: a CUDA target with Hopper's warpgroup products, whose kernel takes the
+    head sizes of WGMMA_HEADS in the launch WGMMA_SHAPES gives the larger of them, WGMMA_MASKED_128
+    for 128 under an array mask). Otherwise within 48 KB of static threadgroup memory (CUDA) or Apple's 32 KB, and a lane's
     registers without spilling: a 16-row tile's output is `DV / 2` floats a lane, its Q fragments
     `D / 4` words (in registers where `q_resident`), its scores `KEYS / 2` floats. From the H200
     sweep (`tools/tune_prefill.py`, benchmarks/prefill_h200.md): CUDA, 4 SIMD groups over 64-key
@@ -66,6 +87,8 @@ def plan(backend: str, head_dim: int, value_dim: int, array_mask: bool = False) 
     tiles hold floats): Q from threadgroup memory, 4 SIMD groups over 16-key tiles up to 128, 1
     SIMD group beyond."""
     largest = max(head_dim, value_dim)
+    if backend == "cuda" and warpgroups and (head_dim, value_dim) in WGMMA_HEADS:
+        return WGMMA_MASKED_128 if array_mask and largest == 128 else WGMMA_SHAPES[largest]
     if backend == "cuda":
         if largest <= 64: return Tiled(4, 1 if array_mask else 2, 64, True)
         if largest <= 128: return Tiled(4, 1, 64, True)
@@ -79,6 +102,12 @@ def threadgroup_bytes(head_dim: int, value_dim: int, dtype: DType, shape: Tiled)
     k_line, v_line = padded(head_dim) + 8, value_dim + 8
     q, kv = shape.rows * k_line, shape.keys * (k_line + v_line)
     return threadgroup_array(max(q, kv) if shape.q_resident else q + kv, dtype.itemsize)
+
+
+def wgmma_bytes(head_dim: int, value_dim: int, shape: Tiled) -> int:
+    """The warpgroup kernel's dynamic threadgroup memory: Q's tile, the stages of K's and V's tiles
+    (16-bit), and 1024 bytes to align them."""
+    return 2 * (shape.rows * head_dim + shape.wgmma_stages * shape.keys * (head_dim + value_dim)) + 1024
 
 
 def metal_resources(head_dim: int, value_dim: int, dtype: DType, shape: Tiled) -> Resources:
@@ -99,7 +128,9 @@ def unsupported(head_dim: int, value_dim: int, dtype: DType, target: Target) -> 
     return None
 
 
-PREFILL = Family("nuvec_sdpa_prefill", ("sdpa_prefill.h",), unsupported, plan)
+PREFILL = Family("nuvec_sdpa_prefill", ("sdpa_rows.h", "sdpa_prefill.h"), unsupported, plan)
+PREFILL_WGMMA = Family("nuvec_sdpa_prefill_wgmma", ("wgmma_steps.h", "sdpa_rows.h", "sdpa_prefill_wgmma.h"), unsupported, plan,
+                       backends=("cuda",), arch="sm_90a")
 
 
 @dataclass(frozen=True)
@@ -117,6 +148,11 @@ class PrefillSpec:
     page: int        # the paged block size; 0: contiguous K/V
     scale: float
     shape: Tiled
+
+    @property
+    def family(self) -> Family:
+        """The kernel this specialisation is of."""
+        return PREFILL_WGMMA if self.shape.wgmma_stages else PREFILL
 
     def runtime_names(self) -> list[str]:
         """The integers the kernel reads from its `ints` buffer, in order."""
@@ -146,6 +182,15 @@ class PrefillSpec:
                        SCALE_LOG2E=f"{self.scale * math.log2(math.e)!r}f",
                        SCALE_POSITIVE=int(self.scale > 0),
                        RUNTIME_INTS="".join(f"const int {name} = ints[{i}]; " for i, name in enumerate(self.runtime_names())))
+        if self.shape.wgmma_stages:
+            dynamic = wgmma_bytes(self.head_dim, self.value_dim, self.shape)
+            if backend != "cuda" or (self.head_dim, self.value_dim) not in WGMMA_HEADS or dynamic > WGMMA_MAX_DYNAMIC:
+                raise ValueError(f"prefill_attention: no warpgroup kernel for D {self.head_dim} / DV {self.value_dim} "
+                                 f"on {backend} in {dynamic} bytes of threadgroup memory")
+            defines.update(WARPGROUPS=self.shape.warps // 4, STAGES=self.shape.wgmma_stages)
+            # one threadgroup a multiprocessor: the compiler keeps to the registers that leaves a thread
+            return PREFILL_WGMMA.program("cuda", defines, self.params(), occupancy=(self.shape.warps * 32, 1),
+                                         dynamic_bytes=dynamic)
         groups = self.shape.resident_groups
         return PREFILL.program(backend, defines, self.params(),
                                occupancy=(self.shape.warps * 32, groups) if groups and backend == "cuda" else None)
@@ -160,6 +205,8 @@ class PrefillSpec:
 
 def describe(shape: Tiled) -> str:
     """The launch in words, for NUVEC_DEBUG and the launch labels."""
+    if shape.wgmma_stages:
+        return f"{shape.warps // 4} warpgroups x 64 rows, {shape.keys}-key tiles in {shape.wgmma_stages} stages, wgmma"
     return (f"{shape.warps} SIMD groups x {shape.row_tiles * 16} rows, {shape.keys}-key tiles, Q "
             + ("in registers" if shape.q_resident else "read each tile"))
 

@@ -316,3 +316,39 @@ template <int N, typename T> inline void wgmma_tile(float* d, const T* a, const 
     d[i] = sum;
   }
 }
+// The other form (sdpa_prefill_wgmma.h): A from the SIMD group's registers (mma.sync's A fragment
+// for its 16 rows: each thread gathers its two rows' 16 k from the four lanes that hold them), B
+// as its rows of N elements in blocks of 64 columns `block_bytes` apart, rows 16 * step and on.
+inline uint shuffle_word(uint word, int source) {
+  float value;
+  std::memcpy(&value, &word, 4);
+  value = simd_shuffle(value, source);
+  std::memcpy(&word, &value, 4);
+  return word;
+}
+template <typename T> inline float word_half(uint word, int which) {
+  T pair[2];
+  std::memcpy(pair, &word, 4);
+  return to_float(pair[which]);
+}
+template <int N, typename T> inline void wgmma_tile_rs(float* d, const uint* a, const T* b, int block_bytes, int step) {
+  if (((unsigned long)b | (unsigned long)block_bytes) % 1024) __builtin_trap();
+  const int lane = threadIdx.x % 32, quad = lane / 4 * 4;
+  float rows[2][16];  // this thread's rows g and g + 8, at k 0-15
+  for (int c = 0; c < 4; c++) {
+    for (int r = 0; r < 4; r++) {  // a[r]: row g (r even) or g + 8, k 2c (r < 2) or 2c + 8
+      const uint word = shuffle_word(a[r], quad + c);
+      const int h = r % 2, k = 2 * c + 8 * (r / 2);
+      rows[h][k] = word_half<T>(word, 0);
+      rows[h][k + 1] = word_half<T>(word, 1);
+    }
+  }
+  for (int i = 0; i < N / 2; i++) {
+    const int h = (i % 4) / 2, column = 8 * (i / 4) + 2 * (lane % 4) + i % 2;
+    const T* block = (const T*)((const char*)b + (column / 64) * block_bytes);
+    float sum = d[i];
+    for (int k = 0; k < 16; k++) sum += rows[h][k] * swizzled_element(block, 16 * step + k, column % 64);
+    d[i] = sum;
+  }
+}
+inline void wgmma_hold(uint&) {}

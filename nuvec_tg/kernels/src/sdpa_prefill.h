@@ -52,31 +52,8 @@
 #define K_STEPS (DP / 16)     // mma steps over the features of a score
 #define KEY_TILES (KEYS / 8)  // 8-key accumulators of a row tile's scores
 #define V_TILES (DV / 8)      // 8-value accumulators of a row tile's output
-#if SCALE_POSITIVE  // the maximum of the products is the maximum of the scaled scores: scale in the exponent's fma
-#define EXP_SCALE SCALE_LOG2E
-#define MASK_SCALE (LOG2E / SCALE_LOG2E)
-#define STORED(product) (product)
-#else
-#define EXP_SCALE 1.0f
-#define MASK_SCALE LOG2E
-#define STORED(product) ((product) * SCALE_LOG2E)
-#endif
-
 #if KEYS % 16 != 0 || DP % 16 != 0 || DV % 8 != 0 || D % 8 != 0
 #error "sdpa_prefill.h: KEYS and DP must be multiples of 16, D and DV of 8"
-#endif
-
-// Where key `key`'s line of K (V) starts in k (v).
-#if PAGED
-INLINE size_t paged_line(const DEVICE int* block_tables, int batch, int max_blocks, int pool_blocks, int kv_head, int key, int width) {
-  const int page = min(max(block_tables[batch * max_blocks + key / PAGE], 0), pool_blocks - 1);
-  return ((size_t)(page * HKV + kv_head) * PAGE + key % PAGE) * width;
-}
-#define K_LINE(key) paged_line(block_tables, batch, max_blocks, pool_blocks, kv_head, key, D)
-#define V_LINE(key) paged_line(block_tables, batch, max_blocks, pool_blocks, kv_head, key, DV)
-#else
-#define K_LINE(key) ((size_t)batch * k_batch_stride + (size_t)kv_head * k_head_stride + (size_t)(k_offset + (key)) * D)
-#define V_LINE(key) ((size_t)batch * v_batch_stride + (size_t)kv_head * v_head_stride + (size_t)(v_offset + (key)) * DV)
 #endif
 
 // This thread's share of the copies of KEYS lines, keys FIRST.., into TO (row stride LD): PIECES
@@ -110,26 +87,7 @@ INLINE size_t paged_line(const DEVICE int* block_tables, int batch, int max_bloc
   RUNTIME_INTS
   const int thread_id = (int)nv_thread.x, lane = thread_id % 32, warp = thread_id / 32;
   const int kv_head = (int)nv_group.y, batch = (int)nv_group.z;
-  const int rows_total = q_len * GQA;
-  // The heaviest tiles (the last rows, under a causal mask) first.
-  const int row0 = ((rows_total + BQ - 1) / BQ - 1 - (int)nv_group.x) * BQ;
-#if PAGED
-  const int seq_len = min(max(lengths[batch], 0), max_blocks * PAGE);
-#else
-  const int seq_len = k_len;
-#endif
-  const int shift = seq_len - q_len;  // query l is at key position l + shift
-  const int first_pos = row0 / GQA, last_pos = (min(row0 + BQ, rows_total) - 1) / GQA;
-#if CAUSAL
-  const int key_hi = min(max(last_pos + shift + 1, 0), seq_len);
-#else
-  const int key_hi = seq_len;
-#endif
-#if WINDOW_ON
-  const int key_lo = min(max(first_pos + shift - window + 1, 0), key_hi);
-#else
-  const int key_lo = 0;
-#endif
+  THREADGROUP_ROWS
 
   THREADGROUP uint4 stage_memory[STAGE_ELEMENTS * sizeof(T) / 16];
   THREADGROUP_PTR T* stage = (THREADGROUP_PTR T*)stage_memory;
@@ -217,13 +175,7 @@ INLINE size_t paged_line(const DEVICE int* block_tables, int batch, int max_bloc
     }
 
     // Scores in base 2, invisible ones -inf (a tile every row sees whole skips the checks).
-    bool whole = k0 >= key_lo && k0 + KEYS <= key_hi && MASK_KIND == 0;
-#if CAUSAL
-    whole = whole && k0 + KEYS - 1 <= first_pos + shift;
-#endif
-#if WINDOW_ON
-    whole = whole && k0 > last_pos + shift - window;
-#endif
+    const bool whole = WHOLE_TILE(k0, KEYS);
 #pragma unroll
     for (int rt = 0; rt < ROW_TILES; rt++) {
 #pragma unroll
@@ -232,26 +184,8 @@ INLINE size_t paged_line(const DEVICE int* block_tables, int batch, int max_bloc
         for (int e = 0; e < 4; e++) {
           float score = STORED(scores[rt][ni].v[e]);
           if (!whole) {
-            const int h = e / 2, key = k0 + ni * 8 + frag_col(lane) + e % 2, pos = row_pos[rt][h];
-            bool visible = row_real[rt][h] && key >= key_lo && key < key_hi;
-#if CAUSAL
-            visible = visible && key <= pos + shift;
-#endif
-#if WINDOW_ON
-            visible = visible && key > pos + shift - window;
-#endif
-#if MASK_KIND
-            if (visible) {
-              const size_t at = (size_t)batch * mask_batch_stride + (size_t)row_head[rt][h] * mask_head_stride +
-                                (size_t)pos * mask_query_stride + (size_t)key * mask_key_stride;
-#if MASK_KIND == 1
-              visible = mask[at] != 0;
-#else
-              score = fma(to_float(mask[at]), MASK_SCALE, score);
-#endif
-            }
-#endif
-            if (!visible) score = -INFINITY;
+            const int h = e / 2, key = k0 + ni * 8 + frag_col(lane) + e % 2;
+            MASKED_SCORE(score, key, row_pos[rt][h], row_head[rt][h], row_real[rt][h])
           }
           scores[rt][ni].v[e] = score;
         }
@@ -351,13 +285,7 @@ INLINE size_t paged_line(const DEVICE int* block_tables, int batch, int max_bloc
       sum += simd_shuffle_xor(sum, ROW_PEER_A);
       sum += simd_shuffle_xor(sum, ROW_PEER_B);
       if (!row_real[rt][h]) continue;
-      float factor = 1.0f;
-#if SINKS
-      const float seen = row_max[rt][h] * EXP_SCALE, sink = to_float(sinks[row_head[rt][h]]) * LOG2E, top = max(seen, sink);
-      factor = exp2(seen - top);  // 0 where the row saw no key
-      sum = sum * factor + exp2(sink - top);
-#endif
-      const float inverse = sum > 0.0f ? factor / sum : 0.0f;
+      const float inverse = ROW_INVERSE(sum, row_max[rt][h], row_head[rt][h]);
       DEVICE T* out_row = out + ((size_t)(batch * HQ + row_head[rt][h]) * q_len + row_pos[rt][h]) * DV + frag_col(lane);
 #pragma unroll
       for (int nj = 0; nj < V_TILES; nj++)
