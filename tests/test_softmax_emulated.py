@@ -183,4 +183,5 @@ def test_the_plan_depends_on_the_length_only_and_stays_within_a_threadgroup():
     shapes = [kernel.plan(n) for n in (1, 256, 257, 1000, 4096, 8192, 8193, 65536)]
     assert [s.threads for s in shapes] == [32, 32, 64, 128, 512, 1024, 1024, 1024]
     assert [s.looped for s in shapes] == [False] * 6 + [True] * 2
+    assert [s.vec for s in shapes] == [1, 8, 1, 8, 8, 8, 1, 8]  # 16-byte pieces where 8 divides the length
     assert all(kernel.metal_resources(s).threadgroup_bytes <= 256 for s in shapes)

@@ -14,12 +14,13 @@ from tinygrad.dtype import DType
 
 from ..tensor import concrete, dtype_name
 from . import Target
-from .program import (CTYPES, Backward, Family, Param, Program, Resources, int32_indices, int_buffer, kernel_input, launch,
-                      metal_limit_reason, threadgroup_array)
+from .program import (CTYPES, Backward, Family, Param, Program, Resources, chunks, int32_indices, int_buffer, kernel_input,
+                      launch, metal_limit_reason, threadgroup_array)
 
 MAX_THREADS = 1024
 # Elements a thread holds in registers (short rows), or reads per block of the online pass (long rows).
 ITEMS = 8
+VEC = 8  # elements of a piece (one 16-byte load of 16-bit rows) where the length is a multiple of it
 MODES = {"softmax": 0, "logsumexp": 1, "cross_entropy": 2}
 # A long row's last block reaches up to ITEMS * MAX_THREADS elements past its end: below this
 # many elements in all, every index the kernel forms fits in int32.
@@ -29,17 +30,21 @@ INDEX_LIMIT = 2**31 - ITEMS * MAX_THREADS
 @dataclass(frozen=True)
 class Launch:
     """A row's threadgroup: `threads` threads; `looped` where the row is longer than their
-    registers hold (`ITEMS` each), so it is read in blocks (the online maximum and sum)."""
+    registers hold (`ITEMS` each), so it is read in blocks (the online maximum and sum); `vec`:
+    elements a thread reads at once (consecutive: a piece)."""
     threads: int
     looped: bool
+    vec: int = 1
 
 
 def plan(length: int) -> Launch:
     """The launch of a row of `length` elements, from its length alone (never the row count, so a
     row's bits do not depend on the batch): about `ITEMS` elements a thread, one SIMD group at
-    least, 1024 threads at most; a row longer than 1024 * ITEMS (8192) loops."""
+    least, 1024 threads at most; a row longer than 1024 * ITEMS (8192) loops; pieces of VEC
+    elements where VEC divides the length (rows then start aligned to a piece), else single
+    elements."""
     threads = min(MAX_THREADS, max(32, 32 * math.ceil(length / (ITEMS * 32))))
-    return Launch(threads, length > threads * ITEMS)
+    return Launch(threads, length > threads * ITEMS, VEC if length % VEC == 0 else 1)
 
 
 def unsupported(dtype: DType, rows: int, length: int, target: Target) -> str | None:
@@ -62,9 +67,9 @@ def metal_resources(shape: Launch) -> Resources:
     return Resources(shape.threads, 2 * threadgroup_array(shape.threads // 32, 4))
 
 
-SOFTMAX = Family("nuvec_softmax", ("softmax.h",), unsupported, plan)
-LOGSUMEXP = Family("nuvec_logsumexp", ("softmax.h",), unsupported, plan)
-CROSS_ENTROPY = Family("nuvec_cross_entropy", ("softmax.h",), unsupported, plan)
+SOFTMAX = Family("nuvec_softmax", ("pieces.h", "softmax.h"), unsupported, plan)
+LOGSUMEXP = Family("nuvec_logsumexp", ("pieces.h", "softmax.h"), unsupported, plan)
+CROSS_ENTROPY = Family("nuvec_cross_entropy", ("pieces.h", "softmax.h"), unsupported, plan)
 BY_MODE = {"softmax": SOFTMAX, "logsumexp": LOGSUMEXP, "cross_entropy": CROSS_ENTROPY}
 
 
@@ -73,7 +78,11 @@ def program(backend: str, mode: str, dtype: DType, shape: Launch) -> Program:
     `dtype` (float16, bfloat16 or float32), launched as `shape` (`plan`)."""
     x = CTYPES[concrete(dtype)]
     out = "float" if mode == "cross_entropy" else x
-    defines = dict(MODE=MODES[mode], TO=out, THREADS=shape.threads, ITEMS=ITEMS, LOOPED=int(shape.looped))
+    defines: dict[str, object] = dict(MODE=MODES[mode], TX=x, TO=out, THREADS=shape.threads, ITEMS=ITEMS, VEC=shape.vec,
+                                      LOOPED=int(shape.looped))
+    defines.update(chunks("X", shape.vec * concrete(dtype).itemsize, shape.vec * concrete(dtype).itemsize))
+    out_bytes = shape.vec * (4 if mode == "cross_entropy" else concrete(dtype).itemsize)
+    defines.update(chunks("Y", out_bytes, out_bytes))
     params = [Param("y", "out", out), Param("x", "in", x)]
     if mode == "cross_entropy": params.append(Param("targets", "in", "int"))
     params.append(Param("ints", "in", "int"))

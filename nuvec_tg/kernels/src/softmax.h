@@ -1,5 +1,6 @@
-// Softmax, log-sum-exp and cross-entropy over rows: a threadgroup of THREADS threads per row,
-// each thread taking the row's elements THREADS apart (any length).
+// Softmax, log-sum-exp and cross-entropy over rows: a threadgroup of THREADS threads per row, each
+// thread taking pieces of VEC consecutive elements (16 bytes of 16-bit rows: one load), its pieces
+// THREADS pieces apart (VEC 8 where the length is a multiple of 8; else single elements, any length).
 //
 //     m = max(x);  s = sum(e^(x - m));  e^(x - m) computed as exp2((x - m) * log2 e), as tinygrad's exp
 //     MODE 0, softmax:        y = TO(e^(x - m) * (1 / s))        (NaN where m is infinite)
@@ -17,14 +18,22 @@
 // thread's partial in element order, a SIMD reduction, then the SIMD groups' partials in order,
 // so a row's bits depend only on the row and the launch (the plan picks it from the length alone).
 //
-// Defines: MODE, TO (y's type; x's is its parameter's), THREADS (a multiple of 32, at most
-// 1024), ITEMS, LOOPED. Runtime integers (`ints`): the row length, the rows.
+// Defines: MODE, TX and TO (x's and y's types), THREADS (a multiple of 32, at most 1024), ITEMS,
+// VEC (dividing ITEMS and the length), LOOPED, and the pieces' chunks (pieces.h: CHUNK_X, X_CHUNKS,
+// CHUNK_Y, Y_CHUNKS). Runtime integers (`ints`): the row length, the rows.
 
 // e^(v - top) as the composition computes it; an element of -inf adds nothing, also beside a
 // maximum of -inf (where the difference would be NaN).
 INLINE float shifted_exp(float v, float top) { return v == -INFINITY ? 0.0f : exp2((v - top) * LOG2E); }
 
 #define LN2 0.6931471805599453f
+#define PIECES (ITEMS / VEC)                  // a thread's pieces a block
+#define PIECE_STRIDE (THREADS * VEC)          // elements between a thread's pieces
+// The piece at element `i` of the row as floats into `into`, -inf past the row's end (a piece is
+// all in or all out: VEC divides the length).
+#define READ_PIECE(i, into)                                                                         \
+  if ((i) < length) LOAD_PIECE(CHUNK_X, X_CHUNKS, TX, x + base + (i), into)                         \
+  else { _Pragma("unroll") for (int e = 0; e < VEC; e++) (into)[e] = -INFINITY; }
 
 /* kernel */
   const int row = (int)nv_group.x, me = (int)nv_thread.x;
@@ -36,15 +45,13 @@ INLINE float shifted_exp(float v, float top) { return v == -INFINITY ? 0.0f : ex
   THREADGROUP float sums[THREADS / 32];
   float top = -INFINITY, sum = 0.0f;
 #if LOOPED
-  for (int start = me; start < length; start += THREADS * ITEMS) {
+  for (int start = me * VEC; start < length; start += THREADS * ITEMS) {
     float v[ITEMS];
     float block_top = -INFINITY;
 #pragma unroll
-    for (int k = 0; k < ITEMS; k++) {
-      const int i = start + k * THREADS;
-      v[k] = i < length ? to_float(x[base + i]) : -INFINITY;
-      block_top = max(block_top, v[k]);
-    }
+    for (int p = 0; p < PIECES; p++) READ_PIECE(start + p * PIECE_STRIDE, v + p * VEC)
+#pragma unroll
+    for (int k = 0; k < ITEMS; k++) block_top = max(block_top, v[k]);
     const float grown = max(top, block_top);
     // the sum so far moved onto the grown maximum (a factor 1 where it stayed), then the block's
     sum = fma(sum, shifted_exp(top, grown), shifted_exp(v[0], grown));
@@ -55,11 +62,9 @@ INLINE float shifted_exp(float v, float top) { return v == -INFINITY ? 0.0f : ex
 #else
   float v[ITEMS];
 #pragma unroll
-  for (int k = 0; k < ITEMS; k++) {
-    const int i = me + k * THREADS;
-    v[k] = i < length ? to_float(x[base + i]) : -INFINITY;
-    top = max(top, v[k]);
-  }
+  for (int p = 0; p < PIECES; p++) READ_PIECE(me * VEC + p * PIECE_STRIDE, v + p * VEC)
+#pragma unroll
+  for (int k = 0; k < ITEMS; k++) top = max(top, v[k]);
 #endif
   // The row's maximum (exact in any order).
   const float group_max = simd_max(top);
@@ -87,12 +92,22 @@ INLINE float shifted_exp(float v, float top) { return v == -INFINITY ? 0.0f : ex
 #if MODE == 0
   const float scale = infinite ? bits_to_float(0x7FC00000u) : 1.0f / total;  // NaN, as the composition
 #if LOOPED
-  for (int i = me; i < length; i += THREADS) y[base + i] = TO(shifted_exp(to_float(x[base + i]), row_max) * scale);
+  for (int i = me * VEC; i < length; i += PIECE_STRIDE) {
+    float w[VEC];
+    LOAD_PIECE(CHUNK_X, X_CHUNKS, TX, x + base + i, w)
+#pragma unroll
+    for (int e = 0; e < VEC; e++) w[e] = shifted_exp(w[e], row_max) * scale;
+    STORE_PIECE(CHUNK_Y, Y_CHUNKS, TO, w, y + base + i)
+  }
 #else
 #pragma unroll
-  for (int k = 0; k < ITEMS; k++) {
-    const int i = me + k * THREADS;
-    if (i < length) y[base + i] = TO(v[k] * scale);
+  for (int p = 0; p < PIECES; p++) {
+    const int i = me * VEC + p * PIECE_STRIDE;
+    if (i >= length) continue;
+    float w[VEC];
+#pragma unroll
+    for (int e = 0; e < VEC; e++) w[e] = v[p * VEC + e] * scale;
+    STORE_PIECE(CHUNK_Y, Y_CHUNKS, TO, w, y + base + i)
   }
 #endif
 #else
