@@ -21,6 +21,9 @@ The operations and PyTorch's counterparts (eager kernels, captured in a CUDA gra
   an int32 tensor of per-batch offsets). PyTorch: transformers' `q * cos + rotate_half(q) * sin`
   with cos and sin precomputed in x's dtype, `[B, 1, T, 128]`, as transformers' rotary embedding
   makes them once a forward for every layer; each call reads them, the bytes do not count them.
+- copy (the ceiling of this timing method, not an operation of ours): a device-to-device copy of
+  x, tinygrad's `Tensor.clone()` in the nuvec and composition columns, PyTorch's `x.clone()`: the
+  rate a kernel that reads each byte once and writes it once reaches here.
 - norm_rope (Qwen3's per-head q/k norm, then rope, as rope's rows, weight `[128]`): ours the fused
   kernel (a row read once, written once); PyTorch `F.rms_norm` over the head, then transformers'
   rope as above. norm_then_rope: the same call as our two kernels of before, `rms_norm` then
@@ -41,7 +44,7 @@ from .common import COPIES, MAX_CALLS, Rotation, cuda_torch, l2_marker, part_of,
     start_table, time_jit, torch_graph_seconds
 
 OPS = ("rms_norm", "add_rms_norm", "residual_rms_norm", "layer_norm", "softmax", "logsumexp", "cross_entropy", "rope",
-       "norm_rope", "norm_then_rope")
+       "norm_rope", "norm_then_rope", "copy")
 ROPE_OPS = ("rope", "norm_rope", "norm_then_rope")  # rows of heads: `Shape.rope_shape`
 DTYPES = ("bfloat16", "float32")
 HEAD = 128          # rope's head size (all of it rotated)
@@ -84,6 +87,7 @@ def moved_bytes(op: str, shape: Shape, itemsize: int, head: int = HEAD) -> int:
         "residual_rms_norm": 4 * n + 2 * row,      # h, x, two weights; s, y
         "layer_norm": 2 * n + 2 * row,             # x, weight, bias; y
         "softmax": 2 * n,                          # x; y
+        "copy": 2 * n,                             # x; its copy
         "logsumexp": n + shape.rows * itemsize,    # x; one value a row
         "cross_entropy": n + shape.rows * (4 + 4),  # logits, int32 targets; float32 losses
         "rope": 2 * n + (shape.rows * 4 if shape.decode else 0),  # x (and the offsets); y
@@ -101,6 +105,7 @@ def our_call(op: str, head: int):
         "residual_rms_norm": lambda h, x, w, w2: fast.residual_rms_norm(h, x, w, NORM_EPS, next=(w2, NORM_EPS)),
         "layer_norm": lambda x, w, b: fast.layer_norm(x, w, b, LAYER_NORM_EPS),
         "softmax": lambda x: fast.softmax(x, -1),
+        "copy": lambda x: x.clone(),
         "logsumexp": lambda x: fast.logsumexp(x, -1),
         "cross_entropy": lambda x, t: fast.cross_entropy(x, t),
         "rope": lambda x, *offsets: fast.rope(x, head, base=BASE, offset=offsets[0] if offsets else 0),
@@ -143,6 +148,7 @@ def random_inputs(rng, op: str, shape: Shape, head: int) -> dict[str, np.ndarray
                                       "weight2": weight()},
         "layer_norm": lambda: {"x": normal(rows, width), "weight": weight(), "bias": normal(width, scale=0.1)},
         "softmax": lambda: {"x": normal(rows, width)},
+        "copy": lambda: {"x": normal(rows, width)},
         "logsumexp": lambda: {"x": normal(rows, width)},
         "cross_entropy": lambda: {"logits": normal(rows, width), "targets": rng.integers(0, width, rows, dtype=np.int32)},
     }
@@ -196,6 +202,7 @@ def torch_call(torch, op: str, head: int):
         "residual_rms_norm": residual_rms_norm,
         "layer_norm": lambda x, w, b: F.layer_norm(x, (x.shape[-1],), w, b, LAYER_NORM_EPS),
         "softmax": lambda x: torch.softmax(x, dim=-1),
+        "copy": lambda x: x.clone(),
         "logsumexp": lambda x: torch.logsumexp(x, dim=-1),
         "cross_entropy": lambda x, t: F.cross_entropy(x, t, reduction="none"),
         "rope": lambda x, cos, sin: x * cos + rotate_half(x) * sin,
