@@ -30,6 +30,7 @@ struct float4 { float x, y, z, w; };
 #define THREADGROUP static
 #define INLINE inline __attribute__((always_inline))  // as CUDA's __forceinline__: a helper's accesses are the kernel's
 #define __global__ __attribute__((noinline))          // the kernel keeps its own frame, below the thread's stack top
+#define __launch_bounds__(threads, groups)           // a register cap: nothing to the emulator
 #define __restrict__ __restrict
 #define INFINITY __builtin_inff()
 
