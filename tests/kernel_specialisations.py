@@ -396,14 +396,16 @@ def _norm_candidates(backend: str) -> Iterator[_Candidate]:
 def softmax_calls() -> Iterator[tuple[str, DType, int]]:
     """The softmax family's calls by `(mode, dtype, length)`: each mode and dtype at a length for
     every launch the plan emits (32 to 1024 threads holding the row in registers, the looped 1024)."""
-    lengths = [256 * k for k in range(1, softmax.MAX_THREADS // 32 + 1)] + [softmax.MAX_THREADS * softmax.ITEMS + 1,
-                                                                           softmax.MAX_THREADS * softmax.ITEMS + 8, 257]
-    yield from itertools.product(softmax.MODES, KERNEL_DTYPES, lengths)
+    for mode, dtype in itertools.product(softmax.MODES, KERNEL_DTYPES):
+        block = 32 * softmax.plan(1, dtype.itemsize).items  # a row's elements a SIMD group holds
+        lengths = [block * k for k in range(1, softmax.MAX_THREADS // 32 + 1)] + [softmax.MAX_THREADS // 32 * block + 1,
+                                                                                 softmax.MAX_THREADS // 32 * block + 8, 257]
+        for length in lengths: yield mode, dtype, length
 
 
 def _softmax_candidates(backend: str) -> Iterator[_Candidate]:
     for mode, dtype, length in softmax_calls():
-        shape = softmax.plan(length)
+        shape = softmax.plan(length, dtype.itemsize)
 
         def make(mode=mode, dtype=dtype, shape=shape) -> tuple[str, Program]:
             label = f"{mode} {dtype_name(dtype)} {shape.threads} threads, pieces of {shape.vec}" + (" looped" if shape.looped else "")

@@ -19,8 +19,9 @@ from reference import (COMPOSITION_TOLERANCE, DTYPES, KERNEL_TOLERANCE, assert_r
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not GPU_DEVICES, reason="no GPU")]
 gpu = GPU_DEVICES[0] if GPU_DEVICES else None
 KERNELS = {"softmax": "nuvec_softmax", "logsumexp": "nuvec_logsumexp", "cross_entropy": "nuvec_cross_entropy"}
-# (rows, length): each launch shape of `kernels.softmax.plan`, from one SIMD group to the looped 1024 threads.
-SHAPES = [(10000, 1), (3000, 7), (1, 32), (257, 33), (100, 1000), (9, 4096), (3, 8192), (2, 8193), (2, 65536)]
+# (rows, length): each launch shape of `kernels.softmax.plan`, from one SIMD group to the looped 1024 threads
+# (float32 rows loop past 8192 elements, 16-bit ones past 16384).
+SHAPES = [(10000, 1), (3000, 7), (1, 32), (257, 33), (100, 1000), (9, 4096), (3, 8192), (2, 8193), (2, 16385), (2, 65536)]
 INT32_MIN, INT32_MAX = -2**31, 2**31 - 1
 
 

@@ -240,7 +240,7 @@ def test_every_softmax_metal_specialisation_compiles(tmp_path):
     cases = []
     for mode, dtype, length in softmax_calls():
         assert softmax.unsupported(dtype, 2, length, PlanTarget("metal")) is None
-        shape = softmax.plan(length)
+        shape = softmax.plan(length, dtype.itemsize)
         cases.append((softmax.program("metal", mode, dtype, shape), softmax.metal_resources(shape)))
     assert len(cases) == 3 * 3 * 35  # 32 thread counts, the looped launch in pieces and not, 257 (single elements)
     check_metal(tmp_path, cases)

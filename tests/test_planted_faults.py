@@ -347,7 +347,7 @@ SOFTMAX_FAULTS = {
     "keeps_a_sum_on_its_old_maximum": (lambda edit: rows.check_case("logsumexp_20000_looped_f32", edit),
                                        Fault("sum = fma(sum, shifted_exp(top, grown), shifted_exp(v[0], grown));",
                                              "sum = sum + shifted_exp(v[0], grown);")),
-    "thread_sums_not_moved_onto_the_rows_maximum": (lambda edit: rows.check_case("softmax_8193_looped_f16", edit),
+    "thread_sums_not_moved_onto_the_rows_maximum": (lambda edit: rows.check_case("softmax_16385_looped_f16", edit),
                                                     Fault("sum *= shifted_exp(top, row_max);", "")),
     "negative_targets_not_counted_from_the_end": (lambda edit: rows.check_case("cross_entropy_seven_f32", edit),
                                                   Fault("if (target < 0) target += length;", "")),

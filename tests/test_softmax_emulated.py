@@ -1,8 +1,8 @@
 """The softmax family's kernels (`src/softmax.h`) run on the CPU from their CUDA rendering
 (`kernel_emulator`), against float64 numpy: softmax, logsumexp and cross_entropy at row lengths on
-each launch shape and its boundaries (1, 7, 32, 33: one SIMD group; 257: two; 1000, 4096; 8192:
-1024 threads, the last length held in registers; 8193, 20000, 65536: looped), float32, float16
-and bfloat16; infinite and NaN rows in both the register and the looped form; hostile targets
+each launch shape and its boundaries (1, 7, 32, 33: one SIMD group; 257: two; 1000, 4096; 8192
+float32 or 16384 16-bit elements: 1024 threads, the last length held in registers; 8193 float32,
+16385 16-bit, 20000, 65536: looped), float32, float16 and bfloat16; infinite and NaN rows in both the register and the looped form; hostile targets
 (INT_MIN, INT_MAX, one past either end); and a row's bits equal to the row computed alone."""
 from __future__ import annotations
 
@@ -32,15 +32,16 @@ CASES = {
     "softmax_1000_bf16": ("softmax", 3, 1000, BF16),
     "softmax_4096_f32": ("softmax", 2, 4096, F32),
     "softmax_8192_in_registers_bf16": ("softmax", 2, 8192, BF16),
-    "softmax_8193_looped_f16": ("softmax", 2, 8193, F16),
+    "softmax_8193_looped_f32": ("softmax", 2, 8193, F32),
+    "softmax_16385_looped_f16": ("softmax", 2, 16385, F16),
     "softmax_65536_looped_f32": ("softmax", 1, 65536, F32),
     "logsumexp_seven_f32": ("logsumexp", 3, 7, F32),
     "logsumexp_1000_f16": ("logsumexp", 3, 1000, F16),
-    "logsumexp_8193_looped_bf16": ("logsumexp", 2, 8193, BF16),
+    "logsumexp_16385_looped_bf16": ("logsumexp", 2, 16385, BF16),
     "logsumexp_20000_looped_f32": ("logsumexp", 2, 20000, F32),
     "cross_entropy_seven_f32": ("cross_entropy", 9, 7, F32),
     "cross_entropy_1000_bf16": ("cross_entropy", 3, 1000, BF16),
-    "cross_entropy_8192_in_registers_f16": ("cross_entropy", 2, 8192, F16),
+    "cross_entropy_16384_in_registers_f16": ("cross_entropy", 2, 16384, F16),
     "cross_entropy_30000_looped_f32": ("cross_entropy", 2, 30000, F32),
 }
 
@@ -66,12 +67,12 @@ def reference(mode, x, targets=None):
     return cross_entropy_reference(x, targets)
 
 
-def emulate(mode, x_values, dtype, targets=None, edit=None):
+def emulate(mode, x_values, dtype, targets=None, edit=None, shape=None):
     """Run the kernel of `mode` over the rows of `x_values` (float64, representable in `dtype`) as
-    the plan launches it (its rendering changed by `edit`, for planted faults); returns its output
-    as float64 (`[rows, L]` or `[rows]`)."""
+    the plan launches it, or as `shape` (its rendering changed by `edit`, for planted faults);
+    returns its output as float64 (`[rows, L]` or `[rows]`)."""
     rows, length = x_values.shape
-    shape = kernel.plan(length)
+    shape = shape or kernel.plan(length, dtype.itemsize)
     program = kernel.program("cuda", mode, dtype, shape)
     if edit is not None: program = edit(program)
     out_dtype = F32 if mode == "cross_entropy" else dtype
@@ -170,7 +171,7 @@ def test_hostile_targets_hit_no_class_and_read_nothing_outside(length):
     np.testing.assert_allclose(got[3], lse[3] - x[3, 0], rtol=1e-6)                   # -C is class 0
 
 
-@pytest.mark.parametrize("mode, length, dtype", [("softmax", 1000, BF16), ("cross_entropy", 8193, F16)])
+@pytest.mark.parametrize("mode, length, dtype", [("softmax", 1000, BF16), ("cross_entropy", 16385, F16)])
 def test_a_rows_bits_do_not_depend_on_the_other_rows(mode, length, dtype):
     x = inputs(3, length, dtype, seed=3)
     targets = targets_for(3, length) if mode == "cross_entropy" else None
@@ -184,4 +185,21 @@ def test_the_plan_depends_on_the_length_only_and_stays_within_a_threadgroup():
     assert [s.threads for s in shapes] == [32, 32, 64, 128, 512, 1024, 1024, 1024]
     assert [s.looped for s in shapes] == [False] * 6 + [True] * 2
     assert [s.vec for s in shapes] == [1, 8, 1, 8, 8, 8, 1, 8]  # 16-byte pieces where 8 divides the length
+    # 16-bit rows: 16 elements a thread (32 bytes, as float32's 8), looped past 16384
+    assert kernel.plan(4096, 2) == kernel.Launch(256, False, 8, 16)
+    assert [kernel.plan(n, 2).looped for n in (16384, 16385)] == [False, True]
     assert all(kernel.metal_resources(s).threadgroup_bytes <= 256 for s in shapes)
+
+
+@pytest.mark.parametrize("mode", list(kernel.MODES))
+@pytest.mark.parametrize("threads, items, looped", [(32, 16, False), (32, 32, False), (64, 16, True), (32, 32, True)])
+def test_other_launches_the_sweep_times(mode, threads, items, looped):
+    """Fewer threads holding more pieces each (tools/tune_rows.py --softmax): the same rows, within
+    the tolerance of a float32 sum in another order."""
+    length = 512 if not looped else 1536
+    dtype = dtypes.bfloat16
+    x = inputs(3, length, dtype, seed=11)
+    targets = targets_for(3, length) if mode == "cross_entropy" else None
+    got = emulate(mode, x, dtype, targets, shape=kernel.Launch(threads, looped, 8, items))
+    want = emulate(mode, x, dtype, targets)
+    np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-5)

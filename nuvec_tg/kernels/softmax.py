@@ -18,33 +18,40 @@ from .program import (CTYPES, Backward, Family, Param, Program, Resources, chunk
                       launch, metal_limit_reason, threadgroup_array)
 
 MAX_THREADS = 1024
-# Elements a thread holds in registers (short rows), or reads per block of the online pass (long rows).
-ITEMS = 8
+# Bytes of a row a thread holds in registers (short rows), or reads per block of the online pass
+# (long rows): 8 float32 elements, 16 of a 16-bit type (two 16-byte pieces). From the H100 sweep
+# (tools/tune_rows.py --softmax, benchmarks/rows_h200.md): bf16 rows of 4096, softmax 24.3 µs at
+# 256 threads x 16 against 30.6 at 512 x 8, logsumexp 15.4 against 19.1; 32 rows alike (2.5, 2.4).
+ITEM_BYTES = 32
+ITEMS = 8  # a float32 row's elements a thread
+MAX_ITEMS = 16
 VEC = 8  # elements of a piece (one 16-byte load of 16-bit rows) where the length is a multiple of it
 MODES = {"softmax": 0, "logsumexp": 1, "cross_entropy": 2}
-# A long row's last block reaches up to ITEMS * MAX_THREADS elements past its end: below this
+# A long row's last block reaches up to MAX_ITEMS * MAX_THREADS elements past its end: below this
 # many elements in all, every index the kernel forms fits in int32.
-INDEX_LIMIT = 2**31 - ITEMS * MAX_THREADS
+INDEX_LIMIT = 2**31 - MAX_ITEMS * MAX_THREADS
 
 
 @dataclass(frozen=True)
 class Launch:
     """A row's threadgroup: `threads` threads; `looped` where the row is longer than their
-    registers hold (`ITEMS` each), so it is read in blocks (the online maximum and sum); `vec`:
+    registers hold (`items` each), so it is read in blocks (the online maximum and sum); `vec`:
     elements a thread reads at once (consecutive: a piece)."""
     threads: int
     looped: bool
     vec: int = 1
+    items: int = ITEMS  # elements a thread holds (short rows) or reads a block (long rows), a multiple of vec
 
 
-def plan(length: int) -> Launch:
-    """The launch of a row of `length` elements, from its length alone (never the row count, so a
-    row's bits do not depend on the batch): about `ITEMS` elements a thread, one SIMD group at
-    least, 1024 threads at most; a row longer than 1024 * ITEMS (8192) loops; pieces of VEC
-    elements where VEC divides the length (rows then start aligned to a piece), else single
-    elements."""
-    threads = min(MAX_THREADS, max(32, 32 * math.ceil(length / (ITEMS * 32))))
-    return Launch(threads, length > threads * ITEMS, VEC if length % VEC == 0 else 1)
+def plan(length: int, itemsize: int = 4) -> Launch:
+    """The launch of a row of `length` elements of `itemsize` bytes, from those alone (never the
+    row count, so a row's bits do not depend on the batch): ITEM_BYTES of the row a thread (8
+    float32 elements, 16 of a 16-bit type), one SIMD group at least, 1024 threads at most; a row
+    longer than 1024 threads' loops; pieces of VEC elements where VEC divides the length (rows then
+    start aligned to a piece), else single elements."""
+    items = ITEM_BYTES // itemsize
+    threads = min(MAX_THREADS, max(32, 32 * math.ceil(length / (items * 32))))
+    return Launch(threads, length > threads * items, VEC if length % VEC == 0 else 1, items)
 
 
 def unsupported(dtype: DType, rows: int, length: int, target: Target) -> str | None:
@@ -57,7 +64,7 @@ def unsupported(dtype: DType, rows: int, length: int, target: Target) -> str | N
     if concrete(dtype) not in CTYPES: return f"{dtype_name(dtype)} has no kernel (float16, bfloat16 and float32 do)"
     if rows * length > INDEX_LIMIT: return f"{rows} rows of {length} exceed int32 indexing"
     if (reason := target.lacks(bfloat=concrete(dtype) == dtypes.bfloat16)) is not None: return reason
-    if target.backend == "metal" and (reason := metal_limit_reason(metal_resources(plan(length)))) is not None:
+    if target.backend == "metal" and (reason := metal_limit_reason(metal_resources(plan(length, concrete(dtype).itemsize)))) is not None:
         return f"its threadgroup would take {reason}"
     return None
 
@@ -78,7 +85,9 @@ def program(backend: str, mode: str, dtype: DType, shape: Launch) -> Program:
     `dtype` (float16, bfloat16 or float32), launched as `shape` (`plan`)."""
     x = CTYPES[concrete(dtype)]
     out = "float" if mode == "cross_entropy" else x
-    defines: dict[str, object] = dict(MODE=MODES[mode], TX=x, TO=out, THREADS=shape.threads, ITEMS=ITEMS, VEC=shape.vec,
+    if shape.items % shape.vec or shape.items > 2 * MAX_ITEMS or shape.threads * shape.items > MAX_THREADS * MAX_ITEMS:
+        raise ValueError(f"{mode}: {shape} (items a multiple of vec, at most {MAX_THREADS * MAX_ITEMS} elements a block)")
+    defines: dict[str, object] = dict(MODE=MODES[mode], TX=x, TO=out, THREADS=shape.threads, ITEMS=shape.items, VEC=shape.vec,
                                       LOOPED=int(shape.looped))
     defines.update(chunks("X", shape.vec * concrete(dtype).itemsize, shape.vec * concrete(dtype).itemsize))
     out_bytes = shape.vec * (4 if mode == "cross_entropy" else concrete(dtype).itemsize)
@@ -89,11 +98,12 @@ def program(backend: str, mode: str, dtype: DType, shape: Launch) -> Program:
     return BY_MODE[mode].program(backend, defines, params)
 
 
-def _launch(mode: str, x: Tensor, targets: Tensor | None, backend: str, composition: Callable | None) -> Tensor:
+def _launch(mode: str, x: Tensor, targets: Tensor | None, backend: str, composition: Callable | None,
+            launch_shape: Launch | None = None) -> Tensor:
     shape, length = tuple(x.shape), x.shape[-1]
     rows = math.prod(shape[:-1])
     device = x.device
-    launch_shape = plan(length)
+    launch_shape = launch_shape or plan(length, concrete(x.dtype).itemsize)
     kernel = program(backend, mode, x.dtype, launch_shape)
     ins = [kernel_input(x)]
     if targets is not None:
@@ -113,17 +123,19 @@ def _launch(mode: str, x: Tensor, targets: Tensor | None, backend: str, composit
     return y if mode == "softmax" else y.reshape(shape[:-1])
 
 
-def softmax_kernel(x: Tensor, *, backend: str, composition: Callable | None = None) -> Tensor:
+def softmax_kernel(x: Tensor, *, backend: str, composition: Callable | None = None, shape: Launch | None = None) -> Tensor:
     """Softmax over the last axis. x: `[..., L]`, float16, bfloat16 or float32 (checked by the
     operation). Returns `[..., L]` in x's dtype. composition: `x -> softmax` from tensor
-    operations, whose gradient is the kernel's backward."""
-    return _launch("softmax", x, None, backend, composition)
+    operations, whose gradient is the kernel's backward. shape: the launch (default `plan`'s; the
+    sweep's other launches, tools/tune_rows.py)."""
+    return _launch("softmax", x, None, backend, composition, shape)
 
 
-def logsumexp_kernel(x: Tensor, *, backend: str, composition: Callable | None = None) -> Tensor:
+def logsumexp_kernel(x: Tensor, *, backend: str, composition: Callable | None = None, shape: Launch | None = None) -> Tensor:
     """Log-sum-exp over the last axis. x: `[..., L]`, float16, bfloat16 or float32. Returns `[...]`
-    in x's dtype. composition: `x -> logsumexp` (any shape of `[...]`'s elements), the backward."""
-    return _launch("logsumexp", x, None, backend, composition)
+    in x's dtype. composition: `x -> logsumexp` (any shape of `[...]`'s elements), the backward.
+    shape: as softmax_kernel's."""
+    return _launch("logsumexp", x, None, backend, composition, shape)
 
 
 def cross_entropy_kernel(logits: Tensor, targets: Tensor, *, backend: str, composition: Callable | None = None) -> Tensor:
