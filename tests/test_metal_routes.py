@@ -152,8 +152,9 @@ def test_every_route_checks_metals_limits(monkeypatch):
     assert gated_delta.unsupported((f16,) * 6, 1, 1, 4, 128, 128, METAL) is None   # decode: 2 SIMD groups
     assert gated_delta.unsupported((f16,) * 6, 1, 512, 4, 128, 128, METAL) == \
         "its threadgroup would take 128 threads per threadgroup (Metal allows 64)"
-    assert softmax.unsupported(f16, 1, 512, METAL) is None   # 64 threads
-    assert softmax.unsupported(f16, 1, 513, METAL) == "its threadgroup would take 96 threads per threadgroup (Metal allows 64)"
+    assert softmax.unsupported(f16, 1, 1024, METAL) is None   # 64 threads of 16 elements
+    assert softmax.unsupported(f16, 1, 1025, METAL) == "its threadgroup would take 96 threads per threadgroup (Metal allows 64)"
+    assert softmax.unsupported(f32, 1, 513, METAL) == "its threadgroup would take 96 threads per threadgroup (Metal allows 64)"
     assert rope.norm_rope_unsupported((f16, f16), 1, 128, 128, 0, METAL) == \
         "its threadgroup would take 256 threads per threadgroup (Metal allows 64)"
     assert rope.norm_rope_unsupported((f16, f16), 1, 128, 128, 0, CUDA) is None
