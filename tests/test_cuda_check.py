@@ -124,6 +124,10 @@ REACHED = {
                         "BM": {"64", "128"}, "BN": {"128", "256"}},
     "nuvec_gemm_wgmma": {"TX": {"half", "bfloat"}, "TY": {"half", "bfloat", "float"}, "BIAS": {"0", "1"},
                          "BM": {"64", "128"}, "BN": {"64", "128", "256"}},
+    "nuvec_sdpa_prefill_wgmma": {"T": {"half", "bfloat"}, "D": {"64", "128", "256"}, "DV": {"64", "128", "256"},
+                                 "MASK_KIND": {"0", "1", "2"}, "CAUSAL": {"0", "1"}, "WINDOW_ON": {"0", "1"},
+                                 "SINKS": {"0", "1"}, "PAGED": {"0", "1"}, "WARPGROUPS": {"1", "2", "3"},
+                                 "KEYS": {"64", "128"}},
 }
 
 
@@ -149,6 +153,8 @@ def test_the_covering_set_reaches_every_code_path():
     assert {d["BM"] for d in assembled["nuvec_gemm"]} == {"64", "128"}
     assert {(d["TX"], d["BN"]) for d in assembled["nuvec_gemm_wgmma"]} == {(t, n) for t in ("half", "bfloat")
                                                                             for n in ("64", "128", "256")}
+    assert {(d["T"], d["DV"]) for d in assembled["nuvec_sdpa_prefill_wgmma"]} == {(t, n) for t in ("half", "bfloat")
+                                                                                  for n in ("64", "128", "256")}
 
 
 @pytest.mark.parametrize("family", [f.stem for f in FAMILIES if "cuda" in f.backends])
