@@ -243,6 +243,11 @@ def _qmv_candidates(backend: str) -> Iterator[_Candidate]:
                     yield _Candidate("nuvec_qmv", make, ((mode, group, bits, x), (mode, x, scales), (mode, rows, p, batches > 0),
                                                          (mode, group, bits, k, n), (mode, group, bits, batches > 0)),
                                      ((mode == "affine",),))  # the affine codes' LOP3, the floating-point ones' half2
+                    if batches or k % 8: continue
+                    # SwiGLU's product (swiglu_matmul): x the gate and up halves, the activation in its loads
+                    make = functools.partial(_product, quant.qmv_program, backend, label + " swiglu", x, scales, mode=mode,
+                                             group_size=group, bits=bits, rows=rows, k=k, n=n, qmv_plan=p, glu=True)
+                    yield _Candidate("nuvec_qmv", make, ((mode, x, "swiglu"), (rows, "swiglu")), ((mode == "affine", "swiglu"),))
 
 
 def _product(program: Callable[..., Program], backend: str, label: str, x, scales, **args) -> tuple[str, Program]:

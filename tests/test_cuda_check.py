@@ -94,7 +94,7 @@ REACHED = {
                                "TS": {"half", "bfloat", "float"}, "DK": {"32", "64", "96", "128"}},
     "nuvec_qmv": {"MODE": {"0", "1", "2", "3"}, "BITS": {"1", "2", "3", "4", "5", "6", "8"}, "XM": {str(m) for m in range(1, 9)},
                   "GATHER": {"0", "1"}, "TX": {"half", "bfloat", "float"}, "TS": {"half", "bfloat", "float", "uchar"},
-                  "COLUMNS": {"3", "4", "8"}, "LOAD_WORDS": {"1", "2", "4"}},
+                  "COLUMNS": {"3", "4", "8"}, "LOAD_WORDS": {"1", "2", "4"}, "GLU": {"0", "1"}},
     "nuvec_qvm": {"MODE": {"0", "1", "2", "3"}, "XM": {"1", "3", "8"}, "TX": {"half", "bfloat", "float"}},
     "nuvec_qmm": {"MODE": {"0", "1", "2", "3"}, "LOAD_WORDS": {"1", "2", "4"}, "GATHER": {"0", "1"}, "TX": {"half", "bfloat"},
                   "TS": {"half", "bfloat", "float", "uchar"}},

@@ -95,6 +95,29 @@ def test_qmv_gradients_equal_the_compositions():
                                            "nuvec_qmv")
 
 
+@pytest.mark.parametrize("mode, group, width", [("affine", 64, 4), ("affine", 32, 3), ("mxfp4", 32, 4)], ids=str)
+@pytest.mark.parametrize("dtype", [dtypes.float32, dtypes.bfloat16], ids=lambda d: d.name)
+def test_swiglu_matmul_runs_qmv_with_the_activation_in_its_loads(mode, group, width, dtype):
+    """A gated MLP's down projection after its activation: qmv reading gate and up, against float64
+    numpy of the activation rounded as the composition rounds it, and the composition; rows'
+    bits a one-row call's; gradients through the composition."""
+    rng = np.random.default_rng(0x5916)
+    n, k = 13, 2 * 1024 + 3 * 64
+    qw = quant.quantize(random(rng, (n, k), dtype, gpu)[0], group, width, mode=mode)
+    dense = dequantized(qw)
+    for rows in (1, 5):
+        gate_up = (random(rng, (rows, 2 * k), dtype, gpu)[0] * 3).cast(dtype).realize()
+        activated = values(quant.affine.swiglu(gate_up))  # in the dtype, as the composition and the kernel round it
+        y = assert_matches(f"swiglu {mode} {rows} rows", lambda: quant.swiglu_matmul(gate_up, qw), "nuvec_qmv",
+                           activated @ dense.T)
+        for row in range(rows):
+            with expect_launches(gpu, "nuvec_qmv"):
+                alone = bits_of(quant.swiglu_matmul(gate_up[row:row + 1].contiguous(), qw))
+            np.testing.assert_array_equal(alone, bits_of(y)[row:row + 1], err_msg=f"swiglu row {row}")
+    upstream = random(rng, (5, n), dtype, gpu)[0].realize()
+    assert_gradients_equal_the_composition(lambda: quant.swiglu_matmul(gate_up, qw), upstream, [gate_up], "nuvec_qmv")
+
+
 def test_empty_products_take_the_composition():
     """No rows of x, or no columns of w: nothing to launch (an empty grid), the composition's empty result."""
     qw = quant.quantize(Tensor.zeros(8, 64, device=gpu), 32, 4)

@@ -310,6 +310,10 @@ def qmv_cases():
                         yield (qmv.qmv_program("metal", DTYPES[x], DTYPES[scales], DTYPES[x], mode=mode, group_size=group,
                                                bits=bits, rows=rows, k=k, n=n, qmv_plan=p, batches=batches),
                                qmv.qmv_metal_resources(rows, p))
+                    if k == 4096 and rows in (1, 8):  # SwiGLU's product (swiglu_matmul)
+                        yield (qmv.qmv_program("metal", DTYPES[x], DTYPES[scales], DTYPES[x], mode=mode, group_size=group,
+                                               bits=bits, rows=rows, k=k, n=n, qmv_plan=p, glu=True),
+                               qmv.qmv_metal_resources(rows, p))
 
 
 def test_every_qmv_metal_specialisation_compiles(tmp_path):

@@ -215,6 +215,13 @@ QMV_FAULTS = {
 }
 
 
+@pytest.mark.parametrize("fault", [Fault("load_x8(at + K_TOTAL, ups);", "load_x8(at, ups);"),     # the gate read as up
+                                   Fault("xs[j] = to_float(TX(silu * ups[j]));", "xs[j] = silu;")],  # up dropped
+                         ids=["gate_read_as_up", "up_dropped"])
+def test_swiglu_qmv_faults_fail_its_comparison(fault):
+    expect_failure(fault, lambda: quant.check_swiglu("affine", 64, 4, dtypes.bfloat16, fault))
+
+
 @pytest.mark.parametrize("fault_name", list(QMV_FAULTS))
 def test_qmv_faults_fail_its_comparison(fault_name):
     fault = QMV_FAULTS[fault_name]

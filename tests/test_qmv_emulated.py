@@ -9,6 +9,7 @@ from tinygrad import Tensor, dtypes
 from kernel_emulator import COMPILER, build
 from nuvec_tg import quant
 from nuvec_tg.kernels import quant as qmv
+from nuvec_tg.quant.affine import swiglu
 from reference import assert_rows_close, random
 
 pytestmark = pytest.mark.skipif(COMPILER is None, reason="no C++ compiler")
@@ -44,12 +45,13 @@ def quantized(w: Tensor, mode: str, group: int, bits: int) -> quant.QuantizedWei
                                  mode, group, bits)
 
 
-def emulated_qmv(x: np.ndarray, qw, dtype, plan: qmv.QmvPlan, edit=None) -> np.ndarray:
-    """y's raw values from the emulated kernel for raw x `[M, K]` in `dtype` (its program edited first where asked)."""
-    rows, k = x.shape
+def emulated_qmv(x: np.ndarray, qw, dtype, plan: qmv.QmvPlan, edit=None, glu: bool = False) -> np.ndarray:
+    """y's raw values from the emulated kernel for raw x `[M, K]` (`glu`: `[M, 2K]`, gate and up) in
+    `dtype` (its program edited first where asked)."""
+    rows, k = x.shape[0], x.shape[1] // (2 if glu else 1)
     n = qw.weight.shape[0]
-    kernel = edited(qmv.qmv_program("cuda", dtype, qw.scales.dtype, dtype, mode=qw.mode,
-                                    group_size=qw.group_size, bits=qw.bits, rows=rows, k=k, n=n, qmv_plan=plan), edit)
+    kernel = edited(qmv.qmv_program("cuda", dtype, qw.scales.dtype, dtype, mode=qw.mode, group_size=qw.group_size,
+                                    bits=qw.bits, rows=rows, k=k, n=n, qmv_plan=plan, glu=glu), edit)
     y = np.zeros((rows, n), dtype=x.dtype)
     buffers = [y, x, raw(qw.weight), raw(qw.scales)] + ([raw(qw.biases)] if qw.biases is not None else [])
     build(kernel)(buffers, plan.groups(n), plan.threads)
@@ -83,6 +85,28 @@ def test_emulated_qmv_matches_the_composition_and_keeps_one_row_bits(mode, group
             check_rows(f"{plan} rows {rows}", got, want[:rows], dtype)
             for r in range(rows):
                 np.testing.assert_array_equal(got[r], alone[r][0], err_msg=f"{plan} rows {rows} row {r}")
+
+
+@pytest.mark.parametrize("mode, group, bits, dtype", [("affine", 64, 4, dtypes.bfloat16), ("affine", 32, 3, dtypes.float16),
+                                                     ("mxfp4", 32, 4, dtypes.float32)], ids=str)
+def test_emulated_swiglu_qmv_equals_the_product_of_the_activation(mode, group, bits, dtype):
+    """SwiGLU's product (x the gate and up halves, the activation in the kernel's loads) against
+    the composition `quantized_matmul(swiglu(gate_up), w)`, each row's bits a one-row launch's."""
+    check_swiglu(mode, group, bits, dtype)
+
+
+def check_swiglu(mode, group, bits, dtype, edit=None):
+    rng = np.random.default_rng(0x5916)
+    n, k = 13, 1024 + 3 * 64
+    qw = quantized(random(rng, (n, k), dtype, "CPU")[0], mode, group, bits)
+    gate_up = (random(rng, (5, 2 * k), dtype, "CPU")[0] * 3).cast(dtype).realize()
+    want = quant.quantized_matmul(swiglu(gate_up), qw).cast(dtypes.float32).numpy().astype(np.float64)
+    plan = qmv.QmvPlan(4, 1, 2, 1)
+    got = emulated_qmv(raw(gate_up), qw, dtype, plan, edit, glu=True)
+    check_rows("swiglu", got, want, dtype)
+    for r in range(5):
+        alone = emulated_qmv(raw(gate_up)[r:r + 1], qw, dtype, plan, edit, glu=True)[0]
+        np.testing.assert_array_equal(got[r], alone, err_msg=f"row {r}")
 
 
 def test_emulated_qmv_with_scales_of_another_dtype_and_a_column_set_moved_back():

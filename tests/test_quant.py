@@ -132,7 +132,23 @@ INVALID = [
     (TypeError, "dequantize", lambda w, qw: quant.dequantize(quant.QuantizedWeight(qw.scales, qw.scales, qw.biases, "affine", 64, 4))),
     (ValueError, "quantized_matmul", lambda w, qw: quant.quantized_matmul(Tensor.ones(3, 63), qw)),
     (TypeError, "quantized_matmul", lambda w, qw: quant.quantized_matmul(Tensor.ones(3, 64, dtype=dtypes.int32), qw)),
+    (ValueError, "swiglu_matmul", lambda w, qw: quant.swiglu_matmul(Tensor.ones(3, 64), qw)),   # gate and up: 128
+    (TypeError, "swiglu_matmul", lambda w, qw: quant.swiglu_matmul(Tensor.ones(3, 128, dtype=dtypes.int32), qw)),
 ]
+
+
+@pytest.mark.parametrize("mode, group, bits", [("affine", 32, 4), ("mxfp4", 32, 4)])
+def test_swiglu_matmul_is_the_product_of_the_activation(mode, group, bits):
+    """`swiglu_matmul(gate_up, w)` is `quantized_matmul(silu(gate) * up, w)` (here: the composition,
+    bit for bit), against float64 numpy; gradients reach gate_up."""
+    rng = np.random.default_rng(0x5917)
+    qw = quant.quantize(random(rng, (6, 64), dtypes.float32, "CPU")[0], group, bits, mode=mode)
+    gate_up, gv = random(rng, (2, 3, 128), dtypes.float32, "CPU")
+    got = quant.swiglu_matmul(gate_up, qw)
+    np.testing.assert_array_equal(values(got), values(quant.quantized_matmul(gate_up[..., :64].silu() * gate_up[..., 64:], qw)))
+    activated = gv[..., :64] / (1 + np.exp(-gv[..., :64])) * gv[..., 64:]
+    assert_close("swiglu", values(got), activated @ values(quant.dequantize(qw, dtypes.float32)).T, 1e-5)
+    assert quant.swiglu_matmul(gate_up, qw).sum().gradient(gate_up)[0].shape == (2, 3, 128)
 
 
 @pytest.mark.parametrize("error, op, call", INVALID)

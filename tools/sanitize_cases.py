@@ -405,6 +405,15 @@ def quantized(rng: np.random.Generator, shape, dtype: DType, mode: str, group: i
     return quant.QuantizedWeight(words, integers(scale_codes).cast(dtypes.uint8).realize(), None, mode, group, bits)
 
 
+def swiglu_product(mode: str, group: int, bits: int, rows: int, k: int, n: int, dtype: DType) -> Setup:
+    """`swiglu_matmul(gate_up, w)` for gate_up `[rows, 2K]` and w `[n, K]`."""
+    def setup(rng):
+        qw = quantized(rng, (n, k), dtype, mode, group, bits)
+        gate_up = uniform(rng, (rows, 2 * k), dtype, -3.0, 3.0)
+        return lambda kernels: [("y", quant.swiglu_matmul(gate_up, qw), None)]
+    return setup
+
+
 def product(mode: str, group: int, bits: int, x_shape: tuple[int, ...], n: int, dtype: DType, *,
             transpose: bool = True) -> Setup:
     """`quantized_matmul(x, w)` for x of `x_shape` (K its last size) and w `[n, K]` (`[K, n]` untransposed)."""
@@ -447,6 +456,8 @@ QUANT = [Case(f"qmv {fmt(mode, group, bits)} {SHORT[dtype]} M{rows} K{1024 + 3 *
          for mode, group, bits, dtype, row_counts in QMV_FORMATS for rows in row_counts] + [
     Case("qmv affine4 g64 f32 1-D x K320 N3 (fewer columns than a SIMD group's)", QMV,
          product("affine", 64, 4, (320,), 3, dtypes.float32)),
+    Case("qmv swiglu bf16 affine4 g64 M3 K1216 N13 (gate and up read, the last set moved back)", QMV,
+         swiglu_product("affine", 64, 4, 3, 1216, 13, dtypes.bfloat16)),
     Case("qmv no rows", NONE, product("affine", 64, 4, (0, 320), 13, dtypes.float32)),
     Case("qmv no columns", NONE, product("affine", 32, 4, (2, 64), 0, dtypes.float32)),
     # qvm: N past a threadgroup's 256 columns and not a multiple of them; K 300 over 4 SIMD groups

@@ -209,14 +209,16 @@ def ctype(dtype: DType) -> str:
 
 
 def qmv_program(backend: str, x_dtype: DType, scales_dtype: DType, out_dtype: DType, *, mode: str, group_size: int,
-                bits: int, rows: int, k: int, n: int, qmv_plan: QmvPlan, batches: int = 0) -> Program:
+                bits: int, rows: int, k: int, n: int, qmv_plan: QmvPlan, batches: int = 0, glu: bool = False) -> Program:
     """The qmv specialisation for these arguments; `batches` > 0: the gathered product over that
-    many weight batches (`gather_qmv`)."""
+    many weight batches (`gather_qmv`); `glu`: the product with SwiGLU's silu(gate) * up of x
+    `[M, 2K]` (`swiglu_qmv`)."""
     if qmv_plan.columns_per_warp > n: raise ValueError(f"qmv: {qmv_plan.columns_per_warp} columns per SIMD group > N = {n}")
     defines = dict(TX=ctype(x_dtype), TS=ctype(scales_dtype), TY=ctype(out_dtype), BITS=bits, GROUP=group_size,
                    MODE=_MODES[mode], N_TOTAL=n, K_TOTAL=k, XM=rows, COLUMNS=qmv_plan.columns_per_warp,
                    COLUMN_WARPS=qmv_plan.column_warps, K_SPLIT=qmv_plan.k_split, UNROLL=qmv_plan.unroll,
-                   LOAD_WORDS=load_words(bits, k * bits // 32), GATHER=int(batches > 0), BATCHES=max(batches, 1))
+                   LOAD_WORDS=load_words(bits, k * bits // 32), GATHER=int(batches > 0), BATCHES=max(batches, 1),
+                   GLU=int(glu))
     return QMV.program(backend, defines, _params(defines["TY"], defines["TX"], defines["TS"], mode, batches > 0))
 
 
@@ -240,20 +242,23 @@ def _inputs(x: Tensor, weight: Tensor, scales: Tensor, biases: Tensor | None, pi
 
 
 def qmv(x: Tensor, weight: Tensor, scales: Tensor, biases: Tensor | None, *, mode: str, group_size: int, bits: int,
-        out_dtype: DType, backend: str, composition=None, qmv_plan: QmvPlan | None = None) -> Tensor:
+        out_dtype: DType, backend: str, composition=None, qmv_plan: QmvPlan | None = None, glu: bool = False) -> Tensor:
     """`x [M, K] · wᵀ` for packed `weight [N, K * bits / 32]`, `scales` (and affine `biases`)
-    `[N, K / group_size]`; returns `[M, N]` in `out_dtype`. composition: `(x, weight, scales,
-    biases) -> y`, whose gradient is the backward. `qmv_plan` overrides `plan` (tuning)."""
-    rows, k = x.shape
+    `[N, K / group_size]`; returns `[M, N]` in `out_dtype`. With `glu`, x is `[M, 2K]` (a gated
+    MLP's gate, then up) and the product is `(silu(gate) * up) · wᵀ` (K a multiple of 8).
+    composition: `(x, weight, scales, biases) -> y`, whose gradient is the backward. `qmv_plan`
+    overrides `plan` (tuning)."""
+    rows, k = x.shape[0], x.shape[1] // (2 if glu else 1)
+    if glu and (x.shape[1] != 2 * k or k % 8): raise ValueError(f"swiglu_qmv: x of {x.shape[1]} (gate and up) needs K a multiple of 8")
     n = weight.shape[0]
     qmv_plan = qmv_plan or plan(rows, k, n)
     kernel = qmv_program(backend, x.dtype, scales.dtype, out_dtype, mode=mode, group_size=group_size, bits=bits, rows=rows,
-                         k=k, n=n, qmv_plan=qmv_plan)
+                         k=k, n=n, qmv_plan=qmv_plan, glu=glu)
     ins = _inputs(x, weight, scales, biases)
     y = Tensor.empty(rows, n, dtype=out_dtype, device=x.device)
     return launch(kernel, x.device, [y], ins, (qmv_plan.groups(n), 1, 1), qmv_plan.threads,
                   backward=_backward("quantized_matmul", composition, ins, mode),
-                  label=f"{backend} qmv {mode} {bits}-bit g{group_size} M{rows} {qmv_plan}")[0]
+                  label=f"{backend} qmv{' swiglu' if glu else ''} {mode} {bits}-bit g{group_size} M{rows} {qmv_plan}")[0]
 
 
 # The vector-matrix kernel (`src/qvm.h`): y = x · w for untransposed weights w [K, N], packed along N.

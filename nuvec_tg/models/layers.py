@@ -81,14 +81,16 @@ class Linear:
 
     def __call__(self, x: Tensor) -> Tensor | tuple[Tensor, ...]:
         """x: `[..., K]`. Returns `[..., N]` (or one tensor per module)."""
-        if len(self.weights) == 1:
-            y = _product(x, self.weights[0], self.bias)
-        else:  # weights stored unalike: one product each, the bias added to their outputs together
-            parts = [_product(x, w) for w in self.weights]
-            y = parts[0].cat(*parts[1:], dim=-1)
-            if self.bias is not None: y = y + self.bias.cast(y.dtype)
+        y = self.joined(x)
         if len(self.outs) == 1: return y
         return tuple(y.split(self.outs, dim=-1))
+
+    def joined(self, x: Tensor) -> Tensor:
+        """x: `[..., K]`. Returns every module's outputs side by side, `[..., sum(outs)]`."""
+        if len(self.weights) == 1: return _product(x, self.weights[0], self.bias)
+        parts = [_product(x, w) for w in self.weights]  # weights stored unalike: one product each
+        y = parts[0].cat(*parts[1:], dim=-1)
+        return y if self.bias is None else y + self.bias.cast(y.dtype)
 
 
 class Embedding:
@@ -166,6 +168,10 @@ class MLP:
         self.gate_up, self.down, self.activation = gate_up, down, ACTIVATIONS[activation]
 
     def __call__(self, x: Tensor) -> Tensor:
+        down = self.down.weights[0] if len(self.down.weights) == 1 else None
+        if self.activation is Tensor.silu and isinstance(down, QuantizedWeight) and self.down.bias is None:
+            # SwiGLU's activation read into the down product's loads (no kernel of its own where qmv runs)
+            return quant.swiglu_matmul(self.gate_up.joined(x), down)
         gate, up = self.gate_up(x)
         return self.down(self.activation(gate) * up)
 

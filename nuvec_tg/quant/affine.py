@@ -242,6 +242,47 @@ def quantized_matmul(x: Tensor, qw: QuantizedWeight, transpose: bool = True) -> 
     return x.cast(dtype) @ (dense.transpose(-1, -2) if transpose else dense)
 
 
+def swiglu(gate_up: Tensor) -> Tensor:
+    """`silu(gate) * up` of a gated MLP's `[..., 2K]` projection (gate, then up), in its dtype."""
+    k = gate_up.shape[-1] // 2
+    return gate_up[..., :k].silu() * gate_up[..., k:]
+
+
+def swiglu_matmul(gate_up: Tensor, qw: QuantizedWeight) -> Tensor:
+    """`(silu(gate) * up) · wᵀ`, a gated MLP's down projection after its activation.
+
+    gate_up: `[..., 2K]`, the gate's K values, then the up's, float16, bfloat16 or float32; qw:
+    quantized `[N, K]` without a global scale. Returns `[..., N]` as `quantized_matmul(swiglu(
+    gate_up), qw)` would (its dtype and values: the activation computed in gate_up's dtype). On
+    METAL and CUDA up to 8 rows run qmv with the activation computed in its loads of x (the MLP's
+    activation is no kernel of its own) where gate_up's dtype is the product's and K a multiple of
+    8; otherwise the activation, then `quantized_matmul`. Gradients as `quantized_matmul`'s.
+    """
+    op = "swiglu_matmul"
+    check_tensor(op, "gate_up", gate_up)
+    check_floating(op, "gate_up", gate_up.dtype)
+    check_weight(op, qw)
+    check(qw.global_scale is None, op, "a global scale is not supported (dequantize the weights instead)")
+    k, n = qw.columns, qw.weight.shape[-2]
+    check(gate_up.ndim >= 1 and gate_up.shape[-1] == 2 * k, op,
+          f"gate_up's last dimension must be 2 x {k} (gate and up) for weights of {n} x {k}, got {tuple(gate_up.shape)}")
+    dtype = promote_types(gate_up.dtype, qw.scales.dtype) if qw.mode == "affine" else gate_up.dtype
+    rows = math.prod(gate_up.shape[:-1])
+    kernel, reason = qmv_kernel.product_route(dtype, qw.scales.dtype, dtype, rows, k, n, bits=qw.bits, transpose=True,
+                                              batched=qw.weight.ndim != 2, target=kernels.target(gate_up.device))
+    if reason is None and kernel != "qmv": reason = f"{rows} rows (the fused activation is qmv's, at most {qmv_kernel.MAX_ROWS})"
+    if reason is None and dtype != gate_up.dtype: reason = f"{gate_up.dtype} gate_up against {dtype} scales"
+    if reason is None and k % 8: reason = f"K = {k} (the up half's loads need a multiple of 8)"
+    backend = kernels.choose(op, f"{tuple(gate_up.shape)} x {qw.mode} {qw.bits}-bit {tuple(qw.weight.shape)} on "
+                                 f"{gate_up.device}", gate_up.device, "qmv", lambda backend: reason)
+    if backend is None: return quantized_matmul(swiglu(gate_up), qw)
+    dense_product = _dense_product(qw, dtype, True)
+    out = qmv_kernel.qmv(gate_up.reshape(rows, 2 * k), qw.weight, qw.scales, qw.biases, mode=qw.mode,
+                         group_size=qw.group_size, bits=qw.bits, out_dtype=dtype, backend=backend, glu=True,
+                         composition=lambda x, weight, scales, biases: dense_product(swiglu(x), weight, scales, biases))
+    return out.reshape(*gate_up.shape[:-1], n)
+
+
 def _dense_product(qw: QuantizedWeight, dtype: DType, transpose: bool):
     """`(x, weight, scales, biases) -> x · w(ᵀ)` through the dense weights, as the composition."""
     def product(x: Tensor, weight: Tensor, scales: Tensor, biases: Tensor | None) -> Tensor:

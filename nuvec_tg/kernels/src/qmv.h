@@ -42,7 +42,12 @@
 // GROUP, MODE (0 affine, 1 mxfp4, 2 mxfp8, 3 nvfp4), N_TOTAL and K_TOTAL (w's shape: weights do
 // not change from step to step, and baked sizes make every offset a constant), XM, COLUMNS,
 // COLUMN_WARPS, K_SPLIT, UNROLL, LOAD_WORDS (1, 2 or 4: the row's alignment allows it), GATHER,
-// BATCHES (the weight batches of a gathered product).
+// BATCHES (the weight batches of a gathered product), GLU.
+//
+// SwiGLU's product (GLU): x is `[XM, 2 * K]`, a gated MLP's gate then up halves, and the product
+// is taken with silu(gate) * up, each of its 8 values a load computed as the composition does:
+// silu(g) = g / (1 + e^-g) rounded to TX, times up, rounded to TX (so the MLP's activation is no
+// kernel of its own). K a multiple of 8 keeps the up half's loads aligned.
 //
 // Gathered products (GATHER, mixture-of-experts layers): threadgroup row p = nv_group.y computes
 // entry p, x's rows `x[p]` ([XM, K] of x [P, XM, K]) times weight batch `picks[p]` of the BATCHES
@@ -51,6 +56,7 @@
 // of a one-row product whichever entries share the call.
 
 #define WORDS_PER_ROW (K_TOTAL * BITS / 32)
+#define X_ROW (GLU ? 2 * K_TOTAL : K_TOTAL)       // elements of a row of x
 #define GROUPS_PER_ROW (K_TOTAL / GROUP)
 #define CHUNKS ((K_TOTAL + 31) / 32)               // chunks of a row; the last is a half chunk if HALF_TAIL
 #define HALF_TAIL (K_TOTAL % 32 != 0)
@@ -84,6 +90,24 @@ INLINE void load_x8(const DEVICE bfloat* at, THREAD float* xs) {
 }
 #endif
 
+#if GLU
+// silu(g) * up as the composition rounds it (two roundings to TX), from 8 gates at `at` and the 8
+// ups K_TOTAL further.
+INLINE void load_x8_glu(const DEVICE TX* at, THREAD float* xs) {
+  float ups[8];
+  load_x8(at, xs);
+  load_x8(at + K_TOTAL, ups);
+  #pragma unroll
+  for (int j = 0; j < 8; j++) {
+    const float silu = to_float(TX(xs[j] / (1.0f + exp2(-xs[j] * LOG2E))));
+    xs[j] = to_float(TX(silu * ups[j]));
+  }
+}
+#define LOAD_X8(at, xs) load_x8_glu(at, xs)
+#else
+#define LOAD_X8(at, xs) load_x8(at, xs)
+#endif
+
 // One chunk of every column and row of x into `sums` [XM][COLUMNS]: `x_chunk` (x's first row at
 // the chunk's first k), `words`
 // [COLUMNS][BITS], `scales_raw` [COLUMNS][SCALES_PER_CHUNK], `biases_raw` [COLUMNS].
@@ -106,7 +130,7 @@ INLINE void accumulate_chunk(const DEVICE TX* x_chunk, bool half_chunk, const TH
     #pragma unroll
     for (int m = 0; m < XM; m++) {
       float xs[8];
-      load_x8(x_chunk + m * K_TOTAL + 8 * part, xs);
+      LOAD_X8(x_chunk + m * X_ROW + 8 * part, xs);
 #if MODE == 0
       #pragma unroll
       for (int j = 0; j < 8; j++) x_sums[m] += xs[j];
@@ -153,7 +177,7 @@ INLINE void accumulate_chunk(const DEVICE TX* x_chunk, bool half_chunk, const TH
 #if MODE == 0
   const DEVICE TS* biases_at = biases + batch * N_TOTAL * GROUPS_PER_ROW;
 #endif
-  const DEVICE TX* x_at = x + (long)entry * XM * K_TOTAL;
+  const DEVICE TX* x_at = x + (long)entry * XM * X_ROW;
   DEVICE TY* y_at = y + (long)entry * XM * N_TOTAL;
 #else
   const bool picked = true;
