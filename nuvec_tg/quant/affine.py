@@ -242,8 +242,9 @@ def quantized_matmul(x: Tensor, qw: QuantizedWeight, transpose: bool = True) -> 
     return x.cast(dtype) @ (dense.transpose(-1, -2) if transpose else dense)
 
 
-def swiglu(gate_up: Tensor) -> Tensor:
-    """`silu(gate) * up` of a gated MLP's `[..., 2K]` projection (gate, then up), in its dtype."""
+def _activated(gate_up: Tensor) -> Tensor:
+    """`silu(gate) * up` of a gated MLP's `[..., 2K]` projection (gate, then up), in its dtype: what
+    swiglu_matmul multiplies (the models' `layers.swiglu` over the halves)."""
     k = gate_up.shape[-1] // 2
     return gate_up[..., :k].silu() * gate_up[..., k:]
 
@@ -252,8 +253,8 @@ def swiglu_matmul(gate_up: Tensor, qw: QuantizedWeight) -> Tensor:
     """`(silu(gate) * up) · wᵀ`, a gated MLP's down projection after its activation.
 
     gate_up: `[..., 2K]`, the gate's K values, then the up's, float16, bfloat16 or float32; qw:
-    quantized `[N, K]` without a global scale. Returns `[..., N]` as `quantized_matmul(swiglu(
-    gate_up), qw)` would (its dtype and values: the activation computed in gate_up's dtype). On
+    quantized `[N, K]` without a global scale. Returns `[..., N]` as `quantized_matmul(silu(gate)
+    * up, qw)` would (its dtype and values: the activation computed in gate_up's dtype). On
     METAL and CUDA up to 8 rows run qmv with the activation computed in its loads of x (the MLP's
     activation is no kernel of its own) where gate_up's dtype is the product's and K a multiple of
     8; otherwise the activation, then `quantized_matmul`. Gradients as `quantized_matmul`'s.
@@ -275,11 +276,11 @@ def swiglu_matmul(gate_up: Tensor, qw: QuantizedWeight) -> Tensor:
     if reason is None and k % 8: reason = f"K = {k} (the up half's loads need a multiple of 8)"
     backend = kernels.choose(op, f"{tuple(gate_up.shape)} x {qw.mode} {qw.bits}-bit {tuple(qw.weight.shape)} on "
                                  f"{gate_up.device}", gate_up.device, "qmv", lambda backend: reason)
-    if backend is None: return quantized_matmul(swiglu(gate_up), qw)
+    if backend is None: return quantized_matmul(_activated(gate_up), qw)
     dense_product = _dense_product(qw, dtype, True)
     out = qmv_kernel.qmv(gate_up.reshape(rows, 2 * k), qw.weight, qw.scales, qw.biases, mode=qw.mode,
                          group_size=qw.group_size, bits=qw.bits, out_dtype=dtype, backend=backend, glu=True,
-                         composition=lambda x, weight, scales, biases: dense_product(swiglu(x), weight, scales, biases))
+                         composition=lambda x, weight, scales, biases: dense_product(_activated(x), weight, scales, biases))
     return out.reshape(*gate_up.shape[:-1], n)
 
 
