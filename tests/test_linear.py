@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from tinygrad import Tensor, dtypes
 
-from nuvec_tg import fast
+from nuvec_tg import fast, kernels
 from reference import TOLERANCE, assert_close, gradients, random, round_to, values
 
 F16, BF16, F32, F64 = dtypes.float16, dtypes.bfloat16, dtypes.float32, dtypes.float64
@@ -82,4 +82,6 @@ def test_debug_says_which_program_runs(device, monkeypatch, capsys):
     if device == "CPU":
         assert all(line.endswith("composition (CPU has no kernels)") for line in lines)
     else:
-        assert lines[0].endswith("the gemv kernel") and lines[1].endswith("the gemm kernel")
+        # GPUs with warpgroup products (Hopper) run the 16-bit rows on the wgmma kernel
+        gemm = "gemm_wgmma" if kernels.target(device).warpgroups else "gemm"
+        assert lines[0].endswith("the gemv kernel") and lines[1].endswith(f"the {gemm} kernel")

@@ -46,6 +46,7 @@ def main() -> None:
     parser.add_argument("--generate", type=int, help="model: tokens generated a sequence (default 128)")
     parser.add_argument("--no-transformers", action="store_true", help="model: without transformers' rows")
     parser.add_argument("--no-tinygrad", action="store_true", help="prefill: without tinygrad's attention column")
+    parser.add_argument("--masks", help="prefill: causal,window: only these rows (default both)")
     parser.add_argument("--engine", help="model: B,...: also the serving table (models.Engine, prompts of different lengths)")
     args = parser.parse_args()
     if args.repeats is None: args.repeats = DEFAULT_REPEATS.get(args.what, 10)

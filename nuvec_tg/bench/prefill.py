@@ -78,6 +78,9 @@ def grid(args) -> list[tuple]:
             for hq, hkv in ((32, 8), (16, 2), (64, 8)) for length in (1024, 4096, 16384) for b in (1, 4)
             if not (window and length <= WINDOW)]
     if args.quick: rows = [r for r in rows if (r[0] == 1 and r[1:3] == (32, 8)) or (r[3] == 128 and r[4] == 4096)]
+    if getattr(args, "masks", None):
+        wanted = set(args.masks.split(","))
+        rows = [r for r in rows if ("window" if r[5] else "causal") in wanted]
     if args.small: rows = [(1, 4, 2, 64, 40, None)]
     return part_of(rows, args.part, args.batches)
 
