@@ -505,7 +505,9 @@ def norm_rope_calls() -> Iterator[tuple[dict[str, DType], str, bool, int, int]]:
     and 32 lanes a row, two pieces a lane, rows of 64 and 1024 lanes, single elements) and unit
     width the kernel takes; each destination with and without a weight and values (a pool has no
     normalised values: no operation asks for them); values copied beside the keys into caches and
-    pools (a model's K and V), of each dtype and of pieces of 1; mixed dtypes."""
+    pools (a model's K and V), of each dtype and of pieces of 1; mixed dtypes; a model's queries
+    beside its keys into caches and pools, of each dtype, with and without a weight, a row of a
+    threadgroup and single elements."""
     for dtype, traditional, (length, dims) in itertools.product(KERNEL_DTYPES, (False, True), NORM_ROPE_SHAPES):
         if rope.norm_rope_unsupported((dtype, dtype), 1, length, dims, 0, PlanTarget("cuda")) is None:
             yield dict(x=dtype, normed=dtype, rotated=dtype, weight=dtype), "fresh", traditional, length, dims
@@ -523,6 +525,13 @@ def norm_rope_calls() -> Iterator[tuple[dict[str, DType], str, bool, int, int]]:
         "cache", True, 80, 40
     yield dict(x=dtypes.bfloat16, normed=dtypes.bfloat16, rotated=dtypes.float32, weight=dtypes.bfloat16), "pool", False, 64, 32
     yield dict(x=dtypes.float16, normed=dtypes.float32, rotated=dtypes.float32, weight=dtypes.bfloat16), "fresh", False, 1024, 512
+    # a model's queries beside its keys (QUERIES), with and without a weight and copied values
+    for dtype, destination, weight in itertools.product(KERNEL_DTYPES, ("cache", "pool"), (True, False)):
+        types = dict(x=dtype, normed=dtype, rotated=dtype) | (dict(weight=dtype) if weight else {})
+        yield types | dict(values=dtype, values_in=dtype, queries=dtype), destination, False, 128, 128
+    yield dict(x=dtypes.bfloat16, normed=dtypes.float32, rotated=dtypes.bfloat16, weight=dtypes.float32,
+               queries=dtypes.float32), "cache", True, 1024, 512
+    yield dict(x=dtypes.float32, normed=dtypes.float32, rotated=dtypes.float16, queries=dtypes.float32), "pool", True, 7, 6
 
 
 def norm_rope_program(backend: str, types: dict[str, DType], destination: str, traditional: bool, length: int,
@@ -544,7 +553,7 @@ def _norm_rope_candidates(backend: str) -> Iterator[_Candidate]:
                 f"{rope.describe_norm_rope(shape)}"
             return label, norm_rope_program(backend, types, destination, traditional, length, dims)
         layout = (shape.lanes > 32, shape.norm.per, shape.norm.vec, shape.rotation.vec)
-        options = (destination, "weight" in types, "values" in types, "values_in" in types)
+        options = (destination, "weight" in types, "values" in types, "values_in" in types, "queries" in types)
         cover = ((types["x"], traditional, layout), (options, tuple(types.values())), (shape.lanes,))
         yield _Candidate(rope.NORM_ROPE.stem, make, cover, ((),))  # no inline assembly of its own (sincosf: the library's)
 

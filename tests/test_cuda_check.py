@@ -112,7 +112,7 @@ REACHED = {
     "nuvec_norm_rope": {"DEST": {"0", "1", "2"}, "NORM": {"0", "1"}, "VALUES": {"0", "1", "2"}, "TRADITIONAL": {"0", "1"},
                         "LANES": {"8", "16", "32", "64", "512"}, "PER": {"1", "2"}, "VEC": {"1", "8"},
                         "UNIT": {"1", "2", "4", "8"}, "TX": {"half", "bfloat", "float"}, "TO": {"half", "bfloat", "float"},
-                        "TK": {"half", "bfloat", "float"}},
+                        "TK": {"half", "bfloat", "float"}, "QUERIES": {"0", "1"}},
     "nuvec_paged_write": {"VEC": {"1", "2", "4", "8"}, "TS": {"half", "bfloat", "float"}, "TP": {"half", "bfloat", "float"}},
     "nuvec_gemv": {"XM": {str(m) for m in range(1, 9)}, "VEC": {"1", "2", "4", "8"}, "BIAS": {"0", "1"},
                    "TX": {"half", "bfloat", "float"}, "TW": {"half", "bfloat", "float"}, "TY": {"half", "bfloat", "float"},

@@ -254,6 +254,43 @@ def test_key_heads_of_a_projection_are_read_in_place_into_a_cache_and_a_pool():
         np.testing.assert_array_equal(values(pool_vals), values(fast.paged_write(pool.clone(), v.transpose(1, 2), slots)))
 
 
+@pytest.mark.parametrize("weighted", [True, False])
+def test_queries_beside_the_keys_are_norm_ropes_bits_in_one_launch(weighted):
+    """q, k and v as a model has them (heads of one realized projection, read in place): the
+    queries turned in the keys' launch, into a cache and into a pool (per-sequence positions),
+    equal bit for bit norm_rope over q alone, and the caches and pools the call without queries."""
+    rng = np.random.default_rng(0x8A)
+    projection = random(rng, (4, 3, 2048 + 2 * 512), BF16, gpu, spread=2.0)[0].realize()
+    heads = lambda first, count: projection[:, :, first:first + count * 128].reshape(4, 3, count, 128).transpose(1, 2)  # noqa: E731
+    q, k, v = heads(0, 16), heads(2048, 4), heads(2560, 4)
+    qw, kw = (random(rng, (128,), BF16, gpu)[0] if weighted else None for _ in range(2))
+    rotation = rotation_of(128)
+    cache = random(rng, (4, 4, 8, 128), BF16, gpu)[0].realize()
+    pool = random(rng, (8, 4, 4, 128), BF16, gpu)[0].realize()
+    slots = Tensor(rng.permutation(32)[:12].reshape(4, 3).astype(np.int32), device=gpu)
+    positions = Tensor([0, 5, 2, 9], device=gpu)
+    with expect_launches(gpu, NORM_ROPE) as launches:
+        turned, keys, vals = fast.norm_rope(k, kw, EPS, rotation, 2, cache.clone().realize(), v, cache.clone().realize(),
+                                            queries=(q, qw))
+    assert sum(name.startswith(NORM_ROPE) for name, _ in launches) == 1, launches
+    with expect_launches(gpu, NORM_ROPE):
+        pool_turned, pool_keys, pool_vals = fast.norm_rope_at(k, kw, EPS, rotation, positions, pool.clone().realize(), slots, v,
+                                                              pool.clone().realize(), queries=(q, qw))
+        want_keys, want_vals = fast.norm_rope(k, kw, EPS, rotation, 2, cache.clone().realize(), v, cache.clone().realize())
+        want_pool_keys, want_pool_vals = fast.norm_rope_at(k, kw, EPS, rotation, positions, pool.clone().realize(), slots, v,
+                                                           pool.clone().realize())
+    for name, got, want in (("keys", keys, want_keys), ("values", vals, want_vals), ("pool keys", pool_keys, want_pool_keys),
+                            ("pool values", pool_vals, want_pool_vals)):
+        np.testing.assert_array_equal(values(got), values(want), err_msg=name)
+    alone = fast.norm_rope(q.contiguous(), qw, EPS, rotation, 2)
+    np.testing.assert_array_equal(values(turned), values(alone), err_msg="queries into a cache")
+    np.testing.assert_array_equal(values(pool_turned), values(fast.norm_rope(q.contiguous(), qw, EPS, rotation, positions)),
+                                  err_msg="queries into a pool")
+    with compositions_only():
+        composed = fast.norm_rope(q, qw, EPS, rotation, 2) if weighted else fast.rope(q, 128, base=BASE, offset=2)
+    assert_rows_close("queries vs the composition", values(turned), values(composed), COMPOSED[BF16])
+
+
 def test_two_rows_naming_one_slot_leave_it_one_of_theirs_piece_by_piece():
     """The kernel's rows race for a slot they share (the composition's later row wins): each
     16-byte piece of the slot is one of theirs; every other slot is as the contract says."""

@@ -270,7 +270,7 @@ def test_every_rope_metal_specialisation_compiles(tmp_path):
 
 def test_every_norm_rope_metal_specialisation_compiles(tmp_path):
     """norm_rope: every dtype and pair layout at every launch shape and unit width, each
-    destination with and without a weight and values, mixed dtypes."""
+    destination with and without a weight and values, mixed dtypes, queries beside keys."""
     cases = []
     for types, destination, traditional, length, dims in norm_rope_calls():
         dtypes_read = (types["x"], types["normed"]) + tuple(t for name, t in types.items() if name not in ("x", "normed"))

@@ -143,6 +143,13 @@ NORM_ROPE_INVALID = [
     (TypeError, lambda x, r: fast.norm_rope(x, None, 1e-6, r, 2, Tensor.zeros(1, 2, 8, 64), x.cast(dtypes.int32),
                                             Tensor.zeros(1, 2, 8, 64))),
     (ValueError, lambda x, r: fast.norm_rope_at(x, None, 1e-6, r, Tensor([1]), Tensor.zeros(4, 2, 4, 64), Tensor([[1, 2, 3]]), x)),
+    # queries: beside a destination, of x's batch, length and head size, as a (q, q_weight) pair
+    (ValueError, lambda x, r: fast.norm_rope(x, None, 1e-6, r, 2, queries=(Tensor.zeros(1, 4, 3, 64), None))),
+    (ValueError, lambda x, r: fast.norm_rope(x, None, 1e-6, r, 2, Tensor.zeros(1, 2, 8, 64), queries=(Tensor.zeros(1, 4, 2, 64), None))),
+    (ValueError, lambda x, r: fast.norm_rope(x, None, 1e-6, r, 2, Tensor.zeros(1, 2, 8, 64), queries=(Tensor.zeros(1, 4, 3, 64),
+                                                                                                      Tensor.ones(32)))),
+    (TypeError, lambda x, r: fast.norm_rope(x, None, 1e-6, r, 2, Tensor.zeros(1, 2, 8, 64), queries=Tensor.zeros(1, 4, 3, 64))),
+    (ValueError, lambda x, r: fast.norm_rope_at(x, None, 1e-6, r, Tensor([1]), queries=(Tensor.zeros(1, 4, 3, 64), None))),
 ]
 
 
@@ -176,6 +183,15 @@ STAND_IN = """
     if (dest < 0) continue;
     for (int i = 0; i < length; i++) { rotated[dest * length + i] = x[from + i]; VALUES_LINE }
   }
+  QUERIES_LOOP
+"""
+# With queries: q's rows copied into the fresh outputs, read through their own layout.
+QUERIES_LOOP = """
+  for (int r = 0; r < ints[19]; r++) {
+    const int b = r / ints[20], t = r % steps;
+    const long from = (long)ints[22] + (long)b * ints[23] + (long)((r / steps) % ints[21]) * ints[24] + (long)t * ints[25];
+    for (int i = 0; i < length; i++) queries[(long)r * length + i] = q_x[from + i];
+  }
 """
 
 
@@ -191,6 +207,7 @@ def stand_ins(monkeypatch):
         copied = "values_in" in types
         body = body.replace("COPIED", str(int(copied))).replace("VALUES_LINE", "values[dest * length + i] = v_rows[v_from + i];" if copied
                                                                 else "values[dest * length + i] = -x[from + i];" if v_eps is not None else "")
+        body = body.replace("QUERIES_LOOP", QUERIES_LOOP if "queries" in types else "")
         return stand_in_program(f"stand_in_norm_rope_{destination}", params, body)
     monkeypatch.setattr(kernels, "active_backend", lambda device: "cuda")
     monkeypatch.setattr(rope_kernel, "norm_rope_program", stand_in)
@@ -321,3 +338,57 @@ def test_a_jitted_decode_step_writes_the_cache_in_place_at_a_bound_variables_pos
         want[:, :, position] = xv[:, :, 0]
         np.testing.assert_array_equal(got.numpy(), want)
         np.testing.assert_array_equal(cache.numpy(), want)
+
+
+def test_queries_beside_the_keys_take_the_keys_launch_and_equal_their_own_call(stand_ins):
+    """q, k and v heads of one projection: the queries' rows come from the keys' launch into a
+    cache and into a pool (the stand-in copies q's rows through their layout), the caches and pools
+    as without queries; queries the launch cannot share (here normalised where the keys are not)
+    take a call of their own."""
+    rng = np.random.default_rng(0x71)
+    projection, pv = random(rng, (2, 3, 64), dtypes.float32, "CPU")
+    projection.realize()
+    heads = lambda start, count: projection[:, :, start:start + count * 8].reshape(2, 3, count, 8).transpose(1, 2)  # noqa: E731
+    q, k, v = heads(0, 4), heads(32, 2), heads(48, 2)
+    rotation = fast.Rotation(8)
+    caches = [random(rng, (2, 2, 6, 8), dtypes.float32, "CPU")[0].realize() for _ in range(2)]
+    pools = [random(rng, (3, 2, 4, 8), dtypes.float32, "CPU")[0].realize() for _ in range(2)]
+    slots, starts = Tensor([[5, -1, 11], [0, 12, 3]], device="CPU"), Tensor([3, 9], device="CPU")
+    want_cache = [values(t) for t in fast.norm_rope(k, None, 1e-6, rotation, 2, caches[0].clone().realize(), v,
+                                                    caches[1].clone().realize())]
+    want_pool = [values(t) for t in fast.norm_rope_at(k, None, 1e-6, rotation, starts, pools[0].clone().realize(), slots, v,
+                                                      pools[1].clone().realize())]
+    with kernels.record_launches() as launches:
+        got_cache = fast.norm_rope(k, None, 1e-6, rotation, 2, caches[0], v, caches[1], queries=(q, None))
+        got_pool = fast.norm_rope_at(k, None, 1e-6, rotation, starts, pools[0], slots, v, pools[1], queries=(q, None))
+    assert launched(launches) == ["stand_in_norm_rope_cache", "stand_in_norm_rope_pool"]
+    assert launches[0][1] == "cuda norm_rope 12x8 dims 8 into cache with copied values and 24 query rows"
+    query_rows = pv[:, :, :32].reshape(2, 3, 4, 8).transpose(0, 2, 1, 3)
+    for got, want in ((got_cache, want_cache), (got_pool, want_pool)):
+        assert len(got) == 3 and got[0].shape == q.shape
+        np.testing.assert_array_equal(values(got[0]), query_rows)
+        np.testing.assert_array_equal(values(got[1]), want[0])
+        np.testing.assert_array_equal(values(got[2]), want[1])
+    # not shareable: queries normalised beside keys that are not: their own launch after the keys', the same rows
+    w = random(rng, (8,), dtypes.float32, "CPU")[0]
+    with kernels.record_launches() as launches:
+        turned, *_ = fast.norm_rope(k, None, 1e-6, rotation, 2, caches[0].clone().realize(), v, caches[1].clone().realize(),
+                                    queries=(q, w))
+    assert launched(launches) == ["stand_in_norm_rope_cache", "stand_in_norm_rope_fresh"]
+    np.testing.assert_array_equal(values(turned), query_rows)
+
+
+def test_queries_beside_the_keys_compose_as_their_own_calls(device):
+    """Without kernels (or where they do not run) the queries are norm_rope over q alone."""
+    rng = np.random.default_rng(0x72)
+    q, k, v = (random(rng, (2, h, 3, 16), dtypes.float32, device)[0] for h in (4, 2, 2))
+    qw, kw = (random(rng, (16,), dtypes.float32, device)[0] for _ in range(2))
+    rotation = fast.Rotation(16, scale=0.5)
+    cache = Tensor.zeros(2, 2, 8, 16, device=device).contiguous().realize()
+    with kernels.compositions_only():
+        turned, keys, vals = fast.norm_rope(k, kw, 1e-6, rotation, 3, cache.clone(), v, cache.clone(), queries=(q, qw))
+        pool_turned, *_ = fast.norm_rope_at(k, kw, 1e-6, rotation, Tensor([1, 4], device=device), Tensor.zeros(4, 2, 4, 16),
+                                            Tensor([[0, 1, 2], [4, 5, 6]], device=device), queries=(q, qw))
+        np.testing.assert_array_equal(values(turned), values(fast.norm_rope(q, qw, 1e-6, rotation, 3)))
+        np.testing.assert_array_equal(values(pool_turned), values(fast.norm_rope(q, qw, 1e-6, rotation, Tensor([1, 4], device=device))))
+        np.testing.assert_array_equal(values(keys), values(fast.norm_rope(k, kw, 1e-6, rotation, 3, cache.clone())))

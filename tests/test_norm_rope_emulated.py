@@ -11,6 +11,7 @@ either); nothing read or written outside the buffers; a row's bits equal to the 
 alone."""
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -193,9 +194,12 @@ def reference(case: Case, x, weight, inv_freq, before):
     return write(case, rotated, before[0], rotated_dtype), write(case, values, before[1], values_dtype)
 
 
-def emulate(case: Case, x, weight, inv_freq, before, edit=None):
+def emulate(case: Case, x, weight, inv_freq, before, edit=None, queries=None):
     """The kernel as the plan launches it (its rendering changed by `edit`, for planted faults);
-    returns the rotated rows' destination and the values' (None without values) as float64."""
+    returns the rotated rows' destination and the values' (None without values) as float64; with
+    `queries` (`(q, q_weight, projection)`: q `[B, Hq, T, D]` in x's dtype, its weight in the
+    weight's, read in place from a projection's output as x's `projection` says) the queries'
+    fresh rows third."""
     rows, length = math.prod(case.shape[:-1]), case.shape[-1]
     launch = kernel.norm_rope_plan(length, case.dims)
     rotated_dtype, values_dtype = case.destination_dtypes()
@@ -204,6 +208,7 @@ def emulate(case: Case, x, weight, inv_freq, before, edit=None):
     x, v_rows = split(case, x)
     if case.has_values: types["values"] = values_dtype
     if case.copied is not None: types["values_in"] = case.copied
+    if queries is not None: types["queries"] = case.normed
     program = kernel.norm_rope_program("cuda", types, case.into, case.traditional, case.scale, launch,
                                        eps=EPS if weight is not None else None, v_eps=V_EPS if case.values else None)
     if edit is not None: program = edit(program)
@@ -222,8 +227,19 @@ def emulate(case: Case, x, weight, inv_freq, before, edit=None):
     places = case.places * (case.block_size if case.into == "pool" else 1)
     buffers["ints"] = np.array([length, case.dims // 2, case.shape[-2], rows // case.shape[0], rows, int(len(case.offsets) > 1),
                                 places, heads, case.block_size if case.into == "pool" else 0, *layout], np.int32)
-    build(program)([np.ascontiguousarray(buffers[p.name]) for p in program.params], launch.groups(rows), launch.threads)
-    return from_bits(buffers["rotated"], rotated_dtype), (from_bits(buffers["values"], values_dtype) if case.has_values else None)
+    groups = launch.groups(rows)
+    if queries is not None:
+        q, q_weight, q_projection = queries
+        q_rows = math.prod(q.shape[:-1])
+        q_source, q_layout = x_layout(dataclasses.replace(case, shape=q.shape), q, q_projection)
+        buffers.update(queries=to_bits(np.full(q.shape, np.nan), case.normed), q_x=to_bits(q_source, case.dtype))
+        if q_weight is not None: buffers["q_weight"] = to_bits(q_weight, case.weight)
+        padding = [0] * (19 - len(buffers["ints"]))
+        buffers["ints"] = np.array([*buffers["ints"], *padding, q_rows, q_rows // q.shape[0], *q_layout], np.int32)
+        groups += launch.groups(q_rows)
+    build(program)([np.ascontiguousarray(buffers[p.name]) for p in program.params], groups, launch.threads)
+    results = (from_bits(buffers["rotated"], rotated_dtype), (from_bits(buffers["values"], values_dtype) if case.has_values else None))
+    return results if queries is None else (*results, from_bits(buffers["queries"], case.normed))
 
 
 def three_passes(case: Case, x, weight, inv_freq, before):
@@ -332,3 +348,59 @@ def test_the_plan_depends_on_the_sizes_only_and_its_threadgroups_fit():
             fits = kernel.norm_rope_unsupported((dtype, dtype), 1, length, length, 0, Target("metal")) is None
             assert fits == (length * dtype.itemsize <= kernel.MAX_KEPT_BYTES), (length, dtype)
             assert metal_limit_reason(kernel.norm_rope_metal_resources(shape, dtype)) is None or not fits
+
+
+# A model's queries beside its keys (`queries=`): the first threadgroups take q's rows into fresh
+# outputs. (case, query heads, where q, x and the copied values sit in one projection's output
+# [B, T, width]: (width, q's, x's and the values' first columns), or None: each contiguous.)
+QUERY_CASES = {
+    "cache_a_models_qkv_projection_bf16": (Case((2, 2, 3, 64), 64, BF16, BF16, offsets=(5,), into="cache", places=8,
+                                                 copied=BF16, projection=(512, 256), v_projection=(512, 384)), 4, (512, 0)),
+    "pool_no_weight_per_batch_hostile_slots_f32": (Case((2, 1, 3, 32), 32, F32, None, True, (4, 11), into="pool", places=4,
+                                                        slots=(5, -1, 13, 2, 99, 15), copied=F32), 3, None),
+    "cache_a_threadgroup_a_row_f16": (Case((1, 1, 2, 1024), 512, F16, F16, offsets=(1,), into="cache", places=4), 3, None),
+    "cache_rows_not_filling_a_threadgroup_128_bf16_f32_weight": (Case((2, 1, 3, 128), 96, BF16, F32, offsets=(2,),
+                                                                      into="cache", places=6), 5, None),
+}
+
+
+def query_inputs(case: Case, heads: int, projection: tuple[int, int] | None, seed: int = 7):
+    """q `[B, heads, T, D]` in x's dtype, its weight (None where x's is), and where it is read."""
+    rng = np.random.default_rng(seed)
+    b, _, t, d = case.shape
+    q = round_to(rng.standard_normal((b, heads, t, d)) * 3 - 0.5, case.dtype)
+    q_weight = None if case.weight is None else round_to(rng.uniform(0.5, 1.5, d), case.weight)
+    return q, q_weight, projection
+
+
+def check_query_case(name, edit=None):
+    """A QUERY_CASES call against float64 numpy: the queries' rows as norm_rope over q alone (at
+    the keys' positions, per batch item in a pool), the keys and values as the case's own (what
+    the test below and the planted faults run)."""
+    case, heads, q_projection = QUERY_CASES[name]
+    x, weight, inv_freq, before = inputs(case)
+    q, q_weight, _ = query_inputs(case, heads, q_projection)
+    got = emulate(case, x, weight, inv_freq, before, edit, queries=(q, q_weight, q_projection))
+    want = reference(case, x, weight, inv_freq, before)
+    assert_rows_close(f"{name} rotated", got[0], want[0], TOLERANCE[case.normed])
+    if case.has_values: assert_rows_close(f"{name} values", got[1], want[1], TOLERANCE[case.dtype])
+    fresh = Case(q.shape, case.dims, case.dtype, case.weight, case.traditional, case.offsets, case.scale, case.freqs)
+    assert_rows_close(f"{name} queries", got[2], reference(fresh, q, q_weight, inv_freq, (None, None))[0], TOLERANCE[case.normed])
+    return got
+
+
+@pytest.mark.parametrize("name", QUERY_CASES)
+def test_queries_beside_the_keys_equal_norm_rope_over_q_alone_bit_for_bit(name):
+    """check_query_case, then bit for bit: the queries' rows against the fresh kernel over q
+    alone, the keys and values against the call without queries (nothing of either written by
+    the other's threadgroups)."""
+    got = check_query_case(name)
+    case, heads, q_projection = QUERY_CASES[name]
+    x, weight, inv_freq, before = inputs(case)
+    q, q_weight, _ = query_inputs(case, heads, q_projection)
+    alone = emulate(case, x, weight, inv_freq, before)
+    np.testing.assert_array_equal(got[0], alone[0], err_msg=f"{name}: keys beside queries against keys alone")
+    if case.has_values: np.testing.assert_array_equal(got[1], alone[1], err_msg=f"{name}: values beside queries")
+    fresh = Case(q.shape, case.dims, case.dtype, case.weight, case.traditional, case.offsets, case.scale, case.freqs)
+    q_alone = emulate(fresh, q, q_weight, inv_freq, (None, None))[0]
+    np.testing.assert_array_equal(got[2], q_alone, err_msg=f"{name}: queries against the fresh kernel over q alone")

@@ -417,24 +417,31 @@ NORM_ROPE_FAULTS = {
     "the_cache_one_position_late": ("cache_int_offset_bf16", Fault("(long)offsets[0] + t;", "(long)offsets[0] + t + 1;")),
     "every_head_into_the_pools_first": ("pool_shuffled_bf16", Fault("(row / steps) % heads", "0")),
     "features_past_dims_not_written": ("cache_rows_past_the_cache_f32",
-                                       Fault("      STORE_PIECE(CHUNK_K, K_CHUNKS, TK, out, into + at)\n", "")),
+                                       Fault("      STORE_ROTATED(out, at)\n", "")),
     "values_not_normalised": ("cache_kv_f32_into_bf16", Fault("to_float(TX(held[k][e] * value_scale))", "held[k][e]")),
     "copied_values_read_at_the_keys_columns": ("pool_copied_values_of_a_projection_bf16",
                                                Fault("(long)ints[15] + (long)b * ints[16]", "(long)ints[10] + (long)b * ints[16]")),
     "copied_values_taken_from_the_keys_rows": ("cache_copied_values_bf16",
                                                Fault("LOAD_PIECE(CHUNK_VI, VI_CHUNKS, TVI, v_rows + v_base + (long)p * VEC, v)",
                                                      "for (int e = 0; e < VEC; e++) v[e] = held[k][e];")),
+    "queries_normalised_with_the_keys_weight": ("cache_rows_not_filling_a_threadgroup_128_bf16_f32_weight",
+                                                Fault("query ? q_weight : weight", "weight")),
+    "queries_read_at_the_keys_columns": ("cache_a_models_qkv_projection_bf16", Fault("const int layout = query ? 21 : 9;",
+                                                                                     "const int layout = 9;")),
+    "the_last_threadgroup_of_queries_taken_by_the_keys": ("cache_rows_not_filling_a_threadgroup_128_bf16_f32_weight",
+                                                          Fault("(ints[19] + ROWS - 1) / ROWS", "ints[19] / ROWS")),
 }
 
 
 @pytest.mark.parametrize("fault_name", list(NORM_ROPE_FAULTS))
 def test_norm_rope_faults_fail_its_comparison(fault_name):
     case, fault = NORM_ROPE_FAULTS[fault_name]
-    expect_failure(fault, lambda: norm_rope.check_case(case, fault), f"{DIFFER}|non-finite values differ")
+    check = norm_rope.check_query_case if case in norm_rope.QUERY_CASES else norm_rope.check_case
+    expect_failure(fault, lambda: check(case, fault), f"{DIFFER}|non-finite values differ")
 
 
 NORM_ROPE_OUTSIDE = {
-    "rows_past_the_last_read": ("fresh_halves_128_bf16", Fault("  if (row < rows) {\n", "  if (true) {\n")),
+    "rows_past_the_last_read": ("fresh_halves_128_bf16", Fault("  if (row < rows && !query) {\n", "  if (!query) {\n")),
     "cache_positions_unchecked": ("cache_rows_past_the_cache_f32",
                                   Fault("if (position >= 0 && position < places) dest", "dest")),
     "slots_unchecked": ("pool_slots_just_past_either_end_f32", Fault("if (slot >= 0 && slot < places)\n", "\n")),

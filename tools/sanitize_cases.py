@@ -52,8 +52,8 @@ compiles dominate the time):
   a lane), units of 4 with the tail, many threadgroups; into caches at an int offset and at
   tensor offsets that put rows before and past the cache and at both ends of int32, in another
   dtype; norm_rope_at into pools with slots negative, past the pool, at both ends of int32 and
-  shared; norm_rope_kv fresh and into caches; rows too long for the kernel (the three passes);
-  no rows, no batch.
+  shared; norm_rope_kv fresh and into caches; queries beside the keys into a cache and a pool;
+  rows too long for the kernel (the three passes); no rows, no batch.
 - paged_write: rows of 128 (pieces of 8), 12 (of 4) and 7 (single elements), mixed dtypes, slots
   shuffled, negative, past the pool, at both ends of int32 and shared, int64 ones past int32; no rows;
   heads of a projection's output read in place (by norm_rope_at too).
@@ -669,15 +669,18 @@ ROPES = [
 
 def norm_rope_call(shape: tuple[int, ...], dims: int, dtype: DType, *, weight: bool = True, traditional: bool = False,
                    offsets=None, freqs: bool = False, cache: int | None = None, pool: tuple[int, int] | None = None,
-                   slots=None, values: bool = False, into: DType | None = None) -> Setup:
+                   slots=None, values: bool = False, into: DType | None = None, queries: int = 0) -> Setup:
     """`fast.norm_rope` of random rows (norm_rope_kv's keys and values with `values`, norm_rope_at
     with `pool`): offsets an int32 tensor (one, or one per batch item) or an int; freqs: periods
     rather than a base; cache: its positions (`[B, H, cache, D]`), pool: (blocks, block_size) at
     `slots` `[B, T]`, both in `into` (default the rows' dtype) and fresh for each run (the kernel
-    updates them in place). The slot two rows share is unspecified (the kernel's rows race)."""
+    updates them in place). The slot two rows share is unspecified (the kernel's rows race).
+    queries: with a cache or pool, that many heads of queries turned in the same launch."""
     def setup(rng):
         x = uniform(rng, shape, dtype, -2.0, 2.0)
         w = uniform(rng, shape[-1:], dtype, 0.5, 1.5) if weight else None
+        q = uniform(rng, (shape[0], queries, *shape[2:]), dtype, -2.0, 2.0) if queries else None
+        q_pair = None if q is None else (q, uniform(rng, shape[-1:], dtype, 0.5, 1.5) if weight else None)
         offset = offsets if isinstance(offsets, int) else 0 if offsets is None else integers(offsets)
         periods = Tensor((1.0 + 3.0 * np.arange(dims // 2)).astype(np.float32), device=DEVICE).realize() if freqs else None
         rotation = fast.Rotation(dims, traditional, None if freqs else 10000.0, 0.5, periods)
@@ -695,6 +698,10 @@ def norm_rope_call(shape: tuple[int, ...], dims: int, dtype: DType, *, weight: b
             return Tensor(before, device=DEVICE).cast(into or dtype).realize()
 
         def run(kernels: bool) -> Outputs:
+            if q_pair is not None:
+                turned, written = fast.norm_rope_at(x, w, 1e-6, rotation, positions, buffer(), integers(slots), queries=q_pair) \
+                    if pool is not None else fast.norm_rope(x, w, 1e-6, rotation, offset, buffer(), queries=q_pair)
+                return [("queries", turned, None), ("pool" if pool is not None else "cache", written, unspecified)]
             if pool is not None:
                 return [("pool", fast.norm_rope_at(x, w, 1e-6, rotation, positions, buffer(), integers(slots)), unspecified)]
             if values:
@@ -730,6 +737,11 @@ NORM_ROPES = [
     Case("norm_rope_kv bf16 fresh", NORM_ROPE, norm_rope_call((1, 2, 3, 256), 128, dtypes.bfloat16, values=True, offsets=[7])),
     Case("norm_rope_kv f32 into bf16 caches at 4", NORM_ROPE,
          norm_rope_call((1, 2, 3, 128), 64, dtypes.float32, values=True, offsets=[4], cache=6, into=dtypes.bfloat16)),
+    Case("norm_rope bf16 32 query heads beside 8 key heads into a cache at tensor offset 6 (rows past it)", NORM_ROPE,
+         norm_rope_call((2, 8, 3, 128), 128, dtypes.bfloat16, offsets=[6], cache=8, queries=32)),
+    Case("norm_rope_at f16 no weight 5 query heads beside 1 into a pool, hostile slots", NORM_ROPE,
+         norm_rope_call((2, 1, 3, 64), 64, dtypes.float16, weight=False, offsets=[1, 30], pool=(2, 4), slots=[[-1, 9, 3], [7, 2**31 - 1, 0]],
+                        queries=5)),
     Case("norm_rope f32 8192 features (the three passes)", RMS_NORM + ROPE, norm_rope_call((1, 1, 2, 8192), 128, dtypes.float32)),
     Case("norm_rope no rows", NONE, norm_rope_call((2, 2, 0, 64), 64, dtypes.float32)),
     Case("norm_rope into a cache, no rows", NONE, norm_rope_call((2, 2, 0, 64), 64, dtypes.float32, offsets=1, cache=4)),

@@ -232,14 +232,24 @@ def _write_rows(cache: Tensor, rows: Tensor, offset: int | Tensor) -> Tensor:
 
 def _fused(op: str, x: Tensor, weight: Tensor | None, eps: float, normed_dtype: DType, rotation: Rotation,
            offset: int | Tensor, *, v_eps: float | None = None, into: tuple[Tensor, ...] = (),
-           slots: Tensor | None = None, values: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor] | None:
+           slots: Tensor | None = None, values: Tensor | None = None,
+           queries: tuple[Tensor, Tensor | None] | None = None) -> Tensor | tuple[Tensor, ...] | None:
     """The norm_rope kernel's call where it takes `op` (None where it does not: the caller runs
     the composition): the norm (with a weight), the rotation at `offset` and, with `v_eps`, the
     values `rms_norm(x, None, v_eps)` (or `values` copied as they are, into `into`'s second),
-    into fresh outputs or in place into `into` (caches, or a pool at `slots`). Fresh outputs
-    differentiate through the composition; buffers updated in place have no backward (the
-    design's rule for in-place pools)."""
+    into fresh outputs or in place into `into` (caches, or a pool at `slots`); with `queries`
+    (`(q, q_weight)`, beside `into`) q's rows too, returned first. Fresh outputs differentiate
+    through the composition; a call that updates buffers in place has no backward (the design's
+    rule for in-place pools), its queries' rows included. Queries the launch cannot share (of
+    another dtype than x's or the weight's, normalised where x is not, or past int32) are not
+    taken."""
     dims = rotation.dims
+    if queries is not None:
+        q, q_weight = queries
+        if q.dtype != x.dtype or (q_weight is None) != (weight is None) or \
+                (q_weight is not None and q_weight.dtype != weight.dtype) or \
+                not all(isinstance(n, int) for n in q.shape) or math.prod(q.shape) >= 2**31:
+            return None
     types = (x.dtype, normed_dtype) + (() if weight is None else (weight.dtype,)) + tuple(t.dtype for t in into) + \
         (() if values is None else (values.dtype,))
     places = 0 if not into else into[0].shape[0] * into[0].shape[2] if slots is not None else into[0].shape[2]
@@ -257,7 +267,7 @@ def _fused(op: str, x: Tensor, weight: Tensor | None, eps: float, normed_dtype: 
         x, dims, inv_freq, _offsets(x, offset), backend=backend, traditional=rotation.traditional, scale=scale,
         normed_dtype=normed_dtype, weight=weight, eps=None if weight is None else float(eps), v_eps=v_eps, into=into,
         slots=None if slots is None else int32_indices(slots).to(x.device).reshape(-1).contiguous(), values=values,
-        composition=None if into else composition)
+        queries=queries, composition=None if into else composition)
 
 
 def _check_values(op: str, x: Tensor, values: Tensor | None, destination: Tensor | None, what: str, given: Tensor | None) -> None:
@@ -274,9 +284,33 @@ def _check_values(op: str, x: Tensor, values: Tensor | None, destination: Tensor
     check_floating(op, what, destination.dtype)
 
 
+def _check_queries(op: str, x: Tensor, queries: tuple[Tensor, Tensor | None] | None, eps: float, rotation: Rotation,
+                   destination: Tensor | None, what: str) -> None:
+    """Queries `(q, q_weight)` beside keys x written into `destination`: q `[B, Hq, L, D]` with
+    x's B, L and D, and a weight q's norm takes (or None)."""
+    if queries is None: return
+    if not isinstance(queries, tuple) or len(queries) != 2:
+        raise TypeError(f"{op}: queries must be a tuple (q, q_weight), got {type(queries).__name__}")
+    check(destination is not None, op, f"queries go beside keys written into a {what}")
+    q, q_weight = queries
+    check_tensor(op, "q", q)
+    check(q.ndim == 4 and x.ndim == 4 and (q.shape[0], q.shape[2], q.shape[3]) == (x.shape[0], x.shape[2], x.shape[3]), op,
+          f"q must be [{x.shape[0]}, Hq, {x.shape[2]}, {x.shape[3]}] beside x of shape {tuple(x.shape)}, got {tuple(q.shape)}")
+    _check_rope(q, rotation.dims, rotation.base, rotation.scale, 0, rotation.freqs, op=op,
+                dtype=_check_norm(op, q, q_weight, eps))
+
+
+def _queries_apart(queries: tuple[Tensor, Tensor | None], eps: float, rotation: Rotation, offset: int | Tensor,
+                   written: Tensor | tuple[Tensor, Tensor]) -> tuple[Tensor, ...]:
+    """`norm_rope(q, q_weight, ...)` at `offset` (a scalar or one per batch item) in a call of its
+    own, before the keys' `written` destinations."""
+    q, q_weight = queries
+    return (norm_rope(q, q_weight, eps, rotation, offset), *(written if isinstance(written, tuple) else (written,)))
+
+
 def norm_rope(x: Tensor, weight: Tensor | None, eps: float, rotation: Rotation, offset: int | Tensor = 0,
-              cache: Tensor | None = None, values: Tensor | None = None,
-              values_cache: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
+              cache: Tensor | None = None, values: Tensor | None = None, values_cache: Tensor | None = None, *,
+              queries: tuple[Tensor, Tensor | None] | None = None) -> Tensor | tuple[Tensor, ...]:
     """RMS-normalise each head's rows, rotate them, and optionally write them into a cache.
 
     x: `[B, H, L, D]` (or any rank >= 3 without a cache). weight: `[D]`, or None for no
@@ -287,8 +321,13 @@ def norm_rope(x: Tensor, weight: Tensor | None, eps: float, rotation: Rotation, 
     cache the cache with them at `offset..offset+L-1` (read through the result: `docs/design.md`,
     the in-place contract). values, values_cache: rows of x's shape and a cache of the cache's
     shape, given with a cache: the values written as they are at the same positions (a model's
-    keys and values in one pass); returns both caches. On METAL and CUDA one kernel reads each row
-    once and writes it once, the caches in place.
+    keys and values in one pass); returns both caches. queries: `(q, q_weight)`, given with a
+    cache: q `[B, Hq, L, D]` (a model's queries beside its keys x) normalised with q_weight (or
+    None) and the same eps, rotated at the same positions, returned first: `(q_rotated, cache)`
+    or `(q_rotated, cache, values_cache)`. On METAL and CUDA one kernel reads each row once and
+    writes it once, the caches in place, and takes the queries' rows in the same launch where
+    their dtypes are the keys'. That launch, updating the caches in place, has no backward, for
+    the queries' rows too: to differentiate through q, rotate it in a call of its own.
     """
     op = "norm_rope"
     check_tensor(op, "x", x)
@@ -297,10 +336,13 @@ def norm_rope(x: Tensor, weight: Tensor | None, eps: float, rotation: Rotation, 
     _check_rope(x, rotation.dims, rotation.base, rotation.scale, offset, rotation.freqs, op=op, dtype=normed_dtype)
     _check_offset_fits(op, x, offset, cache, "cache")
     _check_values(op, x, values, values_cache, "values_cache", cache)
+    _check_queries(op, x, queries, eps, rotation, cache, "cache")
     if weight is None and cache is None: return rotation.apply(x, offset)  # the rotation alone
     into = () if cache is None else (cache,) if values is None else (cache, values_cache)
-    fused = _fused(op, x, weight, eps, normed_dtype, rotation, offset, into=into, values=values)
+    fused = _fused(op, x, weight, eps, normed_dtype, rotation, offset, into=into, values=values, queries=queries)
     if fused is not None: return fused
+    if queries is not None:
+        return _queries_apart(queries, eps, rotation, offset, norm_rope(x, weight, eps, rotation, offset, cache, values, values_cache))
     rotated = rotation.apply(_normalized(x, weight, eps), offset)
     if cache is None: return rotated
     written = _write_rows(cache, rotated, offset)
@@ -309,7 +351,8 @@ def norm_rope(x: Tensor, weight: Tensor | None, eps: float, rotation: Rotation, 
 
 def norm_rope_at(x: Tensor, weight: Tensor | None, eps: float, rotation: Rotation, positions: Tensor,
                  pool: Tensor | None = None, slots: Tensor | None = None, values: Tensor | None = None,
-                 values_pool: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
+                 values_pool: Tensor | None = None, *,
+                 queries: tuple[Tensor, Tensor | None] | None = None) -> Tensor | tuple[Tensor, ...]:
     """`norm_rope` with a start position per sequence, optionally written into a paged pool.
 
     x: `[B, H, L, D]`; positions: `[B]` integers (row `l` of sequence `b` is at
@@ -319,7 +362,7 @@ def norm_rope_at(x: Tensor, weight: Tensor | None, eps: float, rotation: Rotatio
     slot holds pieces of either). Returns the rotated rows, or the updated pool (on METAL and
     CUDA written in place). values, values_pool: rows of x's shape and a pool of the pool's shape,
     given with a pool: the values written as they are at the same slots (`paged_write`); returns
-    both pools.
+    both pools. queries: `(q, q_weight)`, given with a pool, as `norm_rope`'s: returned first.
     """
     op = "norm_rope_at"
     check_tensor(op, "x", x)
@@ -340,10 +383,15 @@ def norm_rope_at(x: Tensor, weight: Tensor | None, eps: float, rotation: Rotatio
     normed_dtype = _check_norm(op, x, weight, eps)
     _check_rope(x, rotation.dims, rotation.base, rotation.scale, positions, rotation.freqs, op=op, dtype=normed_dtype)
     _check_values(op, x, values, values_pool, "values_pool", pool)
+    _check_queries(op, x, queries, eps, rotation, pool, "pool")
     if weight is None and pool is None: return rotation.apply(x, positions)  # the rotation alone
     into = () if pool is None else (pool,) if values is None else (pool, values_pool)
-    fused = _fused(op, x, weight, eps, normed_dtype, rotation, positions, into=into, slots=slots, values=values)
+    fused = _fused(op, x, weight, eps, normed_dtype, rotation, positions, into=into, slots=slots, values=values,
+                   queries=queries)
     if fused is not None: return fused
+    if queries is not None:
+        return _queries_apart(queries, eps, rotation, positions,
+                              norm_rope_at(x, weight, eps, rotation, positions, pool, slots, values, values_pool))
     rotated = rotation.apply(_normalized(x, weight, eps), positions)
     if pool is None: return rotated
     written = paged_write(pool, rotated.transpose(1, 2), slots)

@@ -230,9 +230,11 @@ NORM_ROPE = Family("nuvec_norm_rope", ("pieces.h", "rotation.h", "norm_rope.h"),
 def norm_rope_program(backend: str, types: dict[str, DType], destination: str, traditional: bool, scale: float,
                       shape: FusedLaunch, *, eps: float | None = None, v_eps: float | None = None) -> Program:
     """One specialisation. types: the dtypes of `x`, `normed` (the normalised rows, rope's input),
-    `rotated` (its destination's), and where present `weight` (normalising, with `eps`) and
+    `rotated` (its destination's), and where present `weight` (normalising, with `eps`),
     `values` (the values' destination's): with `v_eps` x's own norm, or with `values_in` (the
-    source rows' dtype, into a cache or pool only) copied from rows of their own. destination:
+    source rows' dtype, into a cache or pool only) copied from rows of their own, and `queries`
+    (the dtype of fresh outputs for rows of a second input of x's dtype, normalised with a weight
+    of the weight's dtype and eps, turned alike: a model's queries beside its keys). destination:
     "fresh", "cache" or "pool". scale, eps, v_eps: float32 literals in the text (one program per
     value). shape: the launch (`norm_rope_plan`)."""
     if destination not in DESTINATIONS: raise ValueError(f"norm_rope_program: unknown destination {destination!r}")
@@ -240,24 +242,30 @@ def norm_rope_program(backend: str, types: dict[str, DType], destination: str, t
     if ("weight" in types) != (eps is not None) or ("values" in types) != (v_eps is not None or copied) or \
             (copied and (v_eps is not None or destination == "fresh")):
         raise ValueError("norm_rope_program: a weight comes with eps, values with v_eps or copied rows (into a cache or pool)")
+    queries = "queries" in types
+    if queries and (destination == "fresh" or v_eps is not None):
+        raise ValueError("norm_rope_program: queries go beside keys written into a cache or pool, without normalised values")
     ctypes = {key: CTYPES[concrete(dtype)] for key, dtype in types.items()}
     vec, unit = shape.norm.vec, shape.rotation.vec
     defines: dict[str, object] = dict(
         TX=ctypes["x"], TO=ctypes["normed"], TK=ctypes["rotated"], NORM=int("weight" in types),
         VALUES=2 if copied else int("values" in types), DEST=DESTINATIONS.index(destination), TRADITIONAL=int(traditional),
         SCALE=float_literal(scale), VEC=vec, PER=shape.norm.per, LANES=shape.lanes, ROWS=shape.rows, THREADS=shape.threads,
-        HELD=shape.held, UNIT=unit)
+        HELD=shape.held, UNIT=unit, QUERIES=int(queries))
     for name, prefix, width in (("x", "X", vec), ("weight", "W", vec), ("values", "V", vec), ("values_in", "VI", vec),
-                                ("rotated", "K", unit)):
+                                ("rotated", "K", unit), ("queries", "Q", unit)):
         if name not in types: continue
-        if name in ("weight", "values", "values_in"): defines[f"T{prefix}"] = ctypes[name]
+        if name in ("weight", "values", "values_in", "queries"): defines[f"T{prefix}"] = ctypes[name]
         piece = width * concrete(types[name]).itemsize
         defines.update(chunks(prefix, piece, piece))
     if eps is not None: defines["EPS"] = float_literal(eps)
     if v_eps is not None: defines["V_EPS"] = float_literal(v_eps)
     params = [Param("rotated", "out", ctypes["rotated"])] + ([Param("values", "out", ctypes["values"])] if "values" in types else [])
+    params += [Param("queries", "out", ctypes["queries"])] if queries else []
     params += [Param("x", "in", ctypes["x"])] + ([Param("weight", "in", ctypes["weight"])] if "weight" in types else [])
     params += [Param("v_rows", "in", ctypes["values_in"])] if copied else []
+    params += [Param("q_x", "in", ctypes["x"])] + ([Param("q_weight", "in", ctypes["weight"])] if "weight" in types else []) \
+        if queries else []
     params += [Param("inv_freq", "in", "float"), Param("offsets", "in", "int")]
     params += [Param("slots", "in", "int")] if destination == "pool" else []
     params.append(Param("ints", "in", "int"))
@@ -267,7 +275,8 @@ def norm_rope_program(backend: str, types: dict[str, DType], destination: str, t
 def norm_rope_kernel(x: Tensor, dims: int, inv_freq: Tensor, offsets: Tensor, *, backend: str, traditional: bool, scale: float,
                      normed_dtype: DType, weight: Tensor | None = None, eps: float | None = None, v_eps: float | None = None,
                      into: tuple[Tensor, ...] = (), slots: Tensor | None = None, values: Tensor | None = None,
-                     composition: Callable[..., Tensor | tuple[Tensor, Tensor]] | None = None) -> Tensor | tuple[Tensor, Tensor]:
+                     queries: tuple[Tensor, Tensor | None] | None = None,
+                     composition: Callable[..., Tensor | tuple[Tensor, Tensor]] | None = None) -> Tensor | tuple[Tensor, ...]:
     """Normalise and rotate the first `dims` features of `x`'s rows in one pass (checked by the
     operation), into fresh outputs or in place.
 
@@ -279,8 +288,11 @@ def norm_rope_kernel(x: Tensor, dims: int, inv_freq: Tensor, offsets: Tensor, *,
     into: () for fresh outputs, or the buffers written in place, rotated rows first, then values:
     caches `[B, H, S, D]` (row t at position `offsets[0] + t`, skipped outside the cache), or with
     `slots` (`[B, T]` int32) a pool `[blocks, H, block_size, D]` (out-of-range slots skipped).
+    queries: with `into`, `(q, q_weight)`: rows `[B, Hq, T, D]` of x's dtype normalised with
+    q_weight (None exactly where weight is None; the weight's dtype and eps) and turned at the
+    same positions in the same launch, into fresh outputs returned first (normed_dtype).
     Returns the rotated rows (`[B, ..., T, D]` in normed_dtype) and with v_eps the values (x's
-    dtype), or the updated buffers. composition: `(x, weight if given, inv_freq) -> what the call
+    dtype), or the updated buffers (after the queries' rows). composition: `(x, weight if given, inv_freq) -> what the call
     returns` from tensor operations, the backward of fresh outputs (buffers updated in place have
     none, as the gated delta kernel's slot pool).
     """
@@ -293,6 +305,7 @@ def norm_rope_kernel(x: Tensor, dims: int, inv_freq: Tensor, offsets: Tensor, *,
     if weight is not None: types["weight"] = weight.dtype
     if v_eps is not None or values is not None: types["values"] = into[1].dtype if into else x.dtype
     if values is not None: types["values_in"] = values.dtype
+    if queries is not None: types["queries"] = normed_dtype
     kernel = norm_rope_program(backend, types, destination, traditional, scale, launch_shape,
                                eps=None if weight is None else eps, v_eps=v_eps)
     # x read in place where it is a strided view of a buffer, unless a backward must reach x itself
@@ -303,10 +316,19 @@ def norm_rope_kernel(x: Tensor, dims: int, inv_freq: Tensor, offsets: Tensor, *,
         value_source, value_layout = row_layout(values, launch_shape.norm.vec)
         ins.append(value_source)
         value_ints = value_layout.ints
+    query_ints: tuple[int, ...] = ()
+    query_rows = 0
+    if queries is not None:
+        q, q_weight = queries
+        query_rows = math.prod(q.shape[:-1])
+        query_source, query_layout = row_layout(q, launch_shape.norm.vec)
+        ins += [query_source] + ([] if q_weight is None else [kernel_input(q_weight)])
+        query_ints = (0,) * (5 - len(value_ints)) + (query_rows, query_rows // q.shape[0], *query_layout.ints)
     ins.append(kernel_input(inv_freq))
     backward = None
     if into:
         outs = [buffer.contiguous() for buffer in into]  # a realized buffer (or a prefix view of one) is itself
+        if queries is not None: outs.append(Tensor.empty(*queries[0].shape, dtype=normed_dtype, device=device))
     else:
         # With values the rotated rows' buffer has a leading axis of one: a gradient reaching only
         # one of the two outputs is told apart by its shape (`program.Backward`).
@@ -323,10 +345,13 @@ def norm_rope_kernel(x: Tensor, dims: int, inv_freq: Tensor, offsets: Tensor, *,
     if destination == "cache": places = into[0].shape[2]
     if destination == "pool": places, heads, block_size = into[0].shape[0] * into[0].shape[2], into[0].shape[1], into[0].shape[2]
     ins.append(int_buffer(device, (length, dims // 2, shape[-2], rows // shape[0], rows, int(offsets.numel() > 1), places, heads,
-                                   block_size, *layout.ints, *value_ints)))
+                                   block_size, *layout.ints, *value_ints, *query_ints)))
     label = f"{backend} norm_rope {rows}x{length} dims {dims} into {destination}" + \
-        (" with values" if v_eps is not None else " with copied values" if values is not None else "")
-    results = launch(kernel, device, outs, ins, (launch_shape.groups(rows), 1, 1), launch_shape.threads, backward=backward,
-                     label=label, in_place=bool(into))
+        (" with values" if v_eps is not None else " with copied values" if values is not None else "") + \
+        (f" and {query_rows} query rows" if queries is not None else "")
+    groups = launch_shape.groups(rows) + (launch_shape.groups(query_rows) if queries is not None else 0)
+    results = launch(kernel, device, outs, ins, (groups, 1, 1), launch_shape.threads, backward=backward, label=label,
+                     in_place=bool(into))
+    if queries is not None: return (results[-1], *results[:-1])
     if into: return results[0] if len(results) == 1 else (results[0], results[1])
     return (results[0].reshape(shape), results[1]) if v_eps is not None else results[0]

@@ -326,23 +326,29 @@ class Attention:
             q, gate = q.reshape(b, t, self.heads, 2 * self.head_dim).split(self.head_dim, dim=-1)
             q, gate = q.reshape(b, t, -1), gate.reshape(b, t, -1)
         q, k, v = (self._heads(p, h) for p, h in zip((q, k, v), (self.heads, self.kv_heads, self.kv_heads)))
-        q = self.rope(q, *_norm_parameters(self.q_norm), positions.rope_offset)
+        q_weight, q_eps = _norm_parameters(self.q_norm)
+        k_weight, k_eps = _norm_parameters(self.k_norm)
+        # q turned in the keys' launch where it is normalised as they are (or neither is)
+        queries = (q, q_weight) if q_eps == k_eps else None
         sinks = None if self.sinks is None else self.sinks.value
         if positions.pages is not None:
-            out = self._paged(q, k, v, positions.pages, cache, sinks)
+            out = self._paged(q, k, v, positions.pages, cache, sinks, queries)
         elif cache is None or not positions.cached:
-            k = self.rope(k, *_norm_parameters(self.k_norm), positions.rope_offset)
+            q, k = self.rope(q, q_weight, q_eps, positions.rope_offset), self.rope(k, k_weight, k_eps, positions.rope_offset)
             out = fast.scaled_dot_product_attention(q, k, v, self.scale, mask="causal", window=self.window, sinks=sinks)
         else:
             keys, values = cache
             start = positions.start
             # without padding a row's rotary position is its cache row: keys and values go straight into the cache
             written = None if positions.pads is not None else \
-                self.rope.into_cache(k, *_norm_parameters(self.k_norm), positions.rope_offset, keys, v, values)
+                self.rope.into_cache(k, k_weight, k_eps, positions.rope_offset, keys, v, values, queries)
             if written is None:
-                keys[:, :, start:start + t].assign(self.rope(k, *_norm_parameters(self.k_norm), positions.rope_offset).cast(keys.dtype))
+                keys[:, :, start:start + t].assign(self.rope(k, k_weight, k_eps, positions.rope_offset).cast(keys.dtype))
                 values[:, :, start:start + t].assign(v.cast(values.dtype))
-            else: keys, values = written
+            if queries is not None and written is not None: q, keys, values = written
+            else:
+                if written is not None: keys, values = written
+                q = self.rope(q, q_weight, q_eps, positions.rope_offset)
             if positions.key_count is not None:
                 keys, values = keys[:, :, :positions.key_count], values[:, :, :positions.key_count]
             if positions.masked:
@@ -354,12 +360,17 @@ class Attention:
         return self.o(out if gate is None else out * gate.sigmoid())
 
     def _paged(self, q: Tensor, k: Tensor, v: Tensor, pages: Pages, pools: tuple[Tensor, Tensor],
-               sinks: Tensor | None) -> Tensor:
+               sinks: Tensor | None, queries: tuple[Tensor, Tensor | None] | None) -> Tensor:
         """Attention of `[B, H, T, D]` heads over a paged cache: the keys rotated and written into
-        the pools at `pages.writes` with the values (one kernel, in place, where kernels run), then
-        each sequence's rows over its blocks."""
+        the pools at `pages.writes` with the values (one kernel, in place, where kernels run; with
+        `queries`, q turned in the same launch), then each sequence's rows over its blocks."""
         key_pool, value_pool = pools
-        keys, values = self.rope.into_pool(k, *_norm_parameters(self.k_norm), pages.starts, key_pool, pages.writes, v, value_pool)
+        written = self.rope.into_pool(k, *_norm_parameters(self.k_norm), pages.starts, key_pool, pages.writes, v, value_pool,
+                                      queries)
+        if queries is not None: q, keys, values = written
+        else:
+            keys, values = written
+            q = self.rope(q, *_norm_parameters(self.q_norm), pages.starts)
         return fast.paged_attention(q, keys, values, pages.tables, pages.lengths, self.scale, sinks=sinks, window=self.window)
 
 

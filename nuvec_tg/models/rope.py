@@ -25,27 +25,35 @@ class RotaryEmbedding:
         self.rotation, self.attention_factor = rotation, attention_factor
 
     def into_cache(self, x: Tensor, weight: Tensor | None, eps: float, offset: int | Tensor, cache: Tensor,
-                   values: Tensor, values_cache: Tensor) -> tuple[Tensor, Tensor] | None:
+                   values: Tensor, values_cache: Tensor,
+                   queries: tuple[Tensor, Tensor | None] | None = None) -> tuple[Tensor, ...] | None:
         """`__call__`'s rows written into `cache` `[B, H, S, D]` at rows `offset..`, and `values`
         (x's shape) into `values_cache` beside them, in place by `norm_rope`'s kernel (METAL,
-        CUDA); returns the updated caches, or None where no kernel wrote them in place (the
-        composition's results are new tensors; an attention factor needs a step of its own): then
-        the caller writes the rows itself."""
+        CUDA); with `queries` (`(q, q_weight)`, normalised with the same eps) q's `__call__` rows
+        in the same launch, first. Returns the updated caches (after q's rows), or None where no
+        kernel wrote them in place (the composition's results are new tensors; an attention factor
+        needs a step of its own): then the caller writes the rows itself (and turns q)."""
         if self.attention_factor != 1.0: return None
-        keys, written = fast.norm_rope(x, weight, eps, self.rotation, offset, cache=cache, values=values, values_cache=values_cache)
-        return (keys, written) if written_in_place(keys, cache) and written_in_place(written, values_cache) else None
+        *rotated, keys, written = fast.norm_rope(x, weight, eps, self.rotation, offset, cache=cache, values=values,
+                                                 values_cache=values_cache, queries=queries)
+        return (*rotated, keys, written) if written_in_place(keys, cache) and written_in_place(written, values_cache) else None
 
     def into_pool(self, x: Tensor, weight: Tensor | None, eps: float, starts: Tensor, pool: Tensor, slots: Tensor,
-                  values: Tensor, values_pool: Tensor) -> tuple[Tensor, Tensor]:
+                  values: Tensor, values_pool: Tensor, queries: tuple[Tensor, Tensor | None] | None = None) -> tuple[Tensor, ...]:
         """`__call__`'s rows of `[B, H, T, D]` x at positions `starts[b] + t`, written into a paged
         `pool` at `slots [B, T]`, and `values` (x's shape) into `values_pool` at the same slots
-        (`norm_rope_at`: one kernel on METAL and CUDA, in place); returns the pools holding them."""
+        (`norm_rope_at`: one kernel on METAL and CUDA, in place); returns the pools holding them,
+        after q's `__call__` rows where `queries` (`(q, q_weight)`, the same eps) are given (in
+        the same launch where the kernel takes them)."""
+        rotated: tuple[Tensor, ...] = ()
         if self.attention_factor == 1.0:
-            keys, written = fast.norm_rope_at(x, weight, eps, self.rotation, starts, pool, slots, values, values_pool)
+            *rotated, keys, written = fast.norm_rope_at(x, weight, eps, self.rotation, starts, pool, slots, values, values_pool,
+                                                        queries=queries)
         else:
             keys = fast.paged_write(pool, self(x, weight, eps, starts).transpose(1, 2), slots)
             written = fast.paged_write(values_pool, values.transpose(1, 2), slots)
-        return store(pool, keys), store(values_pool, written)
+            if queries is not None: rotated = (self(queries[0], queries[1], eps, starts),)
+        return (*rotated, store(pool, keys), store(values_pool, written))
 
     def __call__(self, x: Tensor, weight: Tensor | None, eps: float, offset: int | Tensor) -> Tensor:
         y = fast.norm_rope(x, weight, eps, self.rotation, offset)
