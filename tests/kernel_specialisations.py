@@ -316,26 +316,32 @@ def gemv_calls() -> Iterator[tuple[DType, DType, DType | None, DType, int, int, 
                     for p in sorted(plans, key=str): yield x, w, bias, out, rows, k, n, p
 
 
-def gemm_calls(backend: str) -> Iterator[tuple[DType, DType | None, DType, int, linear.Tiles]]:
-    """gemm's calls on `backend` by `(x and w dtype, bias dtype, y dtype, K, tiles)`: both 16-bit
-    types, no bias or a bias of each kernel dtype (y their promotion), K of each copy width (16, 8
-    and 4 bytes; on Metal an odd K too, read element by element), each tile shape the plan emits."""
+def gemm_calls(backend: str) -> Iterator[tuple[DType, DType | None, DType, int, linear.Tiles, bool]]:
+    """gemm's calls on `backend` by `(x and w dtype, bias dtype, y dtype, K, tiles, gathered)`: both
+    16-bit types, no bias or a bias of each kernel dtype (y their promotion), K of each copy width
+    (16, 8 and 4 bytes; on Metal an odd K too, read element by element), each tile shape the plan
+    emits; gathered (no bias) at each K and tile shape."""
     tiles = (linear.GEMM_SMALL, linear.GEMM_MEDIUM, linear.GEMM_LARGE) if backend == "cuda" else (linear.GEMM_METAL,)
     for dtype, bias, k, shape in itertools.product((dtypes.float16, dtypes.bfloat16), (None,) + FLOATS,
                                                    (4096, 4100, 4098) + ((4097,) if backend == "metal" else ()), tiles):
-        yield dtype, bias, promote_types(dtype, bias or dtype), k, shape
+        yield dtype, bias, promote_types(dtype, bias or dtype), k, shape, False
+        if bias is None: yield dtype, bias, dtype, k, shape, True
 
 
 def _gemm_wgmma_candidates(backend: str) -> Iterator[_Candidate]:
     """gemm_wgmma (CUDA only): both 16-bit types, no bias or a bias of each kernel dtype (y their
     promotion), each tile shape the plan emits and the tuning sweep's others."""
     if backend != "cuda": return
-    for dtype, bias, tiles in itertools.product((dtypes.float16, dtypes.bfloat16), (None,) + FLOATS, linear.WGMMA_SHAPES):
+    for dtype, bias, tiles, gather in itertools.product((dtypes.float16, dtypes.bfloat16), (None,) + FLOATS, linear.WGMMA_SHAPES,
+                                                        (False, True)):
+        if gather and bias is not None: continue   # a gathered product has no bias
         out = promote_types(dtype, bias or dtype)
-        label = f"x and w {dtype_name(dtype)} bias {dtype_name(bias) if bias else '-'} y {dtype_name(out)} {tiles}"
-        make = functools.partial(_labelled, label, linear.wgmma_program, dtype, bias, out, tiles=tiles)
-        # assembled: each wgmma type and width
-        yield _Candidate("nuvec_gemm_wgmma", make, ((dtype, bias, out), (dtype, tiles)), ((dtype, tiles.columns),))
+        label = f"x and w {dtype_name(dtype)} bias {dtype_name(bias) if bias else '-'} y {dtype_name(out)} {tiles}" + \
+            (" gathered" if gather else "")
+        make = functools.partial(_labelled, label, linear.wgmma_program, dtype, bias, out, tiles=tiles, gather=gather)
+        # assembled: each wgmma type and width, plain and gathered
+        yield _Candidate("nuvec_gemm_wgmma", make, ((dtype, bias, out, gather), (dtype, tiles, gather)),
+                         ((dtype, tiles.columns, gather),))
 
 
 def _gemv_candidates(backend: str) -> Iterator[_Candidate]:
@@ -346,12 +352,13 @@ def _gemv_candidates(backend: str) -> Iterator[_Candidate]:
 
 
 def _gemm_candidates(backend: str) -> Iterator[_Candidate]:
-    for dtype, bias, out, k, tiles in gemm_calls(backend):
-        label = f"x and w {dtype_name(dtype)} bias {dtype_name(bias) if bias else '-'} y {dtype_name(out)} K{k} {tiles}"
-        make = functools.partial(_labelled, label, linear.gemm_program, backend, dtype, bias, out, k=k, tiles=tiles)
-        # assembled: each mma type, copy width and tile shape (ldmatrix and cp.async from each layout)
-        yield _Candidate("nuvec_gemm", make, ((dtype, bias, out), (dtype, k, tiles)),
-                         ((dtype,), (linear.copy_bytes(k),), (tiles,)))
+    for dtype, bias, out, k, tiles, gather in gemm_calls(backend):
+        label = f"x and w {dtype_name(dtype)} bias {dtype_name(bias) if bias else '-'} y {dtype_name(out)} K{k} {tiles}" + \
+            (" gathered" if gather else "")
+        make = functools.partial(_labelled, label, linear.gemm_program, backend, dtype, bias, out, k=k, tiles=tiles, gather=gather)
+        # assembled: each mma type, copy width and tile shape (ldmatrix and cp.async from each layout), plain and gathered
+        yield _Candidate("nuvec_gemm", make, ((dtype, bias, out, gather), (dtype, k, tiles, gather)),
+                         ((dtype, gather), (linear.copy_bytes(k),), (tiles,)))
 
 
 def _labelled(label: str, program: Callable[..., Program], *args, **kwargs) -> tuple[str, Program]:

@@ -292,13 +292,15 @@ def test_the_gated_delta_prefill_row_with_a_kernel(monkeypatch, capsys):
 
 
 def test_the_moe_rows_route_their_tokens_to_distinct_experts():
-    """The MoE table's rows: gate_up (N twice the expert MLP) then down for each model, and its
-    routing gives each token `top_k` distinct experts, sorted, counted per expert."""
+    """The MoE table's rows: gate_up (N twice the expert MLP) then down for each model in its
+    format, then Qwen3-30B-A3B's dense bfloat16 experts; its routing gives each token `top_k`
+    distinct experts, sorted, counted per expert."""
     from nuvec_tg.bench import quant as quant_bench
     grid = quant_bench.moe_grid(small=False)
-    assert [(row[0], row[1], row[5], row[6]) for row in grid] == [
-        ("qwen3_30b_a3b", "gate_up", 2048, 1536), ("qwen3_30b_a3b", "down", 768, 2048),
-        ("gpt_oss_20b", "gate_up", 2880, 5760), ("gpt_oss_20b", "down", 2880, 2880)]
+    assert [(row[0], row[1], row[5], row[6], row[7]) for row in grid] == [
+        ("qwen3_30b_a3b", "gate_up", 2048, 1536, "affine4"), ("qwen3_30b_a3b", "down", 768, 2048, "affine4"),
+        ("gpt_oss_20b", "gate_up", 2880, 5760, "mxfp4"), ("gpt_oss_20b", "down", 2880, 2880, "mxfp4"),
+        ("qwen3_30b_a3b", "gate_up", 2048, 1536, "bfloat16"), ("qwen3_30b_a3b", "down", 768, 2048, "bfloat16")]
     picks = quant_bench.routing(np.random.default_rng(0), 128, 8, 512)
     assert picks.shape == (512, 8) and all(len(set(row)) == 8 for row in picks.tolist()) and picks.max() < 128
     ordered, counts = quant_bench.sorted_rows(picks, 128)

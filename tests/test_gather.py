@@ -175,3 +175,61 @@ def test_the_grouped_gather_rule():
     assert grouped_gather(100, 1, 8) and not grouped_gather(20, 1, 8) and not grouped_gather(64, 1, 8)
     assert not grouped_gather(64, 1, 16) and not grouped_gather(100, 2, 8) and not grouped_gather(15, 1, 1)
     assert grouped_gather(16, 1, 1)
+
+
+def test_the_dense_gathered_route():
+    """gather_mm's kernels take sorted single-row entries averaging more than 8 rows an expert over
+    a bank read as rows, in 16-bit dtypes: gemm_wgmma on Hopper where K is a multiple of 8, else
+    gemm; the rest composes."""
+    from nuvec_tg.kernels import Target
+    from nuvec_tg.kernels.linear import gather_route
+    bf16, hopper, ampere = dtypes.bfloat16, Target("cuda", warpgroups=True), Target("cuda")
+    route = lambda entries=300, k=256, sorted_indices=True, rows_of_w=True, target=hopper, dtype=bf16: gather_route(  # noqa: E731
+        dtype, dtype, entries, 1, k, 64, 6, sorted_indices=sorted_indices, rows_of_w=rows_of_w, target=target)
+    assert route() == ("gemm_wgmma", None) and route(k=98) == ("gemm", None) and route(target=ampere) == ("gemm", None)
+    assert route(entries=40)[1] is not None and route(sorted_indices=False)[1] is not None
+    assert route(rows_of_w=False)[1] is not None and route(dtype=dtypes.float32)[1] is not None
+
+
+def test_gathered_products_launch_one_kernel_with_each_rows_pick(monkeypatch):
+    """The gathered kernel's call around its launch, on the CPU: the route given a backend, gemm
+    replaced by a C stand-in that computes each row with w's batch picks[i] (zeros outside) in
+    float32. One launch with the picks per row and the bank read in place; the values, and the
+    gradients (the composition's), equal the composition's."""
+    from nuvec_tg import kernels
+    from nuvec_tg.kernels import Target
+    from nuvec_tg.kernels import linear as linear_kernel
+    from reference import launched, stand_in_program
+    render = linear_kernel.gemm_program
+
+    def stand_in(backend, dtype, bias_dtype, out_dtype, *, k, tiles, gather=False):
+        params = render(backend, dtypes.bfloat16, bias_dtype, dtypes.bfloat16, k=k, tiles=tiles, gather=gather).params
+        params = tuple(type(p)(p.name, p.kind, "float" if p.ctype != "int" else "int") for p in params)
+        body = """
+          const int m = ints[0], n = ints[1], k = ints[2], batches = ints[3];
+          for (int i = 0; i < m; i++) for (int j = 0; j < n; j++) {
+            float sum = 0.0f;
+            if (picks[i] >= 0 && picks[i] < batches)
+              for (int e = 0; e < k; e++) sum += x[(long)i * k + e] * w[((long)picks[i] * n + j) * k + e];
+            y[(long)i * n + j] = sum;
+          }"""
+        return stand_in_program("stand_in_gathered_gemm", params, body)
+    monkeypatch.setattr(kernels, "active_backend", lambda device: "cuda")
+    monkeypatch.setattr(kernels, "target", lambda device: Target("cuda"))
+    monkeypatch.setattr(linear_kernel, "gemm_program", stand_in)
+    monkeypatch.setattr(linear_kernel, "route", lambda *args: ("gemm", None))   # float32 rows, as the stand-in computes them
+    bank = t(array(4, 24, 16)).realize()
+    x = t(array(40, 1, 16)).realize()
+    picks = t(np.sort(RNG.integers(0, 4, 40)).astype(np.int32))
+    with kernels.record_launches() as launches:
+        got = quant.gather_mm(x, bank.transpose(-1, -2), None, picks, sorted_indices=True)
+    assert launched(launches) == ["stand_in_gathered_gemm"] and "gathered from 4 batches" in launches[0][1]
+    with kernels.compositions_only():
+        want = quant.gather_mm(x, bank.transpose(-1, -2), None, picks, sorted_indices=True)
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-5)
+    g = t(array(40, 1, 24))
+    grads = (quant.gather_mm(x, bank.transpose(-1, -2), None, picks, sorted_indices=True) * g).sum().gradient(x, bank)
+    with kernels.compositions_only():
+        want_grads = (quant.gather_mm(x, bank.transpose(-1, -2), None, picks, sorted_indices=True) * g).sum().gradient(x, bank)
+    for a, e in zip(grads, want_grads):
+        np.testing.assert_allclose(a.numpy(), e.numpy(), rtol=1e-5, atol=1e-5)

@@ -187,3 +187,44 @@ def test_every_wgmma_tile_shape_gives_the_same_bits(dtype, bias_dtype, k, n):
 
 def y_dtype(dtype, bias_dtype):
     return dtype if bias_dtype in (None, dtype) else F32
+
+
+@pytest.mark.parametrize("k", [256, 136, 98], ids=lambda k: f"K{k}")
+def test_sorted_gathered_products_run_the_gathered_kernel_with_each_experts_bits(k):
+    """A mixture of experts' prefill: 300 single-row entries sorted by expert over 6 experts (one of
+    them unused, one pick past the bank) through `gather_mm` with b the transpose of the bank
+    `[E, N, K]`, as a model passes it: one gathered launch (gemm_wgmma where K is a multiple of 8
+    on Hopper, else gemm), against float64 numpy and the composition; each expert's rows with the
+    bits of fast.linear over those rows (more than 8 of them: the same kernel), a pick past the
+    bank zeros; gradients through the composition."""
+    from nuvec_tg import quant
+    rng = np.random.default_rng(0x130 + k)
+    experts, n, entries = 6, 72, 300
+    bank, bank_v = random(rng, (experts, n, k), BF16, gpu)
+    x, xv = random(rng, (entries, 1, k), BF16, gpu)
+    picks_v = np.sort(rng.choice([0, 1, 2, 4, 5], entries)).astype(np.int32)
+    picks_v[-3:] = experts   # past the bank: zeros
+    picks = Tensor(picks_v, device=gpu)
+    with expect_launches(gpu, gemm_for(k)) as launches:
+        got = quant.gather_mm(x, bank.transpose(-1, -2), None, picks, sorted_indices=True).realize()
+    assert [label for _, label in launches if "gathered" in label], launches
+    chosen = np.stack([bank_v[p] if p < experts else np.zeros((n, k)) for p in picks_v])
+    want = np.einsum("ek,enk->en", xv[:, 0], chosen)[:, None]
+    assert_rows_close("gathered vs numpy", values(got), want, KERNEL_TOLERANCE[BF16])
+    with compositions_only():
+        composed = quant.gather_mm(x, bank.transpose(-1, -2), None, picks, sorted_indices=True)
+        assert_rows_close("gathered vs the composition", values(got), values(composed), COMPOSITION_TOLERANCE[BF16])
+    got_bits = bits_of(got)
+    for expert in (0, 2, 5):
+        rows = np.flatnonzero(picks_v == expert)
+        alone = fast.linear(Tensor(xv[rows, 0], device=gpu).cast(BF16), bank[expert])
+        np.testing.assert_array_equal(got_bits[rows, 0], bits_of(alone), err_msg=f"expert {expert}")
+    assert (values(got)[-3:] == 0).all()
+    g = Tensor(rng.uniform(-1, 1, (entries, 1, n)), device=gpu).cast(BF16)
+    dx, dbank = ((quant.gather_mm(x, bank.transpose(-1, -2), None, picks, sorted_indices=True).cast(F32) * g.cast(F32)).sum()
+                 .gradient(x, bank))
+    with compositions_only():
+        want_dx, want_dbank = ((quant.gather_mm(x, bank.transpose(-1, -2), None, picks, sorted_indices=True).cast(F32)
+                                * g.cast(F32)).sum().gradient(x, bank))
+    assert_rows_close("dx", values(dx), values(want_dx), COMPOSITION_TOLERANCE[BF16])
+    assert_rows_close("dbank", values(dbank), values(want_dbank), COMPOSITION_TOLERANCE[BF16])

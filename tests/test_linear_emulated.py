@@ -254,3 +254,66 @@ def test_wgmma_plans_and_routes():
     assert linear.route(f32, f32, None, f32, 9, 4096, 64, hopper)[1] is not None
     with pytest.raises(ValueError, match="threadgroup memory"):
         linear.wgmma_program(bf16, None, bf16, tiles=linear.WgmmaTiles(2, 256, 5))
+
+
+# ---- the gathered products (GATHER: a mixture of experts' rows, each with its expert's weights) ----
+
+class GatherCase:
+    """Rows of x `[M, K]` each with its weight batch `picks[i]` of w `[E, N, K]` (a pick outside
+    the batches gives zeros), the float64 reference, and each row's product with its batch alone
+    (`alone`: M rows against one batch, the bits a gathered row must have)."""
+
+    def __init__(self, seed: int, picks: list[int], k: int, n: int, batches: int, dtype=bf16):
+        rng = np.random.default_rng(seed)
+        self.dtype, self.picks = dtype, np.asarray(picks, np.int32)
+        self.x = round_to(rng.uniform(-1, 1, (len(picks), k)), dtype)
+        self.w = round_to(rng.uniform(-1, 1, (batches, n, k)), dtype)
+        chosen = np.stack([self.w[p] if 0 <= p < batches else np.zeros((n, k)) for p in self.picks])
+        self.want = np.einsum("mk,mnk->mn", self.x, chosen)
+
+    def run(self, kernel: str, tiles, metal_tiles: bool = False, edit=None) -> np.ndarray:
+        """y's raw values from the emulated gathered `kernel` ("gemm" or "gemm_wgmma") with `tiles`."""
+        m, (batches, n, k) = len(self.picks), self.w.shape
+        program = linear.gemm_program("cuda", self.dtype, None, self.dtype, k=k, tiles=tiles, gather=True) if kernel == "gemm" \
+            else linear.wgmma_program(self.dtype, None, self.dtype, tiles=tiles, gather=True)
+        program = edited(program, edit)
+        y = np.full((m, n), 0xFFFF, np.uint16)
+        groups, groups_y, _ = tiles.grid(m, n)
+        buffers = [y, raw(self.x, self.dtype), raw(self.w, self.dtype), self.picks, np.array([m, n, k, batches], np.int32)]
+        build(program, metal_tiles)(buffers, groups, tiles.threads, groups_y)
+        return y
+
+    def alone(self, kernel: str, tiles, metal_tiles: bool = False) -> np.ndarray:
+        """Each row's bits in an ungathered launch with its own batch (zeros for a pick outside)."""
+        out = np.zeros((len(self.picks), self.w.shape[1]), np.uint16)
+        for batch in set(self.picks.tolist()):
+            if not 0 <= batch < self.w.shape[0]: continue
+            rows = np.flatnonzero(self.picks == batch)
+            case = Case(0, 1, 1, 1, self.dtype)
+            case.x, case.w, case.bias = self.x[rows], self.w[batch], None
+            got = emulated_gemm(case, slice(0, len(rows)), tiles, metal_tiles) if kernel == "gemm" \
+                else emulated_gemm_wgmma(case, slice(0, len(rows)), tiles)
+            out[rows] = got
+        return out
+
+
+# Sorted picks with runs that cross tiles and runs inside one; unsorted ones (every row its own run);
+# picks outside the batches (negative, past the last).
+GATHER_PICKS = {
+    "sorted": [0] * 5 + [1] * 70 + [3] * 30 + [2] * 25,
+    "unsorted_and_outside": [2, 0, -1, 3, 3, 1, 7, 0, 2, 2, 1, -5, 0, 3],
+}
+
+
+@pytest.mark.parametrize("picks", GATHER_PICKS)
+@pytest.mark.parametrize("kernel, tiles, metal_tiles", [("gemm", linear.GEMM_SMALL, False), ("gemm", linear.GEMM_LARGE, False),
+                                                        ("gemm", linear.GEMM_METAL, True), ("gemm_wgmma", linear.WGMMA_SMALL, False),
+                                                        ("gemm_wgmma", linear.WGMMA_LARGE, False)], ids=str)
+def test_emulated_gathered_products_match_numpy_and_each_batch_alone(picks, kernel, tiles, metal_tiles):
+    """Each row against float64 numpy with its batch (zeros outside the batches), and bit for bit
+    the row in an ungathered launch of its batch's rows: K = 136 (off the steps of 32 and 64), N =
+    72 (off every tile width), four batches."""
+    case = GatherCase(0x123, GATHER_PICKS[picks], 136, 72, 4)
+    got = case.run(kernel, tiles, metal_tiles)
+    check_rows(f"gathered {kernel}", got, case.want, bf16)
+    np.testing.assert_array_equal(got, case.alone(kernel, tiles, metal_tiles))

@@ -374,13 +374,14 @@ def test_every_gemv_metal_specialisation_compiles(tmp_path):
 
 def test_every_gemm_metal_specialisation_compiles(tmp_path):
     """gemm: both 16-bit types, every bias dtype (and none), K of every alignment (odd too: Metal
-    reads element by element), on an Apple7 GPU (`gemm_calls`)."""
+    reads element by element), gathered, on an Apple7 GPU (`gemm_calls`)."""
     cases = []
-    for dtype, bias, out, k, tiles in gemm_calls("metal"):
+    for dtype, bias, out, k, tiles, gather in gemm_calls("metal"):
         assert linear.route(dtype, dtype, bias, out, 64, k, 4096, PlanTarget("metal")) == ("gemm", None)
         assert linear.gemm_plan(64, "metal") == tiles
-        cases.append((linear.gemm_program("metal", dtype, bias, out, k=k, tiles=tiles), linear.gemm_metal_resources(tiles)))
-    assert len(cases) == 2 * 4 * 4
+        cases.append((linear.gemm_program("metal", dtype, bias, out, k=k, tiles=tiles, gather=gather),
+                      linear.gemm_metal_resources(tiles)))
+    assert len(cases) == 2 * 4 * 5
     check_metal(tmp_path, cases)
 
 

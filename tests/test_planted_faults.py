@@ -339,6 +339,26 @@ def test_gemm_wgmma_faults_fail_its_comparison(fault_name):
                                                                                            edit=fault), case.want, dtypes.bfloat16), message)
 
 
+GATHERED_FAULTS = {
+    "every_run_takes_the_first_batch": (DIFFER, Fault("w + (size_t)(batch_real ? batch : 0) * n_size * k_size;", "w;")),
+    # a run's last row stored by the next run's product too late: the run takes one row of the next
+    "runs_one_row_long": (DIFFER, Fault("run_end = pick_run_end(picks, run_start, tile_end);",
+                                        "run_end = min(pick_run_end(picks, run_start, tile_end) + 1, tile_end);")),
+    "negative_picks_read": (OUTSIDE, Fault("const bool batch_real = batch >= 0 && batch < ints[3];",
+                                           "const bool batch_real = batch < ints[3];")),
+}
+
+
+@pytest.mark.parametrize("fault_name", list(GATHERED_FAULTS))
+@pytest.mark.parametrize("kernel, tiles, metal_tiles", [("gemm", linear.GEMM_SMALL, False), ("gemm", linear.GEMM_METAL, True),
+                                                        ("gemm_wgmma", linear.WGMMA_SMALL, False)], ids=str)
+def test_gathered_product_faults_fail_its_comparison(fault_name, kernel, tiles, metal_tiles):
+    message, fault = GATHERED_FAULTS[fault_name]
+    case = dense.GatherCase(0x124, dense.GATHER_PICKS["unsorted_and_outside"], 72, 40, 4)
+    expect_failure(fault, lambda: dense.check_rows("gathered", case.run(kernel, tiles, metal_tiles, fault), case.want,
+                                                   dtypes.bfloat16), message)
+
+
 def test_gemm_in_metals_layout_reading_past_k_fails_its_comparison():
     fault = Fault("x_in[i] && k + j < k_size ?", "x_in[i] && k + j <= k_size ?")
     case = gemm_case()

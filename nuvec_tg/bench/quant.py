@@ -10,7 +10,8 @@ MoE prefill: a 512-token prompt's expert products at real MoE sizes (Qwen3-30B-A
 top 8, hidden 2048, expert MLP 768, affine 4-bit in groups of 64; gpt-oss-20b: 32 experts, top 4,
 hidden and expert MLP 2880, mxfp4), the fused gate/up projection and the down projection: the
 tokens' rows sorted by expert (random routing, distinct experts a token) through
-`quant.gather_qmm(..., sorted_indices=True)`, one launch over all experts, beside PyTorch's dense
+`quant.gather_qmm(..., sorted_indices=True)`, one launch over all experts (and Qwen3-30B-A3B's
+bfloat16 experts through `quant.gather_mm`, the gathered dense kernel), beside PyTorch's dense
 bfloat16 experts looped as transformers' eager MoE layers do (an expert's rows at a time, a CUDA
 graph of the loop) and `torch._grouped_mm` over the same sorted rows where PyTorch has it; TFLOP/s
 over the rows' products. Activations are bfloat16."""
@@ -26,11 +27,13 @@ from .common import COPIES, MAX_CALLS, cuda_torch, l2_marker, optional_us, part_
 FORMATS = {"affine4": ("affine", 64, 4), "affine8": ("affine", 64, 8), "mxfp4": ("mxfp4", 32, 4)}
 # model: (experts, top k, hidden, expert MLP width, format)
 MOE_MODELS = {"qwen3_30b_a3b": (128, 8, 2048, 768, "affine4"), "gpt_oss_20b": (32, 4, 2880, 2880, "mxfp4")}
+DENSE = "bfloat16"   # the MoE rows' dense experts (Qwen3-30B-A3B's checkpoint), through gather_mm
 MOE_TOKENS = 512
 
 
 def weight_bytes(fmt: str, k: int, n: int) -> int:
-    """Packed codes plus scales (and biases): what a product must read."""
+    """Packed codes plus scales (and biases), or a dense bfloat16 weight: what a product must read."""
+    if fmt == DENSE: return 2 * n * k
     mode, group, bits = FORMATS[fmt]
     return n * k * bits // 8 + (n * k // group) * (4 if mode == "affine" else 1)
 
@@ -58,8 +61,10 @@ def moe_grid(small: bool) -> list[tuple[str, str, int, int, int, int, int, str]]
     the expert MLP (gate and up fused), down's K the expert MLP."""
     models = {"tiny": (4, 2, 64, 64, "affine4")} if small else MOE_MODELS
     tokens = 8 if small else MOE_TOKENS
-    return [row for name, (e, k, hidden, width, fmt) in models.items()
+    rows = [row for name, (e, k, hidden, width, fmt) in models.items()
             for row in ((name, "gate_up", e, k, tokens, hidden, 2 * width, fmt), (name, "down", e, k, tokens, width, hidden, fmt))]
+    first = next(iter(models))  # its dense checkpoint's experts too
+    return rows + [row[:-1] + (DENSE,) for row in rows if row[0] == first]
 
 
 def routing(rng, experts: int, top_k: int, tokens: int) -> np.ndarray:
@@ -119,17 +124,20 @@ def moe_table(args, rng, routes: dict, torch_seconds: dict) -> list[str]:
     lines, _ = start_table(
         f"MoE prefill: {grid[0][4]} tokens' expert products, rows sorted by expert (x bfloat16)",
         f"µs per call (best of {args.repeats} replays: TinyJit for ours, `quant.gather_qmm` with sorted indices over "
-        "every expert at once; a CUDA graph for PyTorch's dense bfloat16 experts, looped an expert at a time as "
+        "every expert at once, `quant.gather_mm` for the bfloat16 rows (the bank read as its rows); a CUDA graph for PyTorch's dense bfloat16 experts, looped an expert at a time as "
         "transformers' eager MoE layers do, and `torch._grouped_mm`); TFLOP/s over the rows' products",
         ["model", "projection", "rows (experts / top k)", "format", "nuvec µs", "TFLOP/s", "torch looped µs",
          "torch grouped µs", "vs looped", "vs grouped"], COPIES if args.small else MAX_CALLS)
     for row in grid:
         name, projection, experts, top_k, tokens, k, n, fmt = row
-        mode, group, bits = FORMATS[fmt]
         ordered, _ = routes[row]
         w = Tensor(rng.standard_normal((experts, n, k), dtype=np.float32) * 0.02).cast(dtypes.bfloat16)
-        qw = quant.quantize(w, group, bits, mode=mode)
-        parts = tuple(p.contiguous().realize() for p in (qw.weight, qw.scales, qw.biases) if p is not None)
+        if fmt == DENSE: mode, group, bits, qw = None, 0, 16, None
+        else:
+            mode, group, bits = FORMATS[fmt]
+            qw = quant.quantize(w, group, bits, mode=mode)
+        parts = (w.contiguous().realize(),) if qw is None else \
+            tuple(p.contiguous().realize() for p in (qw.weight, qw.scales, qw.biases) if p is not None)
         moved = weight_bytes(fmt, k, n) * experts
         turn = rotation(moved, max_calls=COPIES)  # the weights are one set: the experts together pass the L2 at real sizes
         xs = [Tensor(rng.standard_normal((len(ordered), 1, k), dtype=np.float32)).cast(dtypes.bfloat16).contiguous().realize()
@@ -138,6 +146,7 @@ def moe_table(args, rng, routes: dict, torch_seconds: dict) -> list[str]:
         calls = [(xs[i % turn.sets], picks, *parts) for i in range(turn.calls)]
 
         def product(x, picks, *p):
+            if mode is None: return quant.gather_mm(x, p[0].transpose(-1, -2), rhs_indices=picks, sorted_indices=True)
             weight = quant.QuantizedWeight(p[0], p[1], p[2] if len(p) > 2 else None, mode, group, bits)
             return quant.gather_qmm(x, weight, rhs_indices=picks, sorted_indices=True)
         ours = time_jit(product, calls, args.repeats)

@@ -33,7 +33,7 @@ from . import Target
 from . import target as _target
 from .program import (CTYPES, Backward, Family, Param, Program, Resources, chunks, int_buffer, kernel_input, launch, metal_limit_reason,
                       threadgroup_array)
-from .quant import WGMMA_MAX_DYNAMIC, WGMMA_ROW_BYTES, WGMMA_STEP, QmvPlan, WgmmaTiles, split_steps, wgmma_tiles
+from .quant import WGMMA_MAX_DYNAMIC, WGMMA_ROW_BYTES, WGMMA_STEP, QmvPlan, WgmmaTiles, grouped_gather, split_steps, wgmma_tiles
 
 MAX_ROWS = 8             # rows of x gemv takes (more: gemm)
 VEC = 8                  # elements of a lane's piece of a row where K allows (16 bytes of a 16-bit w)
@@ -197,6 +197,22 @@ def route(x_dtype: DType, w_dtype: DType, bias_dtype: DType | None, out_dtype: D
     return kernel, reason
 
 
+def gather_route(dtype: DType, out_dtype: DType, entries: int, rows: int, k: int, n: int, batches: int, *,
+                 sorted_indices: bool, rows_of_w: bool, target: Target) -> tuple[str, str | None]:
+    """`gather_mm`'s kernel on `target` for `entries` entries of `rows` rows of x each over
+    `batches` weight batches `[N, K]` (x and w of `dtype`): `("gemm" | "gemm_wgmma", reason it
+    cannot run or None)`, the tiled kernel `route` gives with GATHER, each weight batch's rows as
+    one product. It takes sorted single-row entries averaging more than MAX_ROWS rows a batch
+    (`quant.grouped_gather`, the gathered qmm's rule) whose weights it can read as rows
+    (`rows_of_w`: b is the transpose of a `[..., N, K]` bank, as a model's experts are)."""
+    kernel = "gemm_wgmma" if takes_wgmma(k, target) else "gemm"
+    if not rows_of_w: return kernel, "b is not the transpose of a [..., N, K] weight (the kernels read w's rows)"
+    if batches == 0: return kernel, "no weight batches"
+    if not (sorted_indices and grouped_gather(entries, rows, batches)):
+        return kernel, f"{entries} entries over {batches} batches (the kernels take sorted single-row entries, more than {MAX_ROWS} a batch)"
+    return route(dtype, dtype, None, out_dtype, entries * rows, k, n, target)
+
+
 def unsupported(x_dtype: DType, w_dtype: DType, bias_dtype: DType | None, out_dtype: DType, rows: int, k: int, n: int,
                 target: Target) -> str | None:
     """Why neither dense kernel takes a call on `target` (None when one does): `route`'s reason."""
@@ -229,27 +245,41 @@ def gemv_program(backend: str, x_dtype: DType, w_dtype: DType, bias_dtype: DType
     return GEMV.program(backend, defines, _params(out_dtype, x_dtype, w_dtype, bias_dtype))
 
 
-def gemm_program(backend: str, dtype: DType, bias_dtype: DType | None, out_dtype: DType, *, k: int, tiles: Tiles) -> Program:
-    """The gemm specialisation: x and w of `dtype` (16-bit), parameters y, x, w (, bias), ints (M,
-    N, K). K only picks the width of CUDA's copies (its rows' alignment)."""
-    defines: dict[str, object] = dict(TX=CTYPES[dtype], TY=CTYPES[out_dtype], BIAS=int(bias_dtype is not None))
+def _tiled_defines(dtype: DType, bias_dtype: DType | None, out_dtype: DType, gather: bool) -> dict[str, object]:
+    """The matrix-unit products' shared defines: the types, BIAS, GATHER (a gathered product has
+    no bias: a mixture of experts adds its own)."""
+    if gather and bias_dtype is not None: raise ValueError("a gathered product takes no bias")
+    defines: dict[str, object] = dict(TX=CTYPES[dtype], TY=CTYPES[out_dtype], BIAS=int(bias_dtype is not None), GATHER=int(gather))
     if bias_dtype is not None: defines["TB"] = CTYPES[bias_dtype]
+    return defines
+
+
+def _tiled_params(dtype: DType, bias_dtype: DType | None, out_dtype: DType, gather: bool) -> list[Param]:
+    """y, x, w (, bias) (, picks), ints (M, N, K (, the batches))."""
+    return _params(out_dtype, dtype, dtype, bias_dtype) + ([Param("picks", "in", "int")] if gather else []) + \
+        [Param("ints", "in", "int")]
+
+
+def gemm_program(backend: str, dtype: DType, bias_dtype: DType | None, out_dtype: DType, *, k: int, tiles: Tiles,
+                 gather: bool = False) -> Program:
+    """The gemm specialisation: x and w of `dtype` (16-bit), parameters y, x, w (, bias) (, picks:
+    `gather`, w a batch of weights), ints (M, N, K (, the batches)). K only picks the width of
+    CUDA's copies (its rows' alignment)."""
+    defines = _tiled_defines(dtype, bias_dtype, out_dtype, gather)
     defines.update(BM=tiles.rows, BN=tiles.columns, BK=GEMM_STEP, WARPS_M=tiles.warps_m, WARPS_N=tiles.warps_n,
                    STAGES=tiles.stages, COPY_BYTES=copy_bytes(k), TILE_LD=GEMM_TILE_LD)
-    return GEMM.program(backend, defines, _params(out_dtype, dtype, dtype, bias_dtype) + [Param("ints", "in", "int")])
+    return GEMM.program(backend, defines, _tiled_params(dtype, bias_dtype, out_dtype, gather))
 
 
-def wgmma_program(dtype: DType, bias_dtype: DType | None, out_dtype: DType, *, tiles: WgmmaTiles) -> Program:
-    """The gemm_wgmma specialisation (CUDA sm_90a): x and w of `dtype` (16-bit), parameters y, x, w
-    (, bias), ints (M, N, K)."""
+def wgmma_program(dtype: DType, bias_dtype: DType | None, out_dtype: DType, *, tiles: WgmmaTiles, gather: bool = False) -> Program:
+    """The gemm_wgmma specialisation (CUDA sm_90a): x and w of `dtype` (16-bit), parameters as
+    `gemm_program`'s."""
     if wgmma_bytes(tiles) > WGMMA_MAX_DYNAMIC:
         raise ValueError(f"gemm_wgmma: {tiles} takes {wgmma_bytes(tiles)} bytes of threadgroup memory "
                          f"(at most {WGMMA_MAX_DYNAMIC})")
-    defines: dict[str, object] = dict(TX=CTYPES[dtype], TY=CTYPES[out_dtype], BIAS=int(bias_dtype is not None))
-    if bias_dtype is not None: defines["TB"] = CTYPES[bias_dtype]
+    defines = _tiled_defines(dtype, bias_dtype, out_dtype, gather)
     defines.update(WARPGROUPS=tiles.warpgroups, BM=tiles.rows, BN=tiles.columns, BK=WGMMA_STEP, STAGES=tiles.stages)
-    return GEMM_WGMMA.program("cuda", defines, _params(out_dtype, dtype, dtype, bias_dtype) + [Param("ints", "in", "int")],
-                              dynamic_bytes=wgmma_bytes(tiles))
+    return GEMM_WGMMA.program("cuda", defines, _tiled_params(dtype, bias_dtype, out_dtype, gather), dynamic_bytes=wgmma_bytes(tiles))
 
 
 def _inputs(x: Tensor, w: Tensor, bias: Tensor | None) -> list[Tensor]:
@@ -283,35 +313,38 @@ def gemv(x: Tensor, w: Tensor, bias: Tensor | None, *, out_dtype: DType, backend
 
 
 def _tiled(program: Program, x: Tensor, w: Tensor, bias: Tensor | None, out_dtype: DType, composition,
-           tiles: Tiles | WgmmaTiles, name: str) -> Tensor:
-    """A matrix-unit product's launch (gemm, gemm_wgmma): inputs y, x, w (, bias), the ints (M, N,
-    K), over `tiles`' grid."""
+           tiles: Tiles | WgmmaTiles, name: str, picks: Tensor | None) -> Tensor:
+    """A matrix-unit product's launch (gemm, gemm_wgmma): inputs y, x, w (, bias) (, picks), the
+    ints (M, N, K (, the batches)), over `tiles`' grid."""
     rows, k = x.shape
-    n = w.shape[0]
+    n = w.shape[-2]
     ins = _inputs(x, w, bias)
     backward = _backward(composition, ins)
-    ins.append(int_buffer(x.device, (rows, n, k)))
+    if picks is not None: ins.append(picks.cast(dtypes.int32).contiguous())
+    ins.append(int_buffer(x.device, (rows, n, k) + (() if picks is None else (math.prod(w.shape[:-2]),))))
     y = Tensor.empty(rows, n, dtype=out_dtype, device=x.device)
-    return launch(program, x.device, [y], ins, tiles.grid(rows, n), tiles.threads, backward=backward,
-                  label=f"{name} M{rows} K{k} N{n} {tiles}")[0]
+    label = f"{name} M{rows} K{k} N{n} {tiles}" + ("" if picks is None else f" gathered from {math.prod(w.shape[:-2])} batches")
+    return launch(program, x.device, [y], ins, tiles.grid(rows, n), tiles.threads, backward=backward, label=label)[0]
 
 
 def gemm(x: Tensor, w: Tensor, bias: Tensor | None, *, out_dtype: DType, backend: str, composition=None,
-         tiles: Tiles | None = None) -> Tensor:
+         tiles: Tiles | None = None, picks: Tensor | None = None) -> Tensor:
     """`x [M, K] · wᵀ (+ bias)` for x and `w [N, K]` of one 16-bit dtype, `bias [N]` or None;
-    returns `[M, N]` in `out_dtype`. composition: as `gemv`'s. `tiles` overrides `gemm_plan`
-    (tuning)."""
+    returns `[M, N]` in `out_dtype`. With `picks` (int32 `[M]`, no bias) w is a batch of weights
+    `[..., N, K]` and row i of x takes batch picks[i] (zeros for a pick outside them). composition:
+    as `gemv`'s. `tiles` overrides `gemm_plan` (tuning)."""
     tiles = tiles or gemm_plan(x.shape[0], backend)
-    program = gemm_program(backend, x.dtype, None if bias is None else bias.dtype, out_dtype, k=x.shape[1], tiles=tiles)
-    return _tiled(program, x, w, bias, out_dtype, composition, tiles, f"{backend} gemm")
+    program = gemm_program(backend, x.dtype, None if bias is None else bias.dtype, out_dtype, k=x.shape[1], tiles=tiles,
+                           gather=picks is not None)
+    return _tiled(program, x, w, bias, out_dtype, composition, tiles, f"{backend} gemm", picks)
 
 
 def gemm_wgmma(x: Tensor, w: Tensor, bias: Tensor | None, *, out_dtype: DType, backend: str = "cuda", composition=None,
-               tiles: WgmmaTiles | None = None) -> Tensor:
+               tiles: WgmmaTiles | None = None, picks: Tensor | None = None) -> Tensor:
     """`gemm`'s product on the warpgroup matrix products (CUDA sm_90a; K a multiple of 8): `x [M,
-    K] · wᵀ (+ bias)` for x and `w [N, K]` of one 16-bit dtype; returns `[M, N]` in `out_dtype`.
-    `tiles` overrides `wgmma_plan` (tuning)."""
+    K] · wᵀ (+ bias)` for x and `w [N, K]` of one 16-bit dtype (with `picks`, a batch of them, as
+    `gemm`'s); returns `[M, N]` in `out_dtype`. `tiles` overrides `wgmma_plan` (tuning)."""
     if backend != "cuda": raise ValueError(f"gemm_wgmma: no {backend} kernel (CUDA sm_90 only)")
-    tiles = tiles or wgmma_plan(x.shape[0], w.shape[0], _target(x.device).multiprocessors)
-    program = wgmma_program(x.dtype, None if bias is None else bias.dtype, out_dtype, tiles=tiles)
-    return _tiled(program, x, w, bias, out_dtype, composition, tiles, "cuda gemm_wgmma")
+    tiles = tiles or wgmma_plan(x.shape[0], w.shape[-2], _target(x.device).multiprocessors)
+    program = wgmma_program(x.dtype, None if bias is None else bias.dtype, out_dtype, tiles=tiles, gather=picks is not None)
+    return _tiled(program, x, w, bias, out_dtype, composition, tiles, "cuda gemm_wgmma", picks)

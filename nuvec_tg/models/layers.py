@@ -223,8 +223,8 @@ def clamped_swiglu(alpha: float, limit: float) -> Callable[[Tensor, Tensor], Ten
     return glu
 
 
-# Entries (tokens x experts per token) from which quantized experts are run sorted by expert, so that
-# the gathered products take an expert's rows together (mlx-lm's SwitchGLU threshold).
+# Entries (tokens x experts per token) from which experts are run sorted by expert, so that the
+# gathered products take an expert's rows together (mlx-lm's SwitchGLU threshold).
 SORT_ENTRIES = 64
 
 
@@ -252,8 +252,7 @@ class MoE:
             experts, top = fast.moe_route(logits, k)                               # the k largest logits
             scores = fast.softmax(top)
         experts = experts.cast(dtypes.int32)
-        quantized = any(isinstance(w, QuantizedWeight) for w in self.gate_up.weights + self.down.weights)
-        if quantized and tokens * k >= SORT_ENTRIES:
+        if tokens * k >= SORT_ENTRIES:
             out = self._sorted(rows, experts)
         else:
             token_rows = Tensor.arange(tokens, dtype=dtypes.int32).reshape(tokens, 1)

@@ -9,15 +9,20 @@ one too) selects a batch of zeros (nothing is read out of bounds). `sorted_indic
 kernels (rows sorted by expert) and changes no value. On METAL and CUDA, transposed products of at
 most 8 rows per entry run the `gather_qmv` kernel (`kernels/quant.py`), each row with the bits of a
 one-row `quantized_matmul` of its expert; sorted single-row entries averaging more than 8 rows per
-expert run the gathered `qmm` kernel, an expert's rows as one product (`grouped_gather`).
+expert run the gathered `qmm` kernel, an expert's rows as one product (`grouped_gather`). Dense
+`gather_mm` takes the same rule to the gathered tiled kernels (`gemm`, `gemm_wgmma` with GATHER)
+where b is the transpose of a `[..., N, K]` weight bank, as a model's experts are; the rest is
+the composition.
 """
 from __future__ import annotations
 
 import math
 
 from tinygrad import Tensor, dtypes
+from tinygrad.uop.ops import Ops
 
 from .. import kernels
+from ..kernels import linear as linear_kernel
 from ..kernels import quant as qmv_kernel
 from ..tensor import broadcast_shape, check, check_floating, check_integer, check_tensor, promote_types, take_rows
 from .affine import QuantizedWeight, check_global_scale, check_weight, dense_weights
@@ -61,11 +66,33 @@ def gather_mm(a: Tensor, b: Tensor, lhs_indices: Tensor | None = None, rhs_indic
     check_floating(op, "b", b.dtype)
     check(a.ndim >= 2 and b.ndim >= 2, op, f"a and b must have at least 2 dimensions, got {tuple(a.shape)} and {tuple(b.shape)}")
     check(a.shape[-1] == b.shape[-2], op, f"a's last dimension ({a.shape[-1]}) must equal b's second to last ({b.shape[-2]})")
-    kernels.composition(op, f"{tuple(a.shape)} x {tuple(b.shape)} on {a.device}")
     dtype = promote_types(a.dtype, b.dtype)
     b_flat = b.cast(dtype).reshape(-1, *b.shape[-2:])
-    return _gather(op, a.cast(dtype), tuple(b.shape[:-2]), lhs_indices, rhs_indices,
-                   lambda rows, picks: rows @ take_rows(b_flat, picks))
+    k, n = b.shape[-2], b.shape[-1]
+    w = _rows_of(b.cast(dtype))
+    w_flat = None if w is None else w.reshape(-1, n, k)
+
+    def product(rows: Tensor, picks: Tensor) -> Tensor:
+        entries, m = rows.shape[0], rows.shape[1]
+        kernel, reason = linear_kernel.gather_route(dtype, dtype, entries, m, k, n, b_flat.shape[0], sorted_indices=sorted_indices,
+                                                    rows_of_w=w is not None, target=kernels.target(a.device))
+        backend = kernels.choose(op, f"{entries} entries of {m} x {k} x {tuple(b.shape)} on {a.device}", a.device, kernel,
+                                 lambda backend: reason)
+        if backend is None: return rows @ take_rows(b_flat, picks)
+        # an expert's rows as one product: every entry's single row with its own weight batch, sorted by batch
+        row_picks = picks.reshape(-1, 1).expand(entries, m).reshape(-1)
+        run = linear_kernel.gemm_wgmma if kernel == "gemm_wgmma" else linear_kernel.gemm
+        out = run(rows.reshape(entries * m, k), w_flat, None, out_dtype=dtype, backend=backend, picks=row_picks,
+                  composition=lambda x, w, _: (x.reshape(-1, 1, k) @ take_rows(w, row_picks).transpose(-1, -2)).reshape(-1, n))
+        return out.reshape(entries, m, n)
+    return _gather(op, a.cast(dtype), tuple(b.shape[:-2]), lhs_indices, rhs_indices, product)
+
+
+def _rows_of(b: Tensor) -> Tensor | None:
+    """w `[..., N, K]` where b is `w.transpose(-1, -2)` (a model's expert bank, which the kernels
+    read as rows without a copy), else None."""
+    u, order = b.uop, tuple(range(b.ndim - 2)) + (b.ndim - 1, b.ndim - 2)
+    return Tensor(u.src[0]) if u.op is Ops.PERMUTE and u.arg == order else None
 
 
 def gather_qmm(x: Tensor, qw: QuantizedWeight, lhs_indices: Tensor | None = None, rhs_indices: Tensor | None = None, *,

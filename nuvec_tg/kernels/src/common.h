@@ -7,6 +7,14 @@ INLINE float merge_factor(float part_max, float merged_max) {
   return part_max == -INFINITY ? 0.0f : exp2(part_max - merged_max);
 }
 
+// The end of the run of rows from `start` (before `end`) whose picks are start's: the gathered
+// products' runs of one weight batch (GATHER in qmm.h, qmm_wgmma.h, gemm.h, gemm_wgmma.h).
+INLINE int pick_run_end(const DEVICE int* picks, int start, int end) {
+  int stop = start + 1;
+  while (stop < end && picks[stop] == picks[start]) stop++;
+  return stop;
+}
+
 // Two results of an output row, at columns `column` and `column + 1` of N = `n_size`, rounded into
 // `out` (the first one's place): one store where N is even (the pair is then aligned), else each
 // column that exists.

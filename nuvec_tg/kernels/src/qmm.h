@@ -115,9 +115,7 @@ typedef MMA_INPUT(TX) TileT;
 #if GATHER
     // The tile's rows in runs of one weight batch (sorted picks: few runs); a pick outside the
     // batches reads no weights and gives zeros.
-    const int batch = picks[run_start];
-    int run_end = run_start + 1;
-    while (run_end < tile_end && picks[run_end] == batch) run_end++;
+    const int batch = picks[run_start], run_end = pick_run_end(picks, run_start, tile_end);
     const bool batch_real = batch >= 0 && batch < ints[3];
     const size_t first_w_row = (size_t)(batch_real ? batch : 0) * n_size;
 #else
