@@ -581,9 +581,17 @@ def _paged_write_candidates(backend: str) -> Iterator[_Candidate]:
         yield _Candidate(paged.PAGED_WRITE.stem, make, ((source, pool, shape.vec),), ((),))
 
 
+def _take_candidates(backend: str) -> Iterator[_Candidate]:
+    """take (the row gather): each chunk width (16, 8, 4 and 2 bytes)."""
+    for width in (16, 8, 4, 2):
+        yield _Candidate(paged.TAKE_ROWS.stem, functools.partial(_labelled, f"chunks of {width} bytes", paged.take_program, backend, width),
+                         ((width,),), ((),))
+
+
 _WALKS = (_decode_candidates, _prefill_candidates, _gated_delta_candidates, _gated_delta_chunked_candidates, _qmv_candidates, _qvm_candidates, _qmm_candidates, _qmm_wgmma_candidates,
           _norm_candidates, _residual_norm_candidates, _softmax_candidates, _rope_candidates, _norm_rope_candidates,
-          _gemv_candidates, _gemm_candidates, _gemm_wgmma_candidates, _paged_write_candidates)
+          _gemv_candidates, _gemm_candidates, _gemm_wgmma_candidates, _paged_write_candidates,
+          _take_candidates)
 
 
 @functools.cache

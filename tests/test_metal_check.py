@@ -292,6 +292,11 @@ def test_every_paged_write_metal_specialisation_compiles(tmp_path):
     check_metal(tmp_path, cases)
 
 
+def test_every_take_metal_specialisation_compiles(tmp_path):
+    """take (the row gather): every chunk width."""
+    check_metal(tmp_path, [(paged.take_program("metal", width), Resources(paged.THREADS, 0)) for width in (16, 8, 4, 2)])
+
+
 def qmv_cases():
     """Each qmv specialisation the routing emits, up to sizes: every mode, width and group, x (and
     y) dtype, affine scales dtype, 1-8 rows; K and N at the kernel's boundaries (half chunks, fewer
@@ -390,5 +395,5 @@ def test_every_metal_family_is_checked():
     checked = {"nuvec_sdpa_decode", "nuvec_sdpa_merge", "nuvec_gated_delta", "nuvec_qmv", "nuvec_qvm", "nuvec_qmm", "nuvec_rms_norm",
                "nuvec_layer_norm", "nuvec_residual_norm", "nuvec_softmax", "nuvec_logsumexp", "nuvec_cross_entropy",
                "nuvec_rope", "nuvec_norm_rope", "nuvec_sdpa_prefill", "nuvec_gemv", "nuvec_gemm",
-               "nuvec_gated_delta_chunks", "nuvec_gated_delta_pass", "nuvec_paged_write"}
+               "nuvec_gated_delta_chunks", "nuvec_gated_delta_pass", "nuvec_paged_write", "nuvec_take_rows"}
     assert {f.stem for f in FAMILIES if "metal" in f.backends} == checked

@@ -246,3 +246,88 @@ def test_paged_invalid_arguments(error, call):
     assert fast.paged_attention(q, c, c, t, l, 1.0).shape == (1, 4, 1, 64)
     with pytest.raises(error, match="^paged_(attention|write): "):
         call(q, c, t, l)
+
+
+# ---- take: rows by index ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype, row", [(dtypes.bfloat16, (64,)), (dtypes.uint32, (20,)), (dtypes.float32, (4, 3)),
+                                        (dtypes.float16, (1,))], ids=str)
+def test_take_copies_the_rows_named_and_zeros_outside(device, dtype, row):
+    """An embedding table's rows (bfloat16), a quantized table's words (uint32), rows of a rank-3 x
+    and of one element: the rows named as their bits, indices repeated and of any shape, negative
+    ones and ones past the table zeros; one kernel where x is a buffer on a GPU."""
+    rng = np.random.default_rng(0x140)
+    rows = 37
+    source = rng.integers(0, 2**31, (rows, *row)) if dtype == dtypes.uint32 else rng.standard_normal((rows, *row))
+    x = Tensor(source, device=device).cast(dtype).realize()
+    xv = values(x)
+    indices = np.array([[5, 0, 36], [5, -1, 37], [2**31 - 1, 12, 3]])
+    with expect_launches(device, "nuvec_take_rows"):
+        got = fast.take(x, Tensor(indices, dtype=dtypes.int64, device=device)).realize()
+    inside = (indices >= 0) & (indices < rows)
+    want = xv[np.where(inside, indices, 0)]
+    want[~inside] = 0
+    assert got.shape == (3, 3, *row) and got.dtype == dtype
+    np.testing.assert_array_equal(values(got), want)
+
+
+def test_take_gradients_reach_the_rows_taken(device):
+    """Gradients through the composition: each row's gradient summed over the indices naming it."""
+    rng = np.random.default_rng(0x141)
+    x = Tensor(rng.standard_normal((9, 6)), device=device).cast(dtypes.float32).realize()
+    indices = Tensor([3, 0, 3, 8, -2], device=device)
+    g = rng.standard_normal((5, 6))
+    (grad,) = (fast.take(x, indices) * Tensor(g, device=device).cast(dtypes.float32)).sum().gradient(x)
+    want = np.zeros((9, 6))
+    for i, index in enumerate([3, 0, 3, 8]): want[index] += g[i]
+    assert_close("dx", values(grad), want, 1e-6)
+
+
+def test_take_of_a_computed_x_composes(device):
+    """x not a buffer: its rows are composed with it (no kernel realizes the whole of it first)."""
+    x = Tensor(np.arange(40.0).reshape(10, 4), device=device).cast(dtypes.float32).realize() * 2
+    with expect_launches(device, None):
+        got = fast.take(x, Tensor([9, 1], device=device)).realize()
+    np.testing.assert_array_equal(values(got), [[72, 74, 76, 78], [8, 10, 12, 14]])
+
+
+@pytest.mark.parametrize("error, call", [(TypeError, lambda: fast.take(Tensor.zeros(4, 2), Tensor([1.0]))),
+                                         (ValueError, lambda: fast.take(Tensor(3.0), Tensor([0]))),
+                                         (TypeError, lambda: fast.take([1, 2], Tensor([0])))])
+def test_take_invalid_arguments(error, call):
+    with pytest.raises(error, match="^take: "):
+        call()
+
+
+def test_take_launches_one_kernel_around_which_the_rows_and_their_gradient_are_the_compositions(monkeypatch):
+    """The kernel's call on the CPU (the route given a backend, the program a C stand-in that
+    copies the bytes of each chunk named): one launch reading x in place, the runtime integers, the
+    values, and the gradient (the composition's)."""
+    from nuvec_tg import kernels
+    from nuvec_tg.kernels import paged as paged_kernel
+    from reference import launched, stand_in_program
+    render = paged_kernel.take_program
+
+    def stand_in(backend, width):
+        params = tuple(type(p)(p.name, p.kind, "unsigned char" if p.ctype != "int" else "int") for p in render(backend, width).params)
+        body = f"""
+          const int chunks = ints[0], count = ints[1], rows = ints[2];
+          for (long i = 0; i < count; i++) for (long b = 0; b < (long)chunks * {width}; b++)
+            y[i * chunks * {width} + b] = indices[i] >= 0 && indices[i] < rows ? x[(long)indices[i] * chunks * {width} + b] : 0;"""
+        return stand_in_program("stand_in_take", params, body)
+    monkeypatch.setattr(kernels, "active_backend", lambda device: "cuda")
+    monkeypatch.setattr(paged_kernel, "take_program", stand_in)
+    rng = np.random.default_rng(0x142)
+    x = Tensor(rng.standard_normal((11, 6)), device="CPU").cast(dtypes.float32).realize()
+    indices = Tensor([[4, 10], [-3, 4]], device="CPU")
+    with kernels.record_launches() as launches:
+        got = fast.take(x, indices)
+    assert launched(launches) == ["stand_in_take"] and launches[0][1] == "cuda take 4 of 11 rows of 24 bytes"
+    with kernels.compositions_only():
+        want = fast.take(x, indices)
+    np.testing.assert_array_equal(got.numpy(), want.numpy())
+    g = Tensor(rng.standard_normal((2, 2, 6)), device="CPU").cast(dtypes.float32)
+    (grad,) = (fast.take(x, indices) * g).sum().gradient(x)
+    with kernels.compositions_only():
+        (want_grad,) = (fast.take(x, indices) * g).sum().gradient(x)
+    np.testing.assert_allclose(grad.numpy(), want_grad.numpy(), rtol=1e-6, atol=1e-6)

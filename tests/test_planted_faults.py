@@ -17,6 +17,7 @@ import test_decode_emulated as vector
 import test_decode_mma_emulated as matrix
 import test_gated_delta_emulated as gated
 import test_norm_rope_emulated as norm_rope
+import test_take_emulated as take
 import test_paged_write_emulated as paged_write
 import test_prefill_emulated as prefill
 import test_linear_emulated as dense
@@ -357,6 +358,20 @@ def test_gathered_product_faults_fail_its_comparison(fault_name, kernel, tiles, 
     case = dense.GatherCase(0x124, dense.GATHER_PICKS["unsorted_and_outside"], 72, 40, 4)
     expect_failure(fault, lambda: dense.check_rows("gathered", case.run(kernel, tiles, metal_tiles, fault), case.want,
                                                    dtypes.bfloat16), message)
+
+
+TAKE_FAULTS = {
+    "negative_indices_read": (OUTSIDE, Fault("row >= 0 && row < rows ?", "row < rows ?"), "indices_just_past_either_end"),
+    "every_chunk_the_rows_first": (r"Arrays are not equal", Fault("x[(long)row * chunks + c]", "x[(long)row * chunks]"),
+                                   "bf16_embedding_rows_chunks_of_16"),
+}
+
+
+@pytest.mark.parametrize("fault_name", [pytest.param(name, marks=needs_access_checks) if TAKE_FAULTS[name][0] == OUTSIDE else name
+                                        for name in TAKE_FAULTS])
+def test_take_faults_fail_its_comparison(fault_name):
+    message, fault, case = TAKE_FAULTS[fault_name]
+    expect_failure(fault, lambda: take.check_case(case, fault), message)
 
 
 def test_gemm_in_metals_layout_reading_past_k_fails_its_comparison():

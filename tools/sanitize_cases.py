@@ -54,6 +54,8 @@ compiles dominate the time):
   dtype; norm_rope_at into pools with slots negative, past the pool, at both ends of int32 and
   shared; norm_rope_kv fresh and into caches; queries beside the keys into a cache and a pool;
   rows too long for the kernel (the three passes); no rows, no batch.
+- take: a bfloat16 table's rows at indices negative, past it, at both ends of int32 and repeated;
+  rows of 2-byte chunks; no indices.
 - paged_write: rows of 128 (pieces of 8), 12 (of 4) and 7 (single elements), mixed dtypes, slots
   shuffled, negative, past the pool, at both ends of int32 and shared, int64 ones past int32; no rows;
   heads of a projection's output read in place (by norm_rope_at too).
@@ -821,7 +823,28 @@ PAGED_WRITES = [
     Case("paged_write no rows", NONE, paged_write_call(0, 2, 64, dtypes.float32, 2, 4, [])),
 ]
 
-CASES = ATTENTION + GATED + QUANT + DENSE + NORMS + ROWS + ROPES + NORM_ROPES + PAGED_WRITES
+# ---- take ------------------------------------------------------------------------------------
+
+TAKE = ("nuvec_take_rows",)
+
+
+def take_call(shape: tuple[int, ...], dtype: DType, indices) -> Setup:
+    """`fast.take` of a random table of `shape` at `indices` (out-of-range ones give zeros)."""
+    def setup(rng):
+        x = uniform(rng, shape, dtype)
+        named = Tensor(np.asarray(indices, np.int64), device=DEVICE).realize()
+        return lambda kernels: [("rows", fast.take(x, named), None)]
+    return setup
+
+
+TAKES = [
+    Case("take bf16 table 50x64 indices -1, past it, 2^31-1, -2^31, repeated", TAKE,
+         take_call((50, 64), dtypes.bfloat16, [[3, -1, 50], [2**31 - 1, -2**31, 3]])),
+    Case("take f16 rows of 3 (chunks of 2 bytes)", TAKE, take_call((7, 3), dtypes.float16, [6, 0, 7])),
+    Case("take no indices", NONE, take_call((7, 4), dtypes.float32, np.zeros((0,), np.int64))),
+]
+
+CASES = ATTENTION + GATED + QUANT + DENSE + NORMS + ROWS + ROPES + NORM_ROPES + PAGED_WRITES + TAKES
 
 
 # ---- running ---------------------------------------------------------------------------------

@@ -10,13 +10,15 @@ result, and out-of-range slots are skipped.
 """
 from __future__ import annotations
 
+import math
+
 from tinygrad import Tensor, dtypes
 
 from .. import kernels
 from ..kernels import paged as paged_kernel
 from ..kernels.attention import decode_attention, paged_unsupported
 from ..kernels.prefill import prefill_attention
-from ..kernels.program import int32_indices
+from ..kernels.program import int32_indices, kernel_input
 from ..tensor import check, check_floating, check_integer, check_number, check_tensor, dtype_name, promote_types, put_rows, take_rows
 from .attention import compose_attention, report_plan
 from .plan import AttentionPlan, Composed, Tiled, Vector, plan_call, validate_attention
@@ -145,3 +147,35 @@ def paged_write(cache: Tensor, new: Tensor, slots: Tensor) -> Tensor:
     rows = cache.permute(0, 2, 1, 3).reshape(blocks * block_size, heads, head_dim)
     rows = put_rows(rows, new.reshape(-1, heads, head_dim), slots.reshape(-1))
     return rows.reshape(blocks, block_size, heads, head_dim).permute(0, 2, 1, 3)
+
+
+def take(x: Tensor, indices: Tensor) -> Tensor:
+    """Rows of `x` by index along its first axis (MLX's `take(x, indices, axis=0)`, PyTorch's
+    `x[indices]`): an embedding lookup, a pool's rows.
+
+    x: `[rows, ...]` of any dtype; indices: integers of any shape. Returns `[*indices.shape,
+    *x.shape[1:]]` in x's dtype; an index outside `0..rows-1` (negative too: no wrapping) gives a
+    row of zeros. On METAL and CUDA, where x is a buffer, one kernel copies the rows named as their
+    bits (tinygrad's indexing compares every row with the index, reading all of x); gradients reach
+    x through the composition.
+    """
+    op = "take"
+    check_tensor(op, "x", x)
+    check_tensor(op, "indices", indices)
+    check(x.ndim >= 1, op, "x needs at least one dimension")
+    check_integer(op, "indices", indices.dtype)
+    rows = x.shape[0]
+    row_bytes = math.prod(x.shape[1:]) * x.dtype.itemsize
+    count = math.prod(indices.shape)
+
+    def unsupported(backend: str) -> str | None:
+        if not all(isinstance(n, int) for n in (*x.shape, *indices.shape)): return "a symbolic shape"
+        if kernel_input(x) is not x: return "x is not a buffer (its rows would be computed first)"
+        return paged_kernel.take_unsupported(row_bytes, count, rows, kernels.target(x.device))
+    backend = kernels.choose(op, f"{count} of {tuple(x.shape)} on {x.device}", x.device, "take", unsupported)
+
+    def composition(source: Tensor) -> Tensor:
+        inside = (indices >= 0).where(indices, rows)   # tinygrad's indexing wraps negative indices: send them past the end
+        return take_rows(source, inside)
+    if backend is None: return composition(x)
+    return paged_kernel.take_kernel(x, indices, backend=backend, composition=composition)

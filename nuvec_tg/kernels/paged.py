@@ -1,7 +1,9 @@
-"""The paged pool's write kernel (`src/paged_write.h`): rows copied into their slots of a
-`[blocks, H, block_size, D]` pool in place, one thread a piece of up to 16 bytes, 256 threads a
-threadgroup over every row's pieces in turn — what `fast.paged_write` runs on METAL and CUDA (its
-composition rewrites the whole pool)."""
+"""Rows moved by index. The paged pool's write kernel (`src/paged_write.h`): rows copied into
+their slots of a `[blocks, H, block_size, D]` pool in place, one thread a piece of up to 16 bytes,
+256 threads a threadgroup over every row's pieces in turn — what `fast.paged_write` runs on METAL
+and CUDA (its composition rewrites the whole pool). The row gather (`src/take_rows.h`): rows of a
+buffer by index, copied as their bits a chunk of up to 16 bytes a thread — what `fast.take` runs
+there (tinygrad's indexing reads every row to pick one)."""
 from __future__ import annotations
 
 import math
@@ -12,7 +14,8 @@ from tinygrad.dtype import DType
 
 from ..tensor import concrete, dtype_name
 from . import Target
-from .program import CTYPES, Family, Param, Program, Resources, chunks, int32_indices, int_buffer, kernel_input, launch, strided_view
+from .program import (CHUNK_TYPES, CTYPES, Backward, Family, Param, Program, Resources, chunks, int32_indices, int_buffer,
+                      kernel_input, launch, strided_view)
 
 THREADS = 256
 PIECE_BYTES = 16
@@ -91,3 +94,53 @@ def paged_write_kernel(pool: Tensor, rows: Tensor, slots: Tensor, *, backend: st
                         label=f"{backend} paged_write {count}x{heads}x{length} into {math.prod(pool.shape[:3])} rows",
                         in_place=True)
     return written
+
+
+# ---- take: rows gathered by index (src/take_rows.h) ---------------------------------------------
+
+# A chunk of zeros of each chunk type, in both dialects' brace initialisation.
+_ZEROS = {16: "uint4{0u, 0u, 0u, 0u}", 8: "uint2{0u, 0u}", 4: "0u", 2: "(ushort)0"}
+
+
+def take_plan(row_bytes: int) -> int:
+    """Bytes a thread copies: the widest of 16, 8, 4 and 2 dividing a row's bytes (so every chunk
+    is aligned), from the row's size alone."""
+    return next(width for width in (16, 8, 4, 2) if row_bytes % width == 0)
+
+
+def take_unsupported(row_bytes: int, count: int, rows: int, target: Target) -> str | None:
+    """Why the gather kernel does not take a call on `target` (None when it does): `count` rows of
+    `row_bytes` bytes picked from `rows`: nothing empty, rows of a whole number of 2-byte chunks,
+    every chunk's index within int32."""
+    if count == 0 or rows == 0 or row_bytes == 0: return "an empty call"
+    if row_bytes % 2: return f"rows of {row_bytes} bytes (the kernel copies chunks of 2 bytes or more)"
+    if count * (row_bytes // take_plan(row_bytes)) + THREADS >= 2**31 or rows >= 2**31:
+        return f"{count} rows of {row_bytes} bytes from {rows} exceed int32 indexing"
+    return target.lacks()
+
+
+TAKE_ROWS = Family("nuvec_take_rows", ("take_rows.h",), take_unsupported, take_plan)
+
+
+def take_program(backend: str, chunk_bytes: int) -> Program:
+    """The gather of rows copied in chunks of `chunk_bytes` bytes (`take_plan`)."""
+    chunk = CHUNK_TYPES[chunk_bytes]
+    params = [Param("y", "out", chunk), Param("x", "in", chunk), Param("indices", "in", "int"), Param("ints", "in", "int")]
+    return TAKE_ROWS.program(backend, dict(CHUNK=chunk, ZERO=_ZEROS[chunk_bytes], THREADS=THREADS), params)
+
+
+def take_kernel(x: Tensor, indices: Tensor, *, backend: str, composition=None) -> Tensor:
+    """Rows `indices` of `x` `[rows, ...]` (a buffer, read in place), zeros for an index outside
+    (checked by the operation). indices: integers of any shape. Returns `[*indices.shape,
+    *x.shape[1:]]` in x's dtype. composition: `x -> rows` from tensor operations (these indices),
+    the backward."""
+    rows, count = x.shape[0], math.prod(indices.shape)
+    row_bytes = math.prod(x.shape[1:]) * x.dtype.itemsize
+    width = take_plan(row_bytes)
+    source = kernel_input(x)
+    backward = None if composition is None else Backward("take", composition, (source,), wrt=(0,))
+    ins = [source, int32_indices(indices).reshape(-1).contiguous(), int_buffer(x.device, (row_bytes // width, count, rows))]
+    y = Tensor.empty(*indices.shape, *x.shape[1:], dtype=x.dtype, device=x.device)
+    groups = -(-count * (row_bytes // width) // THREADS)
+    return launch(take_program(backend, width), x.device, [y], ins, (groups, 1, 1), THREADS, backward=backward,
+                  label=f"{backend} take {count} of {rows} rows of {row_bytes} bytes")[0]

@@ -52,7 +52,7 @@ BACKENDS = ("cuda", "metal")
 CTYPES = {dtypes.float16: "half", dtypes.bfloat16: "bfloat", dtypes.float32: "float"}
 KERNEL_DTYPES = tuple(CTYPES)
 
-_CHUNK_TYPES = {16: "uint4", 8: "uint2", 4: "uint", 2: "ushort"}
+CHUNK_TYPES = {16: "uint4", 8: "uint2", 4: "uint", 2: "ushort"}
 
 
 @dataclass(frozen=True)
@@ -82,7 +82,7 @@ def chunks(which: str, line_bytes: int, lane_bytes: int) -> dict[str, object]:
     and `<which>_CHUNKS` (how many a lane reads)."""
     width = 16
     while line_bytes % width or lane_bytes % width: width //= 2
-    return {f"CHUNK_{which}": _CHUNK_TYPES[width], f"{which}_CHUNKS": lane_bytes // width}
+    return {f"CHUNK_{which}": CHUNK_TYPES[width], f"{which}_CHUNKS": lane_bytes // width}
 
 
 def _signature(backend: str, name: str, params: Sequence[Param], occupancy: tuple[int, int] | None = None) -> str:

@@ -108,10 +108,11 @@ class Embedding:
     def __call__(self, tokens: Tensor, dtype) -> Tensor:
         """tokens: `[B, T]` integers. Returns `[B, T, hidden]` in `dtype` (quantized rows are
         dequantized after the gather)."""
+        # fast.take reads the rows named (a kernel on METAL and CUDA); indexing would read the whole table
         w = self.weight
-        if isinstance(w, Tensor): return w[tokens].cast(dtype)
-        rows = QuantizedWeight(w.weight[tokens], w.scales[tokens], None if w.biases is None else w.biases[tokens],
-                               w.mode, w.group_size, w.bits)
+        if isinstance(w, Tensor): return fast.take(w, tokens).cast(dtype)
+        rows = QuantizedWeight(fast.take(w.weight, tokens), fast.take(w.scales, tokens),
+                               None if w.biases is None else fast.take(w.biases, tokens), w.mode, w.group_size, w.bits)
         return quant.dequantize(rows, dtype)
 
     def as_linear(self, x: Tensor) -> Tensor:
