@@ -300,12 +300,13 @@ def _qmm_wgmma_candidates(backend: str) -> Iterator[_Candidate]:
                              ((bits % 2,), (x, tiles.columns)))
 
 
-def gemv_calls() -> Iterator[tuple[DType, DType, DType | None, DType, int, int, int, quant.QmvPlan]]:
-    """gemv's calls by `(x, w, bias, y dtypes, rows, K, N, plan)`, as `linear.route` gives them to
-    the kernel: every dtype of x and w, no bias, a bias of x's dtype or float32 (y their promotion);
-    1-8 rows at K = N = 4096, 1 and 8 at a vocabulary's N (no K split), 1, 3 and 8 rows at K of each
-    narrower piece (4, 2, 1 elements) with N off a SIMD group's columns and below them; the default
-    plan and, for 1 and 8 rows, another."""
+def gemv_calls() -> Iterator[tuple[DType, DType, DType | None, DType, int, int, int, quant.QmvPlan, bool]]:
+    """gemv's calls by `(x, w, bias, y dtypes, rows, K, N, plan, glu)`, as `linear.route` gives them
+    to the kernel: every dtype of x and w, no bias, a bias of x's dtype or float32 (y their
+    promotion); 1-8 rows at K = N = 4096, 1 and 8 at a vocabulary's N (no K split), 1, 3 and 8 rows
+    at K of each narrower piece (4, 2, 1 elements) with N off a SIMD group's columns and below
+    them; the default plan and, for 1 and 8 rows, another; SwiGLU's product (`glu`) of every pair
+    of dtypes at 1 and 8 rows, pieces of 8 and of 1."""
     for x, w in itertools.product(FLOATS, FLOATS):
         for bias in dict.fromkeys((None, x, dtypes.float32)):
             out = promote_types(promote_types(x, w), bias or x)
@@ -313,7 +314,9 @@ def gemv_calls() -> Iterator[tuple[DType, DType, DType | None, DType, int, int, 
                                      (4098, 3, (1, 3, 8)), (257, 5, (1, 3, 8))):
                 for rows in row_counts:
                     plans = {linear.gemv_plan(rows, k, n)} | ({quant.QmvPlan(3, 2, 2, 3)} if n > 3 and rows in (1, 8) else set())
-                    for p in sorted(plans, key=str): yield x, w, bias, out, rows, k, n, p
+                    for p in sorted(plans, key=str): yield x, w, bias, out, rows, k, n, p, False
+        for k, rows in itertools.product((4096, 257), (1, 8)):
+            yield x, w, None, promote_types(x, w), rows, k, 4096, linear.gemv_plan(rows, k, 4096), True
 
 
 def gemm_calls(backend: str) -> Iterator[tuple[DType, DType | None, DType, int, linear.Tiles, bool]]:
@@ -345,10 +348,11 @@ def _gemm_wgmma_candidates(backend: str) -> Iterator[_Candidate]:
 
 
 def _gemv_candidates(backend: str) -> Iterator[_Candidate]:
-    for x, w, bias, out, rows, k, n, p in gemv_calls():
-        label = f"x {dtype_name(x)} w {dtype_name(w)} bias {dtype_name(bias) if bias else '-'} M{rows} K{k} N{n} {p}"
-        make = functools.partial(_labelled, label, linear.gemv_program, backend, x, w, bias, out, rows=rows, k=k, n=n, plan=p)
-        yield _Candidate("nuvec_gemv", make, ((x, w, bias, out), (rows, p), (linear.piece_width(k), x, w)), ((),))
+    for x, w, bias, out, rows, k, n, p, glu in gemv_calls():
+        label = f"x {dtype_name(x)} w {dtype_name(w)} bias {dtype_name(bias) if bias else '-'} M{rows} K{k} N{n} {p}" + \
+            (" swiglu" if glu else "")
+        make = functools.partial(_labelled, label, linear.gemv_program, backend, x, w, bias, out, rows=rows, k=k, n=n, plan=p, glu=glu)
+        yield _Candidate("nuvec_gemv", make, ((x, w, bias, out, glu), (rows, p), (linear.piece_width(k), x, w, glu)), ((),))
 
 
 def _gemm_candidates(backend: str) -> Iterator[_Candidate]:

@@ -115,7 +115,7 @@ REACHED = {
                         "TK": {"half", "bfloat", "float"}, "QUERIES": {"0", "1"}},
     "nuvec_paged_write": {"VEC": {"1", "2", "4", "8"}, "TS": {"half", "bfloat", "float"}, "TP": {"half", "bfloat", "float"}},
     "nuvec_take_rows": {"CHUNK": {"uint4", "uint2", "uint", "ushort"}},
-    "nuvec_gemv": {"XM": {str(m) for m in range(1, 9)}, "VEC": {"1", "2", "4", "8"}, "BIAS": {"0", "1"},
+    "nuvec_gemv": {"XM": {str(m) for m in range(1, 9)}, "VEC": {"1", "2", "4", "8"}, "BIAS": {"0", "1"}, "GLU": {"0", "1"},
                    "TX": {"half", "bfloat", "float"}, "TW": {"half", "bfloat", "float"}, "TY": {"half", "bfloat", "float"},
                    "CHUNK_W": {"uint4", "uint2", "uint", "ushort"}, "K_SPLIT": {"1", "2", "8"}, "COLUMNS": {"3", "4"}},
     "nuvec_gemm": {"TX": {"half", "bfloat"}, "TY": {"half", "bfloat", "float"}, "BIAS": {"0", "1"}, "GATHER": {"0", "1"},

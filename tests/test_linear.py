@@ -7,7 +7,7 @@ import pytest
 from tinygrad import Tensor, dtypes
 
 from nuvec_tg import fast, kernels
-from reference import TOLERANCE, assert_close, gradients, random, round_to, values
+from reference import TOLERANCE, assert_close, expect_launches, gradients, random, round_to, values
 
 F16, BF16, F32, F64 = dtypes.float16, dtypes.bfloat16, dtypes.float32, dtypes.float64
 
@@ -85,3 +85,20 @@ def test_debug_says_which_program_runs(device, monkeypatch, capsys):
         # GPUs with warpgroup products (Hopper) run the 16-bit rows on the wgmma kernel
         gemm = "gemm_wgmma" if kernels.target(device).warpgroups else "gemm"
         assert lines[0].endswith("the gemv kernel") and lines[1].endswith(f"the {gemm} kernel")
+
+
+@pytest.mark.parametrize("rows", [1, 5, 9], ids=lambda r: f"M{r}")
+def test_swiglu_matmul_of_a_dense_weight_is_the_product_of_the_activation(device, rows):
+    """A gated MLP's down projection with a dense weight: up to 8 rows gemv with the activation in
+    its loads (on a GPU), more the product of the activation; against float64 numpy of the
+    activation as the composition rounds it."""
+    from nuvec_tg import quant
+    rng = np.random.default_rng(0x5918)
+    k, n = 264, 24
+    gate_up = Tensor(rng.uniform(-3, 3, (rows, 2 * k)), device=device).cast(dtypes.bfloat16).realize()
+    w = Tensor(rng.uniform(-1, 1, (n, k)), device=device).cast(dtypes.bfloat16).realize()
+    activated = values(gate_up[:, :k].silu() * gate_up[:, k:])
+    with expect_launches(device, "nuvec_gemv" if rows <= 8 else "nuvec_gemm"):
+        got = quant.swiglu_matmul(gate_up, w).realize()
+    assert got.shape == (rows, n) and got.dtype == dtypes.bfloat16
+    assert_close("swiglu", values(got), round_to(activated @ values(w).T, dtypes.bfloat16), 2 * TOLERANCE[dtypes.bfloat16])

@@ -67,13 +67,14 @@ class Case:
                        np.float32 if self.out_dtype == f32 else np.uint16)
 
 
-def emulated_gemv(case: Case, rows: slice, plan: QmvPlan | None = None, edit=None) -> np.ndarray:
-    """y's raw values from the emulated gemv for `case`'s rows `rows` (its program edited first where asked)."""
+def emulated_gemv(case: Case, rows: slice, plan: QmvPlan | None = None, edit=None, glu: bool = False) -> np.ndarray:
+    """y's raw values from the emulated gemv for `case`'s rows `rows` (its program edited first
+    where asked; `glu`: case.x is `[M, 2K]`, gate and up, and the product SwiGLU's)."""
     m = len(range(*rows.indices(case.x.shape[0])))
     n, k = case.w.shape
     plan = plan or linear.gemv_plan(m, k, n)
     program = edited(linear.gemv_program("cuda", case.x_dtype, case.w_dtype, case.bias_dtype, case.out_dtype, rows=m, k=k, n=n,
-                                         plan=plan), edit)
+                                         plan=plan, glu=glu), edit)
     y = case.empty(m)
     build(program)(case.buffers(rows, y), plan.groups(n), plan.threads)
     return y
@@ -317,3 +318,27 @@ def test_emulated_gathered_products_match_numpy_and_each_batch_alone(picks, kern
     got = case.run(kernel, tiles, metal_tiles)
     check_rows(f"gathered {kernel}", got, case.want, bf16)
     np.testing.assert_array_equal(got, case.alone(kernel, tiles, metal_tiles))
+
+
+@pytest.mark.parametrize("x_dtype, w_dtype, k", [(bf16, bf16, 4096 + 64), (f16, f16, 300), (f32, bf16, 257)], ids=str)
+def test_emulated_swiglu_gemv_equals_the_product_of_the_activation(x_dtype, w_dtype, k):
+    """SwiGLU's product (x a gated MLP's gate and up, the activation in gemv's loads) against
+    float64 numpy of the activation as the composition rounds it (silu(gate) * up in x's dtype),
+    at pieces of 8, 4 and 1 elements; each row's bits a one-row launch's."""
+    check_swiglu_gemv(x_dtype, w_dtype, k)
+
+
+def check_swiglu_gemv(x_dtype, w_dtype, k, edit=None):
+    """The planted faults' entry too."""
+    from tinygrad import Tensor
+    rng = np.random.default_rng(0x5917)
+    n = 13
+    case = Case(0x5917, 5, k, n, x_dtype, w_dtype)
+    case.x = round_to(rng.uniform(-3, 3, (5, 2 * k)), x_dtype)
+    gate_up = Tensor(case.x, device="CPU").cast(x_dtype)
+    activated = (gate_up[:, :k].silu() * gate_up[:, k:]).cast(f32).numpy().astype(np.float64)  # in x's dtype, as the composition
+    want = activated @ case.w.T
+    got = emulated_gemv(case, slice(0, 5), edit=edit, glu=True)
+    check_rows("swiglu gemv", got, want, case.out_dtype)
+    for r in range(5):
+        np.testing.assert_array_equal(emulated_gemv(case, slice(r, r + 1), edit=edit, glu=True)[0], got[r], err_msg=f"row {r}")

@@ -366,12 +366,12 @@ def test_every_prefill_metal_specialisation_compiles(tmp_path):
 
 def test_every_gemv_metal_specialisation_compiles(tmp_path):
     """gemv: every dtype of x and w, with and without a bias, 1-8 rows, each piece width (K), N
-    below a SIMD group's columns, the default plans and another (`gemv_calls`), each one the route
-    gives the kernel on Metal."""
+    below a SIMD group's columns, the default plans and another, SwiGLU's product (`gemv_calls`),
+    each one the route gives the kernel on Metal."""
     cases = []
-    for x, w, bias, out, rows_, k, n, p in gemv_calls():
+    for x, w, bias, out, rows_, k, n, p, glu in gemv_calls():
         assert linear.route(x, w, bias, out, rows_, k, n, PlanTarget("metal")) == ("gemv", None)
-        cases.append((linear.gemv_program("metal", x, w, bias, out, rows=rows_, k=k, n=n, plan=p),
+        cases.append((linear.gemv_program("metal", x, w, bias, out, rows=rows_, k=k, n=n, plan=p, glu=glu),
                       linear.gemv_metal_resources(rows_, p)))
     assert len(cases) > 400
     check_metal(tmp_path, cases, per_unit=400)

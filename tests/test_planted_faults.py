@@ -217,7 +217,7 @@ QMV_FAULTS = {
 
 
 @pytest.mark.parametrize("fault", [Fault("load_x8(at + K_TOTAL, ups);", "load_x8(at, ups);"),     # the gate read as up
-                                   Fault("xs[j] = to_float(TX(silu * ups[j]));", "xs[j] = silu;")],  # up dropped
+                                   Fault("xs[j] = swiglu_value<TX>(xs[j], ups[j]);", "xs[j] = swiglu_value<TX>(xs[j], 1.0f);")],  # up dropped
                          ids=["gate_read_as_up", "up_dropped"])
 def test_swiglu_qmv_faults_fail_its_comparison(fault):
     expect_failure(fault, lambda: quant.check_swiglu("affine", 64, 4, dtypes.bfloat16, fault))
@@ -358,6 +358,11 @@ def test_gathered_product_faults_fail_its_comparison(fault_name, kernel, tiles, 
     case = dense.GatherCase(0x124, dense.GATHER_PICKS["unsorted_and_outside"], 72, 40, 4)
     expect_failure(fault, lambda: dense.check_rows("gathered", case.run(kernel, tiles, metal_tiles, fault), case.want,
                                                    dtypes.bfloat16), message)
+
+
+def test_swiglu_gemv_reading_no_up_half_fails_its_comparison():
+    fault = Fault("xs[j] = swiglu_value<TX>(xs[j], ups[j]);", "xs[j] = swiglu_value<TX>(xs[j], 1.0f);")
+    expect_failure(fault, lambda: dense.check_swiglu_gemv(dtypes.bfloat16, dtypes.bfloat16, 264, fault))
 
 
 TAKE_FAULTS = {

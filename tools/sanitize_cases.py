@@ -42,7 +42,7 @@ compiles dominate the time):
   and int64 ones outside int32; no rows, no classes.
 - dense products (`fast.linear`): gemv at 1, 3 and 8 rows (and a 1-D x) with K off a SIMD step and
   of pieces of 4 and 1 element, N off a SIMD group's columns and below them, mixed dtypes, a bias
-  or none; gathered gemm over sorted experts with out-of-range ones; gemm at M 9, 65 and 257 (both tile shapes and their tails), K off the step of 32 with
+  or none; gemv's SwiGLU product; gathered gemm over sorted experts with out-of-range ones; gemm at M 9, 65 and 257 (both tile shapes and their tails), K off the step of 32 with
   copies of 16, 8 and 4 bytes, N off the tiles, batch axes, a float32 bias; float32 beyond 8 rows
   (the composition); no rows, no columns, no K.
 - rope: both pair layouts, 8, 4 and 1 pairs a thread, features past dims, freqs and a scale, rank 5
@@ -530,7 +530,17 @@ def dense_gather(entries: int, k: int, n: int, experts: int, dtype: DType) -> Se
     return setup
 
 
+def dense_swiglu(rows: int, k: int, n: int, dtype: DType) -> Setup:
+    """`quant.swiglu_matmul(gate_up, w)` of a dense w `[n, K]`, gate_up `[rows, 2K]`."""
+    def setup(rng):
+        gate_up, w = uniform(rng, (rows, 2 * k), dtype, -3.0, 3.0), uniform(rng, (n, k), dtype)
+        return lambda kernels: [("y", quant.swiglu_matmul(gate_up, w), None)]
+    return setup
+
+
 DENSE = [
+    Case("swiglu gemv bf16 M3 K264 N13 (gate and up read)", GEMV, dense_swiglu(3, 264, 13, dtypes.bfloat16)),
+    Case("swiglu gemv f32 M8 K257 (pieces of 1) N5", GEMV, dense_swiglu(8, 257, 5, dtypes.float32)),
     Case("gathered gemm bf16 40 sorted entries E3, experts out of range, K104 N130", gemm_of(104),
          dense_gather(40, 104, 130, 3, dtypes.bfloat16)),
     Case("gathered gemm f16 300 sorted entries E5 K98 (copies of 4 bytes) N72", gemm_of(98), dense_gather(300, 98, 72, 5, dtypes.float16)),

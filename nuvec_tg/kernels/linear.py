@@ -232,11 +232,13 @@ def _params(out_dtype: DType, x_dtype: DType, w_dtype: DType, bias_dtype: DType 
 
 
 def gemv_program(backend: str, x_dtype: DType, w_dtype: DType, bias_dtype: DType | None, out_dtype: DType, *,
-                 rows: int, k: int, n: int, plan: QmvPlan) -> Program:
-    """The gemv specialisation for these arguments (`bias_dtype` None: no bias)."""
+                 rows: int, k: int, n: int, plan: QmvPlan, glu: bool = False) -> Program:
+    """The gemv specialisation for these arguments (`bias_dtype` None: no bias; `glu`: the product
+    with SwiGLU's silu(gate) * up of x `[M, 2K]`)."""
     if plan.columns_per_warp > n: raise ValueError(f"gemv: {plan.columns_per_warp} columns per SIMD group > N = {n}")
     vec = piece_width(k)
-    defines: dict[str, object] = dict(TX=CTYPES[x_dtype], TW=CTYPES[w_dtype], TY=CTYPES[out_dtype], BIAS=int(bias_dtype is not None))
+    defines: dict[str, object] = dict(TX=CTYPES[x_dtype], TW=CTYPES[w_dtype], TY=CTYPES[out_dtype], BIAS=int(bias_dtype is not None),
+                                      GLU=int(glu))
     if bias_dtype is not None: defines["TB"] = CTYPES[bias_dtype]
     defines.update(N_TOTAL=n, K_TOTAL=k, XM=rows, VEC=vec, COLUMNS=plan.columns_per_warp, COLUMN_WARPS=plan.column_warps,
                    K_SPLIT=plan.k_split, UNROLL=plan.unroll)
@@ -297,19 +299,20 @@ def _backward(composition, ins: list[Tensor]) -> Backward | None:
 
 
 def gemv(x: Tensor, w: Tensor, bias: Tensor | None, *, out_dtype: DType, backend: str, composition=None,
-         plan: QmvPlan | None = None) -> Tensor:
+         plan: QmvPlan | None = None, glu: bool = False) -> Tensor:
     """`x [M, K] · wᵀ (+ bias)` for `w [N, K]`, `bias [N]` or None, M at most MAX_ROWS; returns
-    `[M, N]` in `out_dtype`. composition: `(x, w, bias) -> y`, whose gradient is the backward.
-    `plan` overrides `gemv_plan` (tuning)."""
-    rows, k = x.shape
-    n = w.shape[0]
+    `[M, N]` in `out_dtype`. With `glu` x is `[M, 2K]` (a gated MLP's gate and up) and the product
+    is taken with silu(gate) * up. composition: `(x, w, bias) -> y`, whose gradient is the
+    backward. `plan` overrides `gemv_plan` (tuning)."""
+    rows, n, k = x.shape[0], w.shape[0], w.shape[1]
+    if x.shape[1] != (2 if glu else 1) * k: raise ValueError(f"gemv: x of {x.shape[1]} columns for w of K = {k}")
     plan = plan or gemv_plan(rows, k, n)
     program = gemv_program(backend, x.dtype, w.dtype, None if bias is None else bias.dtype, out_dtype, rows=rows, k=k, n=n,
-                           plan=plan)
+                           plan=plan, glu=glu)
     ins = _inputs(x, w, bias)
     y = Tensor.empty(rows, n, dtype=out_dtype, device=x.device)
     return launch(program, x.device, [y], ins, (plan.groups(n), 1, 1), plan.threads, backward=_backward(composition, ins),
-                  label=f"{backend} gemv M{rows} K{k} N{n} {plan}")[0]
+                  label=f"{backend} gemv{' swiglu' if glu else ''} M{rows} K{k} N{n} {plan}")[0]
 
 
 def _tiled(program: Program, x: Tensor, w: Tensor, bias: Tensor | None, out_dtype: DType, composition,

@@ -170,7 +170,8 @@ class MLP:
 
     def __call__(self, x: Tensor) -> Tensor:
         down = self.down.weights[0] if len(self.down.weights) == 1 else None
-        if self.activation is Tensor.silu and isinstance(down, QuantizedWeight) and self.down.bias is None:
+        if self.activation is Tensor.silu and down is not None and self.down.bias is None:
+            if isinstance(down, Tensor): down = down.cast(x.dtype)   # a dense product in x's dtype, as _product's
             # SwiGLU's activation read into the down product's loads (no kernel of its own where qmv runs)
             return quant.swiglu_matmul(self.gate_up.joined(x), down)
         gate, up = self.gate_up(x)

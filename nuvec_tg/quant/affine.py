@@ -249,19 +249,21 @@ def _activated(gate_up: Tensor) -> Tensor:
     return gate_up[..., :k].silu() * gate_up[..., k:]
 
 
-def swiglu_matmul(gate_up: Tensor, qw: QuantizedWeight) -> Tensor:
+def swiglu_matmul(gate_up: Tensor, qw: QuantizedWeight | Tensor) -> Tensor:
     """`(silu(gate) * up) · wᵀ`, a gated MLP's down projection after its activation.
 
     gate_up: `[..., 2K]`, the gate's K values, then the up's, float16, bfloat16 or float32; qw:
-    quantized `[N, K]` without a global scale. Returns `[..., N]` as `quantized_matmul(silu(gate)
-    * up, qw)` would (its dtype and values: the activation computed in gate_up's dtype). On
-    METAL and CUDA up to 8 rows run qmv with the activation computed in its loads of x (the MLP's
-    activation is no kernel of its own) where gate_up's dtype is the product's and K a multiple of
-    8; otherwise the activation, then `quantized_matmul`. Gradients as `quantized_matmul`'s.
+    quantized `[N, K]` without a global scale, or a dense weight `[N, K]`. Returns `[..., N]` as
+    `quantized_matmul(silu(gate) * up, qw)` (or `fast.linear(silu(gate) * up, w)`) would (its dtype
+    and values: the activation computed in gate_up's dtype). On METAL and CUDA up to 8 rows run
+    qmv (dense: gemv) with the activation computed in its loads of x (the MLP's activation is no
+    kernel of its own) where gate_up's dtype is the product's (dense: any) and K a multiple of 8
+    (dense: any); otherwise the activation, then the product. Gradients as the product's.
     """
     op = "swiglu_matmul"
     check_tensor(op, "gate_up", gate_up)
     check_floating(op, "gate_up", gate_up.dtype)
+    if isinstance(qw, Tensor): return _swiglu_linear(op, gate_up, qw)
     check_weight(op, qw)
     check(qw.global_scale is None, op, "a global scale is not supported (dequantize the weights instead)")
     k, n = qw.columns, qw.weight.shape[-2]
@@ -281,6 +283,27 @@ def swiglu_matmul(gate_up: Tensor, qw: QuantizedWeight) -> Tensor:
     out = qmv_kernel.qmv(gate_up.reshape(rows, 2 * k), qw.weight, qw.scales, qw.biases, mode=qw.mode,
                          group_size=qw.group_size, bits=qw.bits, out_dtype=dtype, backend=backend, glu=True,
                          composition=lambda x, weight, scales, biases: dense_product(_activated(x), weight, scales, biases))
+    return out.reshape(*gate_up.shape[:-1], n)
+
+
+def _swiglu_linear(op: str, gate_up: Tensor, w: Tensor) -> Tensor:
+    """swiglu_matmul of a dense weight `[N, K]`: gemv with the activation in its loads, else
+    `fast.linear` of the activation."""
+    from ..fast.linear import linear
+    from ..kernels import linear as linear_kernels
+    check_floating(op, "w", w.dtype)
+    check(w.ndim == 2 and gate_up.ndim >= 1 and gate_up.shape[-1] == 2 * w.shape[1], op,
+          f"gate_up's last dimension must be 2 x K (gate and up) for w [N, K] of shape {tuple(w.shape)}, got {tuple(gate_up.shape)}")
+    n, k = w.shape
+    dtype = promote_types(gate_up.dtype, w.dtype)
+    rows = math.prod(gate_up.shape[:-1]) if all(isinstance(size, int) for size in gate_up.shape) else 0
+    kernel, reason = linear_kernels.route(gate_up.dtype, w.dtype, None, dtype, rows, k, n, kernels.target(gate_up.device))
+    if reason is None and kernel != "gemv": reason = f"{rows} rows (the fused activation is gemv's, at most {linear_kernels.MAX_ROWS})"
+    backend = kernels.choose(op, f"{tuple(gate_up.shape)} x {tuple(w.shape)} on {gate_up.device}", gate_up.device, "gemv",
+                             lambda backend: reason)
+    if backend is None: return linear(_activated(gate_up), w)
+    out = linear_kernels.gemv(gate_up.reshape(rows, 2 * k), w, None, out_dtype=dtype, backend=backend, glu=True,
+                              composition=lambda x, w, bias: (_activated(x).cast(dtype) @ w.cast(dtype).T))
     return out.reshape(*gate_up.shape[:-1], n)
 
 

@@ -7,6 +7,13 @@ INLINE float merge_factor(float part_max, float merged_max) {
   return part_max == -INFINITY ? 0.0f : exp2(part_max - merged_max);
 }
 
+// SwiGLU's value silu(gate) * up as the composition rounds it: silu(g) = g / (1 + e^-g) rounded
+// to T, times up, rounded to T (the GLU products' loads of x: qmv.h, gemv.h).
+template <typename T> INLINE float swiglu_value(float gate, float up) {
+  const float silu = to_float(T(gate / (1.0f + exp2(-gate * LOG2E))));
+  return to_float(T(silu * up));
+}
+
 // The end of the run of rows from `start` (before `end`) whose picks are start's: the gathered
 // products' runs of one weight batch (GATHER in qmm.h, qmm_wgmma.h, gemm.h, gemm_wgmma.h).
 INLINE int pick_run_end(const DEVICE int* picks, int start, int end) {

@@ -24,11 +24,17 @@
 // piece is partial). The last set of columns is moved back to end at N (COLUMNS <= N), so nothing
 // past N is read or written.
 //
-// Defines: TX, TW, TB, TY, BIAS, N_TOTAL and K_TOTAL (w's shape: baked, so every offset is a
+// SwiGLU's product (GLU): x is `[XM, 2 * K]`, a gated MLP's gate then up halves, and the product
+// is taken with silu(gate) * up, each value of a piece computed from the gate's piece and the up's
+// K further as the composition rounds it (`swiglu_value`), so the MLP's activation is no kernel of
+// its own. VEC divides K, so the up half's pieces are aligned as the gate's.
+//
+// Defines: TX, TW, TB, TY, BIAS, GLU, N_TOTAL and K_TOTAL (w's shape: baked, so every offset is a
 // constant), XM, VEC, CHUNK_W / W_CHUNKS and CHUNK_X / X_CHUNKS (`chunks()`), COLUMNS,
 // COLUMN_WARPS, K_SPLIT, UNROLL, from `kernels/linear.py`.
 
 #define PIECES (K_TOTAL / VEC)                     // pieces of a row (VEC divides K)
+#define X_ROW (GLU ? 2 * K_TOTAL : K_TOTAL)       // elements of a row of x
 #define STEPS ((PIECES + 31) / 32)                 // SIMD steps along a row
 
 /* kernel */
@@ -69,7 +75,13 @@
 #pragma unroll
       for (int m = 0; m < XM; m++) {
         float xs[VEC];
-        LOAD_PIECE(CHUNK_X, X_CHUNKS, TX, x + (long)m * K_TOTAL + piece * VEC, xs)
+        LOAD_PIECE(CHUNK_X, X_CHUNKS, TX, x + (long)m * X_ROW + piece * VEC, xs)
+#if GLU
+        float ups[VEC];
+        LOAD_PIECE(CHUNK_X, X_CHUNKS, TX, x + (long)m * X_ROW + K_TOTAL + piece * VEC, ups)
+#pragma unroll
+        for (int j = 0; j < VEC; j++) xs[j] = swiglu_value<TX>(xs[j], ups[j]);
+#endif
 #pragma unroll
         for (int c = 0; c < COLUMNS; c++)
 #pragma unroll

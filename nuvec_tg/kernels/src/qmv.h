@@ -98,10 +98,7 @@ INLINE void load_x8_glu(const DEVICE TX* at, THREAD float* xs) {
   load_x8(at, xs);
   load_x8(at + K_TOTAL, ups);
   #pragma unroll
-  for (int j = 0; j < 8; j++) {
-    const float silu = to_float(TX(xs[j] / (1.0f + exp2(-xs[j] * LOG2E))));
-    xs[j] = to_float(TX(silu * ups[j]));
-  }
+  for (int j = 0; j < 8; j++) xs[j] = swiglu_value<TX>(xs[j], ups[j]);
 }
 #define LOAD_X8(at, xs) load_x8_glu(at, xs)
 #else
