@@ -3,6 +3,8 @@
 # specialisation compiled, the GPU tests, then the benchmark. Output goes to $OUT (or ./device_out)
 # so that it comes back.
 # Usage: bash scripts/device_check.sh [compile|tests|bench|tune|sanitize|all] [pytest or sanitize_cases.py args...]
+# (Nothing can be installed on the device: carry pytest-xdist and execnet as wheels in .whl/ beside
+# tinygrad's for parallel tests.)
 # `compile` (also first in `tests` and `all` on CUDA; COMPILE_CHECK=0 leaves it out there) compiles
 # every CUDA specialisation the plan can emit with nvrtc as tinygrad does (tools/compile_cuda.py,
 # one line per family) into compile_cuda.log; a failure fails the check, and the tests still run.
@@ -30,7 +32,11 @@ if [ "$what" = compile ] || { [ "$DEV" = CUDA ] && [ "${COMPILE_CHECK:-1}" != 0 
   [ "${PIPESTATUS[0]}" = 0 ] || { status=1; compile_failed="compile check FAILED: the first error is in $out/compile_cuda.log"; echo "$compile_failed"; }
 fi
 if [ "$what" = tests ] || [ "$what" = all ]; then
-  python3 -m pytest -q -m gpu -p no:cacheprovider "$@" tests 2>&1 | tee "$out/gpu_tests.log" || status=1
+  # GPU_TEST_WORKERS pytest-xdist workers on the one GPU where xdist imports (default 8: the GPU
+  # tests are mostly compiles and host work; 911 tests took 320 s on an H100 with 8), else one.
+  workers=()
+  python3 -c "import xdist" 2>/dev/null && workers=(-n "${GPU_TEST_WORKERS:-8}")
+  python3 -m pytest -q -m gpu -p no:cacheprovider "${workers[@]}" "$@" tests 2>&1 | tee "$out/gpu_tests.log" || status=1
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
   for benchmark in ${BENCHMARKS:-attention gated_delta linear quant}; do
