@@ -8,13 +8,16 @@ device (each step's tokens the previous one's output, one synchronisation at the
 pipelined loop could reach).
 
 Usage: DEV=CUDA python3 tools/profile_decode_step.py [--config qwen3_8b] [--format q4|dense]
-       [--batch 1] [--prompt 512] [--steps 32] [--top 25] [--small]
+       [--batch 1] [--prompt 512] [--steps 32] [--top 25] [--small] [--profile N]
 (JIT_BATCH_SIZE=0 in the environment captures the step as one graph instead of tinygrad's
 batches of 32, 64, 128, ...)
 """
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
+import pstats
 import statistics
 import time
 from collections import defaultdict
@@ -56,6 +59,8 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--sequence", default="", help="FIRST,COUNT: also list those kernels in launch order with their buffers' sizes")
     parser.add_argument("--small", action="store_true", help="the tiny config of the same family")
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="also the replays' host time under cProfile: the N functions of most time of their own")
     args = parser.parse_args()
     config = (SMALL_CONFIGS if args.small else CONFIGS)[args.config]
     dtype = dtypes.bfloat16 if is_gpu() else dtypes.float32
@@ -97,6 +102,19 @@ def main() -> None:
         totals.append(time.perf_counter() - began)
     print(f"replay: host {statistics.median(hosts) * 1e3:.3f} ms until the call returns, "
           f"{statistics.median(totals) * 1e3:.3f} ms with the device's wait", flush=True)
+    if args.profile:   # where the host's time of a replay goes (issue 26): tinygrad's and the driver's calls
+        profiler = cProfile.Profile()
+        for _ in range(args.steps):
+            cache.position += 1
+            Device[model.device].synchronize()
+            profiler.enable()
+            jit(token, length.bind(cache.position))
+            profiler.disable()
+        Device[model.device].synchronize()
+        text = io.StringIO()
+        pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(args.profile)
+        print(f"replay host time under cProfile, {args.steps} replays, the {args.profile} functions of most time of their own:")
+        print("\n".join(line for line in text.getvalue().splitlines() if line.strip()), flush=True)
 
     # chained on the device: one synchronisation for all the steps
     Device[model.device].synchronize()
