@@ -346,10 +346,11 @@ class Attention:
             if written is None:
                 keys[:, :, start:start + t].assign(self.rope(k, k_weight, k_eps, positions.rope_offset).cast(keys.dtype))
                 values[:, :, start:start + t].assign(v.cast(values.dtype))
-            if queries is not None and written is not None: q, keys, values = written
-            else:
-                if written is not None: keys, values = written
                 q = self.rope(q, q_weight, q_eps, positions.rope_offset)
+            elif queries is None:
+                keys, values = written
+                q = self.rope(q, q_weight, q_eps, positions.rope_offset)
+            else: q, keys, values = written
             if positions.key_count is not None:
                 keys, values = keys[:, :, :positions.key_count], values[:, :, :positions.key_count]
             if positions.masked:

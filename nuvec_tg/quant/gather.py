@@ -67,9 +67,10 @@ def gather_mm(a: Tensor, b: Tensor, lhs_indices: Tensor | None = None, rhs_indic
     check(a.ndim >= 2 and b.ndim >= 2, op, f"a and b must have at least 2 dimensions, got {tuple(a.shape)} and {tuple(b.shape)}")
     check(a.shape[-1] == b.shape[-2], op, f"a's last dimension ({a.shape[-1]}) must equal b's second to last ({b.shape[-2]})")
     dtype = promote_types(a.dtype, b.dtype)
-    b_flat = b.cast(dtype).reshape(-1, *b.shape[-2:])
+    b = b.cast(dtype)
+    b_flat = b.reshape(-1, *b.shape[-2:])
     k, n = b.shape[-2], b.shape[-1]
-    w = _rows_of(b.cast(dtype))
+    w = _rows_of(b)
     w_flat = None if w is None else w.reshape(-1, n, k)
 
     def product(rows: Tensor, picks: Tensor) -> Tensor:
@@ -79,12 +80,11 @@ def gather_mm(a: Tensor, b: Tensor, lhs_indices: Tensor | None = None, rhs_indic
         backend = kernels.choose(op, f"{entries} entries of {m} x {k} x {tuple(b.shape)} on {a.device}", a.device, kernel,
                                  lambda backend: reason)
         if backend is None: return rows @ take_rows(b_flat, picks)
-        # an expert's rows as one product: every entry's single row with its own weight batch, sorted by batch
-        row_picks = picks.reshape(-1, 1).expand(entries, m).reshape(-1)
+        # an expert's rows as one product: the route takes single-row entries, each with its own weight batch
         run = linear_kernel.gemm_wgmma if kernel == "gemm_wgmma" else linear_kernel.gemm
-        out = run(rows.reshape(entries * m, k), w_flat, None, out_dtype=dtype, backend=backend, picks=row_picks,
-                  composition=lambda x, w, _: (x.reshape(-1, 1, k) @ take_rows(w, row_picks).transpose(-1, -2)).reshape(-1, n))
-        return out.reshape(entries, m, n)
+        out = run(rows.reshape(entries, k), w_flat, None, out_dtype=dtype, backend=backend, picks=picks,
+                  composition=lambda x, w, _: (x.reshape(-1, 1, k) @ take_rows(w, picks).transpose(-1, -2)).reshape(-1, n))
+        return out.reshape(entries, 1, n)
     return _gather(op, a.cast(dtype), tuple(b.shape[:-2]), lhs_indices, rhs_indices, product)
 
 
