@@ -1,7 +1,8 @@
 """Where one jitted decode step's time goes (issue 26): `generate_tokens`' prefill and decode
 (greedy, its steps chained on the device), then the captured step's kernels (how many, in
 how many graphs, how many of the graphs' nodes are re-parameterised at every replay), each
-kernel's device time run alone (summed by name, largest first), and three wall clocks per step:
+kernel's device time run alone (summed by name, largest first), what each family costs inside the
+step's graph (the step rebuilt as one graph without it), and three wall clocks per step:
 as `Model.generate_tokens` runs it (token from the host, result read back), the replay alone
 (the jit call's host time until it returns, then its device wait), and steps chained on the
 device (each step's tokens the previous one's output, one synchronisation at the end: what a
@@ -24,7 +25,7 @@ from collections import defaultdict
 
 import numpy as np
 from tinygrad import Device, Tensor, dtypes
-from tinygrad.engine.jit import _prepare_jit_inputs
+from tinygrad.engine.jit import _prepare_jit_inputs, create_graph_call
 from tinygrad.helpers import ansistrip
 from tinygrad.engine.realize import ExecContext, get_graph_runtime, pm_exec, resolve_params
 from tinygrad.uop.ops import Ops
@@ -150,6 +151,24 @@ def main() -> None:
     print(f"kernels alone: {total * 1e3:.3f} ms device time in all", flush=True)
     for name, times in sorted(per_name.items(), key=lambda kv: -sum(kv[1]))[:args.top]:
         print(f"  {sum(times) * 1e3:8.3f} ms {100 * sum(times) / total:5.1f}%  x{len(times):<4d} {name}")
+    if graphs: ablation(calls, per_name, context, args.top)
+
+
+def ablation(calls, per_name: dict[str, list[float]], context: ExecContext, top: int) -> None:
+    """What each kernel family costs inside the step's graph: the captured kernels rebuilt as one graph,
+    then without that family's kernels, each timed best of 5 replays. A kernel run alone pays a launch
+    and an idle device around it (about 10 µs on the H200 whatever it does); inside a graph it pays its
+    own time plus the gap to the next, which is what a step loses or saves by it. The values the
+    remaining kernels compute are wrong then, their time is not: no kernel's work depends on values."""
+    def graph_time(kept) -> float:
+        graph = create_graph_call([call for _, call in kept])
+        return min(sum(t or 0.0 for t in pm_exec.rewrite(graph, context) or []) for _ in range(5))
+    whole = graph_time(calls)
+    print(f"in one graph: {whole * 1e3:.3f} ms a step; without each family (the top {top} by time alone):", flush=True)
+    for name, times in sorted(per_name.items(), key=lambda kv: -sum(kv[1]))[:top]:
+        saved = whole - graph_time([(g, call) for g, call in calls if call_name(call) != name])
+        print(f"  {saved * 1e3:8.3f} ms {100 * saved / whole:5.1f}%  x{len(times):<4d} "
+              f"{saved / len(times) * 1e6:6.1f} µs each  {name}", flush=True)
 
 
 if __name__ == "__main__":
