@@ -224,6 +224,25 @@ def _gated_delta_chunked_candidates(backend: str) -> Iterator[_Candidate]:
         yield _Candidate(gated_delta.GATED_DELTA_PASS.stem, make_pass, ((dk, dv, activation, warps), (activation, state, slots)), ((),))
 
 
+def _gated_delta_inputs_candidates(backend: str) -> Iterator[_Candidate]:
+    """The layer's inputs kernel: both projection layouts, head sizes alike and not (threads past
+    the smaller heads), the filter's taps from 1 to the largest, the pool and the state, the decay
+    and its logarithm, every dtype of the projection, the state and the gates."""
+    for (dk, dv), projection, state, gate, taps, grouped, slots, log_decay in itertools.product(
+            [(128, 128), (64, 40), (32, 96)], KERNEL_DTYPES, KERNEL_DTYPES, (dtypes.float32, dtypes.bfloat16),
+            (1, 4, gated_delta.INPUTS_MAX_TAPS), (False, True), (False, True), (False, True)):
+        heads = gated_delta.DeltaNetHeads(2, 4, dk, dv, grouped)
+        types = dict(projected=projection, conv=state, filters=projection, a_log=gate, dt_bias=gate)
+        threads = gated_delta.inputs_plan(dk, dv, taps, 1)[0]
+
+        def make(types=types, heads=heads, taps=taps, threads=threads, slots=slots, log_decay=log_decay) -> tuple[str, Program]:
+            label = (f"Dk{heads.key_dim} Dv{heads.value_dim} {'grouped' if heads.grouped else 'separate'} taps {taps} "
+                     + " ".join(f"{name} {dtype_name(t)}" for name, t in types.items()) + " slots" * slots + " log decay" * log_decay)
+            return label, gated_delta.inputs_program(backend, types, heads, taps, threads, 1e-6, slots, log_decay)
+        cover = ((dk, dv, taps, grouped, slots, log_decay), (projection, state, gate))
+        yield _Candidate(gated_delta.GATED_DELTA_INPUTS.stem, make, cover, ((),))
+
+
 def _qmv_candidates(backend: str) -> Iterator[_Candidate]:
     """qmv and gather_qmv: every mode, width and group, x (and y) dtype, affine scales dtype, 1-8
     rows; K and N at the kernel's boundaries (half chunks, fewer columns than a SIMD group serves,
@@ -592,7 +611,8 @@ def _take_candidates(backend: str) -> Iterator[_Candidate]:
                          ((width,),), ((),))
 
 
-_WALKS = (_decode_candidates, _prefill_candidates, _gated_delta_candidates, _gated_delta_chunked_candidates, _qmv_candidates, _qvm_candidates, _qmm_candidates, _qmm_wgmma_candidates,
+_WALKS = (_decode_candidates, _prefill_candidates, _gated_delta_candidates, _gated_delta_chunked_candidates, _gated_delta_inputs_candidates,
+          _qmv_candidates, _qvm_candidates, _qmm_candidates, _qmm_wgmma_candidates,
           _norm_candidates, _residual_norm_candidates, _softmax_candidates, _rope_candidates, _norm_rope_candidates,
           _gemv_candidates, _gemm_candidates, _gemm_wgmma_candidates, _paged_write_candidates,
           _take_candidates)

@@ -13,6 +13,7 @@ from nuvec_tg.fast.gated_delta import _recurrence as recurrence_composition
 from nuvec_tg.kernels import compositions_only, kernel_backend
 from nuvec_tg.kernels import gated_delta as kernel
 from gated_delta_reference import chunked_tolerance, gated_delta_reference, transformers_cases
+import test_gated_delta_inputs as inputs_cases
 from reference import COMPOSITION_TOLERANCE, KERNEL_TOLERANCE, assert_rows_close, expect_launches, random, values
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not GPU_DEVICES, reason="no GPU")]
@@ -283,3 +284,35 @@ def test_the_chunked_prefill_matches_transformers(name):
     steps = case["q"].shape[1]
     chunked_close(f"{name} y vs transformers", y, case["y"], dtypes.bfloat16, steps)
     chunked_close(f"{name} state vs transformers", s, case["final"], dtypes.bfloat16, steps)
+
+
+# `fast.gated_delta_inputs`: the layer's inputs kernel against the float64 reference and the
+# composition on the same device (the cases of test_gated_delta_inputs.py, and Qwen3.5-9B's layer).
+INPUT_CASES = {**inputs_cases.CASES,
+               "qwen3_5_9b_decode_b2": inputs_cases.Case(2, 1, fast.DeltaNetHeads(16, 32, 128, 128), 4, (dtypes.bfloat16,) * 2 + (dtypes.float32,)),
+               "qwen3_5_9b_prefill_t40": inputs_cases.Case(1, 40, fast.DeltaNetHeads(16, 32, 128, 128), 4,
+                                                           (dtypes.bfloat16,) * 2 + (dtypes.float32,), log_decay=True)}
+
+
+@pytest.mark.parametrize("name", list(INPUT_CASES))
+def test_the_deltanet_inputs_kernel_matches_numpy_and_the_composition(name):
+    case = INPUT_CASES[name]
+    x = inputs_cases.inputs(name, case)
+    projected_t, conv_t, gate_t = case.types
+
+    def call():
+        tensors = {key: Tensor(x[key].astype(np.float32), device=gpu).cast(dtype).realize()
+                   for key, dtype in (("projected", projected_t), ("conv", conv_t), ("filters", projected_t),
+                                      ("a_log", gate_t), ("dt_bias", gate_t))}
+        slots = Tensor(list(case.slots), dtype=dtypes.int32, device=gpu) if case.pool else None
+        outs = fast.gated_delta_inputs(tensors["projected"], tensors["conv"], tensors["filters"], tensors["a_log"],
+                                       tensors["dt_bias"], case.heads, slots=slots, eps=inputs_cases.EPS, log_decay=case.log_decay)
+        Tensor.realize(*outs)
+        return {key: values(out) for key, out in zip((*inputs_cases.OUTPUTS, "conv"), outs)}
+    with expect_launches(gpu, "nuvec_gated_delta_inputs"):
+        got = call()
+    with expect_launches(gpu, None), compositions_only():
+        composed = call()
+    want = inputs_cases.expected(case, x)
+    inputs_cases.check(f"{name} vs numpy", got, want, case)
+    inputs_cases.check(f"{name} vs composition", got, composed, case, loose=3.0)

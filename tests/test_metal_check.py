@@ -27,9 +27,10 @@ from nuvec_tg.fast.plan import PlanTarget, Vector, plan_call, validate_attention
 from nuvec_tg.kernels import gated_delta, linear, paged, rope, rows, softmax
 from nuvec_tg.kernels import quant as qmv
 from nuvec_tg.kernels.attention import DecodeSpec
-from kernel_specialisations import gemm_calls, gemv_calls, norm_calls, norm_rope_calls, norm_rope_program, paged_write_calls, \
+from kernel_specialisations import specialisations, gemm_calls, gemv_calls, norm_calls, norm_rope_calls, norm_rope_program, paged_write_calls, \
     prefill_specs, residual_norm_calls, rope_calls, softmax_calls
-from nuvec_tg.kernels.program import FAMILIES, KERNEL_DTYPES, Param, Program, Resources, metal_limit_reason, prelude
+from nuvec_tg.kernels.program import FAMILIES, KERNEL_DTYPES, Param, Program, Resources, metal_limit_reason, prelude, \
+    threadgroup_array
 
 SHIM = pathlib.Path(__file__).parent / "metal_shim"
 COMPILER = next((c for c in ("clang++", "clang++-22", "clang++-21", "clang++-20", "clang++-19", "clang++-18", "g++")
@@ -297,6 +298,17 @@ def test_every_take_metal_specialisation_compiles(tmp_path):
     check_metal(tmp_path, [(paged.take_program("metal", width), Resources(paged.THREADS, 0)) for width in (16, 8, 4, 2)])
 
 
+def test_every_gated_delta_inputs_metal_specialisation_compiles(tmp_path):
+    """The gated DeltaNet layer's inputs kernel: its covering set (`kernel_specialisations`), each
+    within an Apple GPU's limits."""
+    cases = []
+    for spec in specialisations("metal")[gated_delta.GATED_DELTA_INPUTS.stem]:
+        threads = int(spec.program.text.split("#define THREADS ")[1].split()[0])
+        cases.append((spec.program, Resources(threads, threadgroup_array(threads // 32, 4))))
+    assert len(cases) >= 30
+    check_metal(tmp_path, cases)
+
+
 def qmv_cases():
     """Each qmv specialisation the routing emits, up to sizes: every mode, width and group, x (and
     y) dtype, affine scales dtype, 1-8 rows; K and N at the kernel's boundaries (half chunks, fewer
@@ -395,5 +407,6 @@ def test_every_metal_family_is_checked():
     checked = {"nuvec_sdpa_decode", "nuvec_sdpa_merge", "nuvec_gated_delta", "nuvec_qmv", "nuvec_qvm", "nuvec_qmm", "nuvec_rms_norm",
                "nuvec_layer_norm", "nuvec_residual_norm", "nuvec_softmax", "nuvec_logsumexp", "nuvec_cross_entropy",
                "nuvec_rope", "nuvec_norm_rope", "nuvec_sdpa_prefill", "nuvec_gemv", "nuvec_gemm",
-               "nuvec_gated_delta_chunks", "nuvec_gated_delta_pass", "nuvec_paged_write", "nuvec_take_rows"}
+               "nuvec_gated_delta_chunks", "nuvec_gated_delta_pass", "nuvec_paged_write", "nuvec_take_rows",
+               "nuvec_gated_delta_inputs"}
     assert {f.stem for f in FAMILIES if "metal" in f.backends} == checked

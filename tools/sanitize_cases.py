@@ -353,6 +353,31 @@ def gated(b: int, t: int, hk: int, hv: int, dk: int, dv: int, dtype: DType, stat
     return setup
 
 
+def deltanet_inputs(b: int, t: int, heads: fast.DeltaNetHeads, taps: int, dtype: DType, *, slots: list[int] | None = None,
+                    pool_size: int = 0) -> Setup:
+    """A `gated_delta_inputs` call: projection rows of `dtype`, a state (or with `slots` a pool of
+    `pool_size` rows) updated in place, float32 gates."""
+    def setup(rng):
+        projected = uniform(rng, (b, t, heads.width), dtype)
+        filters = uniform(rng, (heads.channels, taps), dtype)
+        a_log, dt_bias = uniform(rng, (heads.value_heads,), dtypes.float32), uniform(rng, (heads.value_heads,), dtypes.float32)
+        rows = pool_size if slots is not None else b
+        values = rng.uniform(-1, 1, (rows, taps - 1, heads.channels)).astype(np.float32)
+        slot_tensor = integers(slots) if slots is not None else None
+
+        def run(kernels: bool) -> Outputs:
+            conv = Tensor(values, device=DEVICE).cast(dtype).realize()   # fresh: the kernel updates it
+            outs = fast.gated_delta_inputs(projected, conv, filters, a_log, dt_bias, heads, slots=slot_tensor, log_decay=t > 1)
+            # q, k and v come from features rounded to dtype, which the composition's convolution
+            # rounds a unit otherwise now and then: compared in dtype
+            return [(name, out.cast(dtype) if name in ("q", "k", "v") else out, None)
+                    for name, out in zip(("q", "k", "v", "g", "beta", "conv"), outs)]
+        return run
+    return setup
+
+
+DELTANET_INPUTS = ("nuvec_gated_delta_inputs",)
+
 GATED = [
     Case("gated_delta final f32 T1 Dk32 Dv17 Hv4/Hk2", GATED_DELTA,
          gated(1, 1, 2, 4, 32, 17, dtypes.float32, dtypes.float32)),
@@ -373,6 +398,12 @@ GATED = [
     Case("gated_delta_slots f32 T1 int64 slots 2^32 + 1 (past the pool; 1 as int32), 0", GATED_DELTA,
          gated(2, 1, 1, 1, 32, 8, dtypes.float32, dtypes.float32, variant="slots", slots=[2**32 + 1, 0], pool_size=3,
                slot_dtype=np.int64)),
+    Case("gated_delta_inputs bf16 B2 T1 separate Hk2 Hv4 Dk32 Dv16 taps 4", DELTANET_INPUTS,
+         deltanet_inputs(2, 1, fast.DeltaNetHeads(2, 4, 32, 16), 4, dtypes.bfloat16)),
+    Case("gated_delta_inputs f16 T6 grouped Dk64 Dv40 taps 4 (rows in four groups)", DELTANET_INPUTS,
+         deltanet_inputs(1, 6, fast.DeltaNetHeads(1, 2, 64, 40, grouped=True), 4, dtypes.float16)),
+    Case("gated_delta_inputs f32 T2 pool slots 1, 3 (past it), -1, 0", DELTANET_INPUTS,
+         deltanet_inputs(4, 2, fast.DeltaNetHeads(1, 1, 32, 32), 4, dtypes.float32, slots=[1, 3, -1, 0], pool_size=3)),
     Case("gated_delta no steps", NONE, gated(1, 0, 1, 1, 32, 8, dtypes.float32, dtypes.float32)),
     Case("gated_delta_chunked bf16/f32 B2 T70 Dk128 Dv64 Hv4/Hk2 (chunked, the last chunk partial)", GATED_CHUNKED,
          gated(2, 70, 2, 4, 128, 64, dtypes.bfloat16, dtypes.float32, variant="chunked")),

@@ -25,7 +25,10 @@ from tinygrad.dtype import DType
 
 from .. import kernels
 from ..kernels import gated_delta as kernel
+from ..kernels.gated_delta import DeltaNetHeads
 from ..tensor import check, check_floating, check_integer, check_tensor, is_floating, take_rows, put_rows
+from .conv import causal_conv1d_slots, depthwise_conv1d
+from .norms import rms_norm
 
 
 def _check(op: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor | None = None) -> tuple[int, ...]:
@@ -270,3 +273,82 @@ def gated_delta_slots(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, 
     backend = _kernel_backend(op, q, v, (q, k, v, g, beta, pool))
     if backend is not None: return kernel.gated_delta_kernel(q, k, v, g, beta, pool, backend=backend, slots=slots)
     return _on_slots(pool, slots, lambda states: _recurrence(q, k, v, g, beta, states, None))
+
+
+def gated_delta_inputs(projected: Tensor, conv: Tensor, filters: Tensor, a_log: Tensor, dt_bias: Tensor,
+                       heads: DeltaNetHeads, slots: Tensor | None = None, eps: float = 1e-6,
+                       log_decay: bool = False) -> tuple[Tensor, ...]:
+    """A gated DeltaNet layer's inputs to the rule (Qwen3-Next, Qwen3.5) from its input projection:
+    the causal depthwise convolution continuing each sequence from its state, then SiLU (both in
+    the projection's dtype); q and k L2-normalised per head (`x / sqrt(sum(x²) + eps)`, q then
+    scaled by `1 / sqrt(Dk)`); the rate `sigmoid(b)` and the decay
+    `exp(-exp(a_log) * softplus(a + dt_bias))`, or its logarithm with `log_decay` (as
+    `gated_delta_chunked` takes it). transformers' `causal_conv1d_update`, `l2norm` and its gate
+    computations in `Qwen3NextGatedDeltaNet` compute the same.
+
+    projected: `[B, T, heads.width]` (`DeltaNetHeads.split` says the layout); conv: the state
+    `[B, K - 1, C]` (`C = heads.channels`), or with `slots` (`[B]` integers) a pool
+    `[P, K - 1, C]` of which sequence `b` continues row `slots[b]` (a slot outside the pool reads
+    zeros, gives zero q, k and v, and changes no row); filters: `[C, K]`; a_log, dt_bias: `[Hv]`.
+    Returns `(q, k [B, T, Hk, Dk], v [B, T, Hv, Dv], g, beta [B, T, Hv])` in float32 and the
+    updated state (or pool): the last `K - 1` inputs of each sequence, in conv's dtype. Where the
+    kernel runs (METAL, CUDA) it updates conv's buffer in place (a realized buffer; otherwise a
+    copy of it) and runs at once.
+    """
+    op = "gated_delta_inputs"
+    for name, t in (("projected", projected), ("conv", conv), ("filters", filters), ("a_log", a_log), ("dt_bias", dt_bias)):
+        check_tensor(op, name, t)
+        check_floating(op, name, t.dtype)
+    check(isinstance(heads, DeltaNetHeads) and min(heads.key_heads, heads.value_heads, heads.key_dim, heads.value_dim) > 0
+          and heads.value_heads % heads.key_heads == 0, op,
+          f"heads must be DeltaNetHeads of positive sizes, value heads a multiple of key heads, got {heads!r}")
+    channels, hv = heads.channels, heads.value_heads
+    taps = filters.shape[1] if filters.ndim == 2 else 0
+    check(projected.ndim == 3 and projected.shape[2] == heads.width and filters.ndim == 2 and filters.shape[0] == channels
+          and taps >= 1 and conv.ndim == 3 and tuple(conv.shape[1:]) == (taps - 1, channels)
+          and tuple(a_log.shape) == (hv,) and tuple(dt_bias.shape) == (hv,), op,
+          f"projected must be [B, T, {heads.width}], filters [{channels}, K], conv [.., K - 1, {channels}], a_log and "
+          f"dt_bias [{hv}], got {tuple(projected.shape)}, {tuple(filters.shape)}, {tuple(conv.shape)}, "
+          f"{tuple(a_log.shape)} and {tuple(dt_bias.shape)}")
+    batch, steps = projected.shape[0], projected.shape[1]
+    if slots is None:
+        check(conv.shape[0] == batch, op, f"conv must be [{batch}, {taps - 1}, {channels}], got {tuple(conv.shape)}")
+    else:
+        check_tensor(op, "slots", slots)
+        check_integer(op, "slots", slots.dtype)
+        check(tuple(slots.shape) == (batch,), op, f"slots must be [{batch}], got shape {tuple(slots.shape)}")
+    check(isinstance(eps, (int, float)) and eps >= 0, op, f"eps must be a number >= 0, got {eps!r}")
+    description = f"{tuple(projected.shape)} on {projected.device}"
+    backend = None if 0 in (batch, steps) else kernels.choose(
+        op, description, projected.device, "gated_delta_inputs",
+        lambda backend: kernel.inputs_unsupported(tuple(t.dtype for t in (projected, conv, filters, a_log, dt_bias)), taps,
+                                                  heads.key_dim, heads.value_dim, kernels.target(projected.device)))
+    if backend is not None:
+        return kernel.gated_delta_inputs_kernel(projected, conv, filters, a_log, dt_bias, heads, float(eps), backend=backend,
+                                                slots=slots, log_decay=log_decay)
+    return _inputs(projected, conv, filters, a_log, dt_bias, heads, slots, float(eps), log_decay)
+
+
+def _inputs(projected: Tensor, conv: Tensor, filters: Tensor, a_log: Tensor, dt_bias: Tensor, heads: DeltaNetHeads,
+            slots: Tensor | None, eps: float, log_decay: bool) -> tuple[Tensor, ...]:
+    """`gated_delta_inputs`' composition."""
+    b, t, _ = projected.shape
+    hk, hv, dk, dv = heads.key_heads, heads.value_heads, heads.key_dim, heads.value_dim
+    mixed, _, beta, a = heads.split(projected)
+    w = filters.cast(mixed.dtype).reshape(heads.channels, filters.shape[1], 1)
+    if slots is not None:
+        features, new_conv = causal_conv1d_slots(mixed, w, conv, slots, silu=True)
+    else:   # stored, as the convolution's output: what reads them then compiles as small programs
+        sequence = conv.cast(mixed.dtype).cat(mixed, dim=1).contiguous()           # [B, K - 1 + T, C]
+        features = depthwise_conv1d(sequence, w).silu()
+        new_conv = sequence[:, t:].cast(conv.dtype)
+    q, k, v = features.contiguous().split([hk * dk, hk * dk, hv * dv], dim=-1)
+
+    def l2_normalized(x: Tensor) -> Tensor:   # an RMS norm with eps / D (MLX's form), then 1 / sqrt(D)
+        return rms_norm(x, None, eps / dk) * (dk ** -0.5)
+    q = l2_normalized(q.reshape(b, t, hk, dk).cast(dtypes.float32)) * (dk ** -0.5)
+    k = l2_normalized(k.reshape(b, t, hk, dk).cast(dtypes.float32))
+    v = v.reshape(b, t, hv, dv).cast(dtypes.float32)
+    rate = beta.cast(dtypes.float32).sigmoid()
+    decay = -a_log.cast(dtypes.float32).exp() * (a.cast(dtypes.float32) + dt_bias.cast(dtypes.float32)).softplus()
+    return q, k, v, decay if log_decay else decay.exp(), rate, new_conv

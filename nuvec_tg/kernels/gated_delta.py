@@ -260,3 +260,110 @@ def gated_delta_kernel(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
     grid = (math.ceil(dv / (shape.warps * shape.rows)), hv, b)
     return tuple(launch(kernel, device, outs, ins, grid, 32 * shape.warps, backward=backward, in_place=mode == "slots",
                         label=f"{backend} gated_delta {mode} Dk{dk} Dv{dv} Hk{hk} Hv{hv}"))
+
+
+# ---- the gated DeltaNet layer's inputs to the rule (src/gated_delta_inputs.h)
+
+INPUTS_MAX_TAPS = 8   # a thread keeps its channel's window and filter in registers
+
+
+def inputs_unsupported(types: tuple[DType, ...], taps: int, key_dim: int, value_dim: int, target: Target) -> str | None:
+    """Why the inputs kernel does not take a call on `target` (None when it does): float16, bfloat16
+    or float32 everywhere (`types`: the projection's, the state's, the filters', a_log's and
+    dt_bias's), bfloat16 only where the target has bfloat, 1 to INPUTS_MAX_TAPS taps, and a head's
+    channels within a threadgroup (Dk and Dv up to 1024)."""
+    if any(t not in CTYPES for t in types): return "a float64 input"
+    if (reason := target.lacks(bfloat=dtypes.bfloat16 in types)) is not None: return reason
+    if not 1 <= taps <= INPUTS_MAX_TAPS: return f"{taps} taps (the kernel takes 1 to {INPUTS_MAX_TAPS})"
+    if max(key_dim, value_dim) > 1024: return f"a head of {max(key_dim, value_dim)} channels (a threadgroup holds 1024)"
+    return None
+
+
+def inputs_plan(key_dim: int, value_dim: int, taps: int, steps: int) -> tuple[int, int]:
+    """The launch: (threads a threadgroup, groups of rows): a thread per channel of a head, then one
+    group for the rows whose window reaches into the state and one per later row."""
+    first = max(taps - 1, 1)
+    return 32 * -(-max(key_dim, value_dim) // 32), 1 + max(0, steps - first)
+
+
+GATED_DELTA_INPUTS = Family("nuvec_gated_delta_inputs", ("pieces.h", "gated_delta_inputs.h"), inputs_unsupported,
+                            inputs_plan)
+
+
+@dataclass(frozen=True)
+class DeltaNetHeads:
+    """A gated DeltaNet layer's heads: `key_heads` q and k heads of `key_dim`, `value_heads` v heads
+    of `value_dim` (a multiple of key_heads), and its input projection's layout: `grouped`, per key
+    head its q, k, its value heads' v and z, then per key head its value heads' b and a
+    (Qwen3-Next's `in_proj_qkvz`, `in_proj_ba`); else all q, all k, all v, z, b, a (Qwen3.5's
+    `in_proj_qkv`, `in_proj_z`, `in_proj_b`, `in_proj_a`)."""
+    key_heads: int
+    value_heads: int
+    key_dim: int
+    value_dim: int
+    grouped: bool = False
+
+    @property
+    def channels(self) -> int:
+        """The convolution's channels: all q, all k, all v."""
+        return 2 * self.key_heads * self.key_dim + self.value_heads * self.value_dim
+
+    @property
+    def width(self) -> int:
+        """A projection row: the channels, z, b and a."""
+        return self.channels + self.value_heads * (self.value_dim + 2)
+
+    def split(self, projected: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """Projection rows `[B, T, width]` to the convolution's input `[B, T, C]` (all q, all k,
+        all v), z `[B, T, Hv, Dv]`, and b and a `[B, T, Hv]`."""
+        b, t, _ = projected.shape
+        hk, hv, dk, dv = self.key_heads, self.value_heads, self.key_dim, self.value_dim
+        if not self.grouped:
+            mixed, z, beta, a = projected.split([self.channels, hv * dv, hv, hv], dim=-1)
+            return mixed, z.reshape(b, t, hv, dv), beta, a
+        group = hv // hk
+        qkvz, ba = projected.split([hk * (2 * dk + 2 * group * dv), 2 * hv], dim=-1)
+        q, k, v, z = qkvz.reshape(b, t, hk, 2 * dk + 2 * group * dv).split([dk, dk, group * dv, group * dv], dim=-1)
+        beta, a = ba.reshape(b, t, hk, 2 * group).split([group, group], dim=-1)
+        mixed = q.reshape(b, t, hk * dk).cat(k.reshape(b, t, hk * dk), v.reshape(b, t, hv * dv), dim=-1)
+        return mixed, z.reshape(b, t, hv, dv), beta.reshape(b, t, hv), a.reshape(b, t, hv)
+
+
+def inputs_program(backend: str, types: dict[str, DType], heads: DeltaNetHeads, taps: int, threads: int, eps: float,
+                   slots: bool, log_decay: bool) -> Program:
+    """One specialisation. types: the dtypes of the `projected` rows and the `conv` state (or pool),
+    and of `filters`, `a_log` and `dt_bias`, which only the signature names."""
+    c = {key: CTYPES[dtype] for key, dtype in types.items()}
+    defines = dict(TP=c["projected"], TC=c["conv"],
+                   HK=heads.key_heads, HV=heads.value_heads, DK=heads.key_dim, DV=heads.value_dim, TAPS=taps,
+                   FIRST=max(taps - 1, 1), THREADS=threads, GROUPED=int(heads.grouped), SLOTS=int(slots),
+                   DECAY_LOG=int(log_decay), L2_EPS=f"{eps / heads.key_dim!r}f", RSQRT_DK=f"{heads.key_dim ** -0.5!r}f")
+    params = [Param(name, "out", "float") for name in ("q", "k", "v", "g", "beta")]
+    params += [Param("conv", "out", c["conv"]), Param("projected", "in", c["projected"]), Param("filters", "in", c["filters"]),
+               Param("a_log", "in", c["a_log"]), Param("dt_bias", "in", c["dt_bias"])]
+    params += [Param("slots", "in", "int")] * slots + [Param("ints", "in", "int")]
+    return GATED_DELTA_INPUTS.program(backend, defines, params)
+
+
+def gated_delta_inputs_kernel(projected: Tensor, conv: Tensor, filters: Tensor, a_log: Tensor, dt_bias: Tensor,
+                              heads: DeltaNetHeads, eps: float, *, backend: str, slots: Tensor | None = None,
+                              log_decay: bool = False) -> tuple[Tensor, ...]:
+    """Launch the inputs kernel (shapes as `fast.gated_delta_inputs`, validated there): returns
+    `(q, k, v, g, beta, conv)`, the state (or pool) `conv` updated in place."""
+    b, steps, width = projected.shape
+    taps = filters.shape[1]
+    device = projected.device
+    types = dict(projected=projected.dtype, conv=conv.dtype, filters=filters.dtype, a_log=a_log.dtype, dt_bias=dt_bias.dtype)
+    threads, groups = inputs_plan(heads.key_dim, heads.value_dim, taps, steps)
+    program = inputs_program(backend, types, heads, taps, threads, eps, slots is not None, log_decay)
+    hk, hv, dk, dv = heads.key_heads, heads.value_heads, heads.key_dim, heads.value_dim
+    outs = [Tensor.empty(b, steps, hk, dk, dtype=dtypes.float32, device=device),
+            Tensor.empty(b, steps, hk, dk, dtype=dtypes.float32, device=device),
+            Tensor.empty(b, steps, hv, dv, dtype=dtypes.float32, device=device),
+            Tensor.empty(b, steps, hv, dtype=dtypes.float32, device=device),
+            Tensor.empty(b, steps, hv, dtype=dtypes.float32, device=device), conv]
+    ins = [kernel_input(t) for t in (projected, filters, a_log, dt_bias)]
+    if slots is not None: ins.append(int32_indices(slots).contiguous())
+    ins.append(int_buffer(device, (steps, width, conv.shape[0])))
+    return tuple(launch(program, device, outs, ins, (2 * hk + hv, groups, b), threads, in_place=True,
+                        label=f"{backend} gated_delta_inputs Dk{dk} Dv{dv} Hk{hk} Hv{hv} taps {taps}"))
