@@ -41,7 +41,7 @@ from tinygrad import Tensor, TinyJit, dtypes
 from tinygrad.helpers import Context
 
 from .cache import Pages, Positions
-from .sampling import Sampler
+from .sampling import Sampler, greedy_tokens
 
 DEFAULT_BLOCK_SIZE = 16   # positions a block (vLLM's default): a power of two, which the paged decode kernels read
 
@@ -285,7 +285,7 @@ class Engine:
                 model = self.model
                 hidden = model._hidden(tokens, Positions(0, 1, position, cached=True, pages=pages), self.cache)
                 logits = model._logits(hidden)[:, -1]
-                out = logits.argmax(-1).cast(dtypes.int32) if greedy else logits
+                out = greedy_tokens(logits) if greedy else logits
                 return out.realize(*self.cache.buffers())
             self.steps[key] = TinyJit(step)
         return self.steps[key]
