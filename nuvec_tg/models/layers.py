@@ -169,11 +169,9 @@ class MLP:
         self.gate_up, self.down, self.activation = gate_up, down, ACTIVATIONS[activation]
 
     def __call__(self, x: Tensor) -> Tensor:
-        down = self.down.weights[0] if len(self.down.weights) == 1 else None
-        if self.activation is Tensor.silu and down is not None and self.down.bias is None:
-            if isinstance(down, Tensor): down = down.cast(x.dtype)   # a dense product in x's dtype, as _product's
-            # SwiGLU's activation read into the down product's loads (no kernel of its own where qmv runs)
-            return quant.swiglu_matmul(self.gate_up.joined(x), down)
+        # the activation as its own kernel, then the product: `quant.swiglu_matmul`'s activation in
+        # the product's loads is computed again by every column set of the product, slower at
+        # every shape measured (`tools/glu_probe.py`, benchmarks/quant_h200.md)
         gate, up = self.gate_up(x)
         return self.down(self.activation(gate) * up)
 
