@@ -90,7 +90,7 @@ class KVCache:
         self.layers, self.batch, self.max_length, self.device = layers, batch, max_length, device
         self.position = 0
         self.pads: Tensor | None = None
-        self.steps: dict[str, object] = {}     # the jitted decode steps bound to these buffers
+        self.steps: dict[str | tuple, object] = {}   # the jitted decode steps and prefills bound to these buffers
         # each sequence's tokens by cache row, for greedy steps chained on the device (row r's token
         # at column r, the token it predicts at r + 1)
         self.history = Tensor.zeros(batch, max_length + 1, dtype=dtypes.int32, device=device).contiguous().realize()

@@ -25,12 +25,13 @@ from .. import fast
 from .cache import KVCache, Positions
 from .config import Config
 from .layers import Attention, Embedding, Linear, Norm
-from .sampling import Sampler
+from .sampling import Sampler, greedy_tokens
 
 
 # The most greedy steps queued on the device before their tokens are read back (a synchronisation
 # drains the queue, so a group pays one launch's host time with the device idle).
 READ_BACK_GROUP = 16
+PREFILL_JITS = 4   # jitted prefills a cache keeps (`Model._prefill_jit`)
 
 
 @dataclass
@@ -125,9 +126,9 @@ class Model:
             logits = self._step(cache, tokens, greedy=False).clone().realize()
             return logits.reshape(batch, 1, -1)
         chunks = []
-        for start in range(0, length, self.prefill_chunk):
-            chunks.append(self._prefill_chunk(cache, tokens[:, start:start + self.prefill_chunk], last_only=False))
-        return chunks[0] if len(chunks) == 1 else chunks[0].cat(*chunks[1:], dim=1).realize()
+        for start in range(0, length, self.prefill_chunk):   # cloned: each is a jit's output buffer
+            chunks.append(self._prefill_chunk(cache, tokens[:, start:start + self.prefill_chunk], last_only=False).clone())
+        return (chunks[0] if len(chunks) == 1 else chunks[0].cat(*chunks[1:], dim=1)).realize()
 
     def _check_cache(self, cache: KVCache, batch: int, length: int) -> None:
         if not isinstance(cache, KVCache): raise TypeError(f"model: cache must come from make_cache, got {type(cache).__name__}")
@@ -148,13 +149,31 @@ class Model:
         return Positions(start, rows, offset, cached=True, key_count=start + rows, pads=cache.pads, capacity=cache.max_length)
 
     def _prefill_chunk(self, cache: KVCache, tokens: Tensor, last_only: bool) -> Tensor:
-        """Logits of a chunk continuing from `cache.position` (only the last row's with `last_only`)."""
+        """Logits of a chunk continuing from `cache.position` (only the last row's with `last_only`),
+        through the cache's jitted prefill of this position, length and output (`_prefill_jit`).
+        The logits are the jit's output buffer: the next replay of that jit overwrites them."""
         rows = tokens.shape[1]
-        hidden = self._hidden(tokens, self._positions(cache, cache.position, rows), cache)
-        logits = self._logits(hidden[:, -1:] if last_only else hidden)
-        logits.realize(*cache.buffers())
+        logits = self._prefill_jit(cache, cache.position, rows, last_only)(tokens.contiguous())
         cache.position += rows
         return logits
+
+    def _prefill_jit(self, cache: KVCache, start: int, rows: int, last_only: bool) -> TinyJit:
+        """The cache's jitted prefill of `rows` tokens from cache row `start`, captured on its first
+        call: an eager prefill is bound by the host, which schedules each of its hundreds of kernels
+        again every call (`benchmarks/models_h200.md` measures it); a replay launches them at once. A generation's prompt is one chunk from row 0, so a prompt of
+        a length prefilled before replays. The cache keeps the PREFILL_JITS most recent (each holds
+        its intermediate buffers); a change of padding kind drops them with the decode steps."""
+        key = ("prefill", start, rows, last_only)
+        if (jit := cache.steps.pop(key, None)) is None:
+            def prefill(tokens: Tensor) -> Tensor:
+                hidden = self._hidden(tokens, self._positions(cache, start, rows), cache)
+                return self._logits(hidden[:, -1:] if last_only else hidden).realize(*cache.buffers())
+            jit = TinyJit(prefill)
+            jit.cnt = 1   # capture on the first call (TinyJit runs a first call eagerly, then captures the second)
+            kept = [k for k in cache.steps if isinstance(k, tuple) and k[0] == "prefill"]
+            for old in kept[:max(0, len(kept) - PREFILL_JITS + 1)]: del cache.steps[old]
+        cache.steps[key] = jit   # most recent last
+        return jit
 
     # ---- the jitted decode step ---------------------------------------------------------------
 
@@ -179,7 +198,7 @@ class Model:
         positions = Positions(start, 1, offset, cached=True, key_count=length if symbolic_keys else None,
                               query_start=query_start, pads=cache.pads, capacity=cache.max_length)
         logits = self._logits(self._hidden(tokens, positions, cache))[:, -1]
-        return logits.argmax(-1).cast(dtypes.int32) if greedy else logits
+        return greedy_tokens(logits) if greedy else logits
 
     def _decode(self, cache: KVCache, symbolic_keys: bool, greedy: bool, tokens: Tensor, length: UOp) -> Tensor:
         """`_next`, realized with the cache's writes."""
