@@ -159,7 +159,10 @@ def ablation(calls, per_name: dict[str, list[float]], context: ExecContext, top:
     then without that family's kernels, each timed best of 5 replays. A kernel run alone pays a launch
     and an idle device around it (about 10 µs on the H200 whatever it does); inside a graph it pays its
     own time plus the gap to the next, which is what a step loses or saves by it. The values the
-    remaining kernels compute are wrong then, their time is not: no kernel's work depends on values."""
+    remaining kernels compute are wrong then, their time is not: no kernel's work depends on values.
+    A family's kernels are also the graph's edges between its neighbours: without them later kernels
+    may run beside earlier ones, and where that costs more than the family a saving comes out
+    negative (the rows, not their sum, are what this says)."""
     def graph_time(kept) -> float:
         graph = create_graph_call([call for _, call in kept])
         return min(sum(t or 0.0 for t in pm_exec.rewrite(graph, context) or []) for _ in range(5))
