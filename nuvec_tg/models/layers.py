@@ -171,7 +171,7 @@ class MLP:
     def __call__(self, x: Tensor) -> Tensor:
         # the activation as its own kernel, then the product: `quant.swiglu_matmul`'s activation in
         # the product's loads is computed again by every column set of the product, slower at
-        # every shape measured (`tools/glu_probe.py`, benchmarks/quant_h200.md)
+        # every shape measured (`tools/glu_probe.py`, benchmarks/models_h200.md)
         gate, up = self.gate_up(x)
         return self.down(self.activation(gate) * up)
 
