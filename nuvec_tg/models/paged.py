@@ -41,6 +41,7 @@ from tinygrad import Tensor, TinyJit, dtypes
 from tinygrad.helpers import Context
 
 from .cache import Pages, Positions
+from .model import PREFILL_JITS
 from .sampling import Sampler, greedy_tokens
 
 DEFAULT_BLOCK_SIZE = 16   # positions a block (vLLM's default): a power of two, which the paged decode kernels read
@@ -145,6 +146,7 @@ class Engine:
         self.prefilling: deque[Request] = deque()
         self.running: list[Request] = []
         self.steps: dict[tuple[int, bool], TinyJit] = {}
+        self.prefills: dict[tuple[int, bool], TinyJit] = {}
         self.requests: dict[int, Request] = {}   # every request submitted, by id (its tokens and state)
         self._ids = itertools.count()
 
@@ -207,11 +209,14 @@ class Engine:
         chunk = request.prompt[start:start + self.prefill_chunk]
         rows = len(chunk)
         cache = self.cache
-        writes = [[cache.pool_slot(request.slot, start + t) for t in range(rows)]]
-        pages = self._pages([start], writes, [request.slot], [start + rows])
-        tokens = Tensor(np.asarray([chunk], np.int32), device=self.model.device)
+        meta = np.zeros((1, 3 + rows + cache.table_blocks), np.int32)
+        meta[0, :3] = (start, start + rows, request.slot)
+        meta[0, 3:3 + rows] = [cache.pool_slot(request.slot, start + t) for t in range(rows)]
+        meta[0, 3 + rows:] = cache.tables[request.slot]
         last = start + rows == len(request.prompt)
-        logits = self._forward(tokens, pages, rows_out=1 if last else 0)
+        step = self._prefill_step(rows, last)
+        with Context(JIT_BATCH_SIZE=0):   # one graph a chunk
+            logits = step(Tensor(np.asarray([chunk], np.int32), device=self.model.device), Tensor(meta, device=self.model.device))
         request.prefilled += rows
         if not last: return []
         self.prefilling.popleft()
@@ -251,24 +256,29 @@ class Engine:
 
     # ---- the model over pages -----------------------------------------------------------------
 
-    def _pages(self, starts, writes, sequences, lengths) -> Pages:
-        """Eager pages for a prefill chunk (host values copied to the device)."""
-        device, cache = self.model.device, self.cache
-        def ints(values) -> Tensor: return Tensor(np.asarray(values, np.int32), device=device)
-        return Pages(ints(starts), ints(writes), ints(cache.tables[sequences]), ints(lengths), ints(sequences))
-
-    def _forward(self, tokens: Tensor, pages: Pages, rows_out: int) -> Tensor | None:
-        """The model over `[B, T]` tokens on pages, the cache's writes realized; the logits of the
-        last `rows_out` rows (none: 0)."""
-        model = self.model
-        rows = tokens.shape[1]
-        hidden = model._hidden(tokens, Positions(0, rows, pages.starts, cached=True, pages=pages), self.cache)
-        if not rows_out:
-            Tensor.realize(hidden, *self.cache.buffers())
-            return None
-        logits = model._logits(hidden[:, -rows_out:])
-        Tensor.realize(logits, *self.cache.buffers())
-        return logits
+    def _prefill_step(self, rows: int, last: bool) -> TinyJit:
+        """The jitted prefill of a chunk of `rows` prompt tokens of one request: `(tokens [1, rows],
+        meta [1, 3 + rows + M])` to the last row's logits `[1, 1, vocab]` (`last`: the prompt's last
+        chunk) or its hidden state; meta's columns are the chunk's start, the length after it and
+        the request's state row, then each row's pool slot, then its block table. Captured on its
+        first call: eagerly, tinygrad schedules a chunk's hundreds of kernels again every call,
+        which bounds a prefill by the host (`Model._prefill_jit`). The engine keeps the
+        PREFILL_JITS most recent chunk lengths (the full chunk, and the prompts' remainders)."""
+        key = (rows, last)
+        if (jit := self.prefills.pop(key, None)) is None:
+            def step(tokens: Tensor, meta: Tensor) -> Tensor:
+                start, length, sequence = (meta[:, i].contiguous() for i in range(3))
+                writes, tables = meta[:, 3:3 + rows].contiguous(), meta[:, 3 + rows:].contiguous()
+                Tensor.realize(start, length, sequence, writes, tables)
+                pages = Pages(start, writes, tables, length, sequence)
+                hidden = self.model._hidden(tokens, Positions(0, rows, start, cached=True, pages=pages), self.cache)
+                out = self.model._logits(hidden[:, -1:]) if last else hidden[:, -1:]
+                return out.realize(*self.cache.buffers())
+            jit = TinyJit(step)
+            jit.cnt = 1   # capture on the first call (TinyJit runs a first call eagerly, then captures the second)
+            for old in list(self.prefills)[:max(0, len(self.prefills) - PREFILL_JITS + 1)]: del self.prefills[old]
+        self.prefills[key] = jit   # most recent last
+        return jit
 
     def _step(self, bucket: int, greedy: bool) -> TinyJit:
         """The jitted decode step of `bucket` rows: `(tokens [bucket, 1], meta [bucket, 4 + M])`
