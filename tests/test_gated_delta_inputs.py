@@ -110,7 +110,8 @@ def expected(case: Case, x: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     v = features[..., 2 * hk * dk:].reshape(b, t, hv, dv)
     def l2(x): return x / np.sqrt((x * x).sum(-1, keepdims=True) + EPS)
     log_decay = -np.exp(x["a_log"]) * np.log1p(np.exp(a_in + x["dt_bias"]))
-    out = {"q": l2(q) / np.sqrt(dk), "k": l2(k), "v": v, "g": log_decay if case.log_decay else np.exp(log_decay),
+    out = {"q": round_to(l2(q) / np.sqrt(dk), projected_t), "k": round_to(l2(k), projected_t), "v": v,
+           "g": log_decay if case.log_decay else np.exp(log_decay),
            "beta": 1 / (1 + np.exp(-beta_in))}
     new = round_to(sequence[:, t:], conv_t)
     if case.pool:
@@ -131,13 +132,16 @@ def emulated(case: Case, x: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     program = kernel.inputs_program("cuda", types, h, case.taps, threads, EPS, bool(case.pool), case.log_decay)
     shapes = {"q": (b, t, h.key_heads, h.key_dim), "k": (b, t, h.key_heads, h.key_dim),
               "v": (b, t, h.value_heads, h.value_dim), "g": (b, t, h.value_heads), "beta": (b, t, h.value_heads)}
-    buffers = {name: np.full(shape, np.nan, np.float32) for name, shape in shapes.items()}
+    def filled(dims, dtype):   # NaN patterns: an output the kernel misses shows
+        return np.full(dims, np.nan, np.float32) if dtype == F32 else np.full(dims, 0xFFFF, np.uint16)
+    out_types = {"q": projected_t, "k": projected_t, "v": projected_t, "g": F32, "beta": F32}
+    buffers = {name: filled(shape, out_types[name]) for name, shape in shapes.items()}
     buffers.update({name: to_bits(x[name], types[name]) for name in ("projected", "conv", "filters", "a_log", "dt_bias")})
     rows = case.pool if case.pool else b
     buffers["slots"] = np.array(case.slots, np.int32)
     buffers["ints"] = np.array([t, h.width, rows], np.int32)
     build(program)([buffers[p.name] for p in program.params], 2 * h.key_heads + h.value_heads, threads, groups, b)
-    got = {name: buffers[name].astype(np.float64) for name in OUTPUTS}
+    got = {name: from_bits(buffers[name], out_types[name]) for name in OUTPUTS}
     got["conv"] = from_bits(buffers["conv"], conv_t)
     return got
 
@@ -204,3 +208,11 @@ def test_bad_input_raises_naming_the_operation(change, message):
     args.update(change)
     with pytest.raises((ValueError, TypeError), match=f"gated_delta_inputs.*{message}"):
         fast.gated_delta_inputs(**args)
+
+
+@pytest.mark.parametrize("dtype", [BF16, F32])
+def test_q_k_and_v_take_the_projections_dtype_and_the_gates_float32(dtype):
+    heads = DeltaNetHeads(1, 2, 8, 8)
+    outs = fast.gated_delta_inputs(Tensor.zeros(1, 2, heads.width, dtype=dtype), Tensor.zeros(1, 3, heads.channels, dtype=dtype),
+                                   Tensor.zeros(heads.channels, 4, dtype=dtype), Tensor.zeros(2), Tensor.zeros(2), heads)
+    assert [o.dtype for o in outs] == [dtype, dtype, dtype, F32, F32, dtype]

@@ -290,8 +290,10 @@ def gated_delta_inputs(projected: Tensor, conv: Tensor, filters: Tensor, a_log: 
     `[B, K - 1, C]` (`C = heads.channels`), or with `slots` (`[B]` integers) a pool
     `[P, K - 1, C]` of which sequence `b` continues row `slots[b]` (a slot outside the pool reads
     zeros, gives zero q, k and v, and changes no row); filters: `[C, K]`; a_log, dt_bias: `[Hv]`.
-    Returns `(q, k [B, T, Hk, Dk], v [B, T, Hv, Dv], g, beta [B, T, Hv])` in float32 and the
-    updated state (or pool): the last `K - 1` inputs of each sequence, in conv's dtype. Where the
+    Returns `(q, k [B, T, Hk, Dk], v [B, T, Hv, Dv])` in the projection's dtype (the norms
+    computed in float32, then rounded, as transformers keeps the rule's inputs), `(g, beta [B, T,
+    Hv])` in float32, and the updated state (or pool): the last `K - 1` inputs of each sequence, in
+    conv's dtype. Where the
     kernel runs (METAL, CUDA) it updates conv's buffer in place (a realized buffer; otherwise a
     copy of it) and runs at once.
     """
@@ -346,9 +348,9 @@ def _inputs(projected: Tensor, conv: Tensor, filters: Tensor, a_log: Tensor, dt_
 
     def l2_normalized(x: Tensor) -> Tensor:   # an RMS norm with eps / D (MLX's form), then 1 / sqrt(D)
         return rms_norm(x, None, eps / dk) * (dk ** -0.5)
-    q = l2_normalized(q.reshape(b, t, hk, dk).cast(dtypes.float32)) * (dk ** -0.5)
-    k = l2_normalized(k.reshape(b, t, hk, dk).cast(dtypes.float32))
-    v = v.reshape(b, t, hv, dv).cast(dtypes.float32)
+    q = (l2_normalized(q.reshape(b, t, hk, dk).cast(dtypes.float32)) * (dk ** -0.5)).cast(mixed.dtype)
+    k = l2_normalized(k.reshape(b, t, hk, dk).cast(dtypes.float32)).cast(mixed.dtype)
+    v = v.reshape(b, t, hv, dv)
     rate = beta.cast(dtypes.float32).sigmoid()
     decay = -a_log.cast(dtypes.float32).exp() * (a.cast(dtypes.float32) + dt_bias.cast(dtypes.float32)).softplus()
     return q, k, v, decay if log_decay else decay.exp(), rate, new_conv

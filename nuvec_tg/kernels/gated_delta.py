@@ -338,7 +338,7 @@ def inputs_program(backend: str, types: dict[str, DType], heads: DeltaNetHeads, 
                    HK=heads.key_heads, HV=heads.value_heads, DK=heads.key_dim, DV=heads.value_dim, TAPS=taps,
                    FIRST=max(taps - 1, 1), THREADS=threads, GROUPED=int(heads.grouped), SLOTS=int(slots),
                    DECAY_LOG=int(log_decay), L2_EPS=f"{eps / heads.key_dim!r}f", RSQRT_DK=f"{heads.key_dim ** -0.5!r}f")
-    params = [Param(name, "out", "float") for name in ("q", "k", "v", "g", "beta")]
+    params = [Param(name, "out", c["projected"]) for name in ("q", "k", "v")] + [Param(name, "out", "float") for name in ("g", "beta")]
     params += [Param("conv", "out", c["conv"]), Param("projected", "in", c["projected"]), Param("filters", "in", c["filters"]),
                Param("a_log", "in", c["a_log"]), Param("dt_bias", "in", c["dt_bias"])]
     params += [Param("slots", "in", "int")] * slots + [Param("ints", "in", "int")]
@@ -357,9 +357,9 @@ def gated_delta_inputs_kernel(projected: Tensor, conv: Tensor, filters: Tensor, 
     threads, groups = inputs_plan(heads.key_dim, heads.value_dim, taps, steps)
     program = inputs_program(backend, types, heads, taps, threads, eps, slots is not None, log_decay)
     hk, hv, dk, dv = heads.key_heads, heads.value_heads, heads.key_dim, heads.value_dim
-    outs = [Tensor.empty(b, steps, hk, dk, dtype=dtypes.float32, device=device),
-            Tensor.empty(b, steps, hk, dk, dtype=dtypes.float32, device=device),
-            Tensor.empty(b, steps, hv, dv, dtype=dtypes.float32, device=device),
+    outs = [Tensor.empty(b, steps, hk, dk, dtype=projected.dtype, device=device),
+            Tensor.empty(b, steps, hk, dk, dtype=projected.dtype, device=device),
+            Tensor.empty(b, steps, hv, dv, dtype=projected.dtype, device=device),
             Tensor.empty(b, steps, hv, dtype=dtypes.float32, device=device),
             Tensor.empty(b, steps, hv, dtype=dtypes.float32, device=device), conv]
     ins = [kernel_input(t) for t in (projected, filters, a_log, dt_bias)]

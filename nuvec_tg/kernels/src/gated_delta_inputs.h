@@ -17,7 +17,9 @@
 // `in_proj_qkvz`, `in_proj_ba`).
 //
 // Rounding as the composition rounds: the state's values taken as TP, the convolution summed in
-// float32 and rounded to TP (the projection's type), SiLU rounded to TP, the rest float32.
+// float32 and rounded to TP (the projection's type), SiLU rounded to TP, the norms in float32, q,
+// k and v stored as TP (the rule's inputs in the model's type, as transformers keeps them), the
+// gates float32.
 //
 // Defines: TP, TC (the projection's and the state's types), HK, HV, DK, DV,
 // TAPS, FIRST (max(TAPS - 1, 1)), THREADS (a multiple of 32 covering DK and DV), GROUPED, SLOTS (the state a pool row `slots[b]`; outside the pool: zero
@@ -104,7 +106,7 @@ INLINE int decay_column(int h) {
     float feature = live ? to_float(TP(convolved / (1.0f + exp2(-convolved * LOG2E)))) : 0.0f;
     const long out_row = (long)batch * rows + t;
     if (is_value) {
-      if (mine) v[out_row * HV * DV + (block - 2 * HK) * DV + me] = feature;
+      if (mine) v[out_row * HV * DV + (block - 2 * HK) * DV + me] = TP(feature);
       if (me == 0) {   // this value head's rate and decay
         const int h = block - 2 * HK;
         const float b_in = to_float(row0[(long)t * width + rate_column(h)]);
@@ -124,8 +126,8 @@ INLINE int decay_column(int h) {
       const float scale = 1.0f / sqrt(squares / (float)DK + L2_EPS);  // the norm kernel's RMS
       feature = feature * scale * RSQRT_DK;
       if (mine) {
-        if (block < HK) q[(out_row * HK + block) * DK + me] = feature * RSQRT_DK;
-        else k[(out_row * HK + block - HK) * DK + me] = feature;
+        if (block < HK) q[(out_row * HK + block) * DK + me] = TP(feature * RSQRT_DK);
+        else k[(out_row * HK + block - HK) * DK + me] = TP(feature);
       }
     }
   }
