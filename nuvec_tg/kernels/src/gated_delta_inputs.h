@@ -21,10 +21,10 @@
 // k and v stored as TP (the rule's inputs in the model's type, as transformers keeps them), the
 // gates float32.
 //
-// Defines: TP, TC (the projection's and the state's types), HK, HV, DK, DV,
-// TAPS, FIRST (max(TAPS - 1, 1)), THREADS (a multiple of 32 covering DK and DV), GROUPED, SLOTS (the state a pool row `slots[b]`; outside the pool: zero
-// features, the pool unchanged), DECAY_LOG, L2_EPS (the l2 norm's epsilon over DK, as an RMS norm
-// takes it) and RSQRT_DK (float literals).
+// Defines: TP, TC (the projection's and the state's types), HK, HV, DK, DV, TAPS, FIRST
+// (max(TAPS - 1, 1)), THREADS (a multiple of 32 covering DK and DV), GROUPED, SLOTS (the state a
+// pool row `slots[b]`; outside the pool: zero features, the pool unchanged), DECAY_LOG, L2_EPS (the
+// l2 norm's epsilon over DK, as an RMS norm takes it) and RSQRT_DK (float literals).
 // Runtime integers (`ints`): the rows T, the projection's row width, the pool's rows (SLOTS).
 
 #define CHANNELS (2 * HK * DK + HV * DV)
