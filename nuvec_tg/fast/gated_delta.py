@@ -293,9 +293,8 @@ def gated_delta_inputs(projected: Tensor, conv: Tensor, filters: Tensor, a_log: 
     Returns `(q, k [B, T, Hk, Dk], v [B, T, Hv, Dv])` in the projection's dtype (the norms
     computed in float32, then rounded, as transformers keeps the rule's inputs), `(g, beta [B, T,
     Hv])` in float32, and the updated state (or pool): the last `K - 1` inputs of each sequence, in
-    conv's dtype. Where the
-    kernel runs (METAL, CUDA) it updates conv's buffer in place (a realized buffer; otherwise a
-    copy of it) and runs at once.
+    conv's dtype. Where the kernel runs (METAL, CUDA) it updates conv's buffer in place (a realized
+    buffer; otherwise a copy of it) and runs at once.
     """
     op = "gated_delta_inputs"
     for name, t in (("projected", projected), ("conv", conv), ("filters", filters), ("a_log", a_log), ("dt_bias", dt_bias)):

@@ -90,7 +90,8 @@ class KVCache:
         self.layers, self.batch, self.max_length, self.device = layers, batch, max_length, device
         self.position = 0
         self.pads: Tensor | None = None
-        self.steps: dict[str | tuple, object] = {}   # the jitted decode steps and prefills bound to these buffers
+        self.steps: dict[str, object] = {}       # the jitted decode steps bound to these buffers
+        self.prefills: dict[tuple, object] = {}  # the jitted prefills (`Model._prefill_jit`)
         # each sequence's tokens by cache row, for greedy steps chained on the device (row r's token
         # at column r, the token it predicts at r + 1)
         self.history = Tensor.zeros(batch, max_length + 1, dtype=dtypes.int32, device=device).contiguous().realize()
@@ -109,6 +110,7 @@ class KVCache:
         if len(pads) != self.batch: raise ValueError(f"KVCache: pads must have {self.batch} entries, got {len(pads)}")
         self.pads = Tensor(list(pads), dtype=dtypes.int32, device=self.device).realize() if any(pads) else None
         self.steps.clear()
+        self.prefills.clear()
 
     def reset(self, pads: list[int]) -> None:
         """Empty the cache for new sequences padded by `pads`: every buffer zeroed in place, position

@@ -93,7 +93,8 @@ class GatedDeltaNet:
         z = self.heads.split(projected)[1]
         filters = self.conv.value.reshape(self.channels, self.kernel)
         if not cached:   # zero states, the compositions: differentiable (the kernels update states in place)
-            conv, state = self.make_cache(b, 0, x.dtype, x.device)
+            conv = Tensor.zeros(b, self.kernel - 1, self.channels, dtype=x.dtype, device=x.device)
+            state = Tensor.zeros(b, self.value_heads, self.value_dim, self.key_dim, dtype=dtypes.float32, device=x.device)
             with kernels.compositions_only():
                 q, k, v, g, beta, _ = fast.gated_delta_inputs(projected, conv, filters, self.a_log.value,
                                                               self.dt_bias.value, self.heads, eps=L2_EPS, log_decay=t > 1)

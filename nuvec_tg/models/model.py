@@ -14,7 +14,7 @@ from __future__ import annotations
 import pathlib
 import time
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 from tinygrad import Device, Tensor, TinyJit, UOp, dtypes
@@ -31,7 +31,7 @@ from .sampling import Sampler, greedy_tokens
 # The most greedy steps queued on the device before their tokens are read back (a synchronisation
 # drains the queue, so a group pays one launch's host time with the device idle).
 READ_BACK_GROUP = 16
-PREFILL_JITS = 4   # jitted prefills a cache keeps (`Model._prefill_jit`)
+PREFILL_JITS = 4   # jitted prefills a cache or an engine keeps (`recent_jit`)
 
 
 @dataclass
@@ -158,22 +158,15 @@ class Model:
         return logits
 
     def _prefill_jit(self, cache: KVCache, start: int, rows: int, last_only: bool) -> TinyJit:
-        """The cache's jitted prefill of `rows` tokens from cache row `start`, captured on its first
-        call: an eager prefill is bound by the host, which schedules each of its hundreds of kernels
-        again every call (`benchmarks/models_h200.md` measures it); a replay launches them at once. A generation's prompt is one chunk from row 0, so a prompt of
-        a length prefilled before replays. The cache keeps the PREFILL_JITS most recent (each holds
-        its intermediate buffers); a change of padding kind drops them with the decode steps."""
-        key = ("prefill", start, rows, last_only)
-        if (jit := cache.steps.pop(key, None)) is None:
+        """The cache's jitted prefill of `rows` tokens from cache row `start` (`recent_jit`). A
+        generation's prompt is one chunk from row 0, so a prompt of a length prefilled before
+        replays; a change of padding kind drops the cache's prefills with its decode steps."""
+        def make() -> Callable[[Tensor], Tensor]:
             def prefill(tokens: Tensor) -> Tensor:
                 hidden = self._hidden(tokens, self._positions(cache, start, rows), cache)
                 return self._logits(hidden[:, -1:] if last_only else hidden).realize(*cache.buffers())
-            jit = TinyJit(prefill)
-            jit.cnt = 1   # capture on the first call (TinyJit runs a first call eagerly, then captures the second)
-            kept = [k for k in cache.steps if isinstance(k, tuple) and k[0] == "prefill"]
-            for old in kept[:max(0, len(kept) - PREFILL_JITS + 1)]: del cache.steps[old]
-        cache.steps[key] = jit   # most recent last
-        return jit
+            return prefill
+        return recent_jit(cache.prefills, (start, rows, last_only), make)
 
     # ---- the jitted decode step ---------------------------------------------------------------
 
@@ -359,6 +352,19 @@ class Model:
         cache.set_padding(pads)
         if kept is None or free: self._generation_cache = cache
         return cache
+
+
+def recent_jit(jits: dict, key: tuple, make: Callable[[], Callable]) -> TinyJit:
+    """`jits[key]`, else a TinyJit of `make()` captured on its first call (a prefill's: run eagerly,
+    tinygrad schedules its hundreds of kernels again every call, which bounds it by the host,
+    `benchmarks/models_h200.md`). `jits` keeps the PREFILL_JITS most recently used: each holds its
+    intermediate buffers."""
+    if (jit := jits.pop(key, None)) is None:
+        jit = TinyJit(make())
+        jit.cnt = 1   # TinyJit runs a first call eagerly and captures the second
+        for old in list(jits)[:max(0, len(jits) - PREFILL_JITS + 1)]: del jits[old]
+    jits[key] = jit   # most recent last
+    return jit
 
 
 def _round_up(n: int, multiple: int) -> int:

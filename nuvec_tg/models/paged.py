@@ -34,14 +34,14 @@ from __future__ import annotations
 import itertools
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 from tinygrad import Tensor, TinyJit, dtypes
 from tinygrad.helpers import Context
 
 from .cache import Pages, Positions
-from .model import PREFILL_JITS
+from .model import recent_jit
 from .sampling import Sampler, greedy_tokens
 
 DEFAULT_BLOCK_SIZE = 16   # positions a block (vLLM's default): a power of two, which the paged decode kernels read
@@ -260,12 +260,9 @@ class Engine:
         """The jitted prefill of a chunk of `rows` prompt tokens of one request: `(tokens [1, rows],
         meta [1, 3 + rows + M])` to the last row's logits `[1, 1, vocab]` (`last`: the prompt's last
         chunk) or its hidden state; meta's columns are the chunk's start, the length after it and
-        the request's state row, then each row's pool slot, then its block table. Captured on its
-        first call: eagerly, tinygrad schedules a chunk's hundreds of kernels again every call,
-        which bounds a prefill by the host (`Model._prefill_jit`). The engine keeps the
-        PREFILL_JITS most recent chunk lengths (the full chunk, and the prompts' remainders)."""
-        key = (rows, last)
-        if (jit := self.prefills.pop(key, None)) is None:
+        the request's state row, then each row's pool slot, then its block table (`recent_jit`: one
+        per chunk length, the full chunk's and the prompts' remainders)."""
+        def make() -> Callable[[Tensor, Tensor], Tensor]:
             def step(tokens: Tensor, meta: Tensor) -> Tensor:
                 start, length, sequence = (meta[:, i].contiguous() for i in range(3))
                 writes, tables = meta[:, 3:3 + rows].contiguous(), meta[:, 3 + rows:].contiguous()
@@ -274,11 +271,8 @@ class Engine:
                 hidden = self.model._hidden(tokens, Positions(0, rows, start, cached=True, pages=pages), self.cache)
                 out = self.model._logits(hidden[:, -1:]) if last else hidden[:, -1:]
                 return out.realize(*self.cache.buffers())
-            jit = TinyJit(step)
-            jit.cnt = 1   # capture on the first call (TinyJit runs a first call eagerly, then captures the second)
-            for old in list(self.prefills)[:max(0, len(self.prefills) - PREFILL_JITS + 1)]: del self.prefills[old]
-        self.prefills[key] = jit   # most recent last
-        return jit
+            return step
+        return recent_jit(self.prefills, (rows, last), make)
 
     def _step(self, bucket: int, greedy: bool) -> TinyJit:
         """The jitted decode step of `bucket` rows: `(tokens [bucket, 1], meta [bucket, 4 + M])`

@@ -15,9 +15,8 @@ ARGMAX_CHUNK = 256   # columns a first-stage reduction of `greedy_tokens` takes
 def greedy_tokens(logits: Tensor) -> Tensor:
     """Each row's argmax, `[B, vocab]` -> `[B]` int32 (the first of several equal largest, as
     `argmax(-1)`), in two stages: every chunk of ARGMAX_CHUNK columns its largest and where, then
-    the chunks'. tinygrad reduces a whole row of a large vocabulary in a few threadgroups (two
-    reductions of about 120 µs each over 151936 columns on an H100, `tools/profile_decode_step.py`);
-    chunks spread the row over the device."""
+    the chunks'. tinygrad reduces a whole row of a large vocabulary in a few threadgroups
+    (`benchmarks/models_h200.md`); chunks spread the row over the device."""
     batch, vocab = logits.shape
     count = -(-vocab // ARGMAX_CHUNK)
     chunks = logits.pad(((0, 0), (0, count * ARGMAX_CHUNK - vocab)), value=float("-inf")).reshape(batch, count, ARGMAX_CHUNK)
