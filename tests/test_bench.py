@@ -233,8 +233,8 @@ def test_the_linear_grid_and_its_bytes():
     assert linear_bench.moved_bytes(1, 4096, 4096) == 2 * (4096 * 4096 + 4096 + 4096)
 
 
-@pytest.mark.parametrize("changes, count", [({}, 44), ({"quick": True}, 22), ({"batches": "32"}, 22),
-                                            ({"part": "2/4"}, 11), ({"ops": "norm_rope,rope"}, 8)])
+@pytest.mark.parametrize("changes, count", [({}, 48), ({"quick": True}, 24), ({"batches": "32"}, 24),
+                                            ({"part": "2/4"}, 12), ({"ops": "norm_rope,rope"}, 8)])
 def test_the_rows_grid(changes, count):
     grid, head = rows_bench.grid_of(small_args(small=False, **changes))
     assert len(grid) == count and head == 128

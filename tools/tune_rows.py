@@ -37,7 +37,7 @@ def sweep_softmax(quick: bool) -> None:
         turn = rotation(moved)
         sets = [Tensor(rng.standard_normal((rows, length)).astype(np.float32)).cast(dtype).realize() for _ in range(turn.sets)]
         calls = [(sets[i % len(sets)],) for i in range(turn.calls)]
-        planned = softmax.plan(length)
+        planned = softmax.plan(length, dtype.itemsize)
         run = softmax.softmax_kernel if mode == "softmax" else softmax.logsumexp_kernel
         want = run(sets[0], backend=BACKEND).float().numpy()
         cells = []

@@ -24,6 +24,9 @@ The operations and PyTorch's counterparts (eager kernels, captured in a CUDA gra
 - copy (the ceiling of this timing method, not an operation of ours): a device-to-device copy of
   x, tinygrad's `Tensor.clone()` in the nuvec and composition columns, PyTorch's `x.clone()`: the
   rate a kernel that reads each byte once and writes it once reaches here.
+- max (the ceiling of a kernel that reads each byte once and writes a value a row, as logsumexp
+  and cross_entropy do; not an operation of ours): each row's maximum, tinygrad's `x.max(-1)` in
+  the nuvec and composition columns, PyTorch's `x.amax(-1)`.
 - norm_rope (Qwen3's per-head q/k norm, then rope, as rope's rows, weight `[128]`): ours the fused
   kernel (a row read once, written once); PyTorch `F.rms_norm` over the head, then transformers'
   rope as above. norm_then_rope: the same call as our two kernels of before, `rms_norm` then
@@ -44,7 +47,7 @@ from .common import COPIES, MAX_CALLS, Rotation, cuda_torch, l2_marker, part_of,
     start_table, time_jit, torch_graph_seconds
 
 OPS = ("rms_norm", "add_rms_norm", "residual_rms_norm", "layer_norm", "softmax", "logsumexp", "cross_entropy", "rope",
-       "norm_rope", "norm_then_rope", "copy")
+       "norm_rope", "norm_then_rope", "copy", "max")
 ROPE_OPS = ("rope", "norm_rope", "norm_then_rope")  # rows of heads: `Shape.rope_shape`
 DTYPES = ("bfloat16", "float32")
 HEAD = 128          # rope's head size (all of it rotated)
@@ -89,6 +92,7 @@ def moved_bytes(op: str, shape: Shape, itemsize: int, head: int = HEAD) -> int:
         "softmax": 2 * n,                          # x; y
         "copy": 2 * n,                             # x; its copy
         "logsumexp": n + shape.rows * itemsize,    # x; one value a row
+        "max": n + shape.rows * itemsize,          # x; one value a row
         "cross_entropy": n + shape.rows * (4 + 4),  # logits, int32 targets; float32 losses
         "rope": 2 * n + (shape.rows * 4 if shape.decode else 0),  # x (and the offsets); y
     }
@@ -106,6 +110,7 @@ def our_call(op: str, head: int):
         "layer_norm": lambda x, w, b: fast.layer_norm(x, w, b, LAYER_NORM_EPS),
         "softmax": lambda x: fast.softmax(x, -1),
         "copy": lambda x: x.clone(),
+        "max": lambda x: x.max(-1),
         "logsumexp": lambda x: fast.logsumexp(x, -1),
         "cross_entropy": lambda x, t: fast.cross_entropy(x, t),
         "rope": lambda x, *offsets: fast.rope(x, head, base=BASE, offset=offsets[0] if offsets else 0),
@@ -149,6 +154,7 @@ def random_inputs(rng, op: str, shape: Shape, head: int) -> dict[str, np.ndarray
         "layer_norm": lambda: {"x": normal(rows, width), "weight": weight(), "bias": normal(width, scale=0.1)},
         "softmax": lambda: {"x": normal(rows, width)},
         "copy": lambda: {"x": normal(rows, width)},
+        "max": lambda: {"x": normal(rows, width)},
         "logsumexp": lambda: {"x": normal(rows, width)},
         "cross_entropy": lambda: {"logits": normal(rows, width), "targets": rng.integers(0, width, rows, dtype=np.int32)},
     }
@@ -203,6 +209,7 @@ def torch_call(torch, op: str, head: int):
         "layer_norm": lambda x, w, b: F.layer_norm(x, (x.shape[-1],), w, b, LAYER_NORM_EPS),
         "softmax": lambda x: torch.softmax(x, dim=-1),
         "copy": lambda x: x.clone(),
+        "max": lambda x: x.amax(dim=-1),
         "logsumexp": lambda x: torch.logsumexp(x, dim=-1),
         "cross_entropy": lambda x, t: F.cross_entropy(x, t, reduction="none"),
         "rope": lambda x, cos, sin: x * cos + rotate_half(x) * sin,
