@@ -313,8 +313,9 @@ def test_two_rows_naming_one_slot_leave_the_slot_pieces_of_either():
     assert_rows_close("other slots", pool_rows(got)[others], pool_rows(want)[others], TOLERANCE[BF16])
     rows = reference(Case((2, 2, 3, 64), 64, BF16, BF16), x, weight, inv_freq, before)[0]  # the rows themselves
     candidates = np.stack([rows[0, :, 0], rows[0, :, 1], rows[1, :, 1]])   # [3, H, D]: the rows naming slot 3
-    slot = pool_rows(got)[3].reshape(2, -1, 8)                             # pieces of 8
-    pieces = candidates.reshape(3, 2, -1, 8)
+    unit = kernel.norm_rope_plan(64, 64).rotation.vec                      # the pieces a lane writes
+    slot = pool_rows(got)[3].reshape(2, -1, unit)
+    pieces = candidates.reshape(3, 2, -1, unit)
     close = np.abs(slot[None] - pieces).max(-1) <= TOLERANCE[BF16] * np.abs(pieces).max((-1, -2), keepdims=True)[..., 0]
     assert close.any(0).all(), "a piece of slot 3 is none of its candidates'"
 
@@ -339,7 +340,10 @@ def test_a_rows_bits_do_not_depend_on_the_other_rows(into):
 
 
 def test_the_plan_depends_on_the_sizes_only_and_its_threadgroups_fit():
-    assert kernel.norm_rope_plan(128, 128) == kernel.FusedLaunch(kernel.norm_rows.plan(128), kernel.plan(128, 128), 16, 16)
+    # a unit of 4 pairs for each of a row's 16 lanes (rope alone turns 8 pairs a thread)
+    assert kernel.norm_rope_plan(128, 128) == kernel.FusedLaunch(kernel.norm_rows.plan(128), kernel.plan(128, 128, 16), 16, 16)
+    assert kernel.plan(128, 128, 16).units == 16 and kernel.plan(128, 128).units == 8
+    assert kernel.plan(80, 80, 16).vec == 2 and kernel.plan(6, 6, 32).vec == 1  # the narrowest that fits, if none gives enough
     assert [(s.lanes, s.rows) for s in map(lambda n: kernel.norm_rope_plan(n, n), (8, 64, 128, 256, 512, 520, 4096))] == \
         [(8, 32), (8, 32), (16, 16), (32, 8), (32, 8), (64, 1), (256, 1)]
     for length in (6, 64, 128, 256, 512, 1024, 4096, 8192):

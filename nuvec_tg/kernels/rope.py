@@ -40,13 +40,16 @@ class Launch:
         return -(-rows * self.units // self.threads)
 
 
-def plan(length: int, dims: int) -> Launch:
+def plan(length: int, dims: int, min_units: int = 1) -> Launch:
     """The launch for rows of `length` features, `dims` of them rotated, from these sizes alone (no
     unit's arithmetic depends on the row count): the widest piece of 8, 4, 2 or 1 elements that
-    divides both `dims / 2` and `length` (so every piece is aligned to its size), 256 threads a
-    threadgroup."""
+    divides both `dims / 2` and `length` (so every piece is aligned to its size) and leaves a row
+    at least `min_units` units where a narrower one can (norm_rope: a unit for each of a row's
+    lanes, so that none idles through the sines and cosines), 256 threads a threadgroup. A pair's
+    arithmetic is the same in a unit of any width."""
     half = dims // 2
-    vec = next(w for w in WIDTHS if half % w == 0 and length % w == 0)
+    fits = [w for w in WIDTHS if half % w == 0 and length % w == 0]
+    vec = next((w for w in fits if half // w + (length - dims) // w >= min_units), fits[-1])
     rotating = half // vec
     return Launch(THREADS, vec, rotating, rotating + (length - dims) // vec)
 
@@ -182,13 +185,13 @@ def norm_rope_plan(length: int, dims: int) -> FusedLaunch:
     norm kernel's pieces on the norm kernel's lanes (`rows.plan`), so that a row's sum has its bits.
     A row of more than one SIMD group is a threadgroup, as in that kernel; a shorter one takes the
     fewest lanes that hold its pieces (a power of two, 8 to 32), 256 threads a threadgroup of such
-    rows. The rotation takes rope's units (`plan`)."""
+    rows. The rotation takes rope's units (`plan`), as many as the row has lanes where the widths
+    allow."""
     norm = norm_rows.plan(length)
-    rotation = plan(length, dims)
-    if norm.threads > 32: return FusedLaunch(norm, rotation, norm.threads, 1)
+    if norm.threads > 32: return FusedLaunch(norm, plan(length, dims, norm.threads), norm.threads, 1)
     pieces = -(-length // norm.vec)
     lanes = 32 if norm.per > 1 else min(32, max(MIN_LANES, 1 << (pieces - 1).bit_length()))
-    return FusedLaunch(norm, rotation, lanes, FUSED_THREADS // lanes)
+    return FusedLaunch(norm, plan(length, dims, lanes), lanes, FUSED_THREADS // lanes)
 
 
 def describe_norm_rope(shape: FusedLaunch) -> str:
