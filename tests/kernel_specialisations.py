@@ -302,6 +302,19 @@ def _qmm_candidates(backend: str) -> Iterator[_Candidate]:
                              ((quant.load_words(bits, k * bits // 32),), (x,)))
 
 
+def _dequantize_candidates(backend: str) -> Iterator[_Candidate]:
+    """dequantize: every mode, width and group into every float dtype (affine scales of that
+    dtype: `quant.dequantize_route`), K whose rows take wide or narrow loads (nvfp4: a half chunk)."""
+    for (mode, group, bits), out, k in itertools.product(FORMATS, FLOATS, (4096, 4096 + 16)):
+        if k % group: continue
+        for scales in ((out,) if mode == "affine" else (dtypes.uint8,)):
+            label = f"{mode} {bits}-bit g{group} scales {dtype_name(scales)} into {dtype_name(out)} K{k}"
+            make = functools.partial(_labelled, label, quant.dequantize_program, backend, scales, out, mode=mode, group_size=group,
+                                     bits=bits, k=k)
+            yield _Candidate(quant.DEQUANTIZE.stem, make, ((mode, group, bits, out), (mode, scales, k)),
+                             ((mode == "affine",),))
+
+
 def _qmm_wgmma_candidates(backend: str) -> Iterator[_Candidate]:
     """qmm_wgmma (CUDA only): every mode, width and group, 16-bit x, affine scales in x's type and
     float32, plain and gathered, both plans' tiles at every width, the sweep's others at 4 bits."""
@@ -612,7 +625,7 @@ def _take_candidates(backend: str) -> Iterator[_Candidate]:
 
 
 _WALKS = (_decode_candidates, _prefill_candidates, _gated_delta_candidates, _gated_delta_chunked_candidates, _gated_delta_inputs_candidates,
-          _qmv_candidates, _qvm_candidates, _qmm_candidates, _qmm_wgmma_candidates,
+          _qmv_candidates, _qvm_candidates, _qmm_candidates, _qmm_wgmma_candidates, _dequantize_candidates,
           _norm_candidates, _residual_norm_candidates, _softmax_candidates, _rope_candidates, _norm_rope_candidates,
           _gemv_candidates, _gemm_candidates, _gemm_wgmma_candidates, _paged_write_candidates,
           _take_candidates)

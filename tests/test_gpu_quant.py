@@ -287,3 +287,55 @@ def test_qmm_wgmma_gradients_equal_the_compositions():
     upstream = random(rng, (40, 96), dtypes.bfloat16, gpu)[0].realize()
     assert_gradients_equal_the_composition(lambda: quant.quantized_matmul(x, qw), upstream, [x, qw.scales, qw.biases],
                                            "nuvec_qmm_wgmma")
+
+
+@pytest.mark.parametrize("mode, group, width", FORMATS, ids=lambda f: str(f))
+@pytest.mark.parametrize("dtype", [dtypes.float32, dtypes.bfloat16], ids=lambda d: d.name)
+def test_dequantize_runs_its_kernel(mode, group, width, dtype):
+    """`quant.dequantize` into the scales' dtype (the floating-point modes: into `dtype`): batched
+    weights, K not a multiple of 64 (nvfp4: a half chunk), each weight within one rounding of
+    numpy's and within the composition's tolerance of the composition."""
+    rng = np.random.default_rng(0x9BD)
+    k = 256 + (16 if mode == "nvfp4" else group)
+    qw = quant.quantize(random(rng, (3, 40, k), dtype, gpu)[0], group, width, mode=mode)
+    with expect_launches(gpu, "nuvec_dequantize"):
+        got = quant.dequantize(qw, dtype).realize()
+    with expect_launches(gpu, None), compositions_only():
+        composed = quant.dequantize(qw, dtype).realize()
+    want = dequantized(qw)
+    assert got.shape == (3, 40, k) and got.dtype == dtype
+    np.testing.assert_array_less(np.abs(values(got) - want), (2.0**-7 if dtype == dtypes.bfloat16 else 2.0**-23) * np.abs(want) + 1e-30)
+    assert_rows_close("vs composition", values(got).reshape(-1, k), values(composed).reshape(-1, k), COMPOSITION_TOLERANCE[dtype])
+
+
+@pytest.mark.skipif(not WARPGROUPS, reason="no warpgroup products (CUDA sm_90)")
+@pytest.mark.parametrize("mode, group, width", [("affine", 64, 4), ("affine", 32, 3), ("affine", 128, 8), ("mxfp4", 32, 4),
+                                                ("nvfp4", 16, 4)], ids=str)
+def test_many_rows_dequantize_then_run_gemm_wgmma_with_qmm_wgmmas_bits(mode, group, width):
+    """From DEQUANTIZED_ROWS rows on Hopper the product dequantizes w, then runs gemm_wgmma: within
+    tolerance of numpy and the composition, and bit for bit qmm_wgmma's product of the same rows
+    (so the route may follow the row count), here at M = 300 (past the threshold and a 128-row
+    tile), N = 300, K = 1152."""
+    rng = np.random.default_rng(0x9BE)
+    n, k, rows = 300, 1152, max(300, qmv.DEQUANTIZED_ROWS)
+    qw = quant.quantize(random(rng, (n, k), dtypes.bfloat16, gpu)[0], group, width, mode=mode)
+    x, xv = random(rng, (rows, k), dtypes.bfloat16, gpu)
+    x = x.realize()
+    with expect_launches(gpu, "nuvec_dequantize"):
+        routed = assert_matches(f"{mode} {width}-bit", lambda: quant.quantized_matmul(x, qw), "nuvec_gemm_wgmma",
+                                xv @ dequantized(qw).T)
+    with expect_launches(gpu, "nuvec_qmm_wgmma"):
+        tiled = qmv.qmm(x, qw.weight, qw.scales, qw.biases, mode=mode, group_size=group, bits=width, out_dtype=dtypes.bfloat16,
+                        backend="cuda").realize()
+    np.testing.assert_array_equal(bits_of(routed), bits_of(tiled))
+
+
+@pytest.mark.skipif(not WARPGROUPS, reason="no warpgroup products (CUDA sm_90)")
+def test_the_dequantized_routes_gradients_equal_the_compositions():
+    rng = np.random.default_rng(0x9BF)
+    rows = qmv.DEQUANTIZED_ROWS
+    qw = quant.quantize(random(rng, (96, 256), dtypes.bfloat16, gpu)[0], 64, 4)
+    x = random(rng, (rows, 256), dtypes.bfloat16, gpu)[0].realize()
+    upstream = random(rng, (rows, 96), dtypes.bfloat16, gpu)[0].realize()
+    assert_gradients_equal_the_composition(lambda: quant.quantized_matmul(x, qw), upstream, [x, qw.scales, qw.biases],
+                                           "nuvec_gemm_wgmma")

@@ -368,6 +368,19 @@ def test_every_qmm_metal_specialisation_compiles(tmp_path):
     check_metal(tmp_path, cases, per_unit=200)
 
 
+def test_every_dequantize_metal_specialisation_compiles(tmp_path):
+    """Every mode, width and group into each float dtype (affine scales of that dtype), K whose
+    rows take wide or narrow loads: each one `quant.dequantize` gives the kernel on an Apple GPU."""
+    cases = []
+    for (mode, group, bits), out, k in itertools.product(FORMATS, ("float", "half", "bfloat"), (4096, 4096 + 16)):
+        if k % group: continue
+        scales = DTYPES[out if mode == "affine" else "uchar"]
+        assert qmv.dequantize_unsupported(scales, DTYPES[out], 8, k, PlanTarget("metal")) is None
+        cases.append((qmv.dequantize_program("metal", scales, DTYPES[out], mode=mode, group_size=group, bits=bits, k=k),
+                      Resources(qmv.DEQUANTIZE_THREADS, 0)))
+    check_metal(tmp_path, cases, per_unit=200)
+
+
 def test_every_prefill_metal_specialisation_compiles(tmp_path):
     """The tiled prefill kernel: every head size, 16-bit dtype and option at each launch the plan
     gives an Apple GPU's class."""
@@ -408,5 +421,5 @@ def test_every_metal_family_is_checked():
                "nuvec_layer_norm", "nuvec_residual_norm", "nuvec_softmax", "nuvec_logsumexp", "nuvec_cross_entropy",
                "nuvec_rope", "nuvec_norm_rope", "nuvec_sdpa_prefill", "nuvec_gemv", "nuvec_gemm",
                "nuvec_gated_delta_chunks", "nuvec_gated_delta_pass", "nuvec_paged_write", "nuvec_take_rows",
-               "nuvec_gated_delta_inputs"}
+               "nuvec_gated_delta_inputs", "nuvec_dequantize"}
     assert {f.stem for f in FAMILIES if "metal" in f.backends} == checked

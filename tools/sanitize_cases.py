@@ -458,6 +458,14 @@ def product(mode: str, group: int, bits: int, x_shape: tuple[int, ...], n: int, 
     return setup
 
 
+def dequantized(mode: str, group: int, bits: int, shape: tuple[int, ...], dtype: DType) -> Setup:
+    """`quant.dequantize(w, dtype)` for w of dense `shape` (affine scales in `dtype`)."""
+    def setup(rng):
+        qw = quantized(rng, shape, dtype, mode, group, bits)
+        return lambda kernels: [("w", quant.dequantize(qw, dtype), None)]
+    return setup
+
+
 def gather(mode: str, group: int, bits: int, x_shape: tuple[int, int, int], experts: int, n: int, dtype: DType,
            lhs: list[int] | None, rhs: list[int], *, sorted_indices: bool = False) -> Setup:
     """`gather_qmm(x, w, lhs, rhs)` over `experts` weights `[n, K]`."""
@@ -519,6 +527,12 @@ QUANT = [Case(f"qmv {fmt(mode, group, bits)} {SHORT[dtype]} M{rows} K{1024 + 3 *
     Case("qmm affine3 g64 bf16 M130 K192 N267 (odd width, past 128-row and 256-column tiles)", qmm_of(192),
          product("affine", 64, 3, (130, 192), 267, dtypes.bfloat16)),
     Case("qmm nvfp4 f16 M130 K272 (a half chunk) N100", qmm_of(272), product("nvfp4", 16, 4, (130, 272), 100, dtypes.float16)),
+    # qmm's dequantized route on Hopper (from DEQUANTIZED_ROWS rows): dequantize, then gemm_wgmma
+    Case("qmm affine4 g64 bf16 M300 K320 N100 (dequantized on Hopper)",
+         ("nuvec_dequantize", "nuvec_gemm_wgmma") if WARPGROUPS else QMM, product("affine", 64, 4, (300, 320), 100, dtypes.bfloat16)),
+    Case("dequantize affine3 g32 f16 3x5x96", ("nuvec_dequantize",), dequantized("affine", 32, 3, (3, 5, 96), dtypes.float16)),
+    Case("dequantize nvfp4 bf16 7x48 (a half chunk)", ("nuvec_dequantize",), dequantized("nvfp4", 16, 4, (7, 48), dtypes.bfloat16)),
+    Case("dequantize mxfp8 f32 9x64", ("nuvec_dequantize",), dequantized("mxfp8", 32, 8, (9, 64), dtypes.float32)),
 ]
 
 

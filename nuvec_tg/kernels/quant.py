@@ -16,7 +16,10 @@ with the device's `kernels.Target`, anything else is the composition):
   and on Metal a kernel's threadgroup (`*_metal_resources`) must fit an Apple GPU's limits.
 - qmm on a target with Hopper's warpgroup products (CUDA sm_90) and K a multiple of 64 runs
   `qmm_wgmma` (`src/qmm_wgmma.h`) in its place (`takes_qmm_wgmma`: K and the device decide, never
-  M, so a row's bits still never depend on the row count).
+  M, so a row's bits still never depend on the row count); from DEQUANTIZED_ROWS rows
+  `quantized_matmul` dequantizes w once (`dequantize`, `src/dequantize.h`) and runs
+  `linear.gemm_wgmma` (`takes_dequantized`): the same rounded weights summed in the same order,
+  so the same bits.
 
 `plan` picks qmv's launch shape (`QmvPlan`); its defaults are the module constants below, read off
 `tools/tune_qmv.py` on the device. Only `k_split` changes a row's arithmetic order, so
@@ -35,7 +38,7 @@ from tinygrad.dtype import DType
 from ..tensor import dtype_name
 from . import Target
 from . import target as _target
-from .program import (CTYPES, Backward, Family, Param, Program, Resources, int_buffer, kernel_input, launch, metal_limit_reason,
+from .program import (CTYPES, Backward, Family, Param, Program, Resources, chunks, int_buffer, kernel_input, launch, metal_limit_reason,
                       threadgroup_array)
 
 MAX_ROWS = 8                  # rows of x qmv and qvm take (more: qmm, or the composition)
@@ -384,14 +387,18 @@ QMM = Family("nuvec_qmm", ("quant_codes.h", "qmm.h"), qmm_unsupported, qmm_plan)
 def product_route(x_dtype: DType, scales_dtype: DType, out_dtype: DType, rows: int, k: int, n: int, *, bits: int,
                   transpose: bool, batched: bool, target: Target) -> tuple[str, str | None]:
     """`quantized_matmul`'s kernel on `target` for `rows` rows of x against a `bits`-bit weight of
-    K inputs and N outputs: `("qmv" | "qvm" | "qmm", reason it cannot run or None)`. Up to MAX_ROWS
-    rows, qmv (transposed) or qvm (not); more, qmm (transposed only); `batched` (weights with batch
-    axes) has no kernel."""
+    K inputs and N outputs: `("qmv" | "qvm" | "qmm" | "qmm_dequantized", reason it cannot run or
+    None)`. Up to MAX_ROWS rows, qmv (transposed) or qvm (not); more, qmm (transposed only), or
+    from DEQUANTIZED_ROWS rows on Hopper `dequantize` then gemm_wgmma (`takes_dequantized`, the
+    same bits); `batched` (weights with batch axes) has no kernel."""
     kernel = ("qmv" if transpose else "qvm") if rows <= MAX_ROWS else "qmm"
     if batched: return kernel, "weights with batch axes"
     if kernel == "qmm":
         if not transpose: return kernel, f"{rows} rows of untransposed weights (qvm takes at most {MAX_ROWS})"
-        return kernel, qmm_unsupported(x_dtype, scales_dtype, out_dtype, rows, k, n, bits, target)
+        reason = qmm_unsupported(x_dtype, scales_dtype, out_dtype, rows, k, n, bits, target)
+        if reason is None and takes_dequantized(rows, k, target):
+            return "qmm_dequantized", dequantize_unsupported(scales_dtype, x_dtype, n, k, target)
+        return kernel, reason
     return kernel, qmv_unsupported(x_dtype, scales_dtype, out_dtype, rows, k, n, target, kernel)
 
 
@@ -514,3 +521,71 @@ def qmm(x: Tensor, weight: Tensor, scales: Tensor, biases: Tensor | None, *, mod
     name = f"qmm_wgmma {tiles}" if wgmma else "qmm"
     return launch(kernel, x.device, [y], ins, grid, threads, backward=backward,
                   label=f"{backend} {name} {mode} {bits}-bit g{group_size} M{rows} K{k} N{n}{' gather' if gather else ''}")[0]
+
+
+# ---- dequantize: packed weights as dense rows (src/dequantize.h) --------------------------------
+
+DEQUANTIZE_THREADS = 256
+# Rows of x from which a product that qmm_wgmma would take dequantizes w once into x's dtype and
+# runs gemm_wgmma instead (`takes_dequantized`): the dequantization's pass over w costs about what
+# a few tiles of rows do, while gemm_wgmma's main loop issues far fewer instructions a step than
+# qmm_wgmma's, which dequantizes every tile again (`benchmarks/quant_h200.md`).
+DEQUANTIZED_ROWS = 256
+
+
+def dequantize_unsupported(scales_dtype: DType, out_dtype: DType, rows: int, k: int, target: Target) -> str | None:
+    """Why the dequantize kernel does not take `rows` packed rows of `k` codes into `out_dtype` on
+    `target` (None when it does): float16, bfloat16 or float32 rows (bfloat16 only where the
+    target has it), nothing empty."""
+    if rows == 0 or k == 0: return "an empty weight"
+    if out_dtype not in CTYPES: return f"{dtype_name(out_dtype)} rows (the kernel writes float16, bfloat16 and float32)"
+    return target.lacks(bfloat=dtypes.bfloat16 in (out_dtype, scales_dtype))
+
+
+def dequantize_groups(rows: int, k: int) -> int:
+    """The dequantize kernel's threadgroups for `rows` rows of `k` codes: a thread a chunk of 32."""
+    return -(-rows * -(-k // 32) // DEQUANTIZE_THREADS)
+
+
+DEQUANTIZE = Family("nuvec_dequantize", ("pieces.h", "quant_codes.h", "dequantize.h"), dequantize_unsupported, dequantize_groups)
+
+
+def dequantize_program(backend: str, scales_dtype: DType, out_dtype: DType, *, mode: str, group_size: int, bits: int,
+                       k: int) -> Program:
+    """One specialisation: rows of `k` `bits`-bit codes of `mode` (groups of `group_size`, scales
+    of `scales_dtype`) into `out_dtype`; parameters y, w, scales (, biases), ints (R, K). K only
+    picks the width of the weight loads (its rows' alignment)."""
+    piece = 8 * out_dtype.itemsize
+    defines = dict(TS=ctype(scales_dtype), TY=ctype(out_dtype), BITS=bits, GROUP=group_size, MODE=_MODES[mode],
+                   LOAD_WORDS=load_words(bits, k * bits // 32), THREADS=DEQUANTIZE_THREADS, **chunks("Y", piece, piece))
+    params = [Param("y", "out", ctype(out_dtype)), Param("w", "in", "uint"), Param("scales", "in", ctype(scales_dtype))]
+    if mode == "affine": params.append(Param("biases", "in", ctype(scales_dtype)))
+    return DEQUANTIZE.program(backend, defines, params + [Param("ints", "in", "int")])
+
+
+def dequantize(weight: Tensor, scales: Tensor, biases: Tensor | None, *, mode: str, group_size: int, bits: int,
+               out_dtype: DType, backend: str, composition: Callable | None = None) -> Tensor:
+    """The dense weights `[..., N, K]` in `out_dtype` of packed `weight [..., N, K * bits / 32]`,
+    `scales` (and affine `biases`) `[..., N, K / group_size]`: each value `fma(scale, code, bias)`
+    (affine) or `code * scale`, rounded once, as qmm_wgmma dequantizes its tiles. composition:
+    `(weight, scales, biases) -> w`, whose gradient (in affine scales and biases) is the backward."""
+    *lead, words = weight.shape
+    k, rows = words * 32 // bits, math.prod(weight.shape[:-1])
+    program = dequantize_program(backend, scales.dtype, out_dtype, mode=mode, group_size=group_size, bits=bits, k=k)
+    ins = [kernel_input(weight), kernel_input(scales)] + ([] if biases is None else [kernel_input(biases)])
+    backward = None
+    if composition is not None and mode == "affine":
+        backward = Backward("dequantize", lambda w, s, b: composition(w, s, b).reshape(rows, k), tuple(ins), wrt=(1, 2))
+    y = Tensor.empty(rows, k, dtype=out_dtype, device=weight.device)
+    ins.append(int_buffer(weight.device, (rows, k)))
+    out = launch(program, weight.device, [y], ins, (dequantize_groups(rows, k), 1, 1), DEQUANTIZE_THREADS, backward=backward,
+                 label=f"{backend} dequantize {mode} {bits}-bit g{group_size} {rows}x{k}")[0]
+    return out.reshape(*lead, k)
+
+
+def takes_dequantized(rows: int, k: int, target: Target) -> bool:
+    """Whether a product that qmm would take runs as `dequantize`, then gemm_wgmma: where qmm_wgmma
+    would run (`takes_qmm_wgmma`), from DEQUANTIZED_ROWS rows. Both sum each output's products in
+    steps of 16 k in increasing order into one float32 accumulator over the same rounded weights,
+    so the row count may choose between them: a row's bits are the same either way."""
+    return rows >= DEQUANTIZED_ROWS and takes_qmm_wgmma(k, target)

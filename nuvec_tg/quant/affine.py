@@ -24,8 +24,9 @@ from tinygrad import Tensor, dtypes
 from tinygrad.dtype import DType
 
 from .. import kernels
+from ..kernels import linear as linear_kernels
 from ..kernels import quant as qmv_kernel
-from ..tensor import check, check_floating, check_tensor, promote_types
+from ..tensor import check, check_floating, check_tensor, dtype_name, promote_types
 from . import exact, floating
 
 GROUP_SIZES = (32, 64, 128)
@@ -201,8 +202,23 @@ def dequantize(qw: QuantizedWeight, dtype: DType | None = None) -> Tensor:
     op = "dequantize"
     check_weight(op, qw)
     if dtype is not None: check_floating(op, "dtype", dtype)
-    kernels.composition(op, f"{qw.mode} {qw.bits}-bit {tuple(qw.weight.shape)} on {qw.weight.device}")
-    return dense_weights(qw, dtype or (qw.scales.dtype if qw.mode == "affine" else dtypes.bfloat16))
+    dtype = dtype or (qw.scales.dtype if qw.mode == "affine" else dtypes.bfloat16)
+    rows, k = math.prod(qw.weight.shape[:-1]), qw.columns
+    backend = kernels.choose(op, f"{qw.mode} {qw.bits}-bit {tuple(qw.weight.shape)} into {dtype_name(dtype)} on {qw.weight.device}",
+                             qw.weight.device, "dequantize", lambda backend: dequantize_route(qw, dtype, rows, k))
+    if backend is None: return dense_weights(qw, dtype)
+    return qmv_kernel.dequantize(qw.weight, qw.scales, qw.biases, mode=qw.mode, group_size=qw.group_size, bits=qw.bits,
+                                 out_dtype=dtype, backend=backend, composition=_dense_rows(qw, dtype))
+
+
+def dequantize_route(qw: QuantizedWeight, dtype: DType, rows: int, k: int) -> str | None:
+    """Why `dequantize` runs its composition on the weights' device (None where the kernel takes
+    it): a global scale, or affine scales of a dtype other than the result's (the composition
+    rounds them to it first), beside the kernel's own reasons."""
+    if qw.global_scale is not None: return "a global scale"
+    if qw.mode == "affine" and qw.scales.dtype != dtype:
+        return f"{dtype_name(qw.scales.dtype)} scales into {dtype_name(dtype)} (the kernel reads the scales as they are)"
+    return qmv_kernel.dequantize_unsupported(qw.scales.dtype, dtype, rows, k, kernels.target(qw.weight.device))
 
 
 def quantized_matmul(x: Tensor, qw: QuantizedWeight, transpose: bool = True) -> Tensor:
@@ -228,10 +244,19 @@ def quantized_matmul(x: Tensor, qw: QuantizedWeight, transpose: bool = True) -> 
     dtype = promote_types(x.dtype, qw.scales.dtype) if qw.mode == "affine" else x.dtype
     rows_of_x = math.prod(x.shape[:-1])
     outputs = rows if transpose else columns
+    target = kernels.target(x.device)
     kernel, reason = qmv_kernel.product_route(dtype, qw.scales.dtype, dtype, rows_of_x, inner, outputs, bits=qw.bits,
-                                              transpose=transpose, batched=qw.weight.ndim != 2, target=kernels.target(x.device))
+                                              transpose=transpose, batched=qw.weight.ndim != 2, target=target)
+    if kernel == "qmm_dequantized" and reason is None:
+        reason = linear_kernels.route(dtype, dtype, None, dtype, rows_of_x, inner, outputs, target)[1]
     backend = kernels.choose(op, f"{tuple(x.shape)} x {qw.mode} {qw.bits}-bit {tuple(qw.weight.shape)} on {x.device}",
                              x.device, kernel, lambda backend: reason)
+    if backend is not None and kernel == "qmm_dequantized":
+        dense = qmv_kernel.dequantize(qw.weight, qw.scales, qw.biases, mode=qw.mode, group_size=qw.group_size, bits=qw.bits,
+                                      out_dtype=dtype, backend=backend, composition=_dense_rows(qw, dtype))
+        out = linear_kernels.gemm_wgmma(x.cast(dtype).reshape(rows_of_x, inner), dense, None, out_dtype=dtype, backend=backend,
+                                        composition=lambda x, w, _: x.matmul(w.T, dtype=dtypes.float32).cast(dtype))
+        return out.reshape(*x.shape[:-1], outputs)
     if backend is not None:
         launch = {"qmv": qmv_kernel.qmv, "qvm": qmv_kernel.qvm, "qmm": qmv_kernel.qmm}[kernel]
         out = launch(x.cast(dtype).reshape(rows_of_x, inner), qw.weight, qw.scales, qw.biases, mode=qw.mode,
@@ -305,6 +330,13 @@ def _swiglu_linear(op: str, gate_up: Tensor, w: Tensor) -> Tensor:
     out = linear_kernels.gemv(gate_up.reshape(rows, 2 * k), w, None, out_dtype=dtype, backend=backend, glu=True,
                               composition=lambda x, w, bias: (_activated(x).cast(dtype) @ w.cast(dtype).T))
     return out.reshape(*gate_up.shape[:-1], n)
+
+
+def _dense_rows(qw: QuantizedWeight, dtype: DType):
+    """`(weight, scales, biases) -> w` in `dtype` through the composition: the dequantize kernel's
+    backward."""
+    return lambda weight, scales, biases: dense_weights(QuantizedWeight(weight, scales, biases, qw.mode, qw.group_size, qw.bits),
+                                                        dtype)
 
 
 def _dense_product(qw: QuantizedWeight, dtype: DType, transpose: bool):

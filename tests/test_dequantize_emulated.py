@@ -1,0 +1,81 @@
+"""The dequantize kernel (`src/dequantize.h`: `quant.dequantize`, and the first half of qmm's
+dequantized route on Hopper) on the CPU from its CUDA rendering (`kernel_emulator`), against the
+weights decoded in float64 numpy (`quant_reference.dequantized`): every affine width and group,
+each floating-point mode, into each float dtype, batched weights, nvfp4's half chunk at K = 16 mod
+32; every element written, nothing read or written outside the buffers (the emulator's bounds
+check); and the route that picks it."""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from tinygrad import dtypes
+
+from kernel_emulator import COMPILER, build
+from nuvec_tg.kernels import Target
+from nuvec_tg.kernels import quant as kernel
+from quant_reference import dequantized
+from reference import random
+from test_qmv_emulated import as_float, quantized, raw
+
+pytestmark = pytest.mark.skipif(COMPILER is None, reason="no C++ compiler")
+# One rounding of the exact value to the destination (the kernel's fma rounds to float32 first)
+ULP = {dtypes.float32: 2.0**-23, dtypes.float16: 2.0**-10, dtypes.bfloat16: 2.0**-7}
+
+# (mode, group, bits, scales' and the result's dtype, weight shape [..., N, K])
+CASES = [("affine", 32, bits, dtypes.bfloat16, (5, 96)) for bits in (2, 3, 5, 6)] + [
+    ("affine", 64, 4, dtypes.bfloat16, (7, 256)), ("affine", 128, 8, dtypes.float16, (3, 384)),
+    ("affine", 64, 4, dtypes.float32, (2, 3, 128)), ("mxfp4", 32, 4, dtypes.bfloat16, (6, 160)),
+    ("mxfp8", 32, 8, dtypes.float16, (4, 64)), ("nvfp4", 16, 4, dtypes.float32, (5, 48)),
+    ("nvfp4", 16, 4, dtypes.bfloat16, (2, 4, 80))]
+
+
+def emulate(qw, dtype, edit=None) -> np.ndarray:
+    """The kernel's raw rows `[R, K]` in `dtype` (16-bit as uint16), launched as `quant.dequantize`
+    launches it, over a result poisoned with NaN (an element it misses stays NaN)."""
+    *lead, words = qw.weight.shape
+    k, rows = words * 32 // qw.bits, int(np.prod(lead))
+    program = kernel.dequantize_program("cuda", qw.scales.dtype, dtype, mode=qw.mode, group_size=qw.group_size,
+                                        bits=qw.bits, k=k)
+    if edit is not None: program = edit(program)
+    y = np.full((rows, k), np.nan, np.float32) if dtype == dtypes.float32 else np.full((rows, k), 0x7FFF, np.uint16)
+    buffers = [y, raw(qw.weight).reshape(rows, words), raw(qw.scales).reshape(rows, -1)]
+    if qw.biases is not None: buffers.append(raw(qw.biases).reshape(rows, -1))
+    build(program)(buffers + [np.array([rows, k], np.int32)], kernel.dequantize_groups(rows, k), kernel.DEQUANTIZE_THREADS)
+    return y
+
+
+@pytest.mark.parametrize("mode, group, bits, dtype, shape", CASES, ids=str)
+def test_the_kernel_writes_each_weight_rounded_once(mode, group, bits, dtype, shape):
+    rng = np.random.default_rng(7)
+    qw = quantized(random(rng, shape, dtype, "CPU")[0], mode, group, bits)
+    got = as_float(emulate(qw, dtype), dtype).reshape(shape)
+    want = dequantized(qw)
+    assert not np.isnan(got).any(), "an element was not written"
+    np.testing.assert_array_less(np.abs(got - want), ULP[dtype] * np.abs(want) + 1e-30)
+
+
+def test_a_planted_fault_is_caught():
+    """A chunk's last piece scaled with the previous group's scale: the comparison sees it."""
+    qw = quantized(random(np.random.default_rng(8), (4, 128), dtypes.bfloat16, "CPU")[0], "affine", 32, 4)
+
+    def fault(program):
+        text = program.text.replace("scales[first_group + h]", "scales[first_group + h - (part == 3 && first_group > 0)]")
+        assert text != program.text
+        return dataclasses.replace(program, text=text)
+    faulty = as_float(emulate(qw, dtypes.bfloat16, edit=fault), dtypes.bfloat16).reshape(4, 128)
+    assert np.abs(faulty - dequantized(qw)).max() > 0.01
+
+
+def test_the_route_dequantizes_from_its_rows_on_hopper_only():
+    hopper, ampere = Target("cuda", warpgroups=True), Target("cuda")
+    bf16 = dtypes.bfloat16
+    route = lambda rows, k, target: kernel.product_route(bf16, bf16, bf16, rows, k, 4096, bits=4, transpose=True,  # noqa: E731
+                                                         batched=False, target=target)
+    assert route(kernel.DEQUANTIZED_ROWS, 4096, hopper) == ("qmm_dequantized", None)
+    assert route(kernel.DEQUANTIZED_ROWS - 1, 4096, hopper) == ("qmm", None)
+    assert route(4096, 4096 + 32, hopper) == ("qmm", None)  # K not whole steps of 64: qmm.h, as qmm_wgmma's rule
+    assert route(4096, 4096, ampere) == ("qmm", None)
+    assert kernel.dequantize_unsupported(bf16, dtypes.float64, 4, 64, hopper) is not None
+    assert kernel.dequantize_unsupported(bf16, bf16, 0, 64, hopper) == "an empty weight"

@@ -1,0 +1,61 @@
+"""Many rows of a 4-bit product on Hopper (a prefill's, issues 23 and 26): qmm_wgmma, which
+dequantizes every tile in its main loop, against dequantizing w once (`kernels.quant.dequantize`)
+and running gemm_wgmma over the 16-bit rows, the route `quantized_matmul` takes from
+`DEQUANTIZED_ROWS` rows; with the dequantization and the product timed alone, and whether the two
+routes give the same bits (the rule that lets the row count choose between them). Timed as the
+benchmarks time a product (TinyJit replays of calls over rotated weight sets, device time).
+
+Usage: DEV=CUDA python3 tools/dequantize_probe.py [--rows 64,128,256,512,2048] [--repeats 3]
+"""
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+from tinygrad import Tensor, dtypes
+
+from nuvec_tg import quant
+from nuvec_tg.bench.common import device_name, rotation, time_jit, warm_up
+from nuvec_tg.kernels import linear as lk
+from nuvec_tg.kernels import quant as qk
+
+SHAPES = ((4096, 4096), (4096, 14336), (14336, 4096), (4096, 24576))   # K x N
+COMMON = dict(mode="affine", group_size=64, bits=4, backend="cuda")
+
+
+def dequantized_product(x: Tensor, w: Tensor, s: Tensor, b: Tensor) -> Tensor:
+    dense = qk.dequantize(w, s, b, out_dtype=x.dtype, **COMMON)
+    return lk.gemm_wgmma(x, dense, None, out_dtype=x.dtype)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", default="64,128,256,512,2048")
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    print(f"{device_name()}; µs a call, device time of TinyJit replays over rotated 4-bit weights (affine, groups of 64), bf16 x")
+    print("| M | K x N | qmm_wgmma µs | dequantize µs | gemm_wgmma µs | dequantize + gemm_wgmma µs | route / qmm_wgmma | same bits |")
+    print("|---|---|---|---|---|---|---|---|")
+    warm_up()
+    for k, n in SHAPES:
+        sets = rotation(n * k // 2).sets
+        weights = [quant.quantize(Tensor.randn(n, k, dtype=dtypes.bfloat16) * 0.02, 64, 4) for _ in range(sets)]
+        tensors = [(w.weight.realize(), w.scales.realize(), w.biases.realize()) for w in weights]
+        dequant = time_jit(lambda w, s, b: qk.dequantize(w, s, b, out_dtype=dtypes.bfloat16, **COMMON), tensors, args.repeats)
+        dense_sets = rotation(n * k * 2).sets
+        dense = [qk.dequantize(*tensors[i % sets], out_dtype=dtypes.bfloat16, **COMMON).realize() for i in range(dense_sets)]
+        for rows in (int(r) for r in args.rows.split(",")):
+            x = Tensor.randn(rows, k, dtype=dtypes.bfloat16).realize()
+            calls = [(x, *t) for t in tensors]
+            tiled = time_jit(lambda x, w, s, b: qk.qmm(x, w, s, b, out_dtype=x.dtype, **COMMON), calls, args.repeats)
+            gemm = time_jit(lambda x, w: lk.gemm_wgmma(x, w, None, out_dtype=x.dtype), [(x, w) for w in dense], args.repeats)
+            routed = time_jit(dequantized_product, calls, args.repeats)
+            same = np.array_equal(qk.qmm(x, *tensors[0], out_dtype=x.dtype, **COMMON).bitcast(dtypes.uint16).numpy(),
+                                  dequantized_product(x, *tensors[0]).bitcast(dtypes.uint16).numpy())
+            print(f"| {rows} | {k} x {n} | {tiled * 1e6:.1f} | {dequant * 1e6:.1f} | {gemm * 1e6:.1f} | {routed * 1e6:.1f} | "
+                  f"{routed / tiled:.2f} | {same} |", flush=True)
+        del dense, weights, tensors
+
+
+if __name__ == "__main__":
+    main()
