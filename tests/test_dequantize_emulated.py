@@ -14,10 +14,11 @@ from tinygrad import dtypes
 
 from kernel_emulator import COMPILER, build
 from nuvec_tg.kernels import Target
+from nuvec_tg.kernels import linear
 from nuvec_tg.kernels import quant as kernel
 from quant_reference import dequantized
 from reference import random
-from test_qmv_emulated import as_float, quantized, raw
+from test_qmv_emulated import as_float, emulated_qmm_wgmma, quantized, raw
 
 pytestmark = pytest.mark.skipif(COMPILER is None, reason="no C++ compiler")
 # One rounding of the exact value to the destination (the kernel's fma rounds to float32 first)
@@ -66,6 +67,23 @@ def test_a_planted_fault_is_caught():
         return dataclasses.replace(program, text=text)
     faulty = as_float(emulate(qw, dtypes.bfloat16, edit=fault), dtypes.bfloat16).reshape(4, 128)
     assert np.abs(faulty - dequantized(qw)).max() > 0.01
+
+
+@pytest.mark.parametrize("mode, group, bits, dtype", [("affine", 64, 4, dtypes.bfloat16), ("affine", 32, 3, dtypes.float16),
+                                                     ("mxfp4", 32, 4, dtypes.bfloat16), ("nvfp4", 16, 4, dtypes.bfloat16)], ids=str)
+def test_dequantized_rows_through_gemm_wgmma_give_qmm_wgmmas_bits(mode, group, bits, dtype):
+    """The route's claim, in the emulator's warpgroup products: w dequantized, then gemm_wgmma over
+    its rows, equals qmm_wgmma's product bit for bit (M 20, N 130: tiles with tails; K 192)."""
+    rng = np.random.default_rng(9)
+    rows, n, k = 20, 130, 192
+    qw = quantized(random(rng, (n, k), dtype, "CPU")[0], mode, group, bits)
+    x = raw(random(rng, (rows, k), dtype, "CPU")[0].realize())
+    tiles = linear.wgmma_plan(rows, n)
+    program = linear.wgmma_program(dtype, None, dtype, tiles=tiles)
+    y = np.full((rows, n), 0xFFFF, np.uint16)
+    groups, groups_y, _ = tiles.grid(rows, n)
+    build(program)([y, x, emulate(qw, dtype), np.array([rows, n, k], np.int32)], groups, tiles.threads, groups_y)
+    np.testing.assert_array_equal(y, emulated_qmm_wgmma(x, qw, dtype, kernel.qmm_wgmma_plan(rows, n)))
 
 
 def test_the_route_dequantizes_from_its_rows_on_hopper_only():
