@@ -304,7 +304,7 @@ def _qmm_candidates(backend: str) -> Iterator[_Candidate]:
 
 def _dequantize_candidates(backend: str) -> Iterator[_Candidate]:
     """dequantize: every mode, width and group into every float dtype (affine scales of that
-    dtype: `quant.dequantize_route`), K whose rows take wide or narrow loads (nvfp4: a half chunk)."""
+    dtype: `quant.dequantize`'s rule), K whose rows take wide or narrow loads (nvfp4: a half chunk)."""
     for (mode, group, bits), out, k in itertools.product(FORMATS, FLOATS, (4096, 4096 + 16)):
         if k % group: continue
         for scales in ((out,) if mode == "affine" else (dtypes.uint8,)):

@@ -205,13 +205,13 @@ def dequantize(qw: QuantizedWeight, dtype: DType | None = None) -> Tensor:
     dtype = dtype or (qw.scales.dtype if qw.mode == "affine" else dtypes.bfloat16)
     rows, k = math.prod(qw.weight.shape[:-1]), qw.columns
     backend = kernels.choose(op, f"{qw.mode} {qw.bits}-bit {tuple(qw.weight.shape)} into {dtype_name(dtype)} on {qw.weight.device}",
-                             qw.weight.device, "dequantize", lambda backend: dequantize_route(qw, dtype, rows, k))
+                             qw.weight.device, "dequantize", lambda backend: _dequantize_unsupported(qw, dtype, rows, k))
     if backend is None: return dense_weights(qw, dtype)
     return qmv_kernel.dequantize(qw.weight, qw.scales, qw.biases, mode=qw.mode, group_size=qw.group_size, bits=qw.bits,
                                  out_dtype=dtype, backend=backend, composition=_dense_rows(qw, dtype))
 
 
-def dequantize_route(qw: QuantizedWeight, dtype: DType, rows: int, k: int) -> str | None:
+def _dequantize_unsupported(qw: QuantizedWeight, dtype: DType, rows: int, k: int) -> str | None:
     """Why `dequantize` runs its composition on the weights' device (None where the kernel takes
     it): a global scale, or affine scales of a dtype other than the result's (the composition
     rounds them to it first), beside the kernel's own reasons."""
