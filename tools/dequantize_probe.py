@@ -19,7 +19,7 @@ from nuvec_tg.bench.common import device_name, rotation, time_jit, warm_up
 from nuvec_tg.kernels import linear as lk
 from nuvec_tg.kernels import quant as qk
 
-SHAPES = ((4096, 4096), (4096, 14336), (14336, 4096), (4096, 24576))   # K x N
+SHAPES = ((4096, 14336), (4096, 4096), (14336, 4096))   # K x N: up, attention, down (Qwen3-8B-like)
 COMMON = dict(mode="affine", group_size=64, bits=4, backend="cuda")
 
 
