@@ -5,7 +5,7 @@ and running gemm_wgmma over the 16-bit rows, the route `quantized_matmul` takes 
 routes give the same bits (the rule that lets the row count choose between them). Timed as the
 benchmarks time a product (TinyJit replays of calls over rotated weight sets, device time).
 
-Usage: DEV=CUDA python3 tools/dequantize_probe.py [--rows 64,128,256,512,2048] [--repeats 3]
+Usage: DEV=CUDA python3 tools/dequantize_probe.py [--rows 64,128,256,512,2048] [--shapes 3] [--repeats 3]
 """
 from __future__ import annotations
 
@@ -32,12 +32,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", default="64,128,256,512,2048")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--shapes", type=int, default=len(SHAPES), help="the first this many of SHAPES")
     args = parser.parse_args()
     print(f"{device_name()}; µs a call, device time of TinyJit replays over rotated 4-bit weights (affine, groups of 64), bf16 x")
     print("| M | K x N | qmm_wgmma µs | dequantize µs | gemm_wgmma µs | dequantize + gemm_wgmma µs | route / qmm_wgmma | same bits |")
     print("|---|---|---|---|---|---|---|---|")
     warm_up()
-    for k, n in SHAPES:
+    for k, n in SHAPES[:args.shapes]:
         sets = rotation(n * k // 2).sets
         weights = [quant.quantize(Tensor.randn(n, k, dtype=dtypes.bfloat16) * 0.02, 64, 4) for _ in range(sets)]
         tensors = [(w.weight.realize(), w.scales.realize(), w.biases.realize()) for w in weights]
