@@ -314,10 +314,10 @@ def test_dequantize_runs_its_kernel(mode, group, width, dtype):
 def test_many_rows_dequantize_then_run_gemm_wgmma_with_qmm_wgmmas_bits(mode, group, width):
     """From DEQUANTIZED_ROWS rows on Hopper the product dequantizes w, then runs gemm_wgmma: within
     tolerance of numpy and the composition, and bit for bit qmm_wgmma's product of the same rows
-    (so the route may follow the row count), here at M = 300 (past the threshold and a 128-row
-    tile), N = 300, K = 1152."""
+    (so the route may follow the row count), here at M = DEQUANTIZED_ROWS + 8 (past the threshold
+    and a 128-row tile), N = 300, K = 1152."""
     rng = np.random.default_rng(0x9BE)
-    n, k, rows = 300, 1152, max(300, qmv.DEQUANTIZED_ROWS)
+    n, k, rows = 300, 1152, qmv.DEQUANTIZED_ROWS + 8
     qw = quant.quantize(random(rng, (n, k), dtypes.bfloat16, gpu)[0], group, width, mode=mode)
     x, xv = random(rng, (rows, k), dtypes.bfloat16, gpu)
     x = x.realize()

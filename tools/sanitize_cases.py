@@ -528,8 +528,8 @@ QUANT = [Case(f"qmv {fmt(mode, group, bits)} {SHORT[dtype]} M{rows} K{1024 + 3 *
          product("affine", 64, 3, (130, 192), 267, dtypes.bfloat16)),
     Case("qmm nvfp4 f16 M130 K272 (a half chunk) N100", qmm_of(272), product("nvfp4", 16, 4, (130, 272), 100, dtypes.float16)),
     # qmm's dequantized route on Hopper (from DEQUANTIZED_ROWS rows): dequantize, then gemm_wgmma
-    Case("qmm affine4 g64 bf16 M300 K320 N100 (dequantized on Hopper)",
-         ("nuvec_dequantize", "nuvec_gemm_wgmma") if WARPGROUPS else QMM, product("affine", 64, 4, (300, 320), 100, dtypes.bfloat16)),
+    Case("qmm affine4 g64 bf16 M520 K320 N100 (dequantized on Hopper)",
+         ("nuvec_dequantize", "nuvec_gemm_wgmma") if WARPGROUPS else QMM, product("affine", 64, 4, (520, 320), 100, dtypes.bfloat16)),
     Case("dequantize affine3 g32 f16 3x5x96", ("nuvec_dequantize",), dequantized("affine", 32, 3, (3, 5, 96), dtypes.float16)),
     Case("dequantize nvfp4 bf16 7x48 (a half chunk)", ("nuvec_dequantize",), dequantized("nvfp4", 16, 4, (7, 48), dtypes.bfloat16)),
     Case("dequantize mxfp8 f32 9x64", ("nuvec_dequantize",), dequantized("mxfp8", 32, 8, (9, 64), dtypes.float32)),

@@ -527,10 +527,10 @@ def qmm(x: Tensor, weight: Tensor, scales: Tensor, biases: Tensor | None, *, mod
 
 DEQUANTIZE_THREADS = 256
 # Rows of x from which a product that qmm_wgmma would take dequantizes w once into x's dtype and
-# runs gemm_wgmma instead (`takes_dequantized`): the dequantization's pass over w costs about what
-# a few tiles of rows do, while gemm_wgmma's main loop issues far fewer instructions a step than
-# qmm_wgmma's, which dequantizes every tile again (`benchmarks/quant_h200.md`).
-DEQUANTIZED_ROWS = 256
+# runs gemm_wgmma instead (`takes_dequantized`): the dequantization is one pass over w, while
+# qmm_wgmma's main loop dequantizes w again for every tile of rows (`tools/dequantize_probe.py`,
+# `benchmarks/quant_h200.md`: the route is faster from 512 rows, slower at 256 where N is large).
+DEQUANTIZED_ROWS = 512
 
 
 def dequantize_unsupported(scales_dtype: DType, out_dtype: DType, rows: int, k: int, target: Target) -> str | None:
