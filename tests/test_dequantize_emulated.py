@@ -62,7 +62,7 @@ def test_a_planted_fault_is_caught():
     qw = quantized(random(np.random.default_rng(8), (4, 128), dtypes.bfloat16, "CPU")[0], "affine", 32, 4)
 
     def fault(program):
-        text = program.text.replace("scales[first_group + h]", "scales[first_group + h - (part == 3 && first_group > 0)]")
+        text = program.text.replace("scales[group]", "scales[group - (part == 3 && group > 0)]")
         assert text != program.text
         return dataclasses.replace(program, text=text)
     faulty = as_float(emulate(qw, dtypes.bfloat16, edit=fault), dtypes.bfloat16).reshape(4, 128)

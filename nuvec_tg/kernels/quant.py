@@ -543,8 +543,9 @@ def dequantize_unsupported(scales_dtype: DType, out_dtype: DType, rows: int, k: 
 
 
 def dequantize_groups(rows: int, k: int) -> int:
-    """The dequantize kernel's threadgroups for `rows` rows of `k` codes: a thread a chunk of 32."""
-    return -(-rows * -(-k // 32) // DEQUANTIZE_THREADS)
+    """The dequantize kernel's threadgroups for `rows` rows of `k` codes: a thread a piece of 8
+    codes, four a chunk of 32 (the last of a row whole where K is 16 past a multiple of 32)."""
+    return -(-rows * -(-k // 32) * 4 // DEQUANTIZE_THREADS)
 
 
 DEQUANTIZE = Family("nuvec_dequantize", ("pieces.h", "quant_codes.h", "dequantize.h"), dequantize_unsupported, dequantize_groups)
