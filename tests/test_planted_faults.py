@@ -258,7 +258,8 @@ def qmm_case():
 
 
 QMM_FAULTS = {
-    "skips_a_groups_bias": Fault("w_values[j] = fma(scale, w_values[j], bias);", "w_values[j] = scale * w_values[j];"),
+    "skips_a_groups_bias": Fault("scale_codes(w_values, 16, group_scale(scale_raw), to_float(bias_raw));",
+                                 "scale_codes(w_values, 16, group_scale(scale_raw), 0.0f);"),
     "drops_the_last_k_step": Fault("const int steps = (k_size + BK - 1) / BK;", "const int steps = (k_size + BK - 1) / BK - 1;"),
 }
 

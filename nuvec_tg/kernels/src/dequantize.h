@@ -30,13 +30,9 @@
   float q[8];
   decode_part(words, part, q);
   const long group = row * (k / GROUP) + (chunk * 32 + part * 8) / GROUP;  // the piece's group
-  const float scale = group_scale(scales[group]);
 #if MODE == 0
-  const float bias = to_float(biases[group]);
-#pragma unroll
-  for (int j = 0; j < 8; j++) q[j] = fma(scale, q[j], bias);
+  scale_codes(q, 8, group_scale(scales[group]), to_float(biases[group]));
 #else
-#pragma unroll
-  for (int j = 0; j < 8; j++) q[j] = q[j] * (scale * FP_FACTOR);
+  scale_codes(q, 8, group_scale(scales[group]), 0.0f);
 #endif
   STORE_PIECE(CHUNK_Y, Y_CHUNKS, TY, q, y + row * k + chunk * 32 + part * 8)

@@ -187,14 +187,10 @@ typedef MMA_INPUT(TX) TileT;
           decode_part(words, 2, w_values);
           decode_part(words, 3, w_values + 8);
         }
-        const float scale = group_scale(scale_raw);
 #if MODE == 0
-        const float bias = to_float(bias_raw);
-#pragma unroll
-        for (int j = 0; j < 16; j++) w_values[j] = fma(scale, w_values[j], bias);
+        scale_codes(w_values, 16, group_scale(scale_raw), to_float(bias_raw));
 #else
-#pragma unroll
-        for (int j = 0; j < 16; j++) w_values[j] = w_values[j] * (scale * FP_FACTOR);
+        scale_codes(w_values, 16, group_scale(scale_raw), 0.0f);
 #endif
       } else {
 #pragma unroll

@@ -207,12 +207,9 @@ INLINE void stage_chunk_words(const unsigned char* at, THREAD uint* words) {
           const int h = part * SCALES_PER_CHUNK / 4;  // the part's group of the chunk
           const float scale = unit_in[u] ? group_scale(scale_raw[u][h]) : 0.0f;
 #if MODE == 0
-          const float bias = unit_in[u] ? to_float(bias_raw[u][h]) : 0.0f;
-#pragma unroll
-          for (int j = 0; j < 8; j++) q[j] = fma(scale, q[j], bias);
+          scale_codes(q, 8, scale, unit_in[u] ? to_float(bias_raw[u][h]) : 0.0f);
 #else
-#pragma unroll
-          for (int j = 0; j < 8; j++) q[j] = q[j] * (scale * FP_FACTOR);
+          scale_codes(q, 8, scale, 0.0f);
 #endif
           const int row = unit_row[u], at = 4 * unit_chunk[u] + part;  // the piece's place in the row
           uint4 packed;

@@ -72,6 +72,21 @@ INLINE float group_scale(TS raw) {
 #endif
 }
 
+// `count` decoded codes `q` (`decode_part`'s) as weights, in place: fma(scale, q, bias) (affine)
+// or q * (scale * FP_FACTOR) (the floating-point modes; `bias` unused), each rounded once to
+// float32. The one dequantization of the kernels that write weights for the matrix units (qmm.h,
+// qmm_wgmma.h, dequantize.h), so that they round every weight alike.
+INLINE void scale_codes(THREAD float* q, int count, float scale, float bias) {
+#pragma unroll
+  for (int j = 0; j < count; j++) {
+#if MODE == 0
+    q[j] = fma(scale, q[j], bias);
+#else
+    q[j] = q[j] * (scale * FP_FACTOR);
+#endif
+  }
+}
+
 // A chunk's BITS words from `at` (LOAD_WORDS-aligned); a half chunk reads only its first half.
 INLINE void load_chunk_words(const DEVICE uint* at, bool half_chunk, THREAD uint* words) {
   #pragma unroll
