@@ -1,6 +1,7 @@
-// Packed codes of the quantized formats, for the kernels that read them (qmv.h, qvm.h): helpers
-// only, placed before a kernel's own helpers. A *chunk* is 32 consecutive codes of a packed row
-// starting at a multiple of 32: exactly BITS uint32 words, so no code crosses into another chunk.
+// Packed codes of the quantized formats, for the kernels that read them (qmv.h, qvm.h, qmm.h,
+// qmm_wgmma.h, dequantize.h): helpers only, placed before a kernel's own helpers. A *chunk* is 32
+// consecutive codes of a packed row starting at a multiple of 32: exactly BITS uint32 words, so no
+// code crosses into another chunk.
 // Defines: TS (scales), BITS, GROUP, MODE (0 affine, 1 mxfp4, 2 mxfp8, 3 nvfp4), LOAD_WORDS.
 #define CODE_MASK ((1u << BITS) - 1u)
 #define CHUNK_GROUP (GROUP < 32 ? GROUP : 32)   // codes of a chunk under one scale
