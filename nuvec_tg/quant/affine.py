@@ -24,6 +24,7 @@ from tinygrad import Tensor, dtypes
 from tinygrad.dtype import DType
 
 from .. import kernels
+from ..fast.linear import linear
 from ..kernels import linear as linear_kernels
 from ..kernels import quant as qmv_kernel
 from ..tensor import check, check_floating, check_tensor, dtype_name, promote_types
@@ -244,19 +245,14 @@ def quantized_matmul(x: Tensor, qw: QuantizedWeight, transpose: bool = True) -> 
     dtype = promote_types(x.dtype, qw.scales.dtype) if qw.mode == "affine" else x.dtype
     rows_of_x = math.prod(x.shape[:-1])
     outputs = rows if transpose else columns
-    target = kernels.target(x.device)
     kernel, reason = qmv_kernel.product_route(dtype, qw.scales.dtype, dtype, rows_of_x, inner, outputs, bits=qw.bits,
-                                              transpose=transpose, batched=qw.weight.ndim != 2, target=target)
-    if kernel == "qmm_dequantized" and reason is None:
-        reason = linear_kernels.route(dtype, dtype, None, dtype, rows_of_x, inner, outputs, target)[1]
+                                              transpose=transpose, batched=qw.weight.ndim != 2, target=kernels.target(x.device))
     backend = kernels.choose(op, f"{tuple(x.shape)} x {qw.mode} {qw.bits}-bit {tuple(qw.weight.shape)} on {x.device}",
                              x.device, kernel, lambda backend: reason)
-    if backend is not None and kernel == "qmm_dequantized":
+    if backend is not None and kernel == "qmm_dequantized":   # fast.linear's gemm_wgmma over the dequantized rows
         dense = qmv_kernel.dequantize(qw.weight, qw.scales, qw.biases, mode=qw.mode, group_size=qw.group_size, bits=qw.bits,
                                       out_dtype=dtype, backend=backend, composition=_dense_rows(qw, dtype))
-        out = linear_kernels.gemm_wgmma(x.cast(dtype).reshape(rows_of_x, inner), dense, None, out_dtype=dtype, backend=backend,
-                                        composition=lambda x, w, _: x.matmul(w.T, dtype=dtypes.float32).cast(dtype))
-        return out.reshape(*x.shape[:-1], outputs)
+        return linear(x.cast(dtype), dense)
     if backend is not None:
         launch = {"qmv": qmv_kernel.qmv, "qvm": qmv_kernel.qvm, "qmm": qmv_kernel.qmm}[kernel]
         out = launch(x.cast(dtype).reshape(rows_of_x, inner), qw.weight, qw.scales, qw.biases, mode=qw.mode,
@@ -314,8 +310,6 @@ def swiglu_matmul(gate_up: Tensor, qw: QuantizedWeight | Tensor) -> Tensor:
 def _swiglu_linear(op: str, gate_up: Tensor, w: Tensor) -> Tensor:
     """swiglu_matmul of a dense weight `[N, K]`: gemv with the activation in its loads, else
     `fast.linear` of the activation."""
-    from ..fast.linear import linear
-    from ..kernels import linear as linear_kernels
     check_floating(op, "w", w.dtype)
     check(w.ndim == 2 and gate_up.ndim >= 1 and gate_up.shape[-1] == 2 * w.shape[1], op,
           f"gate_up's last dimension must be 2 x K (gate and up) for w [N, K] of shape {tuple(w.shape)}, got {tuple(gate_up.shape)}")
