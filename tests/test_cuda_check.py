@@ -153,7 +153,7 @@ def test_the_covering_set_reaches_every_code_path():
     assert {d["TX"] for d in assembled["nuvec_gemm"]} == {"half", "bfloat"}
     assert {d["BM"] for d in assembled["nuvec_gemm"]} == {"64", "128"}
     assert {(d["TX"], d["BN"]) for d in assembled["nuvec_gemm_wgmma"]} == {(t, n) for t in ("half", "bfloat")
-                                                                            for n in ("64", "128", "256")}
+                                                                            for n in ("64", "128", "224", "256")}
     assert {(d["T"], d["DV"]) for d in assembled["nuvec_sdpa_prefill_wgmma"]} == {(t, n) for t in ("half", "bfloat")
                                                                                   for n in ("64", "128", "256")}
 

@@ -243,8 +243,9 @@ def test_wgmma_plans_and_routes():
     """The plan follows M (any shape has the same bits); every shape fits an sm_90 threadgroup; the
     route takes gemm_wgmma only on a target with warpgroup products and K a multiple of 8."""
     from nuvec_tg.kernels import Target
-    assert [linear.wgmma_plan(m, 14336) for m in (9, 64, 65, 512, 4096)] == [
-        linear.WGMMA_SMALL, linear.WGMMA_SMALL, linear.WGMMA_NARROW, linear.WGMMA_LARGE, linear.WGMMA_LARGE]
+    assert [linear.wgmma_plan(m, 14336) for m in (9, 64, 65, 256, 512, 4096)] == [
+        linear.WGMMA_SMALL, linear.WGMMA_SMALL, linear.WGMMA_NARROW, linear.WGMMA_224, linear.WGMMA_224, linear.WGMMA_LARGE]
+    # M 512 at N 14336: 224 tiles of 128 x 256 are 1.7 waves on 132 multiprocessors, 256 of 128 x 224 two full ones
     # M 512 at N 4096: 64 tiles of 128 x 256 on 132 multiprocessors, so 128 of 128 x 128; M 2048 fills them
     assert linear.wgmma_plan(512, 4096, 132) == linear.WGMMA_NARROW and linear.wgmma_plan(2048, 4096, 132) == linear.WGMMA_LARGE
     assert linear.wgmma_plan(512, 4096, 64) == linear.WGMMA_LARGE

@@ -154,16 +154,20 @@ WGMMA_LARGE = WgmmaTiles(2, 256, 4)
 # measured at 0.53x PyTorch's time on an H100 against 0.84x at N 14336), 128 x 128 of 6 stages (the
 # sweep's second at M 512 and 2048), twice the tiles.
 WGMMA_NARROW = WgmmaTiles(2, 128, 6)
+# Where 128 x 256 tiles would leave the last wave part empty (M 512 at N 14336: 224 tiles, 1.7 waves
+# on 132 multiprocessors), 128 x 224: N 14336 is 64 of them, 256 tiles, two full waves of 7/8 the work.
+WGMMA_224 = WgmmaTiles(2, 224, 4)
+WGMMA_WIDE = (WGMMA_LARGE, WGMMA_224, WGMMA_NARROW)  # the plan's choices beyond SMALL_ROWS, widest first
 WGMMA_SHAPES = (WgmmaTiles(1, 64, 8), WGMMA_SMALL, WgmmaTiles(1, 256, 5), WgmmaTiles(2, 64, 8), WGMMA_NARROW,
-                WgmmaTiles(2, 128, 4), WGMMA_LARGE, WgmmaTiles(2, 256, 3))
+                WgmmaTiles(2, 128, 4), WGMMA_224, WGMMA_LARGE, WgmmaTiles(2, 256, 3))
 
 
 def wgmma_plan(rows: int, n: int, multiprocessors: int | None = None) -> WgmmaTiles:
-    """gemm_wgmma's tiles for M rows and N columns: WGMMA_SMALL up to SMALL_ROWS rows, else
-    WGMMA_LARGE, or WGMMA_NARROW where WGMMA_LARGE's tiles would be fewer than the device's
-    multiprocessors (the H200's 132 where unknown). Any tile shape gives the same bits, so the plan
-    may follow M and N."""
-    return wgmma_tiles(rows, n, multiprocessors, WGMMA_SMALL, WGMMA_LARGE, WGMMA_NARROW, SMALL_ROWS)
+    """gemm_wgmma's tiles for M rows and N columns: WGMMA_SMALL up to SMALL_ROWS rows, else of
+    WGMMA_WIDE the tiles whose waves over the device's multiprocessors (the H200's 132 where
+    unknown) take the least time (`quant.wgmma_tiles`). Any tile shape gives the same bits, so the
+    plan may follow M and N."""
+    return wgmma_tiles(rows, n, multiprocessors, WGMMA_SMALL, WGMMA_WIDE, SMALL_ROWS)
 
 
 def takes_wgmma(k: int, target: Target) -> bool:

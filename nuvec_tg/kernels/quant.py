@@ -59,7 +59,7 @@ _MODES = {"affine": 0, "mxfp4": 1, "mxfp8": 2, "nvfp4": 3}
 @dataclass(frozen=True)
 class WgmmaTiles:
     """The tiles of the kernels on Hopper's warpgroup products (gemm_wgmma, qmm_wgmma):
-    `warpgroups` x 64 rows by `columns` (64, 128 or 256) outputs a threadgroup, `stages` stage
+    `warpgroups` x 64 rows by `columns` (64, 128, 224 or 256) outputs a threadgroup, `stages` stage
     buffers of WGMMA_STEP k (STAGES - 2 steps copied ahead)."""
     warpgroups: int
     columns: int
@@ -79,13 +79,22 @@ class WgmmaTiles:
     def __str__(self) -> str: return f"wgmma {self.rows}x{self.columns}/{self.stages}s"
 
 
-def wgmma_tiles(rows: int, n: int, multiprocessors: int | None, small: WgmmaTiles, large: WgmmaTiles, narrow: WgmmaTiles,
+# A threadgroup's fixed cost (its x tiles' copies, prologue and epilogue) in columns of products: the
+# value that fits the H200 sweep's pair at M 512 N 14336 (128 x 256 tiles in 2 waves at 516 TFLOP/s,
+# 128 x 128 in 4 at 458; benchmarks/linear_h200.md).
+TILE_OVERHEAD_COLUMNS = 37
+
+
+def wgmma_tiles(rows: int, n: int, multiprocessors: int | None, small: WgmmaTiles, wide: tuple[WgmmaTiles, ...],
                 small_rows: int) -> WgmmaTiles:
-    """The wgmma kernels' plan rule: `small` up to `small_rows` rows; beyond, `large`, or `narrow`
-    where `large`'s tiles would be fewer than the device's multiprocessors (132, the H200's, where
-    unknown) and leave some idle."""
+    """The wgmma kernels' plan rule: `small` up to `small_rows` rows; beyond, of `wide` (tiles of
+    one row count, widest first) the one whose waves of threadgroups over the device's
+    multiprocessors (132, the H200's, where unknown) take the least time, a wave's time its tile's
+    columns plus TILE_OVERHEAD_COLUMNS; the wider on a tie. A wave only part full costs a whole one,
+    which is why narrower tiles can win where the product is one or two waves."""
     if rows <= small_rows: return small
-    return large if math.prod(large.grid(rows, n)) >= (multiprocessors or 132) else narrow
+    slots = multiprocessors or 132
+    return min(wide, key=lambda t: math.ceil(math.prod(t.grid(rows, n)) / slots) * (t.columns + TILE_OVERHEAD_COLUMNS))
 
 
 WGMMA_STEP = 64                     # k a step (BK): a tile row is 128 bytes, the 128-byte swizzle's width
@@ -450,7 +459,7 @@ def qmm_wgmma_plan(rows: int, n: int, multiprocessors: int | None = None) -> Wgm
     """qmm_wgmma's tiles for M rows and N columns: QMM_WGMMA_SMALL up to QMM_WGMMA_SMALL_ROWS rows,
     else QMM_WGMMA_LARGE, or QMM_WGMMA_NARROW where its tiles would be fewer than the device's
     multiprocessors (132 where unknown). Any shape gives the same bits, so the plan may follow M and N."""
-    return wgmma_tiles(rows, n, multiprocessors, QMM_WGMMA_SMALL, QMM_WGMMA_LARGE, QMM_WGMMA_NARROW, QMM_WGMMA_SMALL_ROWS)
+    return wgmma_tiles(rows, n, multiprocessors, QMM_WGMMA_SMALL, (QMM_WGMMA_LARGE, QMM_WGMMA_NARROW), QMM_WGMMA_SMALL_ROWS)
 
 
 def qmm_wgmma_bytes(tiles: WgmmaTiles, bits: int) -> int:

@@ -27,14 +27,14 @@
 // and reads no weights. A row's bits are those of its row in the product with its batch alone.
 //
 // Runtime sizes (the `ints` buffer): M, N, K (, the batches). Defines: TX (x and w: half or bfloat), TB (bias; with
-// BIAS), TY, BIAS, GATHER, WARPGROUPS, BM (64 * WARPGROUPS), BN (64, 128 or 256), BK (64), STAGES (at least
+// BIAS), TY, BIAS, GATHER, WARPGROUPS, BM (64 * WARPGROUPS), BN (64, 128, 224 or 256), BK (64), STAGES (at least
 // 3), from `kernels/linear.py`, which launches 128 * WARPGROUPS threads with STAGES * (BM + BN) * 128
 // + 1024 bytes of dynamic threadgroup memory (the 1024: the stages aligned to 1024 bytes), over the
 // grid (row tiles, column tiles): threadgroups that share a tile of w run together, so w is read
 // from memory about once.
 
-#if BK != 64 || BM != 64 * WARPGROUPS || (BN != 64 && BN != 128 && BN != 256) || STAGES < 3
-#error "gemm_wgmma.h: BK 64, BM 64 per warpgroup, BN 64, 128 or 256, at least 3 stages"
+#if BK != 64 || BM != 64 * WARPGROUPS || (BN != 64 && BN != 128 && BN != 224 && BN != 256) || STAGES < 3
+#error "gemm_wgmma.h: BK 64, BM 64 per warpgroup, BN 64, 128, 224 or 256, at least 3 stages"
 #endif
 #define THREADS (128 * WARPGROUPS)
 #define ROW_BYTES 128                             // a tile row: BK 16-bit elements
