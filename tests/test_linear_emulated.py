@@ -249,6 +249,8 @@ def test_wgmma_plans_and_routes():
     # M 512 at N 4096: 64 tiles of 128 x 256 on 132 multiprocessors, so 128 of 128 x 128; M 2048 fills them
     assert linear.wgmma_plan(512, 4096, 132) == linear.WGMMA_NARROW and linear.wgmma_plan(2048, 4096, 132) == linear.WGMMA_LARGE
     assert linear.wgmma_plan(512, 4096, 64) == linear.WGMMA_LARGE
+    # M 256 at N 4096: 64 tiles of 128 x 128, 128 of 128 x 64
+    assert linear.wgmma_plan(256, 4096, 132) == linear.WGMMA_NARROWEST
     assert all(linear.wgmma_bytes(t) <= linear.WGMMA_MAX_DYNAMIC for t in linear.WGMMA_SHAPES)
     hopper, ampere = Target("cuda", warpgroups=True), Target("cuda")
     assert linear.route(bf16, bf16, None, bf16, 9, 4096, 64, hopper) == ("gemm_wgmma", None)

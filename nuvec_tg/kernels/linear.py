@@ -152,13 +152,16 @@ WGMMA_SMALL = WgmmaTiles(1, 128, 8)
 WGMMA_LARGE = WgmmaTiles(2, 256, 4)
 # Where 128 x 256 tiles would not give every multiprocessor one (M 512 at N 4096: 64 tiles on 132,
 # measured at 0.53x PyTorch's time on an H100 against 0.84x at N 14336), 128 x 128 of 6 stages (the
-# sweep's second at M 512 and 2048), twice the tiles.
+# sweep's second at M 512 and 2048), twice the tiles; 128 x 64 where even those are few (M 256 at
+# N 4096: 24.4 µs against 31.1 on an H100, tools/tune_linear.py --wgmma).
 WGMMA_NARROW = WgmmaTiles(2, 128, 6)
+WGMMA_NARROWEST = WgmmaTiles(2, 64, 8)
 # Where 128 x 256 tiles would leave the last wave part empty (M 512 at N 14336: 224 tiles, 1.7 waves
-# on 132 multiprocessors), 128 x 224: N 14336 is 64 of them, 256 tiles, two full waves of 7/8 the work.
+# on 132 multiprocessors), 128 x 224: N 14336 is 64 of them, 256 tiles, two full waves of 7/8 the
+# work (108.2 µs against 115.5 on an H100).
 WGMMA_224 = WgmmaTiles(2, 224, 4)
-WGMMA_WIDE = (WGMMA_LARGE, WGMMA_224, WGMMA_NARROW)  # the plan's choices beyond SMALL_ROWS, widest first
-WGMMA_SHAPES = (WgmmaTiles(1, 64, 8), WGMMA_SMALL, WgmmaTiles(1, 256, 5), WgmmaTiles(2, 64, 8), WGMMA_NARROW,
+WGMMA_WIDE = (WGMMA_LARGE, WGMMA_224, WGMMA_NARROW, WGMMA_NARROWEST)  # the plan's choices beyond SMALL_ROWS, widest first
+WGMMA_SHAPES = (WgmmaTiles(1, 64, 8), WGMMA_SMALL, WgmmaTiles(1, 256, 5), WGMMA_NARROWEST, WGMMA_NARROW,
                 WgmmaTiles(2, 128, 4), WGMMA_224, WGMMA_LARGE, WgmmaTiles(2, 256, 3))
 
 
