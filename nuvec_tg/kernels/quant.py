@@ -551,15 +551,13 @@ def dequantize_unsupported(scales_dtype: DType, out_dtype: DType, rows: int, k: 
     return target.lacks(bfloat=dtypes.bfloat16 in (out_dtype, scales_dtype))
 
 
-def dequantize_threads(k: int) -> int:
-    """The dequantize kernel's threads a threadgroup (a threadgroup a row) for rows of `k` codes:
-    the fewest of 32, 64, 128 and DEQUANTIZE_THREADS that take a row's pieces of 8 codes at once,
-    DEQUANTIZE_THREADS for longer rows (each thread then takes several)."""
-    pieces = -(-k // 8)
-    return next((t for t in (32, 64, 128) if t >= pieces), DEQUANTIZE_THREADS)
+def dequantize_groups(rows: int, k: int) -> int:
+    """The dequantize kernel's threadgroups for `rows` rows of `k` codes: a thread a piece of 8
+    codes, four a chunk of 32 (the last of a row whole where K is 16 past a multiple of 32)."""
+    return -(-rows * -(-k // 32) * 4 // DEQUANTIZE_THREADS)
 
 
-DEQUANTIZE = Family("nuvec_dequantize", ("pieces.h", "quant_codes.h", "dequantize.h"), dequantize_unsupported, dequantize_threads)
+DEQUANTIZE = Family("nuvec_dequantize", ("pieces.h", "quant_codes.h", "dequantize.h"), dequantize_unsupported, dequantize_groups)
 
 
 def dequantize_program(backend: str, scales_dtype: DType, out_dtype: DType, *, mode: str, group_size: int, bits: int,
@@ -569,7 +567,7 @@ def dequantize_program(backend: str, scales_dtype: DType, out_dtype: DType, *, m
     picks the width of the weight loads (its rows' alignment)."""
     piece = 8 * out_dtype.itemsize
     defines = dict(TS=ctype(scales_dtype), TY=ctype(out_dtype), BITS=bits, GROUP=group_size, MODE=_MODES[mode],
-                   LOAD_WORDS=load_words(bits, k * bits // 32), THREADS=dequantize_threads(k), **chunks("Y", piece, piece))
+                   LOAD_WORDS=load_words(bits, k * bits // 32), THREADS=DEQUANTIZE_THREADS, **chunks("Y", piece, piece))
     params = [Param("y", "out", ctype(out_dtype)), Param("w", "in", "uint"), Param("scales", "in", ctype(scales_dtype))]
     if mode == "affine": params.append(Param("biases", "in", ctype(scales_dtype)))
     return DEQUANTIZE.program(backend, defines, params + [Param("ints", "in", "int")])
@@ -590,7 +588,7 @@ def dequantize(weight: Tensor, scales: Tensor, biases: Tensor | None, *, mode: s
         backward = Backward("dequantize", lambda w, s, b: composition(w, s, b).reshape(rows, k), tuple(ins), wrt=(1, 2))
     y = Tensor.empty(rows, k, dtype=out_dtype, device=weight.device)
     ins.append(int_buffer(weight.device, (rows, k)))
-    out = launch(program, weight.device, [y], ins, (rows, 1, 1), dequantize_threads(k), backward=backward,
+    out = launch(program, weight.device, [y], ins, (dequantize_groups(rows, k), 1, 1), DEQUANTIZE_THREADS, backward=backward,
                  label=f"{backend} dequantize {mode} {bits}-bit g{group_size} {rows}x{k}")[0]
     return out.reshape(*lead, k)
 
