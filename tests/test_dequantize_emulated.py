@@ -2,8 +2,8 @@
 dequantized route on Hopper) on the CPU from its CUDA rendering (`kernel_emulator`), against the
 weights decoded in float64 numpy (`quant_reference.dequantized`): every affine width and group,
 each floating-point mode, into each float dtype, batched weights, nvfp4's half chunk at K = 16 mod
-32; every element written, nothing read or written outside the buffers (the emulator's bounds
-check); and the route that picks it."""
+32, rows longer than a threadgroup; every element written, nothing read or written outside the
+buffers (the emulator's bounds check); and the route that picks it."""
 from __future__ import annotations
 
 import dataclasses
@@ -29,7 +29,9 @@ CASES = [("affine", 32, bits, dtypes.bfloat16, (5, 96)) for bits in (2, 3, 5, 6)
     ("affine", 64, 4, dtypes.bfloat16, (7, 256)), ("affine", 128, 8, dtypes.float16, (3, 384)),
     ("affine", 64, 4, dtypes.float32, (2, 3, 128)), ("mxfp4", 32, 4, dtypes.bfloat16, (6, 160)),
     ("mxfp8", 32, 8, dtypes.float16, (4, 64)), ("nvfp4", 16, 4, dtypes.float32, (5, 48)),
-    ("nvfp4", 16, 4, dtypes.bfloat16, (2, 4, 80))]
+    ("nvfp4", 16, 4, dtypes.bfloat16, (2, 4, 80)),
+    # rows of more pieces than a threadgroup has threads: a row over several threadgroups (nvfp4: the half chunk in one)
+    ("affine", 64, 4, dtypes.bfloat16, (3, 2112)), ("nvfp4", 16, 4, dtypes.float16, (2, 2064))]
 
 
 def emulate(qw, dtype, edit=None) -> np.ndarray:
@@ -89,10 +91,14 @@ def test_dequantized_rows_through_gemm_wgmma_give_qmm_wgmmas_bits(mode, group, b
 def test_the_route_dequantizes_from_its_rows_on_hopper_only():
     hopper, ampere = Target("cuda", warpgroups=True), Target("cuda")
     bf16 = dtypes.bfloat16
-    route = lambda rows, k, target: kernel.product_route(bf16, bf16, bf16, rows, k, 4096, bits=4, transpose=True,  # noqa: E731
-                                                         batched=False, target=target)
+    route = lambda rows, k, target, n=14336: kernel.product_route(bf16, bf16, bf16, rows, k, n, bits=4,  # noqa: E731
+                                                                  transpose=True, batched=False, target=target)
     assert route(kernel.DEQUANTIZED_ROWS, 4096, hopper) == ("qmm_dequantized", None)
     assert route(kernel.DEQUANTIZED_ROWS - 1, 4096, hopper) == ("qmm", None)
+    # at N up to DEQUANTIZED_NARROW_N from fewer rows
+    assert route(kernel.DEQUANTIZED_NARROW_ROWS, 4096, hopper, n=kernel.DEQUANTIZED_NARROW_N) == ("qmm_dequantized", None)
+    assert route(kernel.DEQUANTIZED_NARROW_ROWS - 1, 4096, hopper, n=kernel.DEQUANTIZED_NARROW_N) == ("qmm", None)
+    assert route(kernel.DEQUANTIZED_NARROW_ROWS, 4096, hopper, n=kernel.DEQUANTIZED_NARROW_N + 1) == ("qmm", None)
     assert route(4096, 4096 + 32, hopper) == ("qmm", None)  # K not whole steps of 64: qmm.h, as qmm_wgmma's rule
     assert route(4096, 4096, ampere) == ("qmm", None)
     assert kernel.dequantize_unsupported(bf16, dtypes.float64, 4, 64, hopper) is not None

@@ -239,11 +239,12 @@ def test_sorted_many_row_gathers_run_the_gathered_qmm(mode, group, width):
 @pytest.mark.skipif(not WARPGROUPS, reason="no warpgroup products (CUDA sm_90)")
 @pytest.mark.parametrize("mode, group, width", FORMATS, ids=lambda f: str(f))
 def test_qmm_wgmma_matches_the_composition_in_every_tile_shape(mode, group, width):
-    """qmm_wgmma (K a multiple of 64 on sm_90) at M = 130 (past a 128-row tile), N = 300 (past a
-    256-column tile), K = 1152 (a multiple of every group): the public call launches it; every tile
-    shape that fits is within tolerance of numpy and, bit for bit, the plan's."""
+    """qmm_wgmma (K a multiple of 64 on sm_90) at M = 130 (past a 128-row tile), N = 300 past
+    DEQUANTIZED_NARROW_N (past a 256-column tile; at a smaller N 130 rows take the dequantized
+    route), K = 1152 (a multiple of every group): the public call launches it; every tile shape that
+    fits is within tolerance of numpy and, bit for bit, the plan's."""
     rng = np.random.default_rng(0x9BA)
-    n, k = 300, 1152
+    n, k = qmv.DEQUANTIZED_NARROW_N + 300, 1152
     qw = quant.quantize(random(rng, (n, k), dtypes.bfloat16, gpu)[0], group, width, mode=mode)
     x, xv = random(rng, (130, k), dtypes.bfloat16, gpu)
     x = x.realize()

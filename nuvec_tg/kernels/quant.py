@@ -16,8 +16,8 @@ with the device's `kernels.Target`, anything else is the composition):
   and on Metal a kernel's threadgroup (`*_metal_resources`) must fit an Apple GPU's limits.
 - qmm on a target with Hopper's warpgroup products (CUDA sm_90) and K a multiple of 64 runs
   `qmm_wgmma` (`src/qmm_wgmma.h`) in its place (`takes_qmm_wgmma`: K and the device decide, never
-  M, so a row's bits still never depend on the row count); from DEQUANTIZED_ROWS rows
-  `quantized_matmul` dequantizes w once (`dequantize`, `src/dequantize.h`) and runs
+  M, so a row's bits still never depend on the row count); from DEQUANTIZED_ROWS rows (fewer
+  where N is small) `quantized_matmul` dequantizes w once (`dequantize`, `src/dequantize.h`) and runs
   `linear.gemm_wgmma` (`takes_dequantized`): the same rounded weights summed in the same order,
   so the same bits.
 
@@ -398,14 +398,14 @@ def product_route(x_dtype: DType, scales_dtype: DType, out_dtype: DType, rows: i
     """`quantized_matmul`'s kernel on `target` for `rows` rows of x against a `bits`-bit weight of
     K inputs and N outputs: `("qmv" | "qvm" | "qmm" | "qmm_dequantized", reason it cannot run or
     None)`. Up to MAX_ROWS rows, qmv (transposed) or qvm (not); more, qmm (transposed only), or
-    from DEQUANTIZED_ROWS rows on Hopper `dequantize` then gemm_wgmma (`takes_dequantized`, the
-    same bits); `batched` (weights with batch axes) has no kernel."""
+    from DEQUANTIZED_ROWS rows (DEQUANTIZED_NARROW_ROWS at N up to DEQUANTIZED_NARROW_N) on Hopper
+    `dequantize` then gemm_wgmma (`takes_dequantized`, the same bits); `batched` (weights with batch axes) has no kernel."""
     kernel = ("qmv" if transpose else "qvm") if rows <= MAX_ROWS else "qmm"
     if batched: return kernel, "weights with batch axes"
     if kernel == "qmm":
         if not transpose: return kernel, f"{rows} rows of untransposed weights (qvm takes at most {MAX_ROWS})"
         reason = qmm_unsupported(x_dtype, scales_dtype, out_dtype, rows, k, n, bits, target)
-        if reason is None and takes_dequantized(rows, k, target):
+        if reason is None and takes_dequantized(rows, k, n, target):
             return "qmm_dequantized", dequantize_unsupported(scales_dtype, x_dtype, n, k, target)
         return kernel, reason
     return kernel, qmv_unsupported(x_dtype, scales_dtype, out_dtype, rows, k, n, target, kernel)
@@ -538,8 +538,12 @@ DEQUANTIZE_THREADS = 256
 # Rows of x from which a product that qmm_wgmma would take dequantizes w once into x's dtype and
 # runs gemm_wgmma instead (`takes_dequantized`): the dequantization is one pass over w, while
 # qmm_wgmma's main loop dequantizes w again for every tile of rows (`tools/dequantize_probe.py`,
-# `benchmarks/quant_h200.md`: the route is faster from 512 rows, slower at 256 where N is large).
+# `benchmarks/quant_h200.md`, H100: the route is faster from 512 rows at N 14336, and from 128 rows
+# at N 4096, where qmm_wgmma's few tiles of 128 x 128 leave most multiprocessors idle: 54.7 µs
+# against 62.9 at M 128 K 4096, 173.2 against 183.8 at M 128 K 14336; at N 14336 M 256 it is
+# slower, 137.6 against 122.5).
 DEQUANTIZED_ROWS = 512
+DEQUANTIZED_NARROW_ROWS, DEQUANTIZED_NARROW_N = 128, 4096
 
 
 def dequantize_unsupported(scales_dtype: DType, out_dtype: DType, rows: int, k: int, target: Target) -> str | None:
@@ -593,9 +597,11 @@ def dequantize(weight: Tensor, scales: Tensor, biases: Tensor | None, *, mode: s
     return out.reshape(*lead, k)
 
 
-def takes_dequantized(rows: int, k: int, target: Target) -> bool:
+def takes_dequantized(rows: int, k: int, n: int, target: Target) -> bool:
     """Whether a product that qmm would take runs as `dequantize`, then gemm_wgmma: where qmm_wgmma
-    would run (`takes_qmm_wgmma`), from DEQUANTIZED_ROWS rows. Both sum each output's products in
-    steps of 16 k in increasing order into one float32 accumulator over the same rounded weights,
-    so the row count may choose between them: a row's bits are the same either way."""
-    return rows >= DEQUANTIZED_ROWS and takes_qmm_wgmma(k, target)
+    would run (`takes_qmm_wgmma`), from DEQUANTIZED_ROWS rows, or from DEQUANTIZED_NARROW_ROWS
+    where N is at most DEQUANTIZED_NARROW_N. Both sum each output's products in steps of 16 k in
+    increasing order into one float32 accumulator over the same rounded weights, so the row count
+    and N may choose between them: a row's bits are the same either way."""
+    enough = rows >= (DEQUANTIZED_NARROW_ROWS if n <= DEQUANTIZED_NARROW_N else DEQUANTIZED_ROWS)
+    return enough and takes_qmm_wgmma(k, target)
