@@ -1,6 +1,7 @@
 """Run a kernel's CUDA rendering on the CPU (`prelude_emulated.h`): compiled with a C++20 compiler
 into a shared library, which the runner library (`runner.cpp`, built once) launches over a grid,
-one threadgroup at a time, each of its threads an OS thread. For checking a kernel's indexing,
+one threadgroup at a time, each of its threads a fiber of the calling thread (switched where a
+thread waits: a barrier or an exchange). For checking a kernel's indexing,
 decoding and arithmetic order where no GPU is present; its arithmetic is the rendering's, written
 out (no contraction), so where a kernel writes every multiply-add as fma the results have the
 CUDA build's bits.
@@ -42,7 +43,7 @@ extern "C" void emulated_kernel_entry(void** buffers) { KERNEL(ARGUMENTS); }
 _FLAGS = ["-std=c++20", "-O1", "-ffp-contract=off", "-fPIC", "-pthread", "-Wno-unknown-pragmas"]
 # clang: every load and store of the kernel function (program names start with nuvec_) traced.
 CHECKS_EVERY_ACCESS = COMPILER is not None and "clang" in COMPILER
-_STD_HEADERS = "#include <cstring>\n#include <thread>\n"
+_STD_HEADERS = "#include <cstring>\n"
 
 
 def _write_once(path: pathlib.Path, make) -> bool:

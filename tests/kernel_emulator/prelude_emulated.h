@@ -1,11 +1,11 @@
 // nuvec_tg's kernel dialect on the CPU, for running the CUDA rendering of a kernel in tests: a
-// threadgroup's threads are OS threads, SIMD-group operations and barriers are std::barriers, and
+// threadgroup's threads are fibers of one OS thread, switched where one waits (barriers, SIMD-group
+// operations, staging barriers), and
 // simd_sum adds in the CUDA prelude's butterfly order (so results have the CUDA build's bits).
 // Threadgroup arrays are statics: threadgroups run one at a time. What touches the emulator's own
 // state (the launch, barriers, lane slots, the access checks) lives in `runner.cpp`, one library
 // built once, which every kernel's library calls.
 #include <cstring>
-#include <thread>
 
 typedef unsigned int uint;
 typedef unsigned short ushort;
@@ -53,6 +53,7 @@ float simd_shuffle(float x, int source);
 bool simd_any(bool x);
 void mma_emulated(float* acc, const uint* a, uint b0, uint b1, bool bf16);
 void simd_barrier();
+void emulated_yield();  // the running thread waits: the next one that can runs
 
 inline float simd_sum(float x) {
   for (int offset = 16; offset > 0; offset /= 2) x += simd_shuffle_xor(x, offset);
@@ -130,7 +131,7 @@ inline void stage_arrive(unsigned long long* bar) {
   if (arrived == expected) __atomic_fetch_add(bar, (1ull << 32) - (arrived << 16), __ATOMIC_SEQ_CST);
 }
 inline void stage_wait(unsigned long long* bar, int parity) {
-  while ((__atomic_load_n(bar, __ATOMIC_SEQ_CST) >> 32 & 1) == (unsigned long long)parity) std::this_thread::yield();
+  while ((__atomic_load_n(bar, __ATOMIC_SEQ_CST) >> 32 & 1) == (unsigned long long)parity) emulated_yield();
 }
 inline uint low_halves(uint a, uint b) { return (a & 0xFFFFu) | (b << 16); }
 inline uint high_halves(uint a, uint b) { return (a >> 16) | (b & 0xFFFF0000u); }
@@ -145,8 +146,8 @@ inline uint high_halves(uint a, uint b) { return (a >> 16) | (b & 0xFFFF0000u); 
 #define MMA_INPUT(T) T
 #define MMA_DIRECT 1
 #endif
-// The asynchronous copies, done at once (a kernel missing a barrier after async_wait can still
-// read a stage another thread is writing: the threads are OS threads).
+// The asynchronous copies, done at once (a kernel missing a barrier after async_wait reads a stage
+// before or after another thread wrote it, by the threads' order: each runs until it waits).
 inline void async_copy(void* to, const void* from, bool present, int bytes) {
   if (present) check_read(from, bytes);
   if (present) std::memcpy(to, from, bytes); else std::memset(to, 0, bytes);

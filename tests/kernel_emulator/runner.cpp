@@ -1,23 +1,58 @@
-// The kernel emulator's runner (see prelude_emulated.h): the launch of a grid, the threadgroup's
-// barriers and the SIMD groups' exchanges, and the checks of a kernel's accesses. Built once into
+// The kernel emulator's runner (see prelude_emulated.h): the launch of a grid (a threadgroup's
+// threads as fibers), the threadgroup's barriers and the SIMD groups' exchanges, and the checks of
+// a kernel's accesses. Built once into
 // a library loaded before every kernel's library (whose calls and the compiler's load and store
 // callbacks it answers); never itself traced.
-#include <barrier>
 #include <link.h>
+#include <sys/mman.h>
+#include <ucontext.h>
+
+#include <algorithm>
 #include <vector>
 
 #include "prelude_emulated.h"
 
+__thread EmulatedThread emulated;
+
+// A threadgroup's threads are fibers of the launching OS thread (ucontext), each on a stack of its
+// own, switched only where one waits (a barrier, a SIMD group's exchange, a staging barrier): a
+// thread runs until it waits, then the next one in thread order that can. The scheduler keeps
+// each fiber's `emulated` (the kernel's thread-local view of its place) across the switches.
+static ucontext_t scheduler_context;
+static ucontext_t fiber_contexts[1024];
+static EmulatedThread fiber_states[1024];
+static int current_fiber = 0;
+
+void emulated_yield() {
+  fiber_states[current_fiber] = emulated;
+  swapcontext(&fiber_contexts[current_fiber], &scheduler_context);
+}
+
+// A barrier of `expected` fibers: the last to arrive completes the phase and goes on; the others
+// yield until it has.
+struct FiberBarrier {
+  int expected = 0, arrived = 0;
+  unsigned long phase = 0;
+  void arrive_and_wait() {
+    const unsigned long mine = phase;
+    if (++arrived == expected) {
+      arrived = 0;
+      phase++;
+      return;
+    }
+    while (phase == mine) emulated_yield();
+  }
+};
+
 struct Block {
-  std::barrier<>* all;
-  std::barrier<>* warps[32];
+  FiberBarrier* all;
+  FiberBarrier* warps[32];
   float lanes[1024];
   uint mma_a[1024][4], mma_b[1024][2];  // the fragments of each lane's last mma
   float metal_a[1024][8], metal_b[1024][4];  // the same for Metal's tiles (METAL_TILES)
   bool votes[1024];
   const char* rows[1024];               // each lane's ldmatrix row address
 };
-__thread EmulatedThread emulated;
 static Block* block() { return (Block*)emulated.sync; }
 
 // Where a kernel may read and write. The launch's buffers (set by `run`; a kernel writes only its
@@ -194,11 +229,33 @@ void mma_emulated_metal(float* acc, const float* a, const float* b) {
 }
 void simd_barrier() { block()->warps[threadIdx.x / 32]->arrive_and_wait(); }
 
+// The launch a fiber runs (`run` sets it): each thread takes the grid's threadgroups in turn.
+static struct {
+  void (*kernel)(void**);
+  void** buffers;
+  int groups, groups_y, total;
+  Block* sync;
+  bool finished[1024];
+} launch;
+
+static void fiber_main(int t) {
+  emulated.sync = launch.sync;
+  emulated.thread = uint3{(uint)t, 0, 0};
+  emulated.stack_top = (const char*)__builtin_frame_address(0);
+  for (int g = 0; g < launch.total; g++) {
+    emulated.block = uint3{(uint)(g % launch.groups), (uint)(g / launch.groups % launch.groups_y),
+                           (uint)(g / (launch.groups * launch.groups_y))};
+    launch.kernel(launch.buffers);
+    launch.sync->all->arrive_and_wait();
+  }
+  launch.finished[t] = true;
+}  // returns to the scheduler (uc_link)
+
 // Runs `kernel` (a kernel library's entry, which passes `buffers` to the kernel as its parameters)
-// over a grid of groups x groups_y x groups_z threadgroups of `threads` threads: one OS thread per
-// thread of a threadgroup, taking the grid's threadgroups one at a time (all of them finish one
-// before any starts the next: threadgroup arrays are statics). `outside` gets the counts of reads
-// outside the buffers and writes outside the writable ones.
+// over a grid of groups x groups_y x groups_z threadgroups of `threads` threads (at most 1024, whole
+// SIMD groups of 32): one fiber per thread of a threadgroup, taking the grid's threadgroups one at a
+// time (all of them finish one before any starts the next: threadgroup arrays are statics).
+// `outside` gets the counts of reads outside the buffers and writes outside the writable ones.
 extern "C" void run(void (*kernel)(void**), void** buffers, long* sizes, const int* writable, int count, int groups,
                     int groups_y, int groups_z, int threads, int* outside) {
   launch_buffer_count = count;
@@ -209,24 +266,39 @@ extern "C" void run(void (*kernel)(void**), void** buffers, long* sizes, const i
   library_segment_count = 0;
   dl_iterate_phdr(find_library_segments, (void*)kernel);
   out_of_bounds_reads = out_of_bounds_writes = 0;
-  const int total = groups * groups_y * groups_z;
-  std::barrier<> all(threads);
+  FiberBarrier all{threads};
+  std::vector<FiberBarrier> warps((threads + 31) / 32);
   Block sync{&all, {}, {}};
-  for (int w = 0; w < (threads + 31) / 32; w++) sync.warps[w] = new std::barrier<>(32);
-  std::vector<std::thread> pool;
-  for (int t = 0; t < threads; t++)
-    pool.emplace_back([&, t] {
-      emulated.sync = &sync;
-      emulated.thread = uint3{(uint)t, 0, 0};
-      emulated.stack_top = (const char*)__builtin_frame_address(0);
-      for (int g = 0; g < total; g++) {
-        emulated.block = uint3{(uint)(g % groups), (uint)(g / groups % groups_y), (uint)(g / (groups * groups_y))};
-        kernel(buffers);
-        all.arrive_and_wait();
-      }
-    });
-  for (auto& thread : pool) thread.join();
-  for (int w = 0; w < (threads + 31) / 32; w++) delete sync.warps[w];
+  for (int w = 0; w < (int)warps.size(); w++) {
+    warps[w].expected = std::min(32, threads - 32 * w);
+    sync.warps[w] = &warps[w];
+  }
+  launch.kernel = kernel;
+  launch.buffers = buffers;
+  launch.groups = groups;
+  launch.groups_y = groups_y;
+  launch.total = groups * groups_y * groups_z;
+  launch.sync = &sync;
+  // Each fiber's stack: 1 MB of address space, committed only where touched.
+  const size_t stack_bytes = 1 << 20;
+  char* stacks = (char*)mmap(nullptr, stack_bytes * threads, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  for (int t = 0; t < threads; t++) {
+    getcontext(&fiber_contexts[t]);
+    fiber_contexts[t].uc_stack.ss_sp = stacks + stack_bytes * t;
+    fiber_contexts[t].uc_stack.ss_size = stack_bytes;
+    fiber_contexts[t].uc_link = &scheduler_context;
+    makecontext(&fiber_contexts[t], (void (*)())fiber_main, 1, t);
+    launch.finished[t] = false;
+  }
+  for (int running = threads; running > 0;)
+    for (int t = 0; t < threads; t++) {
+      if (launch.finished[t]) continue;
+      current_fiber = t;
+      emulated = fiber_states[t];
+      swapcontext(&scheduler_context, &fiber_contexts[t]);
+      if (launch.finished[t]) running--;
+    }
+  munmap(stacks, stack_bytes * threads);
   outside[0] = out_of_bounds_reads;
   outside[1] = out_of_bounds_writes;
 }
