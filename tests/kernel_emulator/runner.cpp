@@ -16,8 +16,9 @@ __thread EmulatedThread emulated;
 
 // A threadgroup's threads are fibers of the launching OS thread (ucontext), each on a stack of its
 // own, switched only where one waits (a barrier, a SIMD group's exchange, a staging barrier): a
-// thread runs until it waits, then the next one in thread order that can. The scheduler keeps
-// each fiber's `emulated` (the kernel's thread-local view of its place) across the switches.
+// thread runs until it waits, then the next one that can, in thread order or its reverse. The
+// scheduler keeps each fiber's `emulated` (the kernel's thread-local view of its place) across
+// the switches.
 static ucontext_t scheduler_context;
 static ucontext_t fiber_contexts[1024];
 static EmulatedThread fiber_states[1024];
@@ -290,8 +291,11 @@ extern "C" void run(void (*kernel)(void**), void** buffers, long* sizes, const i
     makecontext(&fiber_contexts[t], (void (*)())fiber_main, 1, t);
     launch.finished[t] = false;
   }
-  for (int running = threads; running > 0;)
-    for (int t = 0; t < threads; t++) {
+  // Sweeps over the fibers alternate in direction, so that a kernel missing a barrier meets
+  // both orders: one thread's read before and after another's write.
+  for (int running = threads, sweep = 0; running > 0; sweep++)
+    for (int i = 0; i < threads; i++) {
+      const int t = sweep % 2 == 0 ? i : threads - 1 - i;
       if (launch.finished[t]) continue;
       current_fiber = t;
       emulated = fiber_states[t];
