@@ -117,6 +117,25 @@ def test_transposed_and_sliced_inputs(layout):
         assert_rows_close(f"{layout} {kernel}", values(y), values(composed), COMPOSITION_TOLERANCE[BF16])
 
 
+def test_whole_rows_of_a_buffer_are_read_in_place():
+    """A run of whole rows of a realized buffer (a slice along the leading axes, one row) is read
+    where it is, as MLX reads a row-contiguous input: the call runs its kernel alone. Rows that are
+    not whole (a slice of the last axis) are copied first, one kernel more: a kernel reading them
+    through their buffer would send the gradient to the buffer, not to the view (design.md)."""
+    from tinygrad import GlobalCounters
+    rng = np.random.default_rng(10)
+    # realized: `random` gives a lazy cast, whose kernels would count with the call's
+    base, w = random(rng, (64, 1024), BF16, gpu)[0].realize(), random(rng, (1024,), BF16, gpu)[0].realize()
+    ops = ((lambda t: fast.rms_norm(t, w[:t.shape[-1]], EPS), RMS), (lambda t: fast.softmax(t, -1), "nuvec_softmax"))
+    for op, kernel in ops:
+        for view, warm, kernels_run in ((base[5:40], base[3:38], 1), (base[7], base[6], 1), (base[:35, :512], base[1:36, :512], 2)):
+            op(warm).realize()  # the call's runtime integers made once (`int_buffer`), as in a model's later calls
+            before = GlobalCounters.kernel_count
+            with expect_launches(gpu, kernel):
+                op(view).realize()
+            assert GlobalCounters.kernel_count - before == kernels_run, f"{kernel} of a {view.shape} view"
+
+
 @pytest.mark.parametrize("length", [33, 4096, 65536])
 def test_a_rows_bits_equal_the_row_computed_alone(length):
     rng = np.random.default_rng(length)
