@@ -304,7 +304,8 @@ def _qmm_candidates(backend: str) -> Iterator[_Candidate]:
 
 def _dequantize_candidates(backend: str) -> Iterator[_Candidate]:
     """dequantize: every mode, width and group into every float dtype (affine scales of that
-    dtype: `quant.dequantize`'s rule), K whose rows take wide or narrow loads (nvfp4: a half chunk)."""
+    dtype: `quant.dequantize`'s rule), K whose rows take wide or narrow loads (nvfp4: a half chunk);
+    and the probe's other pieces a thread."""
     for (mode, group, bits), out, k in itertools.product(FORMATS, FLOATS, (4096, 4096 + 16)):
         if k % group: continue
         for scales in ((out,) if mode == "affine" else (dtypes.uint8,)):
@@ -313,6 +314,11 @@ def _dequantize_candidates(backend: str) -> Iterator[_Candidate]:
                                      bits=bits, k=k)
             yield _Candidate(quant.DEQUANTIZE.stem, make, ((mode, group, bits, out), (mode, scales, k)),
                              ((mode == "affine",),))
+    # the probe's sweep of pieces a thread (`tools/dequantize_probe.py --pieces`), at its format
+    for pieces in (2, 4):
+        make = functools.partial(_labelled, f"affine 4-bit g64 bf16 K4096, {pieces} pieces a thread", quant.dequantize_program,
+                                 backend, dtypes.bfloat16, dtypes.bfloat16, mode="affine", group_size=64, bits=4, k=4096, pieces=pieces)
+        yield _Candidate(quant.DEQUANTIZE.stem, make, (("pieces", pieces),), (("pieces", pieces),))
 
 
 def _qmm_wgmma_candidates(backend: str) -> Iterator[_Candidate]:

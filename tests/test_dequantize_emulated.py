@@ -34,18 +34,20 @@ CASES = [("affine", 32, bits, dtypes.bfloat16, (5, 96)) for bits in (2, 3, 5, 6)
     ("affine", 64, 4, dtypes.bfloat16, (3, 2112)), ("nvfp4", 16, 4, dtypes.float16, (2, 2064))]
 
 
-def emulate(qw, dtype, edit=None) -> np.ndarray:
+def emulate(qw, dtype, edit=None, pieces=kernel.DEQUANTIZE_PIECES) -> np.ndarray:
     """The kernel's raw rows `[R, K]` in `dtype` (16-bit as uint16), launched as `quant.dequantize`
-    launches it, over a result poisoned with NaN (an element it misses stays NaN)."""
+    launches it (`pieces` pieces a thread), over a result poisoned with NaN (an element it misses
+    stays NaN)."""
     *lead, words = qw.weight.shape
     k, rows = words * 32 // qw.bits, int(np.prod(lead))
     program = kernel.dequantize_program("cuda", qw.scales.dtype, dtype, mode=qw.mode, group_size=qw.group_size,
-                                        bits=qw.bits, k=k)
+                                        bits=qw.bits, k=k, pieces=pieces)
     if edit is not None: program = edit(program)
     y = np.full((rows, k), np.nan, np.float32) if dtype == dtypes.float32 else np.full((rows, k), 0x7FFF, np.uint16)
     buffers = [y, raw(qw.weight).reshape(rows, words), raw(qw.scales).reshape(rows, -1)]
     if qw.biases is not None: buffers.append(raw(qw.biases).reshape(rows, -1))
-    build(program)(buffers + [np.array([rows, k], np.int32)], kernel.dequantize_groups(rows, k), kernel.DEQUANTIZE_THREADS)
+    groups = kernel.dequantize_groups(rows, k, pieces)
+    build(program)(buffers + [np.array([rows, k, groups * kernel.DEQUANTIZE_THREADS], np.int32)], groups, kernel.DEQUANTIZE_THREADS)
     return y
 
 
@@ -59,12 +61,23 @@ def test_the_kernel_writes_each_weight_rounded_once(mode, group, bits, dtype, sh
     np.testing.assert_array_less(np.abs(got - want), ULP[dtype] * np.abs(want) + 1e-30)
 
 
+@pytest.mark.parametrize("pieces", [2, 4])
+@pytest.mark.parametrize("case", [CASES[4], CASES[-2], CASES[-1], CASES[8]], ids=str)
+def test_several_pieces_a_thread_write_the_same_weights(case, pieces):
+    """More pieces a thread (the probe's sweep of `DEQUANTIZE_PIECES`): the same bits as a piece a
+    thread, a grid's last pieces past the end doing nothing (nvfp4's half chunks among them)."""
+    mode, group, bits, dtype, shape = case
+    rng = np.random.default_rng(11)
+    qw = quantized(random(rng, shape, dtype, "CPU")[0], mode, group, bits)
+    np.testing.assert_array_equal(emulate(qw, dtype, pieces=pieces), emulate(qw, dtype, pieces=1))
+
+
 def test_a_planted_fault_is_caught():
     """A chunk's last piece scaled with the previous group's scale: the comparison sees it."""
     qw = quantized(random(np.random.default_rng(8), (4, 128), dtypes.bfloat16, "CPU")[0], "affine", 32, 4)
 
     def fault(program):
-        text = program.text.replace("scales[group]", "scales[group - (part == 3 && group > 0)]")
+        text = program.text.replace("scales[group]", "scales[group - (part[i] == 3 && group > 0)]")
         assert text != program.text
         return dataclasses.replace(program, text=text)
     faulty = as_float(emulate(qw, dtypes.bfloat16, edit=fault), dtypes.bfloat16).reshape(4, 128)

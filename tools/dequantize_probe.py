@@ -5,7 +5,10 @@ and running gemm_wgmma over the 16-bit rows, the route `quantized_matmul` takes 
 routes give the same bits (the rule that lets the row count choose between them). Timed as the
 benchmarks time a product (TinyJit replays of calls over rotated weight sets, device time).
 
-Usage: DEV=CUDA python3 tools/dequantize_probe.py [--rows 64,128,256,512,2048] [--shapes 3] [--repeats 3]
+`--pieces 1,2,4`: first the dequantization alone at each count of pieces of 8 codes a thread
+(`DEQUANTIZE_PIECES` is the kernel's), its TB/s, and whether its bits equal one piece a thread's.
+
+Usage: DEV=CUDA python3 tools/dequantize_probe.py [--rows 64,128,256,512,2048] [--shapes 3] [--repeats 3] [--pieces 1,2,4]
 """
 from __future__ import annotations
 
@@ -28,12 +31,38 @@ def dequantized_product(x: Tensor, w: Tensor, s: Tensor, b: Tensor) -> Tensor:
     return lk.gemm_wgmma(x, dense, None, out_dtype=x.dtype)
 
 
+def sweep_pieces(args, counts: list[int]) -> None:
+    """The dequantization alone at each count of pieces a thread: µs, TB/s of the bytes read and
+    written, the same bits as one piece a thread."""
+    print(f"{device_name()}; the dequantize kernel by pieces of 8 codes a thread (affine 4-bit, groups of 64, into bf16)")
+    print("| K x N | pieces a thread | µs | TB/s | same bits |")
+    print("|---|---|---|---|---|")
+    warm_up()
+    for k, n in SHAPES[:args.shapes]:
+        sets = rotation(n * k // 2).sets
+        weights = [quant.quantize(Tensor.randn(n, k, dtype=dtypes.bfloat16) * 0.02, 64, 4) for _ in range(sets)]
+        tensors = [(w.weight.realize(), w.scales.realize(), w.biases.realize()) for w in weights]
+        moved = n * k // 2 + 2 * 2 * n * (k // 64) + 2 * n * k  # codes and scales and biases read, bf16 written
+        one = qk.dequantize(*tensors[0], out_dtype=dtypes.bfloat16, pieces=1, **COMMON).bitcast(dtypes.uint16).numpy()
+        for pieces in counts:
+            seconds = time_jit(lambda w, s, b, p=pieces: qk.dequantize(w, s, b, out_dtype=dtypes.bfloat16, pieces=p, **COMMON),
+                               tensors, args.repeats)
+            same = np.array_equal(qk.dequantize(*tensors[0], out_dtype=dtypes.bfloat16, pieces=pieces, **COMMON)
+                                  .bitcast(dtypes.uint16).numpy(), one)
+            print(f"| {k} x {n} | {pieces}{' *' if pieces == qk.DEQUANTIZE_PIECES else ''} | {seconds * 1e6:.1f} | "
+                  f"{moved / seconds / 1e12:.2f} | {same} |", flush=True)
+        del weights, tensors
+    print()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", default="64,128,256,512,2048")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--shapes", type=int, default=len(SHAPES), help="the first this many of SHAPES")
+    parser.add_argument("--pieces", default="", help="pieces a thread to time the dequantization at, e.g. 1,2,4")
     args = parser.parse_args()
+    if args.pieces: sweep_pieces(args, [int(p) for p in args.pieces.split(",")])
     print(f"{device_name()}; µs a call, device time of TinyJit replays over rotated 4-bit weights (affine, groups of 64), bf16 x")
     print("| M | K x N | qmm_wgmma µs | dequantize µs | gemm_wgmma µs | dequantize + gemm_wgmma µs | route / qmm_wgmma | same bits |")
     print("|---|---|---|---|---|---|---|---|")

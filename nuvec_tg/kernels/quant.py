@@ -535,6 +535,10 @@ def qmm(x: Tensor, weight: Tensor, scales: Tensor, biases: Tensor | None, *, mod
 # ---- dequantize: packed weights as dense rows (src/dequantize.h) --------------------------------
 
 DEQUANTIZE_THREADS = 256
+# Pieces of 8 codes a thread: 1 measured at 71.1 µs for K 4096 x N 14336 on an H100 (62% of its
+# peak, `quant_h200.md`). More issue more loads before the first store (`src/dequantize.h`);
+# `tools/dequantize_probe.py --pieces 1,2,4` measures them (not yet run).
+DEQUANTIZE_PIECES = 1
 # Rows of x from which a product that qmm_wgmma would take dequantizes w once into x's dtype and
 # runs gemm_wgmma instead (`takes_dequantized`): the dequantization is one pass over w, while
 # qmm_wgmma's main loop dequantizes w again for every tile of rows (`tools/dequantize_probe.py`,
@@ -551,48 +555,56 @@ def dequantize_unsupported(scales_dtype: DType, out_dtype: DType, rows: int, k: 
     `target` (None when it does): float16, bfloat16 or float32 rows (bfloat16 only where the
     target has it), nothing empty."""
     if rows == 0 or k == 0: return "an empty weight"
+    if rows * -(-k // 32) * 4 >= 2**31 - DEQUANTIZE_THREADS: return "2^31 pieces of 8 codes or more (int32 sizes)"
     if out_dtype not in CTYPES: return f"{dtype_name(out_dtype)} rows (the kernel writes float16, bfloat16 and float32)"
     return target.lacks(bfloat=dtypes.bfloat16 in (out_dtype, scales_dtype))
 
 
-def dequantize_groups(rows: int, k: int) -> int:
-    """The dequantize kernel's threadgroups for `rows` rows of `k` codes: a thread a piece of 8
-    codes, four a chunk of 32 (the last of a row whole where K is 16 past a multiple of 32)."""
-    return -(-rows * -(-k // 32) * 4 // DEQUANTIZE_THREADS)
+def dequantize_groups(rows: int, k: int, pieces: int = DEQUANTIZE_PIECES) -> int:
+    """The dequantize kernel's threadgroups for `rows` rows of `k` codes, `pieces` pieces of 8
+    codes a thread, four pieces a chunk of 32 (the last of a row whole where K is 16 past a
+    multiple of 32)."""
+    return -(-rows * -(-k // 32) * 4 // (DEQUANTIZE_THREADS * pieces))
 
 
 DEQUANTIZE = Family("nuvec_dequantize", ("pieces.h", "quant_codes.h", "dequantize.h"), dequantize_unsupported, dequantize_groups)
 
 
 def dequantize_program(backend: str, scales_dtype: DType, out_dtype: DType, *, mode: str, group_size: int, bits: int,
-                       k: int) -> Program:
+                       k: int, pieces: int = DEQUANTIZE_PIECES) -> Program:
     """One specialisation: rows of `k` `bits`-bit codes of `mode` (groups of `group_size`, scales
-    of `scales_dtype`) into `out_dtype`; parameters y, w, scales (, biases), ints (R, K). K only
-    picks the width of the weight loads (its rows' alignment)."""
+    of `scales_dtype`) into `out_dtype`, `pieces` pieces a thread; parameters y, w, scales (,
+    biases), ints (R, K, the grid's threads). K only picks the width of the weight loads (its
+    rows' alignment)."""
     piece = 8 * out_dtype.itemsize
     defines = dict(TS=ctype(scales_dtype), TY=ctype(out_dtype), BITS=bits, GROUP=group_size, MODE=_MODES[mode],
-                   LOAD_WORDS=load_words(bits, k * bits // 32), THREADS=DEQUANTIZE_THREADS, **chunks("Y", piece, piece))
+                   LOAD_WORDS=load_words(bits, k * bits // 32), THREADS=DEQUANTIZE_THREADS, PIECES=pieces,
+                   **chunks("Y", piece, piece))
     params = [Param("y", "out", ctype(out_dtype)), Param("w", "in", "uint"), Param("scales", "in", ctype(scales_dtype))]
     if mode == "affine": params.append(Param("biases", "in", ctype(scales_dtype)))
     return DEQUANTIZE.program(backend, defines, params + [Param("ints", "in", "int")])
 
 
 def dequantize(weight: Tensor, scales: Tensor, biases: Tensor | None, *, mode: str, group_size: int, bits: int,
-               out_dtype: DType, backend: str, composition: Callable | None = None) -> Tensor:
+               out_dtype: DType, backend: str, composition: Callable | None = None,
+               pieces: int = DEQUANTIZE_PIECES) -> Tensor:
     """The dense weights `[..., N, K]` in `out_dtype` of packed `weight [..., N, K * bits / 32]`,
     `scales` (and affine `biases`) `[..., N, K / group_size]`: each value `fma(scale, code, bias)`
     (affine) or `code * scale`, rounded once, as qmm_wgmma dequantizes its tiles. composition:
-    `(weight, scales, biases) -> w`, whose gradient (in affine scales and biases) is the backward."""
+    `(weight, scales, biases) -> w`, whose gradient (in affine scales and biases) is the backward.
+    pieces: pieces of 8 codes a thread (DEQUANTIZE_PIECES; others for the probe's sweep)."""
     *lead, words = weight.shape
     k, rows = words * 32 // bits, math.prod(weight.shape[:-1])
-    program = dequantize_program(backend, scales.dtype, out_dtype, mode=mode, group_size=group_size, bits=bits, k=k)
+    program = dequantize_program(backend, scales.dtype, out_dtype, mode=mode, group_size=group_size, bits=bits, k=k,
+                                 pieces=pieces)
     ins = [kernel_input(weight), kernel_input(scales)] + ([] if biases is None else [kernel_input(biases)])
     backward = None
     if composition is not None and mode == "affine":
         backward = Backward("dequantize", lambda w, s, b: composition(w, s, b).reshape(rows, k), tuple(ins), wrt=(1, 2))
     y = Tensor.empty(rows, k, dtype=out_dtype, device=weight.device)
-    ins.append(int_buffer(weight.device, (rows, k)))
-    out = launch(program, weight.device, [y], ins, (dequantize_groups(rows, k), 1, 1), DEQUANTIZE_THREADS, backward=backward,
+    groups = dequantize_groups(rows, k, pieces)
+    ins.append(int_buffer(weight.device, (rows, k, groups * DEQUANTIZE_THREADS)))
+    out = launch(program, weight.device, [y], ins, (groups, 1, 1), DEQUANTIZE_THREADS, backward=backward,
                  label=f"{backend} dequantize {mode} {bits}-bit g{group_size} {rows}x{k}")[0]
     return out.reshape(*lead, k)
 
