@@ -31,17 +31,29 @@ def dequantized_product(x: Tensor, w: Tensor, s: Tensor, b: Tensor) -> Tensor:
     return lk.gemm_wgmma(x, dense, None, out_dtype=x.dtype)
 
 
+def weight_sets(k: int, n: int) -> tuple[int, list[tuple[Tensor, Tensor, Tensor]]]:
+    """Rotated sets of a random `[n, k]` weight quantized (affine 4-bit, groups of 64), realized:
+    (the count of sets, their (weight, scales, biases))."""
+    sets = rotation(n * k // 2).sets
+    weights = [quant.quantize(Tensor.randn(n, k, dtype=dtypes.bfloat16) * 0.02, 64, 4) for _ in range(sets)]
+    return sets, [(w.weight.realize(), w.scales.realize(), w.biases.realize()) for w in weights]
+
+
+def table_head(caption: str, columns: list[str]) -> None:
+    """A markdown table's caption (the device first), header and rule."""
+    print(f"{device_name()}; {caption}")
+    print("| " + " | ".join(columns) + " |")
+    print("|" + "---|" * len(columns))
+
+
 def sweep_pieces(args, counts: list[int]) -> None:
     """The dequantization alone at each count of pieces a thread: µs, TB/s of the bytes read and
     written, the same bits as one piece a thread."""
-    print(f"{device_name()}; the dequantize kernel by pieces of 8 codes a thread (affine 4-bit, groups of 64, into bf16)")
-    print("| K x N | pieces a thread | µs | TB/s | same bits |")
-    print("|---|---|---|---|---|")
+    table_head("the dequantize kernel by pieces of 8 codes a thread (affine 4-bit, groups of 64, into bf16)",
+               ["K x N", "pieces a thread", "µs", "TB/s", "same bits"])
     warm_up()
     for k, n in SHAPES[:args.shapes]:
-        sets = rotation(n * k // 2).sets
-        weights = [quant.quantize(Tensor.randn(n, k, dtype=dtypes.bfloat16) * 0.02, 64, 4) for _ in range(sets)]
-        tensors = [(w.weight.realize(), w.scales.realize(), w.biases.realize()) for w in weights]
+        _, tensors = weight_sets(k, n)
         moved = n * k // 2 + 2 * 2 * n * (k // 64) + 2 * n * k  # codes and scales and biases read, bf16 written
         one = qk.dequantize(*tensors[0], out_dtype=dtypes.bfloat16, pieces=1, **COMMON).bitcast(dtypes.uint16).numpy()
         for pieces in counts:
@@ -51,7 +63,7 @@ def sweep_pieces(args, counts: list[int]) -> None:
                                   .bitcast(dtypes.uint16).numpy(), one)
             print(f"| {k} x {n} | {pieces}{' *' if pieces == qk.DEQUANTIZE_PIECES else ''} | {seconds * 1e6:.1f} | "
                   f"{moved / seconds / 1e12:.2f} | {same} |", flush=True)
-        del weights, tensors
+        del tensors
     print()
 
 
@@ -63,14 +75,12 @@ def main() -> None:
     parser.add_argument("--pieces", default="", help="pieces a thread to time the dequantization at, e.g. 1,2,4")
     args = parser.parse_args()
     if args.pieces: sweep_pieces(args, [int(p) for p in args.pieces.split(",")])
-    print(f"{device_name()}; µs a call, device time of TinyJit replays over rotated 4-bit weights (affine, groups of 64), bf16 x")
-    print("| M | K x N | qmm_wgmma µs | dequantize µs | gemm_wgmma µs | dequantize + gemm_wgmma µs | route / qmm_wgmma | same bits |")
-    print("|---|---|---|---|---|---|---|---|")
+    table_head("µs a call, device time of TinyJit replays over rotated 4-bit weights (affine, groups of 64), bf16 x",
+               ["M", "K x N", "qmm_wgmma µs", "dequantize µs", "gemm_wgmma µs", "dequantize + gemm_wgmma µs", "route / qmm_wgmma",
+                "same bits"])
     warm_up()
     for k, n in SHAPES[:args.shapes]:
-        sets = rotation(n * k // 2).sets
-        weights = [quant.quantize(Tensor.randn(n, k, dtype=dtypes.bfloat16) * 0.02, 64, 4) for _ in range(sets)]
-        tensors = [(w.weight.realize(), w.scales.realize(), w.biases.realize()) for w in weights]
+        sets, tensors = weight_sets(k, n)
         dequant = time_jit(lambda w, s, b: qk.dequantize(w, s, b, out_dtype=dtypes.bfloat16, **COMMON), tensors, args.repeats)
         dense_sets = rotation(n * k * 2).sets
         dense = [qk.dequantize(*tensors[i % sets], out_dtype=dtypes.bfloat16, **COMMON).realize() for i in range(dense_sets)]
@@ -84,7 +94,7 @@ def main() -> None:
                                   dequantized_product(x, *tensors[0]).bitcast(dtypes.uint16).numpy())
             print(f"| {rows} | {k} x {n} | {tiled * 1e6:.1f} | {dequant * 1e6:.1f} | {gemm * 1e6:.1f} | {routed * 1e6:.1f} | "
                   f"{routed / tiled:.2f} | {same} |", flush=True)
-        del dense, weights, tensors
+        del dense, tensors
 
 
 if __name__ == "__main__":
