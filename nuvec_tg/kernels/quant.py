@@ -399,7 +399,8 @@ def product_route(x_dtype: DType, scales_dtype: DType, out_dtype: DType, rows: i
     K inputs and N outputs: `("qmv" | "qvm" | "qmm" | "qmm_dequantized", reason it cannot run or
     None)`. Up to MAX_ROWS rows, qmv (transposed) or qvm (not); more, qmm (transposed only), or
     from DEQUANTIZED_ROWS rows (DEQUANTIZED_NARROW_ROWS at N up to DEQUANTIZED_NARROW_N) on Hopper
-    `dequantize` then gemm_wgmma (`takes_dequantized`, the same bits); `batched` (weights with batch axes) has no kernel."""
+    `dequantize` then gemm_wgmma (`takes_dequantized`, the same bits); `batched` (weights with
+    batch axes) has no kernel."""
     kernel = ("qmv" if transpose else "qvm") if rows <= MAX_ROWS else "qmm"
     if batched: return kernel, "weights with batch axes"
     if kernel == "qmm":
@@ -443,7 +444,7 @@ def gather_route(x_dtype: DType, scales_dtype: DType, out_dtype: DType, entries:
 # w tiles take the room of more); not yet swept on the device, every shape GPU-tested.
 QMM_WGMMA_SMALL = WgmmaTiles(1, 128, 4)
 QMM_WGMMA_LARGE = WgmmaTiles(2, 256, 4)
-QMM_WGMMA_NARROW = WgmmaTiles(2, 128, 4)  # where 128 x 256 tiles would leave multiprocessors idle (gemm_wgmma's rule)
+QMM_WGMMA_NARROW = WgmmaTiles(2, 128, 4)  # where 128 x 256 tiles' waves cost more (`wgmma_tiles`, gemm_wgmma's rule)
 QMM_WGMMA_SHAPES = (QMM_WGMMA_SMALL, WgmmaTiles(1, 256, 4), QMM_WGMMA_NARROW, WgmmaTiles(2, 128, 6), QMM_WGMMA_LARGE,
                     WgmmaTiles(2, 256, 3))
 QMM_WGMMA_SMALL_ROWS = 64
@@ -457,8 +458,9 @@ def takes_qmm_wgmma(k: int, target: Target) -> bool:
 
 def qmm_wgmma_plan(rows: int, n: int, multiprocessors: int | None = None) -> WgmmaTiles:
     """qmm_wgmma's tiles for M rows and N columns: QMM_WGMMA_SMALL up to QMM_WGMMA_SMALL_ROWS rows,
-    else QMM_WGMMA_LARGE, or QMM_WGMMA_NARROW where its tiles would be fewer than the device's
-    multiprocessors (132 where unknown). Any shape gives the same bits, so the plan may follow M and N."""
+    else QMM_WGMMA_LARGE or QMM_WGMMA_NARROW, whichever's waves over the device's multiprocessors
+    (132 where unknown) cost less (`wgmma_tiles`). Any shape gives the same bits, so the plan may
+    follow M and N."""
     return wgmma_tiles(rows, n, multiprocessors, QMM_WGMMA_SMALL, (QMM_WGMMA_LARGE, QMM_WGMMA_NARROW), QMM_WGMMA_SMALL_ROWS)
 
 

@@ -8,6 +8,7 @@
 #include <ucontext.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <vector>
 
 #include "prelude_emulated.h"
@@ -283,6 +284,7 @@ extern "C" void run(void (*kernel)(void**), void** buffers, long* sizes, const i
   // Each fiber's stack: 1 MB of address space, committed only where touched.
   const size_t stack_bytes = 1 << 20;
   char* stacks = (char*)mmap(nullptr, stack_bytes * threads, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (stacks == MAP_FAILED) abort();
   for (int t = 0; t < threads; t++) {
     getcontext(&fiber_contexts[t]);
     fiber_contexts[t].uc_stack.ss_sp = stacks + stack_bytes * t;
