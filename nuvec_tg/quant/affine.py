@@ -25,6 +25,7 @@ from tinygrad.dtype import DType
 
 from .. import kernels
 from ..fast.linear import linear
+from ..kernels import linear as linear_kernels
 from ..kernels import quant as qmv_kernel
 from ..tensor import check, check_floating, check_tensor, dtype_name, promote_types
 from . import exact, floating
