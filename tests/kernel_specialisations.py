@@ -338,6 +338,25 @@ def _qmm_wgmma_candidates(backend: str) -> Iterator[_Candidate]:
                              ((bits % 2,), (x, tiles.columns)))
 
 
+def _qmm_wgmma_rs_candidates(backend: str) -> Iterator[_Candidate]:
+    """qmm_wgmma_rs (CUDA only): every mode and group of its widths (2, 4, 8 bits), 16-bit x, affine
+    scales in x's type and float32, plain and gathered, the plan's tiles at every width, the sweep's
+    others at 4 bits."""
+    if backend != "cuda": return
+    for (mode, group, bits), x, gather in itertools.product(FORMATS, (dtypes.float16, dtypes.bfloat16), (False, True)):
+        if bits not in quant.QMM_WGMMA_RS_BITS: continue
+        shapes = quant.QMM_WGMMA_RS_SHAPES if bits == 4 else (quant.QMM_WGMMA_RS_SMALL, *quant.QMM_WGMMA_RS_WIDE)
+        for scales, tiles in itertools.product((x, dtypes.float32) if mode == "affine" else (dtypes.uint8,), shapes):
+            if quant.qmm_wgmma_rs_bytes(tiles, bits) > quant.WGMMA_MAX_DYNAMIC: continue
+            label = (f"{mode} {bits}-bit g{group} x {dtype_name(x)} scales {dtype_name(scales)} {tiles}"
+                     + (" gathered" if gather else ""))
+            make = functools.partial(_labelled, label, quant.qmm_wgmma_rs_program, x, scales, x, mode=mode, group_size=group,
+                                     bits=bits, tiles=tiles, gather=gather)
+            # assembled: each width's pair shifts, each wgmma type and width of x rows
+            yield _Candidate(quant.QMM_WGMMA_RS.stem, make, ((mode, group, bits, x, gather), (mode, x, scales, gather, tiles)),
+                             ((bits, mode), (x, tiles.rows, tiles.warpgroups)))
+
+
 def gemv_calls() -> Iterator[tuple[DType, DType, DType | None, DType, int, int, int, quant.QmvPlan, bool]]:
     """gemv's calls by `(x, w, bias, y dtypes, rows, K, N, plan, glu)`, as `linear.route` gives them
     to the kernel: every dtype of x and w, no bias, a bias of x's dtype or float32 (y their
@@ -631,7 +650,7 @@ def _take_candidates(backend: str) -> Iterator[_Candidate]:
 
 
 _WALKS = (_decode_candidates, _prefill_candidates, _gated_delta_candidates, _gated_delta_chunked_candidates, _gated_delta_inputs_candidates,
-          _qmv_candidates, _qvm_candidates, _qmm_candidates, _qmm_wgmma_candidates, _dequantize_candidates,
+          _qmv_candidates, _qvm_candidates, _qmm_candidates, _qmm_wgmma_candidates, _qmm_wgmma_rs_candidates, _dequantize_candidates,
           _norm_candidates, _residual_norm_candidates, _softmax_candidates, _rope_candidates, _norm_rope_candidates,
           _gemv_candidates, _gemm_candidates, _gemm_wgmma_candidates, _paged_write_candidates,
           _take_candidates)

@@ -320,12 +320,14 @@ def test_emulated_gathered_qmm_takes_each_rows_batch(mode, group, bits, dtype, m
 
 def emulated_qmm_wgmma(x: np.ndarray, qw, dtype, tiles, picks: np.ndarray | None = None, edit=None) -> np.ndarray:
     """y's raw values from the emulated qmm_wgmma (Hopper's warpgroup products computed by each
-    thread from the swizzled tiles) for raw x `[M, K]` in `dtype` with `tiles`; `picks`: gathered,
+    thread from the swizzled tiles) for raw x `[M, K]` in `dtype` with `tiles` (RegisterTiles:
+    qmm_wgmma_rs); `picks`: gathered,
     each row with its own weight batch of `qw` `[E, N, ...]`."""
     rows, k = x.shape
     n = qw.weight.shape[-2]
-    kernel = edited(qmv.qmm_wgmma_program(dtype, qw.scales.dtype, dtype, mode=qw.mode, group_size=qw.group_size, bits=qw.bits,
-                                          tiles=tiles, gather=picks is not None), edit)
+    make = qmv.qmm_wgmma_rs_program if isinstance(tiles, qmv.RegisterTiles) else qmv.qmm_wgmma_program
+    kernel = edited(make(dtype, qw.scales.dtype, dtype, mode=qw.mode, group_size=qw.group_size, bits=qw.bits, tiles=tiles,
+                         gather=picks is not None), edit)
     y = np.full((rows, n), 0xFFFF, dtype=x.dtype)  # NaN patterns: an output the kernel misses shows
     buffers = [y, x, raw(qw.weight), raw(qw.scales)] + ([raw(qw.biases)] if qw.biases is not None else [])
     if picks is not None: buffers.append(picks)
@@ -353,6 +355,47 @@ def test_emulated_qmm_wgmma_matches_the_composition_in_both_plans(mode, group, b
     small = emulated_qmm_wgmma(raw(x_tensor), qw, dtype, qmv.QMM_WGMMA_SMALL)
     check_rows("qmm_wgmma", small, want, dtype)
     np.testing.assert_array_equal(emulated_qmm_wgmma(raw(x_tensor), qw, dtype, qmv.QMM_WGMMA_LARGE), small)
+
+
+QMM_WGMMA_RS_CASES = [("affine", 64, 4, dtypes.bfloat16), ("affine", 32, 2, dtypes.float16), ("affine", 128, 8, dtypes.bfloat16),
+                      ("mxfp4", 32, 4, dtypes.bfloat16), ("mxfp8", 32, 8, dtypes.float16), ("nvfp4", 16, 4, dtypes.bfloat16)]
+
+
+@pytest.mark.parametrize("mode, group, bits, dtype", QMM_WGMMA_RS_CASES, ids=str)
+def test_emulated_qmm_wgmma_rs_equals_qmm_wgmma(mode, group, bits, dtype):
+    """qmm_wgmma_rs (weights dequantized into the A registers, the product as its transpose) at M = 70
+    (past a 64-row tile of x), N = 267 (past two 128-row tiles of weights, odd), K = 192 (three
+    steps; 256 for groups of 128): within tolerance of the composition and, the same rounded weights
+    summed in the same order, qmm_wgmma's bits in both of its tile shapes."""
+    rng = np.random.default_rng(0x9BF)
+    n, k = 267, 256 if group == 128 else 192
+    qw = quantized(random(rng, (n, k), dtype, "CPU")[0], mode, group, bits)
+    x_tensor = random(rng, (70, k), dtype, "CPU")[0].realize()
+    want = quant.quantized_matmul(x_tensor, qw).cast(dtypes.float32).numpy().astype(np.float64)
+    got = emulated_qmm_wgmma(raw(x_tensor), qw, dtype, qmv.QMM_WGMMA_RS_SMALL)
+    check_rows("qmm_wgmma_rs", got, want, dtype)
+    np.testing.assert_array_equal(got, emulated_qmm_wgmma(raw(x_tensor), qw, dtype, qmv.QMM_WGMMA_SMALL))
+    np.testing.assert_array_equal(got, emulated_qmm_wgmma(raw(x_tensor), qw, dtype, qmv.RegisterTiles(128, 1, 3)))
+
+
+def test_emulated_gathered_qmm_wgmma_rs_takes_each_rows_batch():
+    """The gathered qmm_wgmma_rs: sorted runs crossing tiles of x, an unsorted stretch, hostile picks
+    at both ends giving zeros; qmm_wgmma's bits."""
+    rng = np.random.default_rng(0x9C0)
+    batches, n, k, rows, dtype = 3, 130, 128, 150, dtypes.bfloat16
+    qw = quantized(random(rng, (batches, n, k), dtype, "CPU")[0], "affine", 64, 4)
+    x_tensor = random(rng, (rows, k), dtype, "CPU")[0].realize()
+    picks = np.sort(rng.integers(0, batches, rows)).astype(np.int32)
+    picks[:3], picks[-2:] = -1, batches + 2
+    picks[100:110] = rng.integers(0, batches, 10)
+    y = emulated_qmm_wgmma(raw(x_tensor), qw, dtype, qmv.RegisterTiles(128, 2, 4), picks)
+    got = as_float(y, dtype)
+    for batch in range(batches):
+        one = quant.QuantizedWeight(*(t[batch].contiguous() for t in (qw.weight, qw.scales, qw.biases)), "affine", 64, 4)
+        want = quant.quantized_matmul(x_tensor, one).cast(dtypes.float32).numpy().astype(np.float64)
+        assert_rows_close(f"batch {batch}", got[picks == batch], want[picks == batch], TOL[dtype])
+    assert not got[(picks < 0) | (picks >= batches)].any()
+    np.testing.assert_array_equal(y, emulated_qmm_wgmma(raw(x_tensor), qw, dtype, qmv.QMM_WGMMA_LARGE, picks))
 
 
 def test_emulated_gathered_qmm_wgmma_takes_each_rows_batch():

@@ -5,10 +5,15 @@ and running gemm_wgmma over the 16-bit rows, the route `quantized_matmul` takes 
 routes give the same bits (the rule that lets the row count choose between them). Timed as the
 benchmarks time a product (TinyJit replays of calls over rotated weight sets, device time).
 
+The tiled kernels are both timed: qmm_wgmma (w dequantized into a threadgroup tile) in its own
+plan's tiles, and qmm_wgmma_rs (w dequantized into the products' registers), the kernel qmm plans
+for 4 bits; `--rs-sweep` also times every RegisterTiles of QMM_WGMMA_RS_SHAPES.
+
 `--pieces 1,2,4`: first the dequantization alone at each count of pieces of 8 codes a thread
 (`DEQUANTIZE_PIECES` is the kernel's), its TB/s, and whether its bits equal one piece a thread's.
 
 Usage: DEV=CUDA python3 tools/dequantize_probe.py [--rows 64,128,256,512,2048] [--shapes 3] [--repeats 3] [--pieces 1,2,4]
+                                                  [--rs-sweep]
 """
 from __future__ import annotations
 
@@ -20,6 +25,7 @@ from tinygrad import Tensor, dtypes
 from nuvec_tg import quant
 from nuvec_tg.bench.common import device_name, rotation, time_jit, warm_up
 from nuvec_tg.kernels import linear as lk
+from nuvec_tg.kernels import target
 from nuvec_tg.kernels import quant as qk
 
 SHAPES = ((4096, 14336), (4096, 4096), (14336, 4096))   # K x N: up, attention, down (Qwen3-8B-like)
@@ -73,12 +79,14 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--shapes", type=int, default=len(SHAPES), help="the first this many of SHAPES")
     parser.add_argument("--pieces", default="", help="pieces a thread to time the dequantization at, e.g. 1,2,4")
+    parser.add_argument("--rs-sweep", action="store_true", help="time every RegisterTiles of QMM_WGMMA_RS_SHAPES too")
     args = parser.parse_args()
     if args.pieces: sweep_pieces(args, [int(p) for p in args.pieces.split(",")])
     table_head("µs a call, device time of TinyJit replays over rotated 4-bit weights (affine, groups of 64), bf16 x",
-               ["M", "K x N", "qmm_wgmma µs", "dequantize µs", "gemm_wgmma µs", "dequantize + gemm_wgmma µs", "route / qmm_wgmma",
-                "same bits"])
+               ["M", "K x N", "qmm_wgmma µs", "qmm_wgmma_rs µs (tiles)", "TFLOP/s", "dequantize µs", "gemm_wgmma µs",
+                "dequantize + gemm_wgmma µs", "qmm_wgmma_rs / route", "same bits"])
     warm_up()
+    multiprocessors = target(Tensor.empty(1).device).multiprocessors
     for k, n in SHAPES[:args.shapes]:
         sets, tensors = weight_sets(k, n)
         dequant = time_jit(lambda w, s, b: qk.dequantize(w, s, b, out_dtype=dtypes.bfloat16, **COMMON), tensors, args.repeats)
@@ -87,13 +95,24 @@ def main() -> None:
         for rows in (int(r) for r in args.rows.split(",")):
             x = Tensor.randn(rows, k, dtype=dtypes.bfloat16).realize()
             calls = [(x, *t) for t in tensors]
-            tiled = time_jit(lambda x, w, s, b: qk.qmm(x, w, s, b, out_dtype=x.dtype, **COMMON), calls, args.repeats)
+            old_tiles, rs_tiles = qk.qmm_wgmma_plan(rows, n, multiprocessors), qk.qmm_wgmma_rs_plan(rows, n, multiprocessors)
+            tiled = time_jit(lambda x, w, s, b: qk.qmm(x, w, s, b, out_dtype=x.dtype, tiles=old_tiles, **COMMON), calls, args.repeats)
+            registers = time_jit(lambda x, w, s, b: qk.qmm(x, w, s, b, out_dtype=x.dtype, tiles=rs_tiles, **COMMON), calls,
+                                 args.repeats)
             gemm = time_jit(lambda x, w: lk.gemm_wgmma(x, w, None, out_dtype=x.dtype), [(x, w) for w in dense], args.repeats)
             routed = time_jit(dequantized_product, calls, args.repeats)
-            same = np.array_equal(qk.qmm(x, *tensors[0], out_dtype=x.dtype, **COMMON).bitcast(dtypes.uint16).numpy(),
-                                  dequantized_product(x, *tensors[0]).bitcast(dtypes.uint16).numpy())
-            print(f"| {rows} | {k} x {n} | {tiled * 1e6:.1f} | {dequant * 1e6:.1f} | {gemm * 1e6:.1f} | {routed * 1e6:.1f} | "
-                  f"{routed / tiled:.2f} | {same} |", flush=True)
+            results = [qk.qmm(x, *tensors[0], out_dtype=x.dtype, tiles=t, **COMMON) for t in (old_tiles, rs_tiles)]
+            results.append(dequantized_product(x, *tensors[0]))
+            bits = [r.bitcast(dtypes.uint16).numpy() for r in results]
+            same = all(np.array_equal(b, bits[0]) for b in bits[1:])
+            print(f"| {rows} | {k} x {n} | {tiled * 1e6:.1f} | {registers * 1e6:.1f} ({rs_tiles}) | "
+                  f"{2 * rows * k * n / registers / 1e12:.0f} | {dequant * 1e6:.1f} | {gemm * 1e6:.1f} | {routed * 1e6:.1f} | "
+                  f"{registers / routed:.2f} | {same} |", flush=True)
+            if args.rs_sweep:
+                for tiles in qk.QMM_WGMMA_RS_SHAPES:
+                    seconds = time_jit(lambda x, w, s, b, t=tiles: qk.qmm(x, w, s, b, out_dtype=x.dtype, tiles=t, **COMMON), calls,
+                                       args.repeats)
+                    print(f"|   | {tiles} | | {seconds * 1e6:.1f} | {2 * rows * k * n / seconds / 1e12:.0f} | | | | | |", flush=True)
         del dense, tensors
 
 

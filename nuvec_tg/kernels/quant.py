@@ -76,7 +76,40 @@ class WgmmaTiles:
         from memory about once."""
         return math.ceil(m / self.rows), math.ceil(n / self.columns), 1
 
+    @property
+    def width(self) -> int:
+        """The warpgroup product's N (a wave's cost in `wgmma_tiles`): the tile's columns."""
+        return self.columns
+
     def __str__(self) -> str: return f"wgmma {self.rows}x{self.columns}/{self.stages}s"
+
+
+@dataclass(frozen=True)
+class RegisterTiles:
+    """qmm_wgmma_rs's tiles (`src/qmm_wgmma_rs.h`, the product as its transpose): `rows` rows of x
+    (64, 128 or 256, the warpgroup product's N) by 64 * `warpgroups` weight rows (outputs) a
+    threadgroup, `stages` stage buffers of WGMMA_STEP k (STAGES - 2 steps copied ahead)."""
+    rows: int
+    warpgroups: int
+    stages: int
+
+    @property
+    def columns(self) -> int: return 64 * self.warpgroups
+
+    @property
+    def threads(self) -> int: return 128 * self.warpgroups
+
+    @property
+    def width(self) -> int:
+        """The warpgroup product's N (a wave's cost in `wgmma_tiles`): the tile's rows of x."""
+        return self.rows
+
+    def grid(self, m: int, n: int) -> tuple[int, int, int]:
+        """(row tiles, column tiles, 1): a tile of w's threadgroups launch together, so w is read
+        from memory about once."""
+        return math.ceil(m / self.rows), math.ceil(n / self.columns), 1
+
+    def __str__(self) -> str: return f"wgmma-rs {self.rows}x{self.columns}/{self.stages}s"
 
 
 # A threadgroup's fixed cost (its x tiles' copies, prologue and epilogue) in columns of products: the
@@ -85,16 +118,16 @@ class WgmmaTiles:
 TILE_OVERHEAD_COLUMNS = 37
 
 
-def wgmma_tiles(rows: int, n: int, multiprocessors: int | None, small: WgmmaTiles, wide: tuple[WgmmaTiles, ...],
-                small_rows: int) -> WgmmaTiles:
-    """The wgmma kernels' plan rule: `small` up to `small_rows` rows; beyond, of `wide` (tiles of
-    one row count, widest first) the one whose waves of threadgroups over the device's
+def wgmma_tiles(rows: int, n: int, multiprocessors: int | None, small, wide: tuple, small_rows: int):
+    """The wgmma kernels' plan rule over WgmmaTiles or RegisterTiles: `small` up to `small_rows`
+    rows; beyond, of `wide` (widest first) the one whose waves of threadgroups over the device's
     multiprocessors (132, the H200's, where unknown) take the least time, a wave's time its tile's
-    columns plus TILE_OVERHEAD_COLUMNS; the wider on a tie. A wave only part full costs a whole one,
-    which is why narrower tiles can win where the product is one or two waves."""
+    `width` (the warpgroup product's N) plus TILE_OVERHEAD_COLUMNS; the wider on a tie. A wave only
+    part full costs a whole one, which is why narrower tiles can win where the product is one or two
+    waves."""
     if rows <= small_rows: return small
     slots = multiprocessors or 132
-    return min(wide, key=lambda t: math.ceil(math.prod(t.grid(rows, n)) / slots) * (t.columns + TILE_OVERHEAD_COLUMNS))
+    return min(wide, key=lambda t: math.ceil(math.prod(t.grid(rows, n)) / slots) * (t.width + TILE_OVERHEAD_COLUMNS))
 
 
 WGMMA_STEP = 64                     # k a step (BK): a tile row is 128 bytes, the 128-byte swizzle's width
@@ -487,6 +520,45 @@ def qmm_wgmma_program(x_dtype: DType, scales_dtype: DType, out_dtype: DType, *, 
     return QMM_WGMMA.program("cuda", defines, params, dynamic_bytes=qmm_wgmma_bytes(tiles, bits))
 
 
+# qmm on Hopper's warpgroup products with the weights dequantized into the products' registers
+# (`src/qmm_wgmma_rs.h`) for the widths whose lanes find their codes at whole shifts of a word:
+# RegisterTiles of 64, 128 or 256 rows of x by 128 weight rows; the other widths run qmm_wgmma.
+QMM_WGMMA_RS_BITS = (2, 4, 8)
+QMM_WGMMA_RS_SMALL = RegisterTiles(64, 2, 4)
+QMM_WGMMA_RS_WIDE = (RegisterTiles(256, 2, 4), RegisterTiles(128, 2, 4), RegisterTiles(64, 2, 4))
+QMM_WGMMA_RS_SHAPES = (QMM_WGMMA_RS_SMALL, RegisterTiles(64, 1, 4), RegisterTiles(128, 2, 4), RegisterTiles(128, 2, 6),
+                       RegisterTiles(256, 2, 4), RegisterTiles(256, 2, 3), RegisterTiles(256, 1, 4))
+
+
+def qmm_wgmma_rs_plan(rows: int, n: int, multiprocessors: int | None = None) -> RegisterTiles:
+    """qmm_wgmma_rs's tiles for M rows and N columns: QMM_WGMMA_RS_SMALL up to 64 rows, else of
+    QMM_WGMMA_RS_WIDE the one whose waves cost least (`wgmma_tiles`). Any shape gives the same bits."""
+    return wgmma_tiles(rows, n, multiprocessors, QMM_WGMMA_RS_SMALL, QMM_WGMMA_RS_WIDE, QMM_WGMMA_RS_SMALL.rows)
+
+
+def qmm_wgmma_rs_bytes(tiles: RegisterTiles, bits: int) -> int:
+    """qmm_wgmma_rs's dynamic threadgroup memory: the stages (x's 128-byte rows and the weight rows'
+    8 * bits bytes of words) and 1024 bytes to align them."""
+    return tiles.stages * (tiles.rows * WGMMA_ROW_BYTES + tiles.columns * 8 * bits) + 1024
+
+
+QMM_WGMMA_RS = Family("nuvec_qmm_wgmma_rs", ("quant_codes.h", "wgmma_steps.h", "qmm_wgmma_rs.h"), qmm_unsupported,
+                      qmm_wgmma_rs_plan, backends=("cuda",), arch="sm_90a")
+
+
+def qmm_wgmma_rs_program(x_dtype: DType, scales_dtype: DType, out_dtype: DType, *, mode: str, group_size: int, bits: int,
+                         tiles: RegisterTiles, gather: bool = False) -> Program:
+    """The qmm_wgmma_rs specialisation (CUDA sm_90a, `bits` in QMM_WGMMA_RS_BITS): parameters as qmm's."""
+    if bits not in QMM_WGMMA_RS_BITS: raise ValueError(f"qmm_wgmma_rs: {bits}-bit weights (it takes {QMM_WGMMA_RS_BITS})")
+    if (needed := qmm_wgmma_rs_bytes(tiles, bits)) > WGMMA_MAX_DYNAMIC:
+        raise ValueError(f"qmm_wgmma_rs: {tiles} at {bits} bits takes {needed} bytes of threadgroup memory (at most {WGMMA_MAX_DYNAMIC})")
+    defines = dict(TX=ctype(x_dtype), TS=ctype(scales_dtype), TY=ctype(out_dtype), BITS=bits, GROUP=group_size,
+                   MODE=_MODES[mode], GATHER=int(gather), WARPGROUPS=tiles.warpgroups, BM=tiles.rows, BN=tiles.columns,
+                   BK=WGMMA_STEP, STAGES=tiles.stages, LOAD_WORDS=load_words(bits, 2 * bits))
+    params = _params(defines["TY"], defines["TX"], defines["TS"], mode, gather) + [Param("ints", "in", "int")]
+    return QMM_WGMMA_RS.program("cuda", defines, params, dynamic_bytes=qmm_wgmma_rs_bytes(tiles, bits))
+
+
 def qmm_program(backend: str, x_dtype: DType, scales_dtype: DType, out_dtype: DType, *, mode: str, group_size: int,
                 bits: int, k: int, gather: bool = False) -> Program:
     """The qmm specialisation: parameters y, x, w, scales (, biases) (, picks), ints (M, N, K (,
@@ -501,7 +573,7 @@ def qmm_program(backend: str, x_dtype: DType, scales_dtype: DType, out_dtype: DT
 
 def qmm(x: Tensor, weight: Tensor, scales: Tensor, biases: Tensor | None, *, mode: str, group_size: int, bits: int,
         out_dtype: DType, backend: str, composition=None, picks: Tensor | None = None,
-        tiles: WgmmaTiles | None = None) -> Tensor:
+        tiles: WgmmaTiles | RegisterTiles | None = None) -> Tensor:
     """`x [M, K] · wᵀ` (x float16 or bfloat16) for packed `weight [N, K * bits / 32]`, `scales`
     (and affine `biases`) `[N, K / group_size]`; returns `[M, N]` in `out_dtype`. The weights are
     dequantized into x's type (MLX's rounding), the products accumulate in float32.
@@ -510,16 +582,18 @@ def qmm(x: Tensor, weight: Tensor, scales: Tensor, biases: Tensor | None, *, mod
     (and `biases`) `[E, N, ...]`, zeros for a pick outside 0..E-1; rows grouped by batch (sorted
     picks) run as one product per batch and row tile (a mixture of experts' prefill).
     composition: `(x, weight, scales, biases[, picks]) -> y`, whose gradient is the backward.
-    On Hopper with K a multiple of 64 the kernel is qmm_wgmma (`tiles` overrides its plan: tuning)."""
+    On Hopper with K a multiple of 64 the kernel is qmm_wgmma_rs (2, 4 or 8 bits) or qmm_wgmma
+    (`tiles` overrides the plan and, by its kind, the kernel: tuning)."""
     rows, k = x.shape
     n = weight.shape[-2]
     gather = picks is not None
     target = _target(x.device)
     wgmma = backend == "cuda" and takes_qmm_wgmma(k, target)
     if wgmma:
-        tiles = tiles or qmm_wgmma_plan(rows, n, target.multiprocessors)
-        kernel = qmm_wgmma_program(x.dtype, scales.dtype, out_dtype, mode=mode, group_size=group_size, bits=bits, tiles=tiles,
-                                   gather=gather)
+        if tiles is None:
+            tiles = (qmm_wgmma_rs_plan if bits in QMM_WGMMA_RS_BITS else qmm_wgmma_plan)(rows, n, target.multiprocessors)
+        make = qmm_wgmma_rs_program if isinstance(tiles, RegisterTiles) else qmm_wgmma_program
+        kernel = make(x.dtype, scales.dtype, out_dtype, mode=mode, group_size=group_size, bits=bits, tiles=tiles, gather=gather)
         grid, threads = tiles.grid(rows, n), tiles.threads
     else:
         kernel = qmm_program(backend, x.dtype, scales.dtype, out_dtype, mode=mode, group_size=group_size, bits=bits, k=k,
@@ -529,7 +603,7 @@ def qmm(x: Tensor, weight: Tensor, scales: Tensor, biases: Tensor | None, *, mod
     backward = _backward("quantized_matmul" if picks is None else "gather_qmm", composition, ins, mode)
     ins.append(int_buffer(x.device, (rows, n, k) + ((weight.shape[0],) if gather else ())))
     y = Tensor.empty(rows, n, dtype=out_dtype, device=x.device)
-    name = f"qmm_wgmma {tiles}" if wgmma else "qmm"
+    name = f"qmm_{tiles}" if wgmma else "qmm"
     return launch(kernel, x.device, [y], ins, grid, threads, backward=backward,
                   label=f"{backend} {name} {mode} {bits}-bit g{group_size} M{rows} K{k} N{n}{' gather' if gather else ''}")[0]
 

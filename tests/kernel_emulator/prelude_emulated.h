@@ -353,4 +353,24 @@ template <int N, typename T> inline void wgmma_tile_rs(float* d, const uint* a, 
     d[i] = sum;
   }
 }
+// A from registers, B given by its rows as wgmma_tile reads it (qmm_wgmma_rs.h's x tile).
+template <int N, typename T> inline void wgmma_tile_rs_rows(float* d, const uint* a, const T* b, int step) {
+  if ((unsigned long)b % 1024) __builtin_trap();
+  const int lane = threadIdx.x % 32, quad = lane / 4 * 4;
+  float rows[2][16];  // as wgmma_tile_rs gathers them
+  for (int c = 0; c < 4; c++) {
+    for (int r = 0; r < 4; r++) {
+      const uint word = shuffle_word(a[r], quad + c);
+      const int h = r % 2, k = 2 * c + 8 * (r / 2);
+      rows[h][k] = word_half<T>(word, 0);
+      rows[h][k + 1] = word_half<T>(word, 1);
+    }
+  }
+  for (int i = 0; i < N / 2; i++) {
+    const int h = (i % 4) / 2, column = 8 * (i / 4) + 2 * (lane % 4) + i % 2;
+    float sum = d[i];
+    for (int k = 0; k < 16; k++) sum += rows[h][k] * swizzled_element(b, column, 16 * step + k);
+    d[i] = sum;
+  }
+}
 inline void wgmma_hold(uint&) {}

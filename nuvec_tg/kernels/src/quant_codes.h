@@ -1,5 +1,5 @@
 // Packed codes of the quantized formats, for the kernels that read them (qmv.h, qvm.h, qmm.h,
-// qmm_wgmma.h, dequantize.h): helpers only, placed before a kernel's own helpers. A *chunk* is 32
+// qmm_wgmma.h, qmm_wgmma_rs.h, dequantize.h): helpers only, placed before a kernel's own helpers. A *chunk* is 32
 // consecutive codes of a packed row starting at a multiple of 32: exactly BITS uint32 words, so no
 // code crosses into another chunk.
 // Defines: TS (scales), BITS, GROUP, MODE (0 affine, 1 mxfp4, 2 mxfp8, 3 nvfp4), LOAD_WORDS.
@@ -56,6 +56,26 @@ INLINE void decode_part(const THREAD uint* words, int part, THREAD float* q) {
     q[j] = pair.x;
     q[j + 4] = pair.y;
   }
+#endif
+}
+
+// The two codes at bits 0 .. BITS - 1 and BITS .. 2 BITS - 1 of `v` (a pair of consecutive codes,
+// BITS 2, 4 or 8) into q[0], q[1], as `decode_part` gives them: for the kernels whose lanes take
+// pairs of codes at their own shifts (qmm_wgmma_rs.h).
+INLINE void decode_pair(uint v, THREAD float* q) {
+#if MODE == 0
+  q[0] = small_uint_to_float(v & CODE_MASK);
+  q[1] = small_uint_to_float((v >> BITS) & CODE_MASK);
+#else
+  #if MODE == 2
+  const uint both = (v & 0xFFu) | ((v << 8) & 0xFF0000u);  // the second code into the high half's byte
+  const float2 pair = half2_bits_to_float2(((both << 7) & 0x3F803F80u) | ((both << 8) & 0x80008000u));
+  #else
+  const uint both = (v & 0xFu) | ((v << 12) & 0xF0000u);   // the second code into the high half's nibble
+  const float2 pair = half2_bits_to_float2(((both << 9) & 0x0E000E00u) | ((both << 12) & 0x80008000u));
+  #endif
+  q[0] = pair.x;
+  q[1] = pair.y;
 #endif
 }
 

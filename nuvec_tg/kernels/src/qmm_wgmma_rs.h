@@ -1,0 +1,235 @@
+// The quantized matrix-matrix product for many rows (prefill), y [M, N] = x [M, K] · wᵀ over packed
+// weights of 2, 4 or 8 bits (`quant_codes.h`), on Hopper's warpgroup matrix products (wgmma, CUDA
+// sm_90a only) with the weights dequantized straight into the tensor cores' registers. The
+// product runs as its transpose, yᵀ = w · xᵀ: w is wgmma's A, taken from registers (64 weight rows
+// a warpgroup, each thread's share in mma's A fragment), x its B, read by the tensor cores from
+// threadgroup memory. Against qmm_wgmma.h (w dequantized into a threadgroup tile that both
+// warpgroups read): no dequantized tile, so no stores of it, no second barrier a step; each
+// warpgroup dequantizes only its own rows, a thread 32 codes a step whatever the tile's rows of x.
+// Other widths (3, 5, 6 bits: codes across words) run qmm_wgmma.h.
+//
+// A threadgroup of WARPGROUPS warpgroups computes a BM x BN tile of y (BM rows of x: wgmma's N,
+// 64, 128 or 256; BN = 64 * WARPGROUPS weight rows, warpgroup g the rows 64 g .. 64 g + 63) in
+// steps of BK = 64 along K (two chunks of codes a weight row). Each step's x tile (BM x 64, the
+// prelude's swizzled 128-byte rows) and the weight rows' packed words (BN x 8 BITS bytes) are copied
+// (cp.async) into one of STAGES stage buffers, STAGES - 2 steps ahead. At step s each thread
+// dequantizes its A fragment (rows lane / 4 and + 8 of its SIMD group's 16; codes 2 c, 2 c + 1,
+// 2 c + 8, 2 c + 9 of each 16 k, c = lane % 4: a pair of consecutive codes at a shift of a word
+// that only the lane decides) from the stage's words into registers while the tensor cores run
+// step s - 1; then its warpgroup issues step s's four wgmma of 16 k as one group and waits for step
+// s - 1's. The scales (and biases) are read from memory a step ahead. The buffers refilled at step s
+// are stage s - 2's, which every warpgroup has waited for before step s's barrier.
+//
+// Bits. Every element of y sums its K products in steps of 16 along K in increasing order into one
+// float32 accumulator, the weights rounded to TX first (`scale_codes`, as qmm_wgmma.h and
+// dequantize.h round them), whatever BM, BN, STAGES, the grid or M.
+//
+// Bounds. Rows of x past M (or outside the run) are zeros in the tiles and nothing is read for
+// them; weight rows past N (or of a pick outside the batches) are dequantized as zeros from words
+// never read. K is a multiple of 64 (the route's), so every step is whole. Nothing is written past
+// M or N.
+//
+// GATHER: row i of x uses weight batch picks[i] of ints[3] batches (w, scales and biases hold the
+// batches one after another); a tile's rows run in turn by runs of equal picks (qmm.h's way).
+//
+// Runtime sizes (the `ints` buffer): M, N, K (, the batches). Defines: TX (x; 16-bit), TS, TY, BITS
+// (2, 4, 8), GROUP, MODE, GATHER, WARPGROUPS, BM (64, 128, 256), BN (64 * WARPGROUPS), BK (64),
+// STAGES (at least 3), from `kernels/quant.py`, which launches 128 * WARPGROUPS threads with
+// STAGES * (BM * 128 + BN * 8 * BITS) + 1024 bytes of dynamic threadgroup memory over the grid
+// (row tiles of x, tiles of weight rows): the row tiles of one weight tile run together, so w is
+// read from memory about once.
+
+#if BK != 64 || BN != 64 * WARPGROUPS || (BM != 64 && BM != 128 && BM != 256) || STAGES < 3 || (BITS != 2 && BITS != 4 && BITS != 8)
+#error "qmm_wgmma_rs.h: BK 64, BN 64 per warpgroup, BM 64, 128 or 256, at least 3 stages, 2, 4 or 8 bits"
+#endif
+#define THREADS (128 * WARPGROUPS)
+#define ROW_BYTES 128                              // an x tile row: BK 16-bit elements
+#define X_BYTES (BM * ROW_BYTES)                   // a stage's x tile ...
+#define WORD_ROW_BYTES (8 * BITS)                  // ... a weight row's words of a step (2 chunks) ...
+#define CHUNK_BYTES (4 * BITS)
+#define STAGE_BYTES (X_BYTES + BN * WORD_ROW_BYTES)  // ... and the stage (a multiple of 1024 bytes)
+#define X_ROWS_A_PASS (THREADS / 8)                // x rows copied at once (8 pieces a row)
+#define X_COPIES (BM / X_ROWS_A_PASS)
+#define WORD_COPIES_A_ROW (WORD_ROW_BYTES / 16)
+#define WORD_COPIES ((BN * WORD_COPIES_A_ROW + THREADS - 1) / THREADS)
+#if BM % X_ROWS_A_PASS != 0 || STAGE_BYTES % 1024 != 0
+#error "qmm_wgmma_rs.h: every thread copies whole rows' pieces of x; stages at multiples of 1024 bytes"
+#endif
+#define ACCUMULATORS (BM / 2)
+
+// This thread's accumulators (its warpgroup's 64 weight rows x BM rows of x, yᵀ's fragment: row
+// `w_row` and + 8 of weight rows, x rows 8 j + 2 (lane % 4) and + 1) into y [M, n_size] for the x rows
+// row_begin <= row < row_end, rounded once. Lanes lane and lane ^ 4 hold neighbouring weight rows:
+// each gives the other one value, so that each stores two neighbouring columns of one row of y.
+template <typename T> INLINE void store_transposed(const float* acc, DEVICE T* y, int x_row_first, int w_row, int lane,
+                                                   int row_begin, int row_end, int n_size) {
+  const bool even = (lane / 4) % 2 == 0;
+#pragma unroll
+  for (int i = 0; i < ACCUMULATORS; i += 2) {
+    const float given = simd_shuffle_xor(even ? acc[i + 1] : acc[i], 4);
+    const int row = x_row_first + 8 * (i / 4) + (even ? 0 : 1);
+    const int column = w_row + 8 * ((i % 4) / 2) - (even ? 0 : 1);
+    if (row < row_begin || row >= row_end) continue;
+    store_row_pair(even ? acc[i] : given, even ? given : acc[i + 1], y + (size_t)row * n_size + column, column, n_size);
+  }
+}
+
+/* kernel */
+  const int m_size = ints[0], n_size = ints[1], k_size = ints[2];
+  const int thread_id = (int)nv_thread.x, lane = thread_id % 32, quad_lane = lane % 4;
+  const int warpgroup = thread_id / 128, warp = (thread_id / 32) % 4;
+  const int m_first = (int)nv_group.x * BM, n_first = (int)nv_group.y * BN;
+  const int steps = k_size / BK;
+  const size_t words_per_row = (size_t)k_size / 32 * BITS;
+  const int groups_per_row = k_size / GROUP;
+  // This thread's two weight rows of the tile (the A fragment's rows lane / 4 and + 8).
+  const int a_row = 64 * warpgroup + 16 * warp + lane / 4;
+
+  // The stages, from the first multiple of 1024 bytes of the dynamic memory: x's tile, then the words.
+  DYNAMIC_THREADGROUP(dynamic_memory, STAGES * STAGE_BYTES + 1024);
+  unsigned char* stages = (unsigned char*)dynamic_memory + ((1024u - (shared_address(dynamic_memory) & 1023u)) & 1023u);
+
+  // This thread's x copies: piece `piece` of tile rows thread_id / 8 + X_ROWS_A_PASS * c, stored at
+  // piece piece ^ (row % 8) (row % 8 the same for all). Its words' copies: 16-byte pieces
+  // thread_id + THREADS * c of the step's BN * WORD_COPIES_A_ROW.
+  const int piece = thread_id % 8, first_row = thread_id / 8;
+  const int swizzled_piece = 16 * (piece ^ (first_row % 8));
+  // Where this lane's pair of codes of part p (codes 8 p .. 8 p + 7 of a chunk) sits: the word of
+  // the chunk and the shift of codes 8 p + 2 c, 8 p + 2 c + 1.
+  int pair_word[4], pair_shift[4];
+#pragma unroll
+  for (int p = 0; p < 4; p++) {
+    const int bit = BITS * (8 * p + 2 * quad_lane);
+    pair_word[p] = bit / 32;
+    pair_shift[p] = bit % 32;
+  }
+
+  const int tile_end = min(m_first + BM, m_size);
+  for (int run_start = m_first; run_start < tile_end;) {
+#if GATHER
+    // The tile's rows in runs of one weight batch; a pick outside the batches reads no weights.
+    const int batch = picks[run_start], run_end = pick_run_end(picks, run_start, tile_end);
+    const bool batch_real = batch >= 0 && batch < ints[3];
+    const size_t first_w_row = (size_t)(batch_real ? batch : 0) * n_size;
+#else
+    const int run_end = tile_end;
+    const bool batch_real = true;
+    const size_t first_w_row = 0;
+#endif
+    const DEVICE TX* x_from[X_COPIES];
+    bool x_in[X_COPIES];
+#pragma unroll
+    for (int c = 0; c < X_COPIES; c++) {
+      const int row = m_first + first_row + X_ROWS_A_PASS * c;
+      x_in[c] = row >= run_start && row < run_end;
+      x_from[c] = x + (size_t)(x_in[c] ? row : 0) * k_size + 8 * piece;
+    }
+    const DEVICE uint* w_from[WORD_COPIES];
+    bool w_in[WORD_COPIES];
+    int w_to[WORD_COPIES];
+#pragma unroll
+    for (int c = 0; c < WORD_COPIES; c++) {
+      const int copy = thread_id + THREADS * c, row = copy / WORD_COPIES_A_ROW;
+      w_in[c] = batch_real && copy < BN * WORD_COPIES_A_ROW && n_first + row < n_size;
+      w_to[c] = X_BYTES + copy * 16;
+      w_from[c] = w + (first_w_row + (w_in[c] ? n_first + row : 0)) * words_per_row + (copy % WORD_COPIES_A_ROW) * 4;
+    }
+    // This thread's weight rows (a_row, a_row + 8): in or not, and their first groups.
+    bool row_in[2];
+    size_t row_groups[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      row_in[h] = batch_real && n_first + a_row + 8 * h < n_size;
+      row_groups[h] = (first_w_row + (row_in[h] ? n_first + a_row + 8 * h : 0)) * groups_per_row;
+    }
+// The copies of step STEP into its stage buffer, as one group (zeros for x rows that are out).
+#define COPY_STEP(STEP)                                                                               \
+  {                                                                                                   \
+    unsigned char* stage = stages + ((STEP) % STAGES) * STAGE_BYTES;                                  \
+    _Pragma("unroll") for (int c = 0; c < X_COPIES; c++)                                              \
+      async_copy16(stage + swizzled_piece + (first_row + X_ROWS_A_PASS * c) * ROW_BYTES,              \
+                   x_in[c] ? x_from[c] + (STEP) * BK : x_from[c], x_in[c]);                           \
+    _Pragma("unroll") for (int c = 0; c < WORD_COPIES; c++) {                                         \
+      if ((BN * WORD_COPIES_A_ROW) % THREADS != 0 && thread_id + THREADS * c >= BN * WORD_COPIES_A_ROW) break; \
+      async_copy16(stage + w_to[c], w_in[c] ? w_from[c] + (size_t)(STEP) * 2 * BITS : w_from[c], w_in[c]); \
+    }                                                                                                 \
+    async_commit();                                                                                   \
+  }
+// The scales (and biases) of this thread's rows at step STEP: each chunk's SCALES_PER_CHUNK groups.
+#if MODE == 0
+#define LOAD_BIAS(H, J, G, INDEX) bias_raw[H][J][G] = biases[INDEX];
+#else
+#define LOAD_BIAS(H, J, G, INDEX)
+#endif
+#define LOAD_SCALES(STEP)                                                                             \
+  _Pragma("unroll") for (int h = 0; h < 2; h++)                                                       \
+    _Pragma("unroll") for (int j = 0; j < 2; j++)                                                     \
+      _Pragma("unroll") for (int g = 0; g < SCALES_PER_CHUNK; g++) {                                  \
+        if (row_in[h]) {                                                                              \
+          const size_t index = row_groups[h] + ((STEP) * BK + 32 * j + CHUNK_GROUP * g) / GROUP;      \
+          scale_raw[h][j][g] = scales[index];                                                         \
+          LOAD_BIAS(h, j, g, index)                                                                   \
+        }                                                                                             \
+      }
+
+    float acc[ACCUMULATORS];
+#pragma unroll
+    for (int i = 0; i < ACCUMULATORS; i++) acc[i] = 0.0f;
+    TS scale_raw[2][2][SCALES_PER_CHUNK];
+#if MODE == 0
+    TS bias_raw[2][2][SCALES_PER_CHUNK];
+#endif
+#pragma unroll
+    for (int step = 0; step < STAGES - 2; step++) {
+      if (step < steps) COPY_STEP(step) else async_commit();
+    }
+    LOAD_SCALES(0)
+    for (int step = 0; step < steps; step++) {
+      // This step's copies are done (everyone's, after the barrier; x's visible to the tensor
+      // cores); every warpgroup has waited for the products of step - 2.
+      async_wait(STAGES - 3);
+      async_proxy_fence();
+      threadgroup_barrier();
+      if (step + STAGES - 2 < steps) COPY_STEP(step + STAGES - 2) else async_commit();
+      const unsigned char* stage = stages + (step % STAGES) * STAGE_BYTES;
+
+      // The step's A fragments: a[kb] for k 16 kb .. 16 kb + 15 (chunk kb / 2, parts 2 (kb % 2) and
+      // + 1): registers 0, 1 the rows' codes 2 c, 2 c + 1 of the first part, 2, 3 the second part's.
+      uint a[4][4];
+#pragma unroll
+      for (int h = 0; h < 2; h++) {
+        const unsigned char* row_words = stage + X_BYTES + (a_row + 8 * h) * WORD_ROW_BYTES;
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+#pragma unroll
+          for (int p = 0; p < 4; p++) {
+            const uint word = ((const uint*)(row_words + j * CHUNK_BYTES))[pair_word[p]];
+            float q[2];
+            decode_pair(word >> pair_shift[p], q);
+            const int g = p * SCALES_PER_CHUNK / 4;  // the part's group of the chunk
+            const float scale = row_in[h] ? group_scale(scale_raw[h][j][g]) : 0.0f;
+#if MODE == 0
+            scale_codes(q, 2, scale, row_in[h] ? to_float(bias_raw[h][j][g]) : 0.0f);
+#else
+            scale_codes(q, 2, scale, 0.0f);
+#endif
+            a[2 * j + p / 2][2 * (p % 2) + h] = pack_pair(q[0], q[1], TX());
+          }
+        }
+      }
+      if (step + 1 < steps) LOAD_SCALES(step + 1)
+      wgmma_fence();
+#pragma unroll
+      for (int kb = 0; kb < 4; kb++) wgmma_tile_rs_rows<BM>(acc, a[kb], (const TX*)stage, kb);
+      wgmma_commit();
+      wgmma_wait<1>();
+#pragma unroll
+      for (int i = 0; i < ACCUMULATORS; i++) wgmma_hold(acc[i]);
+    }
+    wgmma_finish<BM>(acc);
+    async_wait(0);  // only empty groups are left: none outlives the run
+
+    store_transposed(acc, y, m_first + 2 * quad_lane, n_first + a_row, lane, run_start, run_end, n_size);
+    threadgroup_barrier();  // every thread is done with the stages before the next run fills them
+    run_start = run_end;
+  }
