@@ -345,7 +345,7 @@ def _qmm_wgmma_rs_candidates(backend: str) -> Iterator[_Candidate]:
     if backend != "cuda": return
     for (mode, group, bits), x, gather in itertools.product(FORMATS, (dtypes.float16, dtypes.bfloat16), (False, True)):
         if bits not in quant.QMM_WGMMA_RS_BITS: continue
-        shapes = quant.QMM_WGMMA_RS_SHAPES if bits == 4 else (quant.QMM_WGMMA_RS_SMALL, *quant.QMM_WGMMA_RS_WIDE)
+        shapes = quant.QMM_WGMMA_RS_SHAPES if bits == 4 and not gather else (quant.QMM_WGMMA_RS_SMALL, *quant.QMM_WGMMA_RS_WIDE)
         for scales, tiles in itertools.product((x, dtypes.float32) if mode == "affine" else (dtypes.uint8,), shapes):
             if quant.qmm_wgmma_rs_bytes(tiles, bits) > quant.WGMMA_MAX_DYNAMIC: continue
             label = (f"{mode} {bits}-bit g{group} x {dtype_name(x)} scales {dtype_name(scales)} {tiles}"

@@ -530,9 +530,12 @@ QMM_WGMMA_RS_SHAPES = (QMM_WGMMA_RS_SMALL, RegisterTiles(64, 1, 4), RegisterTile
                        RegisterTiles(256, 2, 4), RegisterTiles(256, 2, 3), RegisterTiles(256, 1, 4))
 
 
-def qmm_wgmma_rs_plan(rows: int, n: int, multiprocessors: int | None = None) -> RegisterTiles:
-    """qmm_wgmma_rs's tiles for M rows and N columns: QMM_WGMMA_RS_SMALL up to 64 rows, else of
+def qmm_wgmma_rs_plan(rows: int, n: int, multiprocessors: int | None = None, gather: bool = False) -> RegisterTiles:
+    """qmm_wgmma_rs's tiles for M rows and N columns: QMM_WGMMA_RS_SMALL up to 64 rows or gathered
+    (a tile's rows run once for each weight batch among them: a mixture of experts' few rows an
+    expert waste less of small tiles, and the run loop's registers leave 256 rows no room), else of
     QMM_WGMMA_RS_WIDE the one whose waves cost least (`wgmma_tiles`). Any shape gives the same bits."""
+    if gather: return QMM_WGMMA_RS_SMALL
     return wgmma_tiles(rows, n, multiprocessors, QMM_WGMMA_RS_SMALL, QMM_WGMMA_RS_WIDE, QMM_WGMMA_RS_SMALL.rows)
 
 
@@ -591,7 +594,8 @@ def qmm(x: Tensor, weight: Tensor, scales: Tensor, biases: Tensor | None, *, mod
     wgmma = backend == "cuda" and takes_qmm_wgmma(k, target)
     if wgmma:
         if tiles is None:
-            tiles = (qmm_wgmma_rs_plan if bits in QMM_WGMMA_RS_BITS else qmm_wgmma_plan)(rows, n, target.multiprocessors)
+            tiles = (qmm_wgmma_rs_plan(rows, n, target.multiprocessors, gather) if bits in QMM_WGMMA_RS_BITS
+                     else qmm_wgmma_plan(rows, n, target.multiprocessors))
         make = qmm_wgmma_rs_program if isinstance(tiles, RegisterTiles) else qmm_wgmma_program
         kernel = make(x.dtype, scales.dtype, out_dtype, mode=mode, group_size=group_size, bits=bits, tiles=tiles, gather=gather)
         grid, threads = tiles.grid(rows, n), tiles.threads

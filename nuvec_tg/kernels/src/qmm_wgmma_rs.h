@@ -116,14 +116,15 @@ template <typename T> INLINE void store_transposed(const float* acc, DEVICE T* y
     const bool batch_real = true;
     const size_t first_w_row = 0;
 #endif
-    const DEVICE TX* x_from[X_COPIES];
-    bool x_in[X_COPIES];
+    // The x rows this thread copies (m_first + first_row + X_ROWS_A_PASS * c) that are in the run,
+    // as bits; the rows' addresses are computed at each copy (a pointer each would take registers).
+    uint x_in = 0;
 #pragma unroll
     for (int c = 0; c < X_COPIES; c++) {
       const int row = m_first + first_row + X_ROWS_A_PASS * c;
-      x_in[c] = row >= run_start && row < run_end;
-      x_from[c] = x + (size_t)(x_in[c] ? row : 0) * k_size + 8 * piece;
+      if (row >= run_start && row < run_end) x_in |= 1u << c;
     }
+    const DEVICE TX* const x_first = x + (size_t)(m_first + first_row) * k_size + 8 * piece;
     const DEVICE uint* w_from[WORD_COPIES];
     bool w_in[WORD_COPIES];
     int w_to[WORD_COPIES];
@@ -146,9 +147,11 @@ template <typename T> INLINE void store_transposed(const float* acc, DEVICE T* y
 #define COPY_STEP(STEP)                                                                               \
   {                                                                                                   \
     unsigned char* stage = stages + ((STEP) % STAGES) * STAGE_BYTES;                                  \
-    _Pragma("unroll") for (int c = 0; c < X_COPIES; c++)                                              \
+    _Pragma("unroll") for (int c = 0; c < X_COPIES; c++) {                                            \
+      const bool in = (x_in >> c) & 1u;                                                               \
       async_copy16(stage + swizzled_piece + (first_row + X_ROWS_A_PASS * c) * ROW_BYTES,              \
-                   x_in[c] ? x_from[c] + (STEP) * BK : x_from[c], x_in[c]);                           \
+                   in ? x_first + (size_t)c * X_ROWS_A_PASS * k_size + (STEP) * BK : x, in);          \
+    }                                                                                                 \
     _Pragma("unroll") for (int c = 0; c < WORD_COPIES; c++) {                                         \
       if ((BN * WORD_COPIES_A_ROW) % THREADS != 0 && thread_id + THREADS * c >= BN * WORD_COPIES_A_ROW) break; \
       async_copy16(stage + w_to[c], w_in[c] ? w_from[c] + (size_t)(STEP) * 2 * BITS : w_from[c], w_in[c]); \
