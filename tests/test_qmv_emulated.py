@@ -428,3 +428,10 @@ def test_qmm_wgmma_routes_and_plans():
                                                                          qmv.QMM_WGMMA_NARROW, qmv.QMM_WGMMA_LARGE]
     assert qmv.qmm_wgmma_plan(512, 4096, 132) == qmv.QMM_WGMMA_NARROW
     assert all(qmv.qmm_wgmma_bytes(t, 4) <= qmv.WGMMA_MAX_DYNAMIC for t in qmv.QMM_WGMMA_SHAPES)
+    # qmm_wgmma_rs: 64 rows of x up to 64 rows and gathered; beyond, the tiles of x rows whose waves cost least
+    assert [qmv.qmm_wgmma_rs_plan(m, 14336).rows for m in (9, 64, 65, 512, 2048)] == [64, 64, 128, 256, 256]
+    assert qmv.qmm_wgmma_rs_plan(512, 4096, 132).rows == 128 and qmv.qmm_wgmma_rs_plan(2048, 14336, 132, gather=True).rows == 64
+    assert all(qmv.qmm_wgmma_rs_bytes(t, bits) <= qmv.WGMMA_MAX_DYNAMIC for t in qmv.QMM_WGMMA_RS_SHAPES for bits in (2, 4, 8))
+    with pytest.raises(ValueError, match="qmm_wgmma_rs: 3-bit"):
+        qmv.qmm_wgmma_rs_program(dtypes.bfloat16, dtypes.bfloat16, dtypes.bfloat16, mode="affine", group_size=64, bits=3,
+                                 tiles=qmv.QMM_WGMMA_RS_SMALL)
