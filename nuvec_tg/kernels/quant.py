@@ -15,8 +15,10 @@ with the device's `kernels.Target`, anything else is the composition):
 - On every route: bfloat16 anywhere needs a target with bfloat, qmm a target with matrix units,
   and on Metal a kernel's threadgroup (`*_metal_resources`) must fit an Apple GPU's limits.
 - qmm on a target with Hopper's warpgroup products (CUDA sm_90) and K a multiple of 64 runs
-  `qmm_wgmma` (`src/qmm_wgmma.h`) in its place (`takes_qmm_wgmma`: K and the device decide, never
-  M, so a row's bits still never depend on the row count); from DEQUANTIZED_ROWS rows (fewer
+  `qmm_wgmma_rs` (`src/qmm_wgmma_rs.h`, w dequantized into the products' registers) for 2, 4 and
+  8 bits, `qmm_wgmma` (`src/qmm_wgmma.h`) for the other widths, in its place (`takes_qmm_wgmma`:
+  K and the device decide, never M; both give the same bits, so a row's bits still never depend
+  on the row count); from DEQUANTIZED_ROWS rows (fewer
   where N is small) `quantized_matmul` dequantizes w once (`dequantize`, `src/dequantize.h`) and runs
   `linear.gemm_wgmma` (`takes_dequantized`): the same rounded weights summed in the same order,
   so the same bits.
