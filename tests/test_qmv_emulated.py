@@ -378,29 +378,10 @@ def test_emulated_qmm_wgmma_rs_equals_qmm_wgmma(mode, group, bits, dtype):
     np.testing.assert_array_equal(got, emulated_qmm_wgmma(raw(x_tensor), qw, dtype, qmv.RegisterTiles(128, 1, 3)))
 
 
-def test_emulated_gathered_qmm_wgmma_rs_takes_each_rows_batch():
-    """The gathered qmm_wgmma_rs: sorted runs crossing tiles of x, an unsorted stretch, hostile picks
-    at both ends giving zeros; qmm_wgmma's bits."""
-    rng = np.random.default_rng(0x9C0)
-    batches, n, k, rows, dtype = 3, 130, 128, 150, dtypes.bfloat16
-    qw = quantized(random(rng, (batches, n, k), dtype, "CPU")[0], "affine", 64, 4)
-    x_tensor = random(rng, (rows, k), dtype, "CPU")[0].realize()
-    picks = np.sort(rng.integers(0, batches, rows)).astype(np.int32)
-    picks[:3], picks[-2:] = -1, batches + 2
-    picks[100:110] = rng.integers(0, batches, 10)
-    y = emulated_qmm_wgmma(raw(x_tensor), qw, dtype, qmv.RegisterTiles(128, 2, 4), picks)
-    got = as_float(y, dtype)
-    for batch in range(batches):
-        one = quant.QuantizedWeight(*(t[batch].contiguous() for t in (qw.weight, qw.scales, qw.biases)), "affine", 64, 4)
-        want = quant.quantized_matmul(x_tensor, one).cast(dtypes.float32).numpy().astype(np.float64)
-        assert_rows_close(f"batch {batch}", got[picks == batch], want[picks == batch], TOL[dtype])
-    assert not got[(picks < 0) | (picks >= batches)].any()
-    np.testing.assert_array_equal(y, emulated_qmm_wgmma(raw(x_tensor), qw, dtype, qmv.QMM_WGMMA_LARGE, picks))
-
-
-def test_emulated_gathered_qmm_wgmma_takes_each_rows_batch():
-    """Rows with their own weight batch: sorted runs crossing row tiles, an unsorted stretch, hostile
-    picks at both ends giving zeros."""
+def emulated_gathered_check(tiles) -> np.ndarray:
+    """The emulated gathered qmm_wgmma (or _rs, by `tiles`) over sorted runs crossing row tiles, an
+    unsorted stretch and hostile picks at both ends: each row within tolerance of its batch's
+    composition, the hostile rows zeros. Returns y's raw values."""
     rng = np.random.default_rng(0x9BE)
     batches, n, k, rows, dtype = 3, 130, 128, 150, dtypes.bfloat16
     qw = quantized(random(rng, (batches, n, k), dtype, "CPU")[0], "affine", 64, 4)
@@ -408,12 +389,22 @@ def test_emulated_gathered_qmm_wgmma_takes_each_rows_batch():
     picks = np.sort(rng.integers(0, batches, rows)).astype(np.int32)
     picks[:3], picks[-2:] = -1, batches + 2
     picks[100:110] = rng.integers(0, batches, 10)
-    got = as_float(emulated_qmm_wgmma(raw(x_tensor), qw, dtype, qmv.QMM_WGMMA_LARGE, picks), dtype)
+    y = emulated_qmm_wgmma(raw(x_tensor), qw, dtype, tiles, picks)
+    got = as_float(y, dtype)
     for batch in range(batches):
         one = quant.QuantizedWeight(*(t[batch].contiguous() for t in (qw.weight, qw.scales, qw.biases)), "affine", 64, 4)
         want = quant.quantized_matmul(x_tensor, one).cast(dtypes.float32).numpy().astype(np.float64)
         assert_rows_close(f"batch {batch}", got[picks == batch], want[picks == batch], TOL[dtype])
     assert not got[(picks < 0) | (picks >= batches)].any()
+    return y
+
+
+def test_emulated_gathered_qmm_wgmma_takes_each_rows_batch():
+    emulated_gathered_check(qmv.QMM_WGMMA_LARGE)
+
+
+def test_emulated_gathered_qmm_wgmma_rs_takes_each_rows_batch_with_qmm_wgmmas_bits():
+    np.testing.assert_array_equal(emulated_gathered_check(qmv.RegisterTiles(128, 2, 4)), emulated_gathered_check(qmv.QMM_WGMMA_LARGE))
 
 
 def test_qmm_wgmma_routes_and_plans():

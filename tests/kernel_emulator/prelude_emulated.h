@@ -333,18 +333,24 @@ template <typename T> inline float word_half(uint word, int which) {
   std::memcpy(pair, &word, 4);
   return to_float(pair[which]);
 }
-template <int N, typename T> inline void wgmma_tile_rs(float* d, const uint* a, const T* b, int block_bytes, int step) {
-  if (((unsigned long)b | (unsigned long)block_bytes) % 1024) __builtin_trap();
+// This thread's rows g and g + 8 of A at k 0-15, gathered from the four lanes of its quad that
+// hold them (a[r]: row g (r even) or g + 8, k 2c (r < 2) or 2c + 8, in lane quad + c).
+template <typename T> inline void gather_a_rows(const uint* a, float rows[2][16]) {
   const int lane = threadIdx.x % 32, quad = lane / 4 * 4;
-  float rows[2][16];  // this thread's rows g and g + 8, at k 0-15
   for (int c = 0; c < 4; c++) {
-    for (int r = 0; r < 4; r++) {  // a[r]: row g (r even) or g + 8, k 2c (r < 2) or 2c + 8
+    for (int r = 0; r < 4; r++) {
       const uint word = shuffle_word(a[r], quad + c);
       const int h = r % 2, k = 2 * c + 8 * (r / 2);
       rows[h][k] = word_half<T>(word, 0);
       rows[h][k + 1] = word_half<T>(word, 1);
     }
   }
+}
+template <int N, typename T> inline void wgmma_tile_rs(float* d, const uint* a, const T* b, int block_bytes, int step) {
+  if (((unsigned long)b | (unsigned long)block_bytes) % 1024) __builtin_trap();
+  const int lane = threadIdx.x % 32;
+  float rows[2][16];
+  gather_a_rows<T>(a, rows);
   for (int i = 0; i < N / 2; i++) {
     const int h = (i % 4) / 2, column = 8 * (i / 4) + 2 * (lane % 4) + i % 2;
     const T* block = (const T*)((const char*)b + (column / 64) * block_bytes);
@@ -356,16 +362,9 @@ template <int N, typename T> inline void wgmma_tile_rs(float* d, const uint* a, 
 // A from registers, B given by its rows as wgmma_tile reads it (qmm_wgmma_rs.h's x tile).
 template <int N, typename T> inline void wgmma_tile_rs_rows(float* d, const uint* a, const T* b, int step) {
   if ((unsigned long)b % 1024) __builtin_trap();
-  const int lane = threadIdx.x % 32, quad = lane / 4 * 4;
-  float rows[2][16];  // as wgmma_tile_rs gathers them
-  for (int c = 0; c < 4; c++) {
-    for (int r = 0; r < 4; r++) {
-      const uint word = shuffle_word(a[r], quad + c);
-      const int h = r % 2, k = 2 * c + 8 * (r / 2);
-      rows[h][k] = word_half<T>(word, 0);
-      rows[h][k + 1] = word_half<T>(word, 1);
-    }
-  }
+  const int lane = threadIdx.x % 32;
+  float rows[2][16];
+  gather_a_rows<T>(a, rows);
   for (int i = 0; i < N / 2; i++) {
     const int h = (i % 4) / 2, column = 8 * (i / 4) + 2 * (lane % 4) + i % 2;
     float sum = d[i];

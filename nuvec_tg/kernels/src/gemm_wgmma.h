@@ -110,11 +110,7 @@
       if (step < steps) COPY_STEP(step) else async_commit();
     }
     for (int step = 0; step < steps; step++) {
-      // This step's copies are done (this thread's, then, after the fence and the barrier, everyone's,
-      // visible to the tensor cores); every warpgroup has waited for the products of step - 2.
-      async_wait(STAGES - 3);
-      async_proxy_fence();
-      threadgroup_barrier();
+      wgmma_stage_ready<STAGES - 3>();  // step's copies everyone's; stage step - 2 free
       if (step + STAGES - 2 < steps) COPY_STEP(step + STAGES - 2) else async_commit();
       const unsigned char* stage = stages + (step % STAGES) * STAGE_BYTES;
       wgmma_step<BN>(acc, (const TX*)(stage + warpgroup * 64 * ROW_BYTES), (const TX*)(stage + BM * ROW_BYTES));

@@ -185,11 +185,7 @@ INLINE void stage_chunk_words(const unsigned char* at, THREAD uint* words) {
     }
     LOAD_SCALES(0)
     for (int step = 0; step < steps; step++) {
-      // This step's copies are done (everyone's, after the barrier; x's visible to the tensor
-      // cores); every warpgroup has waited for the products of step - 2.
-      async_wait(STAGES - 3);
-      async_proxy_fence();
-      threadgroup_barrier();
+      wgmma_stage_ready<STAGES - 3>();  // step's copies everyone's; stage step - 2 free
       if (step + STAGES - 2 < steps) COPY_STEP(step + STAGES - 2) else async_commit();
       const unsigned char* stage = stages + (step % STAGES) * STAGE_BYTES;
       unsigned char* w_tile = w_tiles + (step % 2) * W_TILE_BYTES;

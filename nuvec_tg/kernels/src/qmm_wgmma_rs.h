@@ -188,11 +188,7 @@ template <typename T> INLINE void store_transposed(const float* acc, DEVICE T* y
     }
     LOAD_SCALES(0)
     for (int step = 0; step < steps; step++) {
-      // This step's copies are done (everyone's, after the barrier; x's visible to the tensor
-      // cores); every warpgroup has waited for the products of step - 2.
-      async_wait(STAGES - 3);
-      async_proxy_fence();
-      threadgroup_barrier();
+      wgmma_stage_ready<STAGES - 3>();  // step's copies everyone's; stage step - 2 free
       if (step + STAGES - 2 < steps) COPY_STEP(step + STAGES - 2) else async_commit();
       const unsigned char* stage = stages + (step % STAGES) * STAGE_BYTES;
 

@@ -1,5 +1,15 @@
-// Helpers of the kernels on Hopper's warpgroup products (gemm_wgmma.h, qmm_wgmma.h), over the
+// Helpers of the kernels on Hopper's warpgroup products (gemm_wgmma.h, qmm_wgmma.h, qmm_wgmma_rs.h), over the
 // prelude's wgmma vocabulary: a warpgroup's steps of 64 k, and its accumulators written out.
+
+// The head of a pipelined step: this thread's copies of the step are done (at most PENDING later
+// groups still in flight), then, after the fence and the barrier, everyone's, visible to the tensor
+// cores; and every warpgroup has waited for the products of the step before last (`wgmma_step`),
+// whose stage may now be refilled.
+template <int PENDING> INLINE void wgmma_stage_ready() {
+  async_wait(PENDING);
+  async_proxy_fence();
+  threadgroup_barrier();
+}
 
 // One step: A (the warpgroup's 64 rows of 64 k at `a_tile`) times B (N rows of 64 k at `b_tile`,
 // both in the prelude's swizzled layout) added to `acc` as four wgmma of 16 k, one group; then wait
