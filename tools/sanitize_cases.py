@@ -109,10 +109,13 @@ QMV, QVM, QMM = ("nuvec_qmv",), ("nuvec_qvm",), ("nuvec_qmm",)
 GEMV, GEMM = ("nuvec_gemv",), ("nuvec_gemm",)
 
 
-def qmm_of(k: int, bits: int) -> tuple[str, ...]:
-    """The family of a qmm call of depth K over `bits`-bit weights: on Hopper where K is a multiple
-    of 64, qmm_wgmma_rs (2, 4, 8 bits) or qmm_wgmma."""
+def qmm_of(k: int, bits: int, rows: int = 0, n: int = 0) -> tuple[str, ...]:
+    """The families of a qmm call of `rows` rows, depth K, N outputs over `bits`-bit weights: on
+    Hopper where K is a multiple of 64, qmm_wgmma_rs (2, 4, 8 bits) or qmm_wgmma, or where M and N
+    take the dequantized route (`takes_dequantized`; gathered calls pass no rows), dequantize then
+    gemm_wgmma."""
     if not (WARPGROUPS and k % 64 == 0): return QMM
+    if nuvec_quant.takes_dequantized(rows, k, n, nuvec_kernels.target(DEVICE)): return ("nuvec_dequantize", "nuvec_gemm_wgmma")
     return ("nuvec_qmm_wgmma_rs",) if bits in nuvec_quant.QMM_WGMMA_RS_BITS else ("nuvec_qmm_wgmma",)
 
 
@@ -521,17 +524,17 @@ QUANT = [Case(f"qmv {fmt(mode, group, bits)} {SHORT[dtype]} M{rows} K{1024 + 3 *
          gather("affine", 32, 8, (1, 1, 320), 3, 13, dtypes.float32, None, [2])),
     Case("gather_qmm no entries", NONE, gather("affine", 64, 4, (2, 1, 320), 3, 13, dtypes.float32, [], [])),
     # qmm: M not a multiple of the 64-row tile, N = 100 not a multiple of the 64-column tile
-    *[Case(f"qmm affine4 g64 bf16 M{m} K320 N100", qmm_of(320, 4), product("affine", 64, 4, (m, 320), 100, dtypes.bfloat16))
+    *[Case(f"qmm affine4 g64 bf16 M{m} K320 N100", qmm_of(320, 4, m, 100), product("affine", 64, 4, (m, 320), 100, dtypes.bfloat16))
       for m in (9, 65, 130)],
     Case("qmm affine3 g32 f16 M65 K320 N100", qmm_of(320, 3), product("affine", 32, 3, (65, 320), 100, dtypes.float16)),
     Case("qmm affine8 g128 f16 M9 K384 N100", qmm_of(384, 8), product("affine", 128, 8, (9, 384), 100, dtypes.float16)),
     Case("qmm mxfp8 bf16 M9 K320 N100", qmm_of(320, 8), product("mxfp8", 32, 8, (9, 320), 100, dtypes.bfloat16)),
     Case("qmm mxfp4 bf16 batch 5x13 K320 N100", qmm_of(320, 4), product("mxfp4", 32, 4, (5, 13, 320), 100, dtypes.bfloat16)),
-    Case("qmm affine3 g64 bf16 M130 K192 N267 (odd width, past 128-row and 256-column tiles)", qmm_of(192, 3),
+    Case("qmm affine3 g64 bf16 M130 K192 N267 (odd width, past 128-row and 256-column tiles)", qmm_of(192, 3, 130, 267),
          product("affine", 64, 3, (130, 192), 267, dtypes.bfloat16)),
     Case("qmm affine2 g32 bf16 M120 K192 N267 (inside a 128-row tile of x, past 128-row tiles of w)", qmm_of(192, 2),
          product("affine", 32, 2, (120, 192), 267, dtypes.bfloat16)),
-    Case("qmm nvfp4 f16 M130 K272 (a half chunk) N100", qmm_of(272, 4), product("nvfp4", 16, 4, (130, 272), 100, dtypes.float16)),
+    Case("qmm nvfp4 f16 M130 K272 (a half chunk) N100", qmm_of(272, 4, 130, 100), product("nvfp4", 16, 4, (130, 272), 100, dtypes.float16)),
     # qmm's dequantized route on Hopper (from DEQUANTIZED_ROWS rows): dequantize, then gemm_wgmma
     Case("qmm affine4 g64 bf16 M520 K320 N100 (dequantized on Hopper)",
          ("nuvec_dequantize", "nuvec_gemm_wgmma") if WARPGROUPS else QMM, product("affine", 64, 4, (520, 320), 100, dtypes.bfloat16)),

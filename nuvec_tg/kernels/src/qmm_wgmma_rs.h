@@ -74,6 +74,44 @@ template <typename T> INLINE void store_transposed(const float* acc, DEVICE T* y
   }
 }
 
+// This thread's A fragment of a step (a[kb] for k 16 kb .. 16 kb + 15: chunk kb / 2, parts 2 (kb %
+// 2) and + 1; registers 0, 1 rows a_row and + 8 at codes 2 c, 2 c + 1 of the first part, 2, 3 of
+// the second) dequantized from the stage's words `words` with the step's scales (and biases); rows
+// that are out give zeros.
+INLINE void dequantize_fragment(const unsigned char* words, int a_row, const bool* row_in, const int* pair_word,
+                                const int* pair_shift, const TS (*scale_raw)[SCALES_PER_CHUNK],
+                                const TS (*bias_raw)[SCALES_PER_CHUNK], uint (*a)[4]) {
+#pragma unroll
+  for (int h = 0; h < 2; h++) {
+    const unsigned char* row_words = words + (a_row + 8 * h) * WORD_ROW_BYTES;
+#pragma unroll
+    for (int j = 0; j < 2; j++) {
+#pragma unroll
+      for (int p = 0; p < 4; p++) {
+        const uint word = ((const uint*)(row_words + j * CHUNK_BYTES))[pair_word[p]];
+        float q[2];
+        decode_pair(word >> pair_shift[p], q);
+        const int g = p * SCALES_PER_CHUNK / 4;  // the part's group of the chunk
+        const float scale = row_in[h] ? group_scale(scale_raw[2 * h + j][g]) : 0.0f;
+#if MODE == 0
+        scale_codes(q, 2, scale, row_in[h] ? to_float(bias_raw[2 * h + j][g]) : 0.0f);
+#else
+        scale_codes(q, 2, scale, 0.0f);
+#endif
+        a[2 * j + p / 2][2 * (p % 2) + h] = pack_pair(q[0], q[1], TX());
+      }
+    }
+  }
+}
+
+// Keeps a fragment's registers live (unchanged) up to here: the products that read them are retired.
+INLINE void hold_fragment(uint (*a)[4]) {
+#pragma unroll
+  for (int kb = 0; kb < 4; kb++)
+#pragma unroll
+    for (int r = 0; r < 4; r++) wgmma_hold(a[kb][r]);
+}
+
 /* kernel */
   const int m_size = ints[0], n_size = ints[1], k_size = ints[2];
   const int thread_id = (int)nv_thread.x, lane = thread_id % 32, quad_lane = lane % 4;
@@ -160,7 +198,7 @@ template <typename T> INLINE void store_transposed(const float* acc, DEVICE T* y
   }
 // The scales (and biases) of this thread's rows at step STEP: each chunk's SCALES_PER_CHUNK groups.
 #if MODE == 0
-#define LOAD_BIAS(H, J, G, INDEX) bias_raw[H][J][G] = biases[INDEX];
+#define LOAD_BIAS(H, J, G, INDEX) bias_raw[2 * (H) + (J)][G] = biases[INDEX];
 #else
 #define LOAD_BIAS(H, J, G, INDEX)
 #endif
@@ -170,7 +208,7 @@ template <typename T> INLINE void store_transposed(const float* acc, DEVICE T* y
       _Pragma("unroll") for (int g = 0; g < SCALES_PER_CHUNK; g++) {                                  \
         if (row_in[h]) {                                                                              \
           const size_t index = row_groups[h] + ((STEP) * BK + 32 * j + CHUNK_GROUP * g) / GROUP;      \
-          scale_raw[h][j][g] = scales[index];                                                         \
+          scale_raw[2 * h + j][g] = scales[index];                                                    \
           LOAD_BIAS(h, j, g, index)                                                                   \
         }                                                                                             \
       }
@@ -178,54 +216,46 @@ template <typename T> INLINE void store_transposed(const float* acc, DEVICE T* y
     float acc[ACCUMULATORS];
 #pragma unroll
     for (int i = 0; i < ACCUMULATORS; i++) acc[i] = 0.0f;
-    TS scale_raw[2][2][SCALES_PER_CHUNK];
+    TS scale_raw[4][SCALES_PER_CHUNK];  // row a_row + 8 h, chunk j at 2 h + j
 #if MODE == 0
-    TS bias_raw[2][2][SCALES_PER_CHUNK];
+    TS bias_raw[4][SCALES_PER_CHUNK];
 #endif
 #pragma unroll
     for (int step = 0; step < STAGES - 2; step++) {
       if (step < steps) COPY_STEP(step) else async_commit();
     }
     LOAD_SCALES(0)
-    for (int step = 0; step < steps; step++) {
-      wgmma_stage_ready<STAGES - 3>();  // step's copies everyone's; stage step - 2 free
-      if (step + STAGES - 2 < steps) COPY_STEP(step + STAGES - 2) else async_commit();
-      const unsigned char* stage = stages + (step % STAGES) * STAGE_BYTES;
-
-      // The step's A fragments: a[kb] for k 16 kb .. 16 kb + 15 (chunk kb / 2, parts 2 (kb % 2) and
-      // + 1): registers 0, 1 the rows' codes 2 c, 2 c + 1 of the first part, 2, 3 the second part's.
-      uint a[4][4];
-#pragma unroll
-      for (int h = 0; h < 2; h++) {
-        const unsigned char* row_words = stage + X_BYTES + (a_row + 8 * h) * WORD_ROW_BYTES;
-#pragma unroll
-        for (int j = 0; j < 2; j++) {
-#pragma unroll
-          for (int p = 0; p < 4; p++) {
-            const uint word = ((const uint*)(row_words + j * CHUNK_BYTES))[pair_word[p]];
-            float q[2];
-            decode_pair(word >> pair_shift[p], q);
-            const int g = p * SCALES_PER_CHUNK / 4;  // the part's group of the chunk
-            const float scale = row_in[h] ? group_scale(scale_raw[h][j][g]) : 0.0f;
+// Step STEP with A fragment buffer BUF: the wgmma read their A registers while they run, so a
+// fragment must stay untouched until the wait that retires its step, one step later; the hold
+// after that wait keeps the compiler from giving the other buffer's registers (step STEP - 1's,
+// retired only now) to anything sooner.
+#define REGISTER_STEP(STEP, BUF)                                                                      \
+  {                                                                                                   \
+    wgmma_stage_ready<STAGES - 3>();  /* step's copies everyone's; stage step - 2 free */             \
+    if ((STEP) + STAGES - 2 < steps) COPY_STEP((STEP) + STAGES - 2) else async_commit();              \
+    const unsigned char* stage = stages + ((STEP) % STAGES) * STAGE_BYTES;                            \
+    dequantize_fragment(stage + X_BYTES, a_row, row_in, pair_word, pair_shift, scale_raw, BIASES, a[BUF]); \
+    if ((STEP) + 1 < steps) LOAD_SCALES((STEP) + 1)                                                   \
+    wgmma_fence();                                                                                    \
+    _Pragma("unroll") for (int kb = 0; kb < 4; kb++) wgmma_tile_rs_rows<BM>(acc, a[BUF][kb], (const TX*)stage, kb); \
+    wgmma_commit();                                                                                   \
+    wgmma_wait<1>();                                                                                  \
+    _Pragma("unroll") for (int i = 0; i < ACCUMULATORS; i++) wgmma_hold(acc[i]);                      \
+    hold_fragment(a[1 - (BUF)]);                                                                      \
+  }
 #if MODE == 0
-            scale_codes(q, 2, scale, row_in[h] ? to_float(bias_raw[h][j][g]) : 0.0f);
+#define BIASES bias_raw
 #else
-            scale_codes(q, 2, scale, 0.0f);
+#define BIASES scale_raw
 #endif
-            a[2 * j + p / 2][2 * (p % 2) + h] = pack_pair(q[0], q[1], TX());
-          }
-        }
-      }
-      if (step + 1 < steps) LOAD_SCALES(step + 1)
-      wgmma_fence();
-#pragma unroll
-      for (int kb = 0; kb < 4; kb++) wgmma_tile_rs_rows<BM>(acc, a[kb], (const TX*)stage, kb);
-      wgmma_commit();
-      wgmma_wait<1>();
-#pragma unroll
-      for (int i = 0; i < ACCUMULATORS; i++) wgmma_hold(acc[i]);
+    uint a[2][4][4];  // two steps' A fragments (`dequantize_fragment`)
+    for (int step = 0; step < steps; step += 2) {
+      REGISTER_STEP(step, 0)
+      if (step + 1 < steps) REGISTER_STEP(step + 1, 1)
     }
     wgmma_finish<BM>(acc);
+    hold_fragment(a[0]);
+    hold_fragment(a[1]);
     async_wait(0);  // only empty groups are left: none outlives the run
 
     store_transposed(acc, y, m_first + 2 * quad_lane, n_first + a_row, lane, run_start, run_end, n_size);
