@@ -6,7 +6,7 @@ product's rows equal to one-row products bit for bit, gradients. Products are co
 (`assert_rows_close`, tolerances in reference.py) with float64 numpy over the weights decoded in
 numpy (quant_reference.py) and with the composition; every call meant for a kernel asserts that it
 launched (`expect_launches`). On Hopper (CUDA sm_90) qmm with K a multiple of 64 is qmm_wgmma, every
-tile shape of which gives the same bits (qmm_wgmma_rs at 2, 4 and 8 bits: the same bits again)."""
+tile shape of which gives the same bits (and qmm_wgmma_rs's, at 2, 4 and 8 bits)."""
 import numpy as np
 import pytest
 from tinygrad import Tensor, dtypes
@@ -239,21 +239,20 @@ def test_sorted_many_row_gathers_run_the_gathered_qmm(mode, group, width):
 @pytest.mark.skipif(not WARPGROUPS, reason="no warpgroup products (CUDA sm_90)")
 @pytest.mark.parametrize("mode, group, width", FORMATS, ids=lambda f: str(f))
 def test_qmm_wgmma_matches_the_composition_in_every_tile_shape(mode, group, width):
-    """qmm_wgmma (K a multiple of 64 on sm_90; qmm_wgmma_rs at 2, 4 and 8 bits) at M = 130 (past a
+    """qmm_wgmma (K a multiple of 64 on sm_90; qmm_wgmma_rs where routed) at M = 130 (past a
     128-row tile), N = 300 past DEQUANTIZED_NARROW_N (past a 256-column tile; at a smaller N 130
     rows take the dequantized route), K = 1152 (a multiple of every group): the public call
-    launches the planned kernel; every tile shape of both kernels that fits is within tolerance of
-    numpy and, bit for bit, the plan's."""
+    launches the planned kernel; every tile shape of both kernels (qmm_wgmma_rs at 2, 4 and 8 bits)
+    that fits is within tolerance of numpy and, bit for bit, the plan's."""
     rng = np.random.default_rng(0x9BA)
     n, k = qmv.DEQUANTIZED_NARROW_N + 300, 1152
     qw = quant.quantize(random(rng, (n, k), dtypes.bfloat16, gpu)[0], group, width, mode=mode)
     x, xv = random(rng, (130, k), dtypes.bfloat16, gpu)
     x = x.realize()
     want = xv @ dequantized(qw).T
-    registers = width in qmv.QMM_WGMMA_RS_BITS
     planned = bits_of(assert_matches(f"{mode} {width}-bit", lambda: quant.quantized_matmul(x, qw),
-                                     "nuvec_qmm_wgmma_rs" if registers else "nuvec_qmm_wgmma", want))
-    for tiles in qmv.QMM_WGMMA_SHAPES + (qmv.QMM_WGMMA_RS_SHAPES if registers else ()):
+                                     "nuvec_qmm_wgmma_rs" if qmv.takes_qmm_wgmma_rs(width) else "nuvec_qmm_wgmma", want))
+    for tiles in qmv.QMM_WGMMA_SHAPES + (qmv.QMM_WGMMA_RS_SHAPES if width in qmv.QMM_WGMMA_RS_BITS else ()):
         rs = isinstance(tiles, qmv.RegisterTiles)
         if (qmv.qmm_wgmma_rs_bytes if rs else qmv.qmm_wgmma_bytes)(tiles, width) > qmv.WGMMA_MAX_DYNAMIC: continue
         with expect_launches(gpu, "nuvec_qmm_wgmma_rs" if rs else "nuvec_qmm_wgmma"):
@@ -266,8 +265,9 @@ def test_qmm_wgmma_matches_the_composition_in_every_tile_shape(mode, group, widt
 @pytest.mark.skipif(not WARPGROUPS, reason="no warpgroup products (CUDA sm_90)")
 @pytest.mark.parametrize("mode, group, width", [("affine", 64, 4), ("mxfp4", 32, 4), ("affine", 32, 3), ("mxfp8", 32, 8)], ids=str)
 def test_qmm_wgmma_gathers_each_rows_batch(mode, group, width):
-    """The gathered qmm_wgmma (qmm_wgmma_rs at 4 and 8 bits; a mixture of experts' prefill): sorted
-    runs crossing row tiles, an unsorted stretch, hostile picks at both ends giving zeros."""
+    """The gathered qmm_wgmma (a mixture of experts' prefill): sorted runs crossing row tiles, an
+    unsorted stretch, hostile picks at both ends giving zeros; at 4 and 8 bits qmm_wgmma_rs's
+    gathered tiles give the same bits."""
     rng = np.random.default_rng(0x9BB)
     experts, n, k, entries = 4, 200, 512, 300
     qw = quant.quantize(random(rng, (experts, n, k), dtypes.bfloat16, gpu)[0], group, width, mode=mode)
@@ -281,6 +281,12 @@ def test_qmm_wgmma_gathers_each_rows_batch(mode, group, width):
     y = assert_matches(f"{mode} gathered", lambda: quant.gather_qmm(x, qw, None, Tensor(picks, device=gpu), sorted_indices=True),
                        "nuvec_qmm_wgmma", want)
     assert not values(y)[:2].any() and not values(y)[-3:].any()
+    if width in qmv.QMM_WGMMA_RS_BITS:  # the register kernel's gathered tiles, the same bits
+        with expect_launches(gpu, "nuvec_qmm_wgmma_rs"):
+            rs = qmv.qmm(x.reshape(entries, k), qw.weight, qw.scales, qw.biases, mode=mode, group_size=group, bits=width,
+                         out_dtype=dtypes.bfloat16, backend="cuda", picks=Tensor(picks, device=gpu),
+                         tiles=qmv.QMM_WGMMA_RS_SMALL).realize()
+        np.testing.assert_array_equal(bits_of(rs), bits_of(y).reshape(entries, n))
 
 
 @pytest.mark.skipif(not WARPGROUPS, reason="no warpgroup products (CUDA sm_90)")

@@ -116,7 +116,7 @@ def qmm_of(k: int, bits: int, rows: int = 0, n: int = 0) -> tuple[str, ...]:
     gemm_wgmma."""
     if not (WARPGROUPS and k % 64 == 0): return QMM
     if nuvec_quant.takes_dequantized(rows, k, n, nuvec_kernels.target(DEVICE)): return ("nuvec_dequantize", "nuvec_gemm_wgmma")
-    return ("nuvec_qmm_wgmma_rs",) if bits in nuvec_quant.QMM_WGMMA_RS_BITS else ("nuvec_qmm_wgmma",)
+    return ("nuvec_qmm_wgmma_rs",) if nuvec_quant.takes_qmm_wgmma_rs(bits) else ("nuvec_qmm_wgmma",)
 
 
 def prefill_of(d: int, dv: int | None = None) -> tuple[str, ...]:
