@@ -17,8 +17,10 @@
 // 2 c + 8, 2 c + 9 of each 16 k, c = lane % 4: a pair of consecutive codes at a shift of a word
 // that only the lane decides) from the stage's words into registers while the tensor cores run
 // step s - 1; then its warpgroup issues step s's four wgmma of 16 k as one group and waits for step
-// s - 1's. The scales (and biases) are read from memory a step ahead. The buffers refilled at step s
-// are stage s - 2's, which every warpgroup has waited for before step s's barrier.
+// s - 1's. The running products read their A registers, so the fragments alternate between two
+// buffers, each held until the wait that retires its step (`REGISTER_STEP`). The scales (and
+// biases) are read from memory a step ahead. The buffers refilled at step s are stage s - 2's,
+// which every warpgroup has waited for before step s's barrier.
 //
 // Bits. Every element of y sums its K products in steps of 16 along K in increasing order into one
 // float32 accumulator, the weights rounded to TX first (`scale_codes`, as qmm_wgmma.h and
