@@ -250,7 +250,7 @@ INLINE void hold_fragment(uint (*a)[4]) {
 #else
 #define BIASES scale_raw
 #endif
-    uint a[2][4][4];  // two steps' A fragments (`dequantize_fragment`)
+    uint a[2][4][4] = {};  // two steps' A fragments (`dequantize_fragment`); zeros: step 0 holds the unused one
     for (int step = 0; step < steps; step += 2) {
       REGISTER_STEP(step, 0)
       if (step + 1 < steps) REGISTER_STEP(step + 1, 1)
