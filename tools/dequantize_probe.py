@@ -5,9 +5,10 @@ and running gemm_wgmma over the 16-bit rows, the route `quantized_matmul` takes 
 routes give the same bits (the rule that lets the row count choose between them). Timed as the
 benchmarks time a product (TinyJit replays of calls over rotated weight sets, device time).
 
-The tiled kernels are both timed: qmm_wgmma (w dequantized into a threadgroup tile) in its own
-plan's tiles, and qmm_wgmma_rs (w dequantized into the products' registers), the kernel qmm plans
-for 4 bits; `--rs-sweep` also times every RegisterTiles of QMM_WGMMA_RS_SHAPES.
+The tiled kernels are both timed, each in its own plan's tiles: qmm_wgmma (w dequantized into a
+threadgroup tile) and qmm_wgmma_rs (w dequantized into the products' registers; qmm plans it for
+4 bits once `QMM_WGMMA_RS_ROUTED`); `--rs-sweep` also times every RegisterTiles of
+QMM_WGMMA_RS_SHAPES.
 
 `--pieces 1,2,4`: first the dequantization alone at each count of pieces of 8 codes a thread
 (`DEQUANTIZE_PIECES` is the kernel's), its TB/s, and whether its bits equal one piece a thread's.

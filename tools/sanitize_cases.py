@@ -111,9 +111,9 @@ GEMV, GEMM = ("nuvec_gemv",), ("nuvec_gemm",)
 
 def qmm_of(k: int, bits: int, rows: int = 0, n: int = 0) -> tuple[str, ...]:
     """The families of a qmm call of `rows` rows, depth K, N outputs over `bits`-bit weights: on
-    Hopper where K is a multiple of 64, qmm_wgmma_rs (2, 4, 8 bits) or qmm_wgmma, or where M and N
-    take the dequantized route (`takes_dequantized`; gathered calls pass no rows), dequantize then
-    gemm_wgmma."""
+    Hopper where K is a multiple of 64, qmm_wgmma (qmm_wgmma_rs where `takes_qmm_wgmma_rs`), or
+    where M and N take the dequantized route (`takes_dequantized`; gathered calls pass no rows),
+    dequantize then gemm_wgmma."""
     if not (WARPGROUPS and k % 64 == 0): return QMM
     if nuvec_quant.takes_dequantized(rows, k, n, nuvec_kernels.target(DEVICE)): return ("nuvec_dequantize", "nuvec_gemm_wgmma")
     return ("nuvec_qmm_wgmma_rs",) if nuvec_quant.takes_qmm_wgmma_rs(bits) else ("nuvec_qmm_wgmma",)
@@ -464,6 +464,21 @@ def product(mode: str, group: int, bits: int, x_shape: tuple[int, ...], n: int, 
     return setup
 
 
+def register_product(mode: str, group: int, bits: int, rows: int, k: int, n: int, dtype: DType,
+                     tiles: nuvec_quant.RegisterTiles) -> Setup:
+    """qmm_wgmma_rs in `tiles` (asked for by its tiles: qmm does not route to it until
+    `QMM_WGMMA_RS_ROUTED`) for x `[rows, k]` and w `[n, k]`; the composition otherwise."""
+    def setup(rng):
+        qw = quantized(rng, (n, k), dtype, mode, group, bits)
+        x = uniform(rng, (rows, k), dtype)
+        def run(kernels: bool) -> Outputs:
+            if not kernels: return [("y", quant.quantized_matmul(x, qw), None)]
+            return [("y", nuvec_quant.qmm(x, qw.weight, qw.scales, qw.biases, mode=mode, group_size=group, bits=bits,
+                                          out_dtype=dtype, backend="cuda", tiles=tiles), None)]
+        return run
+    return setup
+
+
 def dequantized(mode: str, group: int, bits: int, shape: tuple[int, ...], dtype: DType) -> Setup:
     """`quant.dequantize(w, dtype)` for w of dense `shape` (affine scales in `dtype`)."""
     def setup(rng):
@@ -552,6 +567,17 @@ def sorted_gather(mode: str, group: int, bits: int, k: int, dtype: DType) -> Set
                       sorted_indices=True)(rng)
     return setup
 
+
+# qmm_wgmma_rs by its tiles on Hopper: x rows past a tile (256, 128 and partial 64-row tiles), N past
+# the 128 weight rows of a tile
+if WARPGROUPS:
+    QUANT += [Case(f"qmm_wgmma_rs {fmt(mode, group, bits)} {SHORT[dtype]} M{rows} K192 N267 {tiles}", ("nuvec_qmm_wgmma_rs",),
+                   register_product(mode, group, bits, rows, 192, 267, dtype, tiles))
+              for mode, group, bits, dtype, rows, tiles in (
+                  ("affine", 64, 4, dtypes.bfloat16, 300, nuvec_quant.RegisterTiles(256, 2, 4)),
+                  ("affine", 32, 2, dtypes.float16, 130, nuvec_quant.RegisterTiles(128, 2, 4)),
+                  ("mxfp8", 32, 8, dtypes.bfloat16, 70, nuvec_quant.QMM_WGMMA_RS_SMALL),
+                  ("nvfp4", 16, 4, dtypes.bfloat16, 70, nuvec_quant.QMM_WGMMA_RS_SMALL))]
 
 QUANT += [Case(f"gathered qmm {fmt(mode, group, bits)} {SHORT[dtype]} 40 sorted entries E3, experts out of range, K{k} N100",
                qmm_of(k, bits), sorted_gather(mode, group, bits, k, dtype))

@@ -58,8 +58,24 @@ UNROLL = 1                    # steps whose weight loads a lane issues together 
 _MODES = {"affine": 0, "mxfp4": 1, "mxfp8": 2, "nvfp4": 3}
 
 
+class _WarpgroupGrid:
+    """What the tiles of the warpgroup kernels share: `warpgroups` warpgroups a threadgroup over a
+    grid of `rows` x `columns` tiles of y."""
+    rows: int
+    columns: int
+    warpgroups: int
+
+    @property
+    def threads(self) -> int: return 128 * self.warpgroups
+
+    def grid(self, m: int, n: int) -> tuple[int, int, int]:
+        """(row tiles, column tiles, 1): a tile of w's threadgroups launch together, so w is read
+        from memory about once."""
+        return math.ceil(m / self.rows), math.ceil(n / self.columns), 1
+
+
 @dataclass(frozen=True)
-class WgmmaTiles:
+class WgmmaTiles(_WarpgroupGrid):
     """The tiles of the kernels on Hopper's warpgroup products (gemm_wgmma, qmm_wgmma):
     `warpgroups` x 64 rows by `columns` (64, 128, 224 or 256) outputs a threadgroup, `stages` stage
     buffers of WGMMA_STEP k (STAGES - 2 steps copied ahead)."""
@@ -71,14 +87,6 @@ class WgmmaTiles:
     def rows(self) -> int: return 64 * self.warpgroups
 
     @property
-    def threads(self) -> int: return 128 * self.warpgroups
-
-    def grid(self, m: int, n: int) -> tuple[int, int, int]:
-        """(row tiles, column tiles, 1): a tile of w's threadgroups launch together, so w is read
-        from memory about once."""
-        return math.ceil(m / self.rows), math.ceil(n / self.columns), 1
-
-    @property
     def width(self) -> int:
         """The warpgroup product's N (a wave's cost in `wgmma_tiles`): the tile's columns."""
         return self.columns
@@ -87,7 +95,7 @@ class WgmmaTiles:
 
 
 @dataclass(frozen=True)
-class RegisterTiles:
+class RegisterTiles(_WarpgroupGrid):
     """qmm_wgmma_rs's tiles (`src/qmm_wgmma_rs.h`, the product as its transpose): `rows` rows of x
     (64, 128 or 256, the warpgroup product's N) by 64 * `warpgroups` weight rows (outputs) a
     threadgroup, `stages` stage buffers of WGMMA_STEP k (STAGES - 2 steps copied ahead)."""
@@ -99,17 +107,9 @@ class RegisterTiles:
     def columns(self) -> int: return 64 * self.warpgroups
 
     @property
-    def threads(self) -> int: return 128 * self.warpgroups
-
-    @property
     def width(self) -> int:
         """The warpgroup product's N (a wave's cost in `wgmma_tiles`): the tile's rows of x."""
         return self.rows
-
-    def grid(self, m: int, n: int) -> tuple[int, int, int]:
-        """(row tiles, column tiles, 1): a tile of w's threadgroups launch together, so w is read
-        from memory about once."""
-        return math.ceil(m / self.rows), math.ceil(n / self.columns), 1
 
     def __str__(self) -> str: return f"wgmma-rs {self.rows}x{self.columns}/{self.stages}s"
 

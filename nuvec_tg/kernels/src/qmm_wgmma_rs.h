@@ -36,7 +36,7 @@
 //
 // Runtime sizes (the `ints` buffer): M, N, K (, the batches). Defines: TX (x; 16-bit), TS, TY, BITS
 // (2, 4, 8), GROUP, MODE, GATHER, WARPGROUPS, BM (64, 128, 256), BN (64 * WARPGROUPS), BK (64),
-// STAGES (at least 3), from `kernels/quant.py`, which launches 128 * WARPGROUPS threads with
+// STAGES (at least 3), LOAD_WORDS (quant_codes.h's; unused here), from `kernels/quant.py`, which launches 128 * WARPGROUPS threads with
 // STAGES * (BM * 128 + BN * 8 * BITS) + 1024 bytes of dynamic threadgroup memory over the grid
 // (row tiles of x, tiles of weight rows): the row tiles of one weight tile run together, so w is
 // read from memory about once.
