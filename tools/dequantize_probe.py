@@ -10,11 +10,16 @@ threadgroup tile) and qmm_wgmma_rs (w dequantized into the products' registers; 
 4 bits once `QMM_WGMMA_RS_ROUTED`); `--rs-sweep` also times every RegisterTiles of
 QMM_WGMMA_RS_SHAPES.
 
+`--clocks 256x2x4,256x1x3`: where qmm_wgmma_rs's steps spend their clocks at each RegisterTiles
+(rows x warpgroups x stages) and row count: its CLOCK_PROBE form, whose first threadgroup sums each
+SIMD group's clocks by part of the step (the barrier, the copies' issue, the decoding, the scales'
+loads, the products' issue, the wait for the step before's products), a step's mean per SIMD group.
+
 `--pieces 1,2,4`: first the dequantization alone at each count of pieces of 8 codes a thread
 (`DEQUANTIZE_PIECES` is the kernel's), its TB/s, and whether its bits equal one piece a thread's.
 
 Usage: DEV=CUDA python3 tools/dequantize_probe.py [--rows 64,128,256,512,2048] [--shapes 3] [--repeats 3] [--pieces 1,2,4]
-                                                  [--rs-sweep]
+                                                  [--rs-sweep] [--clocks 256x2x4]
 """
 from __future__ import annotations
 
@@ -27,6 +32,7 @@ from nuvec_tg import quant
 from nuvec_tg.bench.common import device_name, rotation, time_jit, warm_up
 from nuvec_tg.kernels import linear as lk
 from nuvec_tg.kernels import target
+from nuvec_tg.kernels.program import int_buffer, launch
 from nuvec_tg.kernels import quant as qk
 
 SHAPES = ((4096, 14336), (4096, 4096), (14336, 4096))   # K x N: up, attention, down (Qwen3-8B-like)
@@ -74,6 +80,35 @@ def sweep_pieces(args, counts: list[int]) -> None:
     print()
 
 
+PROBE_PARTS = ("start", "barrier", "copies", "decode", "scales", "issue", "wait")
+
+
+def clock_parts(args, shapes: list[qk.RegisterTiles]) -> None:
+    """qmm_wgmma_rs's CLOCK_PROBE form at each shape and row count of `--rows` (K x N the first of
+    SHAPES): a step's clocks by part, the mean over the first threadgroup's SIMD groups."""
+    k, n = SHAPES[0]
+    table_head(f"qmm_wgmma_rs's clocks a step by part (CLOCK_PROBE, threadgroup (0, 0), mean of its SIMD groups), K {k} N {n}",
+               ["M", "tiles", *PROBE_PARTS, "step", "whole (k clocks)"])
+    _, tensors = weight_sets(k, n)
+    w, scales, biases = tensors[0]
+    for rows in (int(r) for r in args.rows.split(",")):
+        x = Tensor.randn(rows, k, dtype=dtypes.bfloat16).realize()
+        for tiles in shapes:
+            program = qk.qmm_wgmma_rs_program(x.dtype, scales.dtype, x.dtype, mode="affine", group_size=64, bits=4, tiles=tiles,
+                                              clock_probe=True)
+            for _ in range(2):  # the second call's clocks: the first warms the caches and the clocks
+                y = Tensor.empty(rows, n, dtype=x.dtype)
+                ins = [x, w, scales, biases, int_buffer(x.device, (rows, n, k))]
+                y = launch(program, x.device, [y], ins, tiles.grid(rows, n), tiles.threads)[0]
+                words = y.reshape(-1)[:16 * tiles.warpgroups * 4].bitcast(dtypes.uint32).numpy().reshape(-1, 8).astype(np.float64)
+            steps = k // qk.WGMMA_STEP
+            parts = words[:, :len(PROBE_PARTS)].mean(axis=0) / steps
+            print(f"| {rows} | {tiles} | " + " | ".join(f"{p:.0f}" for p in parts) +
+                  f" | {parts.sum():.0f} | {words[:, -1].mean() / 1e3:.0f} |", flush=True)
+    del tensors
+    print()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", default="64,128,256,512,2048")
@@ -81,7 +116,11 @@ def main() -> None:
     parser.add_argument("--shapes", type=int, default=len(SHAPES), help="the first this many of SHAPES")
     parser.add_argument("--pieces", default="", help="pieces a thread to time the dequantization at, e.g. 1,2,4")
     parser.add_argument("--rs-sweep", action="store_true", help="time every RegisterTiles of QMM_WGMMA_RS_SHAPES too")
+    parser.add_argument("--clocks", default="", help="RegisterTiles as rows x warpgroups x stages to probe, e.g. 256x2x4,256x1x3")
     args = parser.parse_args()
+    if args.clocks:
+        clock_parts(args, [qk.RegisterTiles(*(int(v) for v in t.split("x"))) for t in args.clocks.split(",")])
+        return
     if args.pieces: sweep_pieces(args, [int(p) for p in args.pieces.split(",")])
     table_head("µs a call, device time of TinyJit replays over rotated 4-bit weights (affine, groups of 64), bf16 x",
                ["M", "K x N", "qmm_wgmma µs", "qmm_wgmma_rs µs (tiles)", "TFLOP/s", "dequantize µs", "gemm_wgmma µs",

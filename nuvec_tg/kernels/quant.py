@@ -566,14 +566,17 @@ QMM_WGMMA_RS = Family("nuvec_qmm_wgmma_rs", ("quant_codes.h", "wgmma_steps.h", "
 
 
 def qmm_wgmma_rs_program(x_dtype: DType, scales_dtype: DType, out_dtype: DType, *, mode: str, group_size: int, bits: int,
-                         tiles: RegisterTiles, gather: bool = False) -> Program:
-    """The qmm_wgmma_rs specialisation (CUDA sm_90a, `bits` in QMM_WGMMA_RS_BITS): parameters as qmm's."""
+                         tiles: RegisterTiles, gather: bool = False, clock_probe: bool = False) -> Program:
+    """The qmm_wgmma_rs specialisation (CUDA sm_90a, `bits` in QMM_WGMMA_RS_BITS): parameters as qmm's.
+    clock_probe: threadgroup (0, 0) overwrites y's first words with its clocks a part of the steps
+    (`tools/dequantize_probe.py --clocks`)."""
     if bits not in QMM_WGMMA_RS_BITS: raise ValueError(f"qmm_wgmma_rs: {bits}-bit weights (it takes {QMM_WGMMA_RS_BITS})")
     if (needed := qmm_wgmma_rs_bytes(tiles, bits)) > WGMMA_MAX_DYNAMIC:
         raise ValueError(f"qmm_wgmma_rs: {tiles} at {bits} bits takes {needed} bytes of threadgroup memory (at most {WGMMA_MAX_DYNAMIC})")
     defines = dict(TX=ctype(x_dtype), TS=ctype(scales_dtype), TY=ctype(out_dtype), BITS=bits, GROUP=group_size,
                    MODE=_MODES[mode], GATHER=int(gather), WARPGROUPS=tiles.warpgroups, BM=tiles.rows, BN=tiles.columns,
                    BK=WGMMA_STEP, STAGES=tiles.stages, LOAD_WORDS=load_words(bits, 2 * bits))
+    if clock_probe: defines["CLOCK_PROBE"] = 1
     params = _params(defines["TY"], defines["TX"], defines["TS"], mode, gather) + [Param("ints", "in", "int")]
     return QMM_WGMMA_RS.program("cuda", defines, params, dynamic_bytes=qmm_wgmma_rs_bytes(tiles, bits))
 

@@ -36,7 +36,9 @@
 //
 // Runtime sizes (the `ints` buffer): M, N, K (, the batches). Defines: TX (x; 16-bit), TS, TY, BITS
 // (2, 4, 8), GROUP, MODE, GATHER, WARPGROUPS, BM (64, 128, 256), BN (64 * WARPGROUPS), BK (64),
-// STAGES (at least 3), LOAD_WORDS (quant_codes.h's; unused here), from `kernels/quant.py`, which launches 128 * WARPGROUPS threads with
+// STAGES (at least 3), LOAD_WORDS (quant_codes.h's; unused here), CLOCK_PROBE (optional, `tools/dequantize_probe.py
+// --clocks`: threadgroup (0, 0) writes its SIMD groups' clocks a part of the steps over y's first
+// words, as PROBE_MARK says), from `kernels/quant.py`, which launches 128 * WARPGROUPS threads with
 // STAGES * (BM * 128 + BN * 8 * BITS) + 1024 bytes of dynamic threadgroup memory over the grid
 // (row tiles of x, tiles of weight rows): the row tiles of one weight tile run together, so w is
 // read from memory about once.
@@ -58,6 +60,22 @@
 #error "qmm_wgmma_rs.h: every thread copies whole rows' pieces of x; stages at multiples of 1024 bytes"
 #endif
 #define ACCUMULATORS (BM / 2)
+
+// The probe's clocks: PROBE_MARK(I) adds the clocks since the last mark to part I (0 the step's
+// start, 1 the stage's barrier, 2 the copies' issue, 3 the decoding, 4 the scales' loads, 5 the
+// products' issue, 6 the wait for the step before's products).
+#if CLOCK_PROBE
+#define PROBE_PARTS 7
+#define PROBE_MARK(I)                                              \
+  {                                                                \
+    uint now;                                                      \
+    asm volatile("mov.u32 %0, %%clock;" : "=r"(now)::"memory");    \
+    probe[I] += now - probe_last;                                  \
+    probe_last = now;                                              \
+  }
+#else
+#define PROBE_MARK(I)
+#endif
 
 // This thread's accumulators (its warpgroup's 64 weight rows x BM rows of x, yᵀ's fragment: row
 // `w_row` and + 8 of weight rows, x rows 8 j + 2 (lane % 4) and + 1) into y [M, n_size] for the x rows
@@ -233,15 +251,22 @@ INLINE void hold_fragment(uint (*a)[4]) {
 // retired only now) to anything sooner.
 #define REGISTER_STEP(STEP, BUF)                                                                      \
   {                                                                                                   \
+    PROBE_MARK(0)                                                                                     \
     wgmma_stage_ready<STAGES - 3>();  /* step's copies everyone's; stage step - 2 free */             \
+    PROBE_MARK(1)                                                                                     \
     if ((STEP) + STAGES - 2 < steps) COPY_STEP((STEP) + STAGES - 2) else async_commit();              \
+    PROBE_MARK(2)                                                                                     \
     const unsigned char* stage = stages + ((STEP) % STAGES) * STAGE_BYTES;                            \
     dequantize_fragment(stage + X_BYTES, a_row, row_in, pair_word, pair_shift, scale_raw, BIASES, a[BUF]); \
+    PROBE_MARK(3)                                                                                     \
     if ((STEP) + 1 < steps) LOAD_SCALES((STEP) + 1)                                                   \
+    PROBE_MARK(4)                                                                                     \
     wgmma_fence();                                                                                    \
     _Pragma("unroll") for (int kb = 0; kb < 4; kb++) wgmma_tile_rs_rows<BM>(acc, a[BUF][kb], (const TX*)stage, kb); \
     wgmma_commit();                                                                                   \
+    PROBE_MARK(5)                                                                                     \
     wgmma_wait<1>();                                                                                  \
+    PROBE_MARK(6)                                                                                     \
     _Pragma("unroll") for (int i = 0; i < ACCUMULATORS; i++) wgmma_hold(acc[i]);                      \
     hold_fragment(a[1 - (BUF)]);                                                                      \
   }
@@ -251,6 +276,11 @@ INLINE void hold_fragment(uint (*a)[4]) {
 #define BIASES scale_raw
 #endif
     uint a[2][4][4] = {};  // two steps' A fragments (`dequantize_fragment`); zeros: step 0 holds the unused one
+#if CLOCK_PROBE
+    uint probe[PROBE_PARTS] = {}, probe_last;
+    asm volatile("mov.u32 %0, %%clock;" : "=r"(probe_last)::"memory");
+    const uint probe_start = probe_last;
+#endif
     for (int step = 0; step < steps; step += 2) {
       REGISTER_STEP(step, 0)
       if (step + 1 < steps) REGISTER_STEP(step + 1, 1)
@@ -262,5 +292,16 @@ INLINE void hold_fragment(uint (*a)[4]) {
 
     store_transposed(acc, y, m_first + 2 * quad_lane, n_first + a_row, lane, run_start, run_end, n_size);
     threadgroup_barrier();  // every thread is done with the stages before the next run fills them
+#if CLOCK_PROBE
+    // Over the stores: each SIMD group's parts, then its clocks from the main loop's start to here.
+    if (nv_group.x == 0 && nv_group.y == 0 && lane == 0 && run_start == m_first) {
+      DEVICE uint* words_out = (DEVICE uint*)y + 8 * (thread_id / 32);
+#pragma unroll
+      for (int i = 0; i < PROBE_PARTS; i++) words_out[i] = probe[i];
+      uint now;
+      asm volatile("mov.u32 %0, %%clock;" : "=r"(now)::"memory");
+      words_out[PROBE_PARTS] = now - probe_start;
+    }
+#endif
     run_start = run_end;
   }
