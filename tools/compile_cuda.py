@@ -5,6 +5,7 @@ every distinct program of it).
     python tools/compile_cuda.py --list                  each specialisation (family, program, label); no compiler
     python tools/compile_cuda.py [--arch sm_90]          nvrtc, as tinygrad compiles them (the GPU machine)
     python tools/compile_cuda.py --nvcc [--grid]         nvcc with ptxas -v: registers and local memory (no GPU)
+    python tools/compile_cuda.py --ptxas                 nvrtc's PTX through ptxas -v: the same, and serialized wgmma (no GPU)
     CUOBJDUMP=... python tools/compile_cuda.py --sass    qmv's main-loop SASS instructions (no GPU)
 
 `--family STEM` (repeatable, e.g. `nuvec_qmv`) limits `--list`, nvrtc and `--nvcc` to those families.
@@ -18,7 +19,11 @@ memory read. One line per family with the count compiled; the first error prints
 specialisation and the compiler's log and exits 1.
 
 nvcc: the specialisations in a few translation units for sm_90 (`-Xptxas -v`), registers, stack and
-spills per specialisation; exits 1 on an error or where a specialisation uses local memory. With
+spills per specialisation; exits 1 on an error or where a specialisation uses local memory.
+`--ptxas` reads the same through nvrtc's PTX (tinygrad's options) and the ptxas on PATH, without
+nvcc's headers, and also exits 1 where ptxas serializes a program's warpgroup products (its
+advisory C7513: an instruction redefines an operand register of a running wgmma, so every wgmma
+waits for the one before). With
 `--grid`, instead, every qmv kernel `tools/tune_qmv.py` sweeps. `--sass`: the main loop's SASS
 instruction counts of qmv's one-row default plans.
 """
@@ -145,6 +150,52 @@ SPILLS_ALLOWED = {
 }
 
 
+def local_memory_refused(item: Specialisation, stack: int, spill: int) -> bool:
+    """Whether a specialisation's stack frame or spills break the rules of STACK_ALLOWED and SPILLS_ALLOWED."""
+    spill_allowed = item.family in SPILLS_ALLOWED and SPILLS_ALLOWED[item.family][0].search(item.label)
+    return not spill_allowed and ((stack > 0 and item.family not in STACK_ALLOWED) or spill > 0)
+
+
+def print_allowances(items: list[Specialisation]) -> None:
+    for family in sorted({item.family for item in items} & set(STACK_ALLOWED)):
+        print(f"{family}: a stack frame allowed ({STACK_ALLOWED[family]})")
+    for family in sorted({item.family for item in items} & set(SPILLS_ALLOWED)):
+        print(f"{family}: spills allowed where the label matches {SPILLS_ALLOWED[family][0].pattern!r} "
+              f"({SPILLS_ALLOWED[family][1]})")
+
+
+def compile_ptxas(items: list[Specialisation], arch: str, jobs: int) -> int:
+    """nvrtc's PTX of each specialisation (for its own architecture, else `arch`) through `ptxas -v`:
+    registers and local memory per specialisation, and whether ptxas serialized its warpgroup
+    products (C7513); nonzero where one fails, uses local memory against the rules, or is serialized."""
+    from tinygrad.runtime.support.compiler_cuda import NVRTCCompiler
+    compilers = {own: NVRTCCompiler(own, ptx=True) for own in {item.program.arch or arch for item in items}}
+    tmp = pathlib.Path(tempfile.mkdtemp())
+
+    def assemble(index_item: tuple[int, Specialisation]) -> tuple[Specialisation, int, str]:
+        index, item = index_item
+        own = item.program.arch or arch
+        (tmp / f"{index}.ptx").write_bytes(compilers[own].compile(item.program.source).rstrip(b"\0"))
+        done = subprocess.run(["ptxas", f"-arch={own}", "-v", str(tmp / f"{index}.ptx"), "-o", str(tmp / f"{index}.cubin")],
+                              capture_output=True, text=True)
+        return item, done.returncode, done.stdout + done.stderr
+    bad = 0
+    with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
+        for item, returncode, out in pool.map(assemble, enumerate(items)):
+            if returncode:
+                print(f"FAILED {item.family}: {item.label}\n{out[:4000]}")
+                return 1
+            found = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores.*?Used (\d+) registers", out, re.S)
+            stack, spill, registers = (int(found.group(i)) for i in (1, 2, 3))
+            serialized = "C7513" in out
+            print(f"{registers:4d} registers {stack:4d} stack {spill:4d} spilled{'  SERIALIZED' if serialized else ''}  "
+                  f"{item.family}: {item.label}", flush=True)
+            bad += serialized or local_memory_refused(item, stack, spill)
+    print_allowances(items)
+    if bad: print(f"{bad} specialisations use local memory or have their warpgroup products serialized")
+    return 1 if bad else 0
+
+
 def compile_nvcc(items: list[Specialisation], jobs: int = os.cpu_count() or 2) -> int:
     """Compile for sm_90 in `jobs` nvcc processes; print registers and local memory (stack frame,
     spills) per specialisation; nonzero if any fails or uses local memory (a stack frame allowed
@@ -172,13 +223,8 @@ def compile_nvcc(items: list[Specialisation], jobs: int = os.cpu_count() or 2) -
             for item in chunk:
                 registers, stack, spill = found[item.program.name]
                 print(f"{registers:4d} registers {stack:4d} stack {spill:4d} spilled  {item.family}: {item.label}", flush=True)
-                spill_allowed = item.family in SPILLS_ALLOWED and SPILLS_ALLOWED[item.family][0].search(item.label)
-                bad += not spill_allowed and ((stack > 0 and item.family not in STACK_ALLOWED) or spill > 0)
-    for family in sorted({item.family for item in items} & set(STACK_ALLOWED)):
-        print(f"{family}: a stack frame allowed ({STACK_ALLOWED[family]})")
-    for family in sorted({item.family for item in items} & set(SPILLS_ALLOWED)):
-        print(f"{family}: spills allowed where the label matches {SPILLS_ALLOWED[family][0].pattern!r} "
-              f"({SPILLS_ALLOWED[family][1]})")
+                bad += local_memory_refused(item, stack, spill)
+    print_allowances(items)
     if bad: print(f"{bad} specialisations use local memory")
     return 1 if bad else 0
 
@@ -234,6 +280,7 @@ def main(argv: list[str]) -> int:
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--list", action="store_true", help="print the specialisations; compile nothing")
     mode.add_argument("--nvcc", action="store_true", help="compile with nvcc and report registers and local memory")
+    mode.add_argument("--ptxas", action="store_true", help="nvrtc's PTX through ptxas -v: local memory and serialized wgmma")
     mode.add_argument("--sass", action="store_true", help="qmv's main-loop SASS instruction counts (CUOBJDUMP)")
     parser.add_argument("--family", action="append", help="only this family (a stem such as nuvec_qmv); repeatable")
     parser.add_argument("--full", action="store_true", help="every distinct program of the plan's walk, not the covering set")
@@ -252,6 +299,7 @@ def main(argv: list[str]) -> int:
     if args.list:
         list_specialisations(by_family)
         return 0
+    if args.ptxas: return compile_ptxas([item for items in by_family.values() for item in items], args.arch or "sm_90", args.jobs)
     if args.nvcc: return compile_nvcc([item for items in by_family.values() for item in items], args.jobs)
     return compile_nvrtc(by_family, args.arch, args.jobs)
 

@@ -281,10 +281,12 @@ INLINE void hold_fragment(uint (*a)[4]) {
     asm volatile("mov.u32 %0, %%clock;" : "=r"(probe_last)::"memory");
     const uint probe_start = probe_last;
 #endif
-    for (int step = 0; step < steps; step += 2) {
+    int step = 0;
+    for (; step + 1 < steps; step += 2) {
       REGISTER_STEP(step, 0)
-      if (step + 1 < steps) REGISTER_STEP(step + 1, 1)
+      REGISTER_STEP(step + 1, 1)
     }
+    if (step < steps) REGISTER_STEP(step, 0)  // an odd count's last step
     wgmma_finish<BM>(acc);
     hold_fragment(a[0]);
     hold_fragment(a[1]);
