@@ -341,11 +341,13 @@ def _qmm_wgmma_candidates(backend: str) -> Iterator[_Candidate]:
 def _qmm_wgmma_rs_candidates(backend: str) -> Iterator[_Candidate]:
     """qmm_wgmma_rs (CUDA only): every mode and group of its widths (2, 4, 8 bits), 16-bit x, affine
     scales in x's type and float32, plain and gathered, the plan's tiles at every width, the sweep's
-    others at 4 bits."""
+    others at 4 bits (gathered: the plan's 64 rows)."""
     if backend != "cuda": return
     for (mode, group, bits), x, gather in itertools.product(FORMATS, (dtypes.float16, dtypes.bfloat16), (False, True)):
         if bits not in quant.QMM_WGMMA_RS_BITS: continue
-        shapes = quant.QMM_WGMMA_RS_SHAPES if bits == 4 and not gather else (quant.QMM_WGMMA_RS_SMALL, *quant.QMM_WGMMA_RS_WIDE)
+        # gathered: the plan's 64 rows only (qmm_hopper_tiles)
+        shapes = (quant.QMM_WGMMA_RS_SMALL,) if gather else quant.QMM_WGMMA_RS_SHAPES if bits == 4 else \
+            (quant.QMM_WGMMA_RS_SMALL, *quant.QMM_WGMMA_RS_WIDE)
         for scales, tiles in itertools.product((x, dtypes.float32) if mode == "affine" else (dtypes.uint8,), shapes):
             if quant.qmm_wgmma_rs_bytes(tiles, bits) > quant.WGMMA_MAX_DYNAMIC: continue
             label = (f"{mode} {bits}-bit g{group} x {dtype_name(x)} scales {dtype_name(scales)} {tiles}"

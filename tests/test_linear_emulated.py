@@ -10,10 +10,10 @@ the rows' alignment allows); gemm's CUDA copies need K even (4-byte rows: `linea
 odd K to the composition there), Metal's layout reads element by element."""
 import numpy as np
 import pytest
-from tinygrad import dtypes
+from tinygrad import Tensor, dtypes
 
 from kernel_emulator import COMPILER, build
-from nuvec_tg.kernels import linear
+from nuvec_tg.kernels import linear, quant
 from nuvec_tg.kernels.quant import QmvPlan
 from reference import KERNEL_TOLERANCE, assert_rows_close, round_to
 
@@ -285,7 +285,11 @@ class GatherCase:
         program = edited(program, edit)
         y = np.full((m, n), 0xFFFF, np.uint16)
         groups, groups_y, _ = tiles.grid(m, n)
-        buffers = [y, raw(self.x, self.dtype), raw(self.w, self.dtype), self.picks, np.array([m, n, k, batches], np.int32)]
+        buffers = [y, raw(self.x, self.dtype), raw(self.w, self.dtype), self.picks]
+        if kernel == "gemm_wgmma":  # its tile table: each run's own tiles where the slots allow
+            buffers.append(quant.gather_tile_starts(Tensor(self.picks), tiles.rows, batches).numpy())
+            groups = quant.gather_tile_slots(m, tiles.rows, batches)
+        buffers.append(np.array([m, n, k, batches], np.int32))
         build(program, metal_tiles)(buffers, groups, tiles.threads, groups_y)
         return y
 

@@ -330,9 +330,12 @@ def emulated_qmm_wgmma(x: np.ndarray, qw, dtype, tiles, picks: np.ndarray | None
                          gather=picks is not None), edit)
     y = np.full((rows, n), 0xFFFF, dtype=x.dtype)  # NaN patterns: an output the kernel misses shows
     buffers = [y, x, raw(qw.weight), raw(qw.scales)] + ([raw(qw.biases)] if qw.biases is not None else [])
-    if picks is not None: buffers.append(picks)
-    buffers.append(np.array([rows, n, k] + ([qw.weight.shape[0]] if picks is not None else []), dtype=np.int32))
     groups, groups_y, _ = tiles.grid(rows, n)
+    if picks is not None:
+        batches = qw.weight.shape[0]
+        buffers += [picks, qmv.gather_tile_starts(Tensor(picks), tiles.rows, batches).numpy()]
+        groups = qmv.gather_tile_slots(rows, tiles.rows, batches)
+    buffers.append(np.array([rows, n, k] + ([qw.weight.shape[0]] if picks is not None else []), dtype=np.int32))
     build(kernel)(buffers, groups, tiles.threads, groups_y)
     return y
 
@@ -378,17 +381,18 @@ def test_emulated_qmm_wgmma_rs_equals_qmm_wgmma(mode, group, bits, dtype):
     np.testing.assert_array_equal(got, emulated_qmm_wgmma(raw(x_tensor), qw, dtype, qmv.RegisterTiles(128, 1, 3)))
 
 
-def emulated_gathered_check(tiles) -> np.ndarray:
-    """The emulated gathered qmm_wgmma (or _rs, by `tiles`) over sorted runs crossing row tiles, an
-    unsorted stretch and hostile picks at both ends: each row within tolerance of its batch's
-    composition, the hostile rows zeros. Returns y's raw values."""
+def emulated_gathered_check(tiles, unsorted: bool = True) -> np.ndarray:
+    """The emulated gathered qmm_wgmma (or _rs, by `tiles`) over sorted runs crossing row tiles,
+    hostile picks at both ends and (`unsorted`) an unsorted stretch, whose runs outnumber the tile
+    table's slots (so the tiles are every BM rows; sorted, each run's own): each row within
+    tolerance of its batch's composition, the hostile rows zeros. Returns y's raw values."""
     rng = np.random.default_rng(0x9BE)
     batches, n, k, rows, dtype = 3, 130, 128, 150, dtypes.bfloat16
     qw = quantized(random(rng, (batches, n, k), dtype, "CPU")[0], "affine", 64, 4)
     x_tensor = random(rng, (rows, k), dtype, "CPU")[0].realize()
     picks = np.sort(rng.integers(0, batches, rows)).astype(np.int32)
     picks[:3], picks[-2:] = -1, batches + 2
-    picks[100:110] = rng.integers(0, batches, 10)
+    if unsorted: picks[100:110] = rng.integers(0, batches, 10)
     y = emulated_qmm_wgmma(raw(x_tensor), qw, dtype, tiles, picks)
     got = as_float(y, dtype)
     for batch in range(batches):
@@ -407,6 +411,26 @@ def test_emulated_gathered_qmm_wgmma_rs_takes_each_rows_batch_with_qmm_wgmmas_bi
     np.testing.assert_array_equal(emulated_gathered_check(qmv.RegisterTiles(128, 2, 4)), emulated_gathered_check(qmv.QMM_WGMMA_LARGE))
 
 
+def test_emulated_gathered_products_over_sorted_runs_take_a_tile_a_run_with_the_same_bits():
+    """Sorted picks: the tile table gives each run its own tiles (64 rows: the plan's for few rows
+    a batch), and the rows keep the bits of fixed tiles (the unsorted check's tiles)."""
+    sorted_bits = emulated_gathered_check(qmv.QMM_WGMMA_RS_SMALL, unsorted=False)
+    np.testing.assert_array_equal(sorted_bits, emulated_gathered_check(qmv.QMM_WGMMA_SMALL, unsorted=False))
+
+
+def test_gather_tile_starts_cut_each_run_into_tiles_and_fall_back_to_fixed_tiles():
+    """The table over sorted picks (runs of 5, 70, 30 and 25 rows, one past the batches): each
+    run's tiles of at most 64 rows, the slots left over empty; over unsorted picks whose runs need
+    more tiles than the slots: every 64 rows."""
+    sorted_picks = np.array([0] * 5 + [1] * 70 + [3] * 30 + [9] * 25, np.int32)
+    starts = qmv.gather_tile_starts(Tensor(sorted_picks), 64, 4).numpy()
+    assert qmv.gather_tile_slots(130, 64, 4) == 8 and starts.tolist() == [0, 5, 69, 75, 105, 130, 130, 130, 130]
+    unsorted = np.array([2, 0, -1, 3, 3, 1, 7, 0, 2, 2, 1, -5, 0, 3] * 10, np.int32)
+    starts = qmv.gather_tile_starts(Tensor(unsorted), 64, 4).numpy()
+    assert starts.tolist() == [0, 64, 128, 140, 140, 140, 140, 140, 140]
+    assert [qmv.gathered_tile_rows(m, e) for m, e in ((4096, 128), (2048, 32), (2048, 40), (100, 1))] == [64, 128, 64, 128]
+
+
 def test_qmm_wgmma_routes_and_plans():
     """qmm_wgmma takes qmm's calls on a target with warpgroup products and K a multiple of 64; its
     plan follows M; every shape fits an sm_90 threadgroup at 4 bits."""
@@ -419,9 +443,14 @@ def test_qmm_wgmma_routes_and_plans():
                                                                          qmv.QMM_WGMMA_NARROW, qmv.QMM_WGMMA_LARGE]
     assert qmv.qmm_wgmma_plan(512, 4096, 132) == qmv.QMM_WGMMA_NARROW
     assert all(qmv.qmm_wgmma_bytes(t, 4) <= qmv.WGMMA_MAX_DYNAMIC for t in qmv.QMM_WGMMA_SHAPES)
-    # qmm_wgmma_rs: 64 rows of x up to 64 rows and gathered; beyond, the tiles of x rows whose waves cost least
+    # qmm_wgmma_rs: 64 rows of x up to 64 rows; beyond, the tiles of x rows whose waves cost least
     assert [qmv.qmm_wgmma_rs_plan(m, 14336).rows for m in (9, 64, 65, 512, 2048)] == [64, 64, 128, 256, 256]
-    assert qmv.qmm_wgmma_rs_plan(512, 4096, 132).rows == 128 and qmv.qmm_wgmma_rs_plan(2048, 14336, 132, gather=True).rows == 64
+    assert qmv.qmm_wgmma_rs_plan(512, 4096, 132).rows == 128
+    # gathered: 64-row tiles where a batch has few rows (the register kernel's where routed), else qmm_wgmma's 128
+    routed = qmv.QMM_WGMMA_RS_ROUTED
+    assert qmv.qmm_hopper_tiles(4096, 1536, 4, 132, batches=128) == (qmv.QMM_WGMMA_RS_SMALL if routed else qmv.QMM_WGMMA_SMALL)
+    assert qmv.qmm_hopper_tiles(2048, 5760, 4, 132, batches=32) == qmv.QMM_WGMMA_LARGE
+    assert qmv.qmm_hopper_tiles(4096, 1536, 3, 132, batches=128) == qmv.QMM_WGMMA_SMALL
     assert all(qmv.qmm_wgmma_rs_bytes(t, bits) <= qmv.WGMMA_MAX_DYNAMIC for t in qmv.QMM_WGMMA_RS_SHAPES for bits in (2, 4, 8))
     with pytest.raises(ValueError, match="qmm_wgmma_rs: 3-bit"):
         qmv.qmm_wgmma_rs_program(dtypes.bfloat16, dtypes.bfloat16, dtypes.bfloat16, mode="affine", group_size=64, bits=3,

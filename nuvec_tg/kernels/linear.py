@@ -33,7 +33,8 @@ from . import Target
 from . import target as _target
 from .program import (CTYPES, Backward, Family, Param, Program, Resources, chunks, int_buffer, kernel_input, launch, metal_limit_reason,
                       threadgroup_array)
-from .quant import WGMMA_MAX_DYNAMIC, WGMMA_ROW_BYTES, WGMMA_STEP, QmvPlan, WgmmaTiles, grouped_gather, split_steps, wgmma_tiles
+from .quant import (WGMMA_MAX_DYNAMIC, WGMMA_ROW_BYTES, WGMMA_STEP, QmvPlan, WgmmaTiles, gather_tile_slots, gather_tile_starts,
+                    gathered_tile_rows, grouped_gather, split_steps, wgmma_tiles)
 
 MAX_ROWS = 8             # rows of x gemv takes (more: gemm)
 VEC = 8                  # elements of a lane's piece of a row where K allows (16 bytes of a 16-bit w)
@@ -263,10 +264,11 @@ def _tiled_defines(dtype: DType, bias_dtype: DType | None, out_dtype: DType, gat
     return defines
 
 
-def _tiled_params(dtype: DType, bias_dtype: DType | None, out_dtype: DType, gather: bool) -> list[Param]:
-    """y, x, w (, bias) (, picks), ints (M, N, K (, the batches))."""
+def _tiled_params(dtype: DType, bias_dtype: DType | None, out_dtype: DType, gather: bool, tile_table: bool = False) -> list[Param]:
+    """y, x, w (, bias) (, picks) (, tile_starts: gemm_wgmma's gathered tiles, `quant.gather_tile_starts`),
+    ints (M, N, K (, the batches))."""
     return _params(out_dtype, dtype, dtype, bias_dtype) + ([Param("picks", "in", "int")] if gather else []) + \
-        [Param("ints", "in", "int")]
+        ([Param("tile_starts", "in", "int")] if tile_table else []) + [Param("ints", "in", "int")]
 
 
 def gemm_program(backend: str, dtype: DType, bias_dtype: DType | None, out_dtype: DType, *, k: int, tiles: Tiles,
@@ -288,7 +290,8 @@ def wgmma_program(dtype: DType, bias_dtype: DType | None, out_dtype: DType, *, t
                          f"(at most {WGMMA_MAX_DYNAMIC})")
     defines = _tiled_defines(dtype, bias_dtype, out_dtype, gather)
     defines.update(WARPGROUPS=tiles.warpgroups, BM=tiles.rows, BN=tiles.columns, BK=WGMMA_STEP, STAGES=tiles.stages)
-    return GEMM_WGMMA.program("cuda", defines, _tiled_params(dtype, bias_dtype, out_dtype, gather), dynamic_bytes=wgmma_bytes(tiles))
+    return GEMM_WGMMA.program("cuda", defines, _tiled_params(dtype, bias_dtype, out_dtype, gather, tile_table=gather),
+                              dynamic_bytes=wgmma_bytes(tiles))
 
 
 def _inputs(x: Tensor, w: Tensor, bias: Tensor | None) -> list[Tensor]:
@@ -324,17 +327,24 @@ def gemv(x: Tensor, w: Tensor, bias: Tensor | None, *, out_dtype: DType, backend
 
 def _tiled(program: Program, x: Tensor, w: Tensor, bias: Tensor | None, out_dtype: DType, composition,
            tiles: Tiles | WgmmaTiles, name: str, picks: Tensor | None) -> Tensor:
-    """A matrix-unit product's launch (gemm, gemm_wgmma): inputs y, x, w (, bias) (, picks), the
-    ints (M, N, K (, the batches)), over `tiles`' grid."""
+    """A matrix-unit product's launch (gemm, gemm_wgmma): inputs y, x, w (, bias) (, picks) (,
+    gemm_wgmma's tile table), the ints (M, N, K (, the batches)), over `tiles`' grid (gathered
+    gemm_wgmma: over the table's slots)."""
     rows, k = x.shape
     n = w.shape[-2]
     ins = _inputs(x, w, bias)
     backward = _backward(composition, ins)
-    if picks is not None: ins.append(picks.cast(dtypes.int32).contiguous())
+    grid = tiles.grid(rows, n)
+    if picks is not None:
+        batches = math.prod(w.shape[:-2])
+        ins.append(picks.cast(dtypes.int32).contiguous())
+        if isinstance(tiles, WgmmaTiles):
+            ins.append(gather_tile_starts(ins[-1], tiles.rows, batches))
+            grid = (gather_tile_slots(rows, tiles.rows, batches), grid[1], 1)
     ins.append(int_buffer(x.device, (rows, n, k) + (() if picks is None else (math.prod(w.shape[:-2]),))))
     y = Tensor.empty(rows, n, dtype=out_dtype, device=x.device)
     label = f"{name} M{rows} K{k} N{n} {tiles}" + ("" if picks is None else f" gathered from {math.prod(w.shape[:-2])} batches")
-    return launch(program, x.device, [y], ins, tiles.grid(rows, n), tiles.threads, backward=backward, label=label)[0]
+    return launch(program, x.device, [y], ins, grid, tiles.threads, backward=backward, label=label)[0]
 
 
 def gemm(x: Tensor, w: Tensor, bias: Tensor | None, *, out_dtype: DType, backend: str, composition=None,
@@ -355,6 +365,8 @@ def gemm_wgmma(x: Tensor, w: Tensor, bias: Tensor | None, *, out_dtype: DType, b
     K] · wᵀ (+ bias)` for x and `w [N, K]` of one 16-bit dtype (with `picks`, a batch of them, as
     `gemm`'s); returns `[M, N]` in `out_dtype`. `tiles` overrides `wgmma_plan` (tuning)."""
     if backend != "cuda": raise ValueError(f"gemm_wgmma: no {backend} kernel (CUDA sm_90 only)")
+    if tiles is None and picks is not None:  # gathered: tiles of the rows a weight batch has (`quant.gathered_tile_rows`)
+        tiles = WGMMA_SMALL if gathered_tile_rows(x.shape[0], math.prod(w.shape[:-2])) == 64 else WGMMA_LARGE
     tiles = tiles or wgmma_plan(x.shape[0], w.shape[-2], _target(x.device).multiprocessors)
     program = wgmma_program(x.dtype, None if bias is None else bias.dtype, out_dtype, tiles=tiles, gather=picks is not None)
     return _tiled(program, x, w, bias, out_dtype, composition, tiles, "cuda gemm_wgmma", picks)

@@ -132,6 +132,43 @@ def wgmma_tiles(rows: int, n: int, multiprocessors: int | None, small, wide: tup
     return min(wide, key=lambda t: math.ceil(math.prod(t.grid(rows, n)) / slots) * (t.width + TILE_OVERHEAD_COLUMNS))
 
 
+def gathered_tile_rows(rows: int, batches: int) -> int:
+    """Rows of x a tile of a gathered warpgroup product (64 or 128), from the rows a weight batch
+    has on average, with a quarter more for the batches above it: 64 where they fit, else 128 (a
+    64-row tile costs more a row, and a batch just past 64 rows would take two)."""
+    return 64 if 1.25 * rows <= 64 * max(batches, 1) else 128
+
+
+def gather_tile_slots(rows: int, rows_a_tile: int, batches: int) -> int:
+    """The row tiles (threadgroups along M) of a gathered warpgroup product of `rows` rows: enough for
+    sorted picks over `batches` batches, each run of one batch in tiles of at most `rows_a_tile`
+    (one partial tile a run, and one more run of picks outside the batches), never more than the rows."""
+    return max(1, min(rows, math.ceil(rows / rows_a_tile) + batches + 1))
+
+
+def gather_tile_starts(picks: Tensor, rows_a_tile: int, batches: int) -> Tensor:
+    """The row tiles of a gathered warpgroup product (GATHER in gemm_wgmma.h, qmm_wgmma.h,
+    qmm_wgmma_rs.h) as int32 `[slots + 1]` (`gather_tile_slots`): tile t is rows starts[t] ..
+    starts[t + 1], at most `rows_a_tile`. Each run of equal picks (`picks` int `[M]`) is cut into
+    tiles of its own, so that sorted picks give each tile one weight batch's rows and a tile runs its
+    main loop once; the slots left over are empty (M .. M). Where the runs need more tiles than the
+    slots (unsorted picks) the tiles are every `rows_a_tile` rows, which the kernels run in turn by
+    runs (correct, slower). Tiles change no row's bits."""
+    m = picks.shape[0]
+    slots = gather_tile_slots(m, rows_a_tile, batches)
+    picks = picks.cast(dtypes.int32)
+    row = Tensor.arange(m, dtype=dtypes.int32).to(picks.device)
+    run_starts = (row == 0) | (picks != picks.pad(((1, 0),))[:m])
+    run_first = run_starts.where(row, 0).cummax(0)[0]  # each row's run's first row
+    tile_starts = run_starts | ((row - run_first) % rows_a_tile == 0)
+    tiles_through = tile_starts.cast(dtypes.int32).cumsum()  # tiles started at or before each row
+    slot = Tensor.arange(slots + 1, dtype=dtypes.int32).to(picks.device)
+    # tile t's first row: the rows whose tiles all come before t
+    by_runs = (tiles_through.reshape(1, m) <= slot.reshape(-1, 1)).cast(dtypes.int32).sum(axis=1)
+    fixed = (slot * rows_a_tile).minimum(m)
+    return (tiles_through[-1] <= slots).where(by_runs, fixed).cast(dtypes.int32)
+
+
 WGMMA_STEP = 64                     # k a step (BK): a tile row is 128 bytes, the 128-byte swizzle's width
 WGMMA_ROW_BYTES = 2 * WGMMA_STEP
 WGMMA_MAX_DYNAMIC = 232448          # an sm_90 threadgroup's dynamic threadgroup memory (227 KB)
@@ -241,12 +278,14 @@ def load_words(bits: int, words_per_row: int) -> int:
     return width
 
 
-def _params(out_ctype: str, x_ctype: str, scales_ctype: str, mode: str, gather: bool) -> list[Param]:
-    """The products' buffer parameters: y, x, w, scales (, biases) (, picks)."""
+def _params(out_ctype: str, x_ctype: str, scales_ctype: str, mode: str, gather: bool, tile_table: bool = False) -> list[Param]:
+    """The products' buffer parameters: y, x, w, scales (, biases) (, picks) (, tile_starts: the
+    gathered warpgroup products' `gather_tile_starts`)."""
     params = [Param("y", "out", out_ctype), Param("x", "in", x_ctype), Param("w", "in", "uint"),
               Param("scales", "in", scales_ctype)]
     if mode == "affine": params.append(Param("biases", "in", scales_ctype))
     if gather: params.append(Param("picks", "in", "int"))
+    if tile_table: params.append(Param("tile_starts", "in", "int"))
     return params
 
 
@@ -518,7 +557,7 @@ def qmm_wgmma_program(x_dtype: DType, scales_dtype: DType, out_dtype: DType, *, 
                    MODE=_MODES[mode], GATHER=int(gather), WARPGROUPS=tiles.warpgroups, BM=tiles.rows, BN=tiles.columns,
                    BK=WGMMA_STEP, STAGES=tiles.stages, COPY_BYTES=16 if bits % 2 == 0 else 8,
                    LOAD_WORDS=load_words(bits, 2 * bits))  # quant_codes.h's (a row: whole steps of 2 chunks)
-    params = _params(defines["TY"], defines["TX"], defines["TS"], mode, gather) + [Param("ints", "in", "int")]
+    params = _params(defines["TY"], defines["TX"], defines["TS"], mode, gather, tile_table=gather) + [Param("ints", "in", "int")]
     return QMM_WGMMA.program("cuda", defines, params, dynamic_bytes=qmm_wgmma_bytes(tiles, bits))
 
 
@@ -546,13 +585,23 @@ def takes_qmm_wgmma_rs(bits: int) -> bool:
     return QMM_WGMMA_RS_ROUTED and bits in QMM_WGMMA_RS_BITS
 
 
-def qmm_wgmma_rs_plan(rows: int, n: int, multiprocessors: int | None = None, gather: bool = False) -> RegisterTiles:
-    """qmm_wgmma_rs's tiles for M rows and N columns: QMM_WGMMA_RS_SMALL up to 64 rows or gathered
-    (a tile's rows run once for each weight batch among them: a mixture of experts' few rows an
-    expert waste less of small tiles, and the run loop's registers leave 256 rows no room), else of
+def qmm_wgmma_rs_plan(rows: int, n: int, multiprocessors: int | None = None) -> RegisterTiles:
+    """qmm_wgmma_rs's tiles for M rows and N columns: QMM_WGMMA_RS_SMALL up to 64 rows, else of
     QMM_WGMMA_RS_WIDE the one whose waves cost least (`wgmma_tiles`). Any shape gives the same bits."""
-    if gather: return QMM_WGMMA_RS_SMALL
     return wgmma_tiles(rows, n, multiprocessors, QMM_WGMMA_RS_SMALL, QMM_WGMMA_RS_WIDE, QMM_WGMMA_RS_SMALL.rows)
+
+
+def qmm_hopper_tiles(rows: int, n: int, bits: int, multiprocessors: int | None = None, batches: int = 0):
+    """qmm's tiles on Hopper (`takes_qmm_wgmma`), whose kind picks the kernel: RegisterTiles
+    (qmm_wgmma_rs) where `takes_qmm_wgmma_rs`, else WgmmaTiles (qmm_wgmma), by their plans. Gathered
+    over `batches` weight batches: tiles of `gathered_tile_rows` rows, 64 as QMM_WGMMA_RS_SMALL (or
+    QMM_WGMMA_SMALL), 128 as QMM_WGMMA_LARGE (the register kernel's 128-row tiles spill beside the
+    gather's run loop). All give the same bits."""
+    register = takes_qmm_wgmma_rs(bits)
+    if batches:
+        if gathered_tile_rows(rows, batches) == 128: return QMM_WGMMA_LARGE
+        return QMM_WGMMA_RS_SMALL if register else QMM_WGMMA_SMALL
+    return qmm_wgmma_rs_plan(rows, n, multiprocessors) if register else qmm_wgmma_plan(rows, n, multiprocessors)
 
 
 def qmm_wgmma_rs_bytes(tiles: RegisterTiles, bits: int) -> int:
@@ -577,7 +626,7 @@ def qmm_wgmma_rs_program(x_dtype: DType, scales_dtype: DType, out_dtype: DType, 
                    MODE=_MODES[mode], GATHER=int(gather), WARPGROUPS=tiles.warpgroups, BM=tiles.rows, BN=tiles.columns,
                    BK=WGMMA_STEP, STAGES=tiles.stages, LOAD_WORDS=load_words(bits, 2 * bits))
     if clock_probe: defines["CLOCK_PROBE"] = 1
-    params = _params(defines["TY"], defines["TX"], defines["TS"], mode, gather) + [Param("ints", "in", "int")]
+    params = _params(defines["TY"], defines["TX"], defines["TS"], mode, gather, tile_table=gather) + [Param("ints", "in", "int")]
     return QMM_WGMMA_RS.program("cuda", defines, params, dynamic_bytes=qmm_wgmma_rs_bytes(tiles, bits))
 
 
@@ -612,18 +661,19 @@ def qmm(x: Tensor, weight: Tensor, scales: Tensor, biases: Tensor | None, *, mod
     target = _target(x.device)
     wgmma = backend == "cuda" and takes_qmm_wgmma(k, target)
     if wgmma:
-        if tiles is None:
-            tiles = (qmm_wgmma_rs_plan(rows, n, target.multiprocessors, gather) if takes_qmm_wgmma_rs(bits)
-                     else qmm_wgmma_plan(rows, n, target.multiprocessors))
+        batches = weight.shape[0] if gather else 0
+        tiles = tiles or qmm_hopper_tiles(rows, n, bits, target.multiprocessors, batches)
         make = qmm_wgmma_rs_program if isinstance(tiles, RegisterTiles) else qmm_wgmma_program
         kernel = make(x.dtype, scales.dtype, out_dtype, mode=mode, group_size=group_size, bits=bits, tiles=tiles, gather=gather)
         grid, threads = tiles.grid(rows, n), tiles.threads
+        if gather: grid = (gather_tile_slots(rows, tiles.rows, batches), grid[1], 1)
     else:
         kernel = qmm_program(backend, x.dtype, scales.dtype, out_dtype, mode=mode, group_size=group_size, bits=bits, k=k,
                              gather=gather)
         grid, threads = (*qmm_plan(rows, n), 1), QMM_THREADS
     ins = _inputs(x, weight, scales, biases, picks)
     backward = _backward("quantized_matmul" if picks is None else "gather_qmm", composition, ins, mode)
+    if wgmma and gather: ins.append(gather_tile_starts(ins[-1], tiles.rows, weight.shape[0]))
     ins.append(int_buffer(x.device, (rows, n, k) + ((weight.shape[0],) if gather else ())))
     y = Tensor.empty(rows, n, dtype=out_dtype, device=x.device)
     name = f"qmm_{tiles}" if wgmma else "qmm"

@@ -22,9 +22,11 @@
 //
 // GATHER (no BIAS): row i of x uses weight batch picks[i] of ints[3] batches (w holds them one after
 // another, [batches, N, K]); a tile's rows run in turn by runs of equal picks, each run the whole
-// product over its rows (the others zeros, not stored), so sorted picks (a mixture of experts'
-// rows grouped by expert) cost little more than one batch. A pick outside the batches gives zeros
-// and reads no weights. A row's bits are those of its row in the product with its batch alone.
+// product over its rows (the others zeros, not stored). The tiles are the table `tile_starts` gives
+// (threadgroup t: rows tile_starts[t] .. tile_starts[t + 1], at most BM): for sorted picks (a mixture
+// of experts' rows grouped by expert) each run of one batch in tiles of its own, so a tile runs
+// once. A pick outside the batches gives zeros and reads no weights. A row's bits are those of its
+// row in the product with its batch alone.
 //
 // Runtime sizes (the `ints` buffer): M, N, K (, the batches). Defines: TX (x and w: half or bfloat), TB (bias; with
 // BIAS), TY, BIAS, GATHER, WARPGROUPS, BM (64 * WARPGROUPS), BN (64, 128, 224 or 256), BK (64), STAGES (at least
@@ -50,7 +52,13 @@
   const int m_size = ints[0], n_size = ints[1], k_size = ints[2];
   const int thread_id = (int)nv_thread.x, lane = thread_id % 32;
   const int warpgroup = thread_id / 128, warp = (thread_id / 32) % 4;
-  const int m_first = (int)nv_group.x * BM, n_first = (int)nv_group.y * BN;
+#if GATHER
+  // The tile table's rows (`gather_tile_starts`, kernels/quant.py): at most BM, one weight batch's where the picks are sorted.
+  const int m_first = tile_starts[nv_group.x], tile_end = tile_starts[nv_group.x + 1];
+#else
+  const int m_first = (int)nv_group.x * BM, tile_end = min(m_first + BM, m_size);
+#endif
+  const int n_first = (int)nv_group.y * BN;
   const int steps = (k_size + BK - 1) / BK;
 
   // The stages, from the first multiple of 1024 bytes of the dynamic threadgroup memory.
@@ -62,7 +70,6 @@
   // the row: row % 8 is the same for all of them (ROWS_A_PASS is a multiple of 8).
   const int piece = thread_id % 8, first_row = thread_id / 8;
   const int swizzled_piece = 16 * (piece ^ (first_row % 8));
-  const int tile_end = min(m_first + BM, m_size);
   for (int run_start = m_first; run_start < tile_end;) {
 #if GATHER
     // The tile's rows in runs of one weight batch; a pick outside the batches reads no weights.

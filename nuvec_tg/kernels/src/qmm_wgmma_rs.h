@@ -32,7 +32,9 @@
 // M or N.
 //
 // GATHER: row i of x uses weight batch picks[i] of ints[3] batches (w, scales and biases hold the
-// batches one after another); a tile's rows run in turn by runs of equal picks (qmm.h's way).
+// batches one after another); a tile's rows run in turn by runs of equal picks (qmm.h's way). The
+// tiles are the table `tile_starts` gives (threadgroup t: rows tile_starts[t] .. tile_starts[t + 1],
+// at most BM): for sorted picks each run of one batch in tiles of its own, so a tile runs once.
 //
 // Runtime sizes (the `ints` buffer): M, N, K (, the batches). Defines: TX (x; 16-bit), TS, TY, BITS
 // (2, 4, 8), GROUP, MODE, GATHER, WARPGROUPS, BM (64, 128, 256), BN (64 * WARPGROUPS), BK (64),
@@ -136,7 +138,13 @@ INLINE void hold_fragment(uint (*a)[4]) {
   const int m_size = ints[0], n_size = ints[1], k_size = ints[2];
   const int thread_id = (int)nv_thread.x, lane = thread_id % 32, quad_lane = lane % 4;
   const int warpgroup = thread_id / 128, warp = (thread_id / 32) % 4;
-  const int m_first = (int)nv_group.x * BM, n_first = (int)nv_group.y * BN;
+#if GATHER
+  // The tile table's rows (`gather_tile_starts`, kernels/quant.py): at most BM, one weight batch's where the picks are sorted.
+  const int m_first = tile_starts[nv_group.x], tile_end = tile_starts[nv_group.x + 1];
+#else
+  const int m_first = (int)nv_group.x * BM, tile_end = min(m_first + BM, m_size);
+#endif
+  const int n_first = (int)nv_group.y * BN;
   const int steps = k_size / BK;
   const size_t words_per_row = (size_t)k_size / 32 * BITS;
   const int groups_per_row = k_size / GROUP;
@@ -162,7 +170,6 @@ INLINE void hold_fragment(uint (*a)[4]) {
     pair_shift[p] = bit % 32;
   }
 
-  const int tile_end = min(m_first + BM, m_size);
   for (int run_start = m_first; run_start < tile_end;) {
 #if GATHER
     // The tile's rows in runs of one weight batch; a pick outside the batches reads no weights.
