@@ -52,12 +52,7 @@
   const int m_size = ints[0], n_size = ints[1], k_size = ints[2];
   const int thread_id = (int)nv_thread.x, lane = thread_id % 32;
   const int warpgroup = thread_id / 128, warp = (thread_id / 32) % 4;
-#if GATHER
-  // The tile table's rows (`gather_tile_starts`, kernels/quant.py): at most BM, one weight batch's where the picks are sorted.
-  const int m_first = tile_starts[nv_group.x], tile_end = tile_starts[nv_group.x + 1];
-#else
-  const int m_first = (int)nv_group.x * BM, tile_end = min(m_first + BM, m_size);
-#endif
+  WGMMA_TILE_ROWS(m_first, tile_end, m_size)  // gathered: the tile table's
   const int n_first = (int)nv_group.y * BN;
   const int steps = (k_size + BK - 1) / BK;
 
