@@ -15,11 +15,14 @@ QMM_WGMMA_RS_SHAPES.
 SIMD group's clocks by part of the step (the barrier, the copies' issue, the decoding, the scales'
 loads, the products' issue, the wait for the step before's products), a step's mean per SIMD group.
 
+`--moe`: the sorted gathered products of bench quant's MoE rows (Qwen3-30B-A3B, gpt-oss-20b) at
+each gathered tile shape (64 or 128 rows of qmm_wgmma and qmm_wgmma_rs), the plan's marked *.
+
 `--pieces 1,2,4`: first the dequantization alone at each count of pieces of 8 codes a thread
 (`DEQUANTIZE_PIECES` is the kernel's), its TB/s, and whether its bits equal one piece a thread's.
 
 Usage: DEV=CUDA python3 tools/dequantize_probe.py [--rows 64,128,256,512,2048] [--shapes 3] [--repeats 3] [--pieces 1,2,4]
-                                                  [--rs-sweep] [--clocks 256x2x4]
+                                                  [--rs-sweep] [--clocks 256x2x4] [--moe]
 """
 from __future__ import annotations
 
@@ -109,6 +112,40 @@ def clock_parts(args, shapes: list[qk.RegisterTiles]) -> None:
     print()
 
 
+GATHERED_TILES = (qk.QMM_WGMMA_SMALL, qk.QMM_WGMMA_LARGE, qk.QMM_WGMMA_RS_SMALL, qk.RegisterTiles(128, 2, 4))
+
+
+def moe_tiles(args) -> None:
+    """bench quant's quantized MoE rows (rows sorted by expert, its routing) through qmm with picks at
+    each of GATHERED_TILES: µs a call and TFLOP/s, the plan's tiles marked *."""
+    from nuvec_tg.bench import quant as bench_quant
+    table_head("sorted gathered qmm (MoE prefill rows of bench quant) by tiles, µs a call, TFLOP/s",
+               ["model", "projection", "rows (experts)", "tiles", "table slots", "µs", "TFLOP/s"])
+    rng = np.random.default_rng(1)
+    multiprocessors = target(Tensor.empty(1).device).multiprocessors
+    for name, projection, experts, top_k, tokens, k, n, fmt in bench_quant.moe_grid(False):
+        if fmt == bench_quant.DENSE: continue
+        ordered, _ = bench_quant.sorted_rows(bench_quant.routing(rng, experts, top_k, tokens), experts)
+        mode, group, bits = bench_quant.FORMATS[fmt]
+        qw = quant.quantize(Tensor(rng.standard_normal((experts, n, k), dtype=np.float32) * 0.02).cast(dtypes.bfloat16), group, bits,
+                            mode=mode)
+        parts = tuple(p.contiguous().realize() for p in (qw.weight, qw.scales, qw.biases) if p is not None)
+        x = Tensor(rng.standard_normal((len(ordered), k), dtype=np.float32)).cast(dtypes.bfloat16).contiguous().realize()
+        picks = Tensor(ordered).realize()
+        planned = qk.qmm_hopper_tiles(len(ordered), n, bits, multiprocessors, experts)
+        for tiles in GATHERED_TILES:
+            if isinstance(tiles, qk.RegisterTiles) and bits not in qk.QMM_WGMMA_RS_BITS: continue
+            seconds = time_jit(lambda x, p, *w, t=tiles: qk.qmm(x, w[0], w[1], w[2] if len(w) > 2 else None, mode=mode,
+                                                                 group_size=group, bits=bits, out_dtype=x.dtype, backend="cuda",
+                                                                 picks=p, tiles=t),
+                               [(x, picks, *parts)], args.repeats)
+            slots = qk.gather_tile_slots(len(ordered), tiles.rows, experts)
+            print(f"| {name} | {projection} | {len(ordered)} ({experts}) | {tiles}{' *' if tiles == planned else ''} | {slots} | "
+                  f"{seconds * 1e6:.1f} | {2 * len(ordered) * k * n / seconds / 1e12:.0f} |", flush=True)
+        del qw, parts, x
+    print()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", default="64,128,256,512,2048")
@@ -117,7 +154,11 @@ def main() -> None:
     parser.add_argument("--pieces", default="", help="pieces a thread to time the dequantization at, e.g. 1,2,4")
     parser.add_argument("--rs-sweep", action="store_true", help="time every RegisterTiles of QMM_WGMMA_RS_SHAPES too")
     parser.add_argument("--clocks", default="", help="RegisterTiles as rows x warpgroups x stages to probe, e.g. 256x2x4,256x1x3")
+    parser.add_argument("--moe", action="store_true", help="only the MoE rows' gathered products by tiles")
     args = parser.parse_args()
+    if args.moe:
+        moe_tiles(args)
+        return
     if args.clocks:
         clock_parts(args, [qk.RegisterTiles(*(int(v) for v in t.split("x"))) for t in args.clocks.split(",")])
         return
