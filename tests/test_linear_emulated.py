@@ -285,11 +285,10 @@ class GatherCase:
         program = edited(program, edit)
         y = np.full((m, n), 0xFFFF, np.uint16)
         groups, groups_y, _ = tiles.grid(m, n)
-        buffers = [y, raw(self.x, self.dtype), raw(self.w, self.dtype), self.picks]
-        if kernel == "gemm_wgmma":  # its tile table: each run's own tiles where the slots allow
-            buffers.append(quant.gather_tile_starts(Tensor(self.picks), tiles.rows, batches).numpy())
-            groups = quant.gather_tile_slots(m, tiles.rows, batches)
-        buffers.append(np.array([m, n, k, batches], np.int32))
+        # the tile table: each run's own tiles where the slots allow
+        buffers = [y, raw(self.x, self.dtype), raw(self.w, self.dtype), self.picks,
+                   quant.gather_tile_starts(Tensor(self.picks), tiles.rows, batches).numpy(), np.array([m, n, k, batches], np.int32)]
+        groups = quant.gather_tile_slots(m, tiles.rows, batches)
         build(program, metal_tiles)(buffers, groups, tiles.threads, groups_y)
         return y
 

@@ -289,12 +289,13 @@ def test_emulated_qmm_with_metals_layout_matches_the_composition(mode, group, bi
     check_rows("qmm (Metal's layout)", emulated_qmm(raw(x_tensor), qw, dtype, metal_tiles=True), want, dtype)
 
 
-@pytest.mark.parametrize("mode, group, bits, dtype, metal_tiles", [
-    ("affine", 64, 4, dtypes.bfloat16, False), ("mxfp4", 32, 4, dtypes.float16, False), ("nvfp4", 16, 4, dtypes.bfloat16, False),
-    ("affine", 64, 4, dtypes.bfloat16, True)], ids=str)
-def test_emulated_gathered_qmm_takes_each_rows_batch(mode, group, bits, dtype, metal_tiles, monkeypatch):
-    """Rows with their own weight batch: sorted runs that cross row tiles, an unsorted stretch (more
-    runs, the same values), picks outside the batches giving zeros; also in Metal's layout."""
+@pytest.mark.parametrize("mode, group, bits, dtype, metal_tiles, unsorted", [
+    ("affine", 64, 4, dtypes.bfloat16, False, True), ("mxfp4", 32, 4, dtypes.float16, False, False),
+    ("nvfp4", 16, 4, dtypes.bfloat16, False, True), ("affine", 64, 4, dtypes.bfloat16, True, False)], ids=str)
+def test_emulated_gathered_qmm_takes_each_rows_batch(mode, group, bits, dtype, metal_tiles, unsorted, monkeypatch):
+    """Rows with their own weight batch: sorted runs longer than a row tile, picks outside the
+    batches giving zeros, and (`unsorted`) an unsorted stretch (more runs than the tile table's
+    slots: fixed tiles; sorted, a run's own tiles); also in Metal's layout."""
     if metal_tiles: monkeypatch.setitem(qmv.QMM_STAGES, "cuda", qmv.QMM_STAGES["metal"])
     rng = np.random.default_rng(0x9B8)
     batches, n, k, rows = 4, 67, 176 if mode == "nvfp4" else 3 * group, 150
@@ -302,12 +303,13 @@ def test_emulated_gathered_qmm_takes_each_rows_batch(mode, group, bits, dtype, m
     x_tensor = random(rng, (rows, k), dtype, "CPU")[0].realize()
     picks = np.sort(rng.integers(0, batches, rows)).astype(np.int32)
     picks[:3], picks[-2:] = -1, batches + 2          # hostile, at both ends (still sorted)
-    picks[100:110] = rng.integers(0, batches, 10)    # an unsorted stretch
+    if unsorted: picks[100:110] = rng.integers(0, batches, 10)
     kernel = qmv.qmm_program("cuda", dtype, qw.scales.dtype, dtype, mode=mode, group_size=group, bits=bits, k=k, gather=True)
     y = np.full((rows, n), 0xFFFF, dtype=np.uint16)
     buffers = [y, raw(x_tensor), raw(qw.weight), raw(qw.scales)] + ([raw(qw.biases)] if qw.biases is not None else [])
-    buffers += [picks, np.array([rows, n, k, batches], dtype=np.int32)]
-    build(kernel, metal_tiles)(buffers, -(-n // qmv.QMM_COLUMNS), qmv.QMM_THREADS, -(-rows // qmv.QMM_ROWS))
+    buffers += [picks, qmv.gather_tile_starts(Tensor(picks), qmv.QMM_ROWS, batches).numpy(),
+                np.array([rows, n, k, batches], dtype=np.int32)]
+    build(kernel, metal_tiles)(buffers, -(-n // qmv.QMM_COLUMNS), qmv.QMM_THREADS, qmv.gather_tile_slots(rows, qmv.QMM_ROWS, batches))
     got = as_float(y, dtype)
     for batch in range(batches):
         one = quant.QuantizedWeight(*(None if t is None else t[batch].contiguous() for t in (qw.weight, qw.scales, qw.biases)),

@@ -264,17 +264,17 @@ def _tiled_defines(dtype: DType, bias_dtype: DType | None, out_dtype: DType, gat
     return defines
 
 
-def _tiled_params(dtype: DType, bias_dtype: DType | None, out_dtype: DType, gather: bool, tile_table: bool = False) -> list[Param]:
-    """y, x, w (, bias) (, picks) (, tile_starts: gemm_wgmma's gathered tiles, `quant.gather_tile_starts`),
+def _tiled_params(dtype: DType, bias_dtype: DType | None, out_dtype: DType, gather: bool) -> list[Param]:
+    """y, x, w (, bias) (, picks, tile_starts: the gathered row tiles, `quant.gather_tile_starts`),
     ints (M, N, K (, the batches))."""
-    return _params(out_dtype, dtype, dtype, bias_dtype) + ([Param("picks", "in", "int")] if gather else []) + \
-        ([Param("tile_starts", "in", "int")] if tile_table else []) + [Param("ints", "in", "int")]
+    gathered = [Param("picks", "in", "int"), Param("tile_starts", "in", "int")] if gather else []
+    return _params(out_dtype, dtype, dtype, bias_dtype) + gathered + [Param("ints", "in", "int")]
 
 
 def gemm_program(backend: str, dtype: DType, bias_dtype: DType | None, out_dtype: DType, *, k: int, tiles: Tiles,
                  gather: bool = False) -> Program:
-    """The gemm specialisation: x and w of `dtype` (16-bit), parameters y, x, w (, bias) (, picks:
-    `gather`, w a batch of weights), ints (M, N, K (, the batches)). K only picks the width of
+    """The gemm specialisation: x and w of `dtype` (16-bit), parameters y, x, w (, bias) (, picks and
+    tile_starts: `gather`, w a batch of weights), ints (M, N, K (, the batches)). K only picks the width of
     CUDA's copies (its rows' alignment)."""
     defines = _tiled_defines(dtype, bias_dtype, out_dtype, gather)
     defines.update(BM=tiles.rows, BN=tiles.columns, BK=GEMM_STEP, WARPS_M=tiles.warps_m, WARPS_N=tiles.warps_n,
@@ -290,7 +290,7 @@ def wgmma_program(dtype: DType, bias_dtype: DType | None, out_dtype: DType, *, t
                          f"(at most {WGMMA_MAX_DYNAMIC})")
     defines = _tiled_defines(dtype, bias_dtype, out_dtype, gather)
     defines.update(WARPGROUPS=tiles.warpgroups, BM=tiles.rows, BN=tiles.columns, BK=WGMMA_STEP, STAGES=tiles.stages)
-    return GEMM_WGMMA.program("cuda", defines, _tiled_params(dtype, bias_dtype, out_dtype, gather, tile_table=gather),
+    return GEMM_WGMMA.program("cuda", defines, _tiled_params(dtype, bias_dtype, out_dtype, gather),
                               dynamic_bytes=wgmma_bytes(tiles))
 
 
@@ -327,9 +327,9 @@ def gemv(x: Tensor, w: Tensor, bias: Tensor | None, *, out_dtype: DType, backend
 
 def _tiled(program: Program, x: Tensor, w: Tensor, bias: Tensor | None, out_dtype: DType, composition,
            tiles: Tiles | WgmmaTiles, name: str, picks: Tensor | None) -> Tensor:
-    """A matrix-unit product's launch (gemm, gemm_wgmma): inputs y, x, w (, bias) (, picks) (,
-    gemm_wgmma's tile table), the ints (M, N, K (, the batches)), over `tiles`' grid (gathered
-    gemm_wgmma: over the table's slots)."""
+    """A matrix-unit product's launch (gemm, gemm_wgmma): inputs y, x, w (, bias) (, picks, the
+    tile table), the ints (M, N, K (, the batches)), over `tiles`' grid (gathered: over the table's
+    slots)."""
     rows, k = x.shape
     n = w.shape[-2]
     ins = _inputs(x, w, bias)
@@ -338,9 +338,8 @@ def _tiled(program: Program, x: Tensor, w: Tensor, bias: Tensor | None, out_dtyp
     if picks is not None:
         batches = math.prod(w.shape[:-2])
         ins.append(picks.cast(dtypes.int32).contiguous())
-        if isinstance(tiles, WgmmaTiles):
-            ins.append(gather_tile_starts(ins[-1], tiles.rows, batches))
-            grid = (gather_tile_slots(rows, tiles.rows, batches), grid[1], 1)
+        ins.append(gather_tile_starts(ins[-1], tiles.rows, batches))
+        grid = (gather_tile_slots(rows, tiles.rows, batches), grid[1], 1)
     ins.append(int_buffer(x.device, (rows, n, k) + (() if picks is None else (math.prod(w.shape[:-2]),))))
     y = Tensor.empty(rows, n, dtype=out_dtype, device=x.device)
     label = f"{name} M{rows} K{k} N{n} {tiles}" + ("" if picks is None else f" gathered from {math.prod(w.shape[:-2])} batches")

@@ -632,13 +632,13 @@ def qmm_wgmma_rs_program(x_dtype: DType, scales_dtype: DType, out_dtype: DType, 
 
 def qmm_program(backend: str, x_dtype: DType, scales_dtype: DType, out_dtype: DType, *, mode: str, group_size: int,
                 bits: int, k: int, gather: bool = False) -> Program:
-    """The qmm specialisation: parameters y, x, w, scales (, biases) (, picks), ints (M, N, K (,
+    """The qmm specialisation: parameters y, x, w, scales (, biases) (, picks, tile_starts), ints (M, N, K (,
     batches)). K only picks the width of the weight loads (its rows' alignment). `gather`: each
     row of x with its own weight batch (sorted gathers of `gather_qmm`)."""
     defines = dict(TX=ctype(x_dtype), TS=ctype(scales_dtype), TY=ctype(out_dtype), BITS=bits, GROUP=group_size,
                    MODE=_MODES[mode], LOAD_WORDS=load_words(bits, k * bits // 32), GATHER=int(gather), BM=QMM_ROWS,
                    BN=QMM_COLUMNS, BK=QMM_STEP, TILE_LD=QMM_TILE_LD, STAGES=QMM_STAGES[backend])
-    params = _params(defines["TY"], defines["TX"], defines["TS"], mode, gather) + [Param("ints", "in", "int")]
+    params = _params(defines["TY"], defines["TX"], defines["TS"], mode, gather, tile_table=gather) + [Param("ints", "in", "int")]
     return QMM.program(backend, defines, params)
 
 
@@ -671,9 +671,10 @@ def qmm(x: Tensor, weight: Tensor, scales: Tensor, biases: Tensor | None, *, mod
         kernel = qmm_program(backend, x.dtype, scales.dtype, out_dtype, mode=mode, group_size=group_size, bits=bits, k=k,
                              gather=gather)
         grid, threads = (*qmm_plan(rows, n), 1), QMM_THREADS
+        if gather: grid = (grid[0], gather_tile_slots(rows, QMM_ROWS, weight.shape[0]), 1)
     ins = _inputs(x, weight, scales, biases, picks)
     backward = _backward("quantized_matmul" if picks is None else "gather_qmm", composition, ins, mode)
-    if wgmma and gather: ins.append(gather_tile_starts(ins[-1], tiles.rows, weight.shape[0]))
+    if gather: ins.append(gather_tile_starts(ins[-1], tiles.rows if wgmma else QMM_ROWS, weight.shape[0]))
     ins.append(int_buffer(x.device, (rows, n, k) + ((weight.shape[0],) if gather else ())))
     y = Tensor.empty(rows, n, dtype=out_dtype, device=x.device)
     name = f"qmm_{tiles}" if wgmma else "qmm"

@@ -7,6 +7,16 @@ INLINE float merge_factor(float part_max, float merged_max) {
   return part_max == -INFINITY ? 0.0f : exp2(part_max - merged_max);
 }
 
+// Declares a tiled product's rows of x for this threadgroup, FIRST .. END: row tile INDEX (the
+// grid's axis of row tiles) of BM rows, or, gathered (GATHER), the tile table's (`tile_starts`:
+// kernels/quant.py's gather_tile_starts, at most BM rows, one weight batch's where the picks are
+// sorted). gemm.h, gemm_wgmma.h, qmm.h, qmm_wgmma.h, qmm_wgmma_rs.h.
+#if GATHER
+#define TILE_ROWS(FIRST, END, INDEX, M_SIZE) const int FIRST = tile_starts[INDEX], END = tile_starts[(INDEX) + 1];
+#else
+#define TILE_ROWS(FIRST, END, INDEX, M_SIZE) const int FIRST = (int)(INDEX) * BM, END = min(FIRST + BM, M_SIZE);
+#endif
+
 // SwiGLU's value silu(gate) * up as the composition rounds it: silu(g) = g / (1 + e^-g) rounded
 // to T, times up, rounded to T (the GLU products' loads of x: qmv.h, gemv.h).
 template <typename T> INLINE float swiglu_value(float gate, float up) {

@@ -30,10 +30,11 @@
 //
 // GATHER (no BIAS): row i of x uses weight batch picks[i] of ints[3] batches (w holds them one
 // after another, [batches, N, K]); a tile's rows run in turn by runs of equal picks, each run the
-// whole product over its rows (the others zeros, not stored), so sorted picks (a mixture of
-// experts' rows grouped by expert) cost little more than one batch. A pick outside the batches
-// gives zeros and reads no weights. A row's bits are those of its row in the product with its
-// batch alone.
+// whole product over its rows (the others zeros, not stored). The row tiles are the table
+// `tile_starts` gives (`TILE_ROWS`): for sorted picks (a mixture of experts' rows grouped by
+// expert) each run of one batch in tiles of its own, so a tile runs once. A pick outside the
+// batches gives zeros and reads no weights. A row's bits are those of its row in the product with
+// its batch alone.
 //
 // Runtime sizes (the `ints` buffer): M, N, K (, the batches). Defines: TX (x and w: half or
 // bfloat), TB (bias; with BIAS), TY, BIAS, GATHER, BM, BN, BK (32), WARPS_M, WARPS_N, STAGES, COPY_BYTES (16, 8 or 4),
@@ -86,7 +87,8 @@ INLINE void copy_piece(THREADGROUP_PTR TX* to, const DEVICE TX* from, const DEVI
 /* kernel */
   const int m_size = ints[0], n_size = ints[1], k_size = ints[2];
   const int thread_id = (int)nv_thread.x, lane = thread_id % 32, warp = thread_id / 32;
-  const int m_first = (int)nv_group.x * BM, n_first = (int)nv_group.y * BN;
+  TILE_ROWS(m_first, tile_end, nv_group.x, m_size)  // gathered: the tile table's
+  const int n_first = (int)nv_group.y * BN;
   const int warp_m = (warp / WARPS_N) * WM, warp_n = (warp % WARPS_N) * WN;
   const int steps = (k_size + BK - 1) / BK;
   // This thread's pieces of each tile: pieces thread_id + THREADS * i, row piece / PIECES_PER_ROW,
@@ -131,7 +133,6 @@ INLINE void copy_piece(THREADGROUP_PTR TX* to, const DEVICE TX* from, const DEVI
   THREADGROUP TileT w_tile[BN * TILE_LD];
 #endif
 
-  const int tile_end = min(m_first + BM, m_size);
   for (int run_start = m_first; run_start < tile_end;) {
 #if GATHER
     // The tile's rows in runs of one weight batch; a pick outside the batches reads no weights.

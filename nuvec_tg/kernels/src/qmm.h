@@ -17,8 +17,9 @@
 // nothing is read for them.
 //
 // GATHER: row i of x uses weight batch picks[i] of ints[3] batches (w, scales and biases hold the
-// batches one after another); a tile's rows run in turn by runs of equal picks, so sorted picks
-// (a mixture of experts' rows grouped by expert) cost little more than one batch.
+// batches one after another); a tile's rows run in turn by runs of equal picks. The row tiles are
+// the table `tile_starts` gives (`TILE_ROWS`): for sorted picks (a mixture of experts' rows grouped
+// by expert) each run of one batch in tiles of its own, so a tile runs once.
 //
 // Runtime sizes (the `ints` buffer): M, N, K (, the batches). Defines: TX (x; 16-bit), TS, TY,
 // BITS, GROUP, MODE, LOAD_WORDS (words per copy of packed codes), GATHER, and the tiles' BM, BN,
@@ -87,7 +88,8 @@ typedef MMA_INPUT(TX) TileT;
 /* kernel */
   const int m_size = ints[0], n_size = ints[1], k_size = ints[2];
   const int thread_id = (int)nv_thread.x, lane = thread_id % 32, warp = thread_id / 32;
-  const int n_first = (int)nv_group.x * BN, m_first = (int)nv_group.y * BM;
+  const int n_first = (int)nv_group.x * BN;
+  TILE_ROWS(m_first, tile_end, nv_group.y, m_size)  // gathered: the tile table's
   const int warp_m = (warp / 2) * 32, warp_n = (warp % 2) * 32;
   const int words_per_row = k_size / 32 * BITS + (k_size % 32) * BITS / 32;
   const int groups_per_row = k_size / GROUP;
@@ -110,7 +112,6 @@ typedef MMA_INPUT(TX) TileT;
   // halves, 2-3 the second (a SIMD-group-uniform half: the decoding indexes the words by constants).
   const int w_r = thread_id % BN, half_index = thread_id / BN, w_row = n_first + w_r;
 
-  const int tile_end = min(m_first + BM, m_size);
   for (int run_start = m_first; run_start < tile_end;) {
 #if GATHER
     // The tile's rows in runs of one weight batch (sorted picks: few runs); a pick outside the

@@ -138,7 +138,7 @@ INLINE void hold_fragment(uint (*a)[4]) {
   const int m_size = ints[0], n_size = ints[1], k_size = ints[2];
   const int thread_id = (int)nv_thread.x, lane = thread_id % 32, quad_lane = lane % 4;
   const int warpgroup = thread_id / 128, warp = (thread_id / 32) % 4;
-  WGMMA_TILE_ROWS(m_first, tile_end, m_size)  // gathered: the tile table's
+  TILE_ROWS(m_first, tile_end, nv_group.x, m_size)  // gathered: the tile table's
   const int n_first = (int)nv_group.y * BN;
   const int steps = k_size / BK;
   const size_t words_per_row = (size_t)k_size / 32 * BITS;

@@ -1,15 +1,6 @@
 // Helpers of the kernels on Hopper's warpgroup products (gemm_wgmma.h, qmm_wgmma.h, qmm_wgmma_rs.h), over the
 // prelude's wgmma vocabulary: a warpgroup's steps of 64 k, and its accumulators written out.
 
-// Declares a threadgroup's rows of x, FIRST .. END: row tile nv_group.x of BM rows, or, gathered
-// (GATHER), the tile table's (`tile_starts`, kernels/quant.py's gather_tile_starts: at most BM
-// rows, one weight batch's where the picks are sorted).
-#if GATHER
-#define WGMMA_TILE_ROWS(FIRST, END, M_SIZE) const int FIRST = tile_starts[nv_group.x], END = tile_starts[nv_group.x + 1];
-#else
-#define WGMMA_TILE_ROWS(FIRST, END, M_SIZE) const int FIRST = (int)nv_group.x * BM, END = min(FIRST + BM, M_SIZE);
-#endif
-
 // The head of a pipelined step: this thread's copies of the step are done (at most PENDING later
 // groups still in flight), then, after the fence and the barrier, everyone's, visible to the tensor
 // cores; and every warpgroup has waited for the products of the step before last (`wgmma_step`),
