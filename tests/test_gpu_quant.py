@@ -263,10 +263,12 @@ def test_qmm_wgmma_matches_the_composition_in_every_tile_shape(mode, group, widt
 
 
 @pytest.mark.skipif(not WARPGROUPS, reason="no warpgroup products (CUDA sm_90)")
-@pytest.mark.parametrize("mode, group, width", [("affine", 64, 4), ("mxfp4", 32, 4), ("affine", 32, 3), ("mxfp8", 32, 8)], ids=str)
-def test_qmm_wgmma_gathers_each_rows_batch(mode, group, width):
-    """The gathered qmm_wgmma (a mixture of experts' prefill): sorted runs crossing row tiles, an
-    unsorted stretch, hostile picks at both ends giving zeros; at 4 and 8 bits qmm_wgmma_rs's
+@pytest.mark.parametrize("mode, group, width, unsorted", [("affine", 64, 4, True), ("affine", 64, 4, False), ("mxfp4", 32, 4, False),
+                                                     ("affine", 32, 3, True), ("mxfp8", 32, 8, False)], ids=str)
+def test_qmm_wgmma_gathers_each_rows_batch(mode, group, width, unsorted):
+    """The gathered qmm_wgmma (a mixture of experts' prefill): sorted runs longer than a row tile,
+    hostile picks at both ends giving zeros, and (`unsorted`) an unsorted stretch (more runs than
+    the tile table's slots: fixed tiles; sorted, each run's own); at 4 and 8 bits qmm_wgmma_rs's
     gathered tiles give the same bits."""
     rng = np.random.default_rng(0x9BB)
     experts, n, k, entries = 4, 200, 512, 300
@@ -275,7 +277,7 @@ def test_qmm_wgmma_gathers_each_rows_batch(mode, group, width):
     x = x.realize()
     picks = np.sort(rng.integers(0, experts, entries)).astype(np.int32)
     picks[:2], picks[-3:] = -1, experts + 5
-    picks[150:160] = rng.integers(0, experts, 10)
+    if unsorted: picks[150:160] = rng.integers(0, experts, 10)
     dense = dequantized(qw)
     want = np.stack([xv[i] @ dense[e].T if 0 <= e < experts else np.zeros((1, n)) for i, e in enumerate(picks)])
     y = assert_matches(f"{mode} gathered", lambda: quant.gather_qmm(x, qw, None, Tensor(picks, device=gpu), sorted_indices=True),
