@@ -133,22 +133,22 @@ def wgmma_tiles(rows: int, n: int, multiprocessors: int | None, small, wide: tup
 
 
 def gathered_tile_rows(rows: int, batches: int) -> int:
-    """Rows of x a tile of a gathered warpgroup product (64 or 128), from the rows a weight batch
+    """Rows of x a tile of a gathered product on Hopper (64 or 128), from the rows a weight batch
     has on average, with a quarter more for the batches above it: 64 where they fit, else 128 (a
     64-row tile costs more a row, and a batch just past 64 rows would take two)."""
     return 64 if 1.25 * rows <= 64 * max(batches, 1) else 128
 
 
 def gather_tile_slots(rows: int, rows_a_tile: int, batches: int) -> int:
-    """The row tiles (threadgroups along M) of a gathered warpgroup product of `rows` rows: enough for
+    """The row tiles (threadgroups along M) of a gathered tiled product of `rows` rows: enough for
     sorted picks over `batches` batches, each run of one batch in tiles of at most `rows_a_tile`
     (one partial tile a run, and one more run of picks outside the batches), never more than the rows."""
     return max(1, min(rows, math.ceil(rows / rows_a_tile) + batches + 1))
 
 
 def gather_tile_starts(picks: Tensor, rows_a_tile: int, batches: int) -> Tensor:
-    """The row tiles of a gathered warpgroup product (GATHER in gemm_wgmma.h, qmm_wgmma.h,
-    qmm_wgmma_rs.h) as int32 `[slots + 1]` (`gather_tile_slots`): tile t is rows starts[t] ..
+    """The row tiles of a gathered tiled product (GATHER's `TILE_ROWS` in gemm.h, gemm_wgmma.h, qmm.h,
+    qmm_wgmma.h, qmm_wgmma_rs.h) as int32 `[slots + 1]` (`gather_tile_slots`): tile t is rows starts[t] ..
     starts[t + 1], at most `rows_a_tile`. Each run of equal picks (`picks` int `[M]`) is cut into
     tiles of its own, so that sorted picks give each tile one weight batch's rows and a tile runs its
     main loop once; the slots left over are empty (M .. M). Where the runs need more tiles than the
@@ -280,7 +280,7 @@ def load_words(bits: int, words_per_row: int) -> int:
 
 def _params(out_ctype: str, x_ctype: str, scales_ctype: str, mode: str, gather: bool, tile_table: bool = False) -> list[Param]:
     """The products' buffer parameters: y, x, w, scales (, biases) (, picks) (, tile_starts: the
-    gathered warpgroup products' `gather_tile_starts`)."""
+    gathered tiled products' `gather_tile_starts`)."""
     params = [Param("y", "out", out_ctype), Param("x", "in", x_ctype), Param("w", "in", "uint"),
               Param("scales", "in", scales_ctype)]
     if mode == "affine": params.append(Param("biases", "in", scales_ctype))
@@ -595,8 +595,8 @@ def qmm_hopper_tiles(rows: int, n: int, bits: int, multiprocessors: int | None =
     """qmm's tiles on Hopper (`takes_qmm_wgmma`), whose kind picks the kernel: RegisterTiles
     (qmm_wgmma_rs) where `takes_qmm_wgmma_rs`, else WgmmaTiles (qmm_wgmma), by their plans. Gathered
     over `batches` weight batches: tiles of `gathered_tile_rows` rows, 64 as QMM_WGMMA_RS_SMALL (or
-    QMM_WGMMA_SMALL), 128 as QMM_WGMMA_LARGE (the register kernel's 128-row tiles spill beside the
-    gather's run loop). All give the same bits."""
+    QMM_WGMMA_SMALL), 128 as QMM_WGMMA_LARGE (the register kernel's gathered 128-row tiles are not
+    yet timed: `tools/dequantize_probe.py --moe`). All give the same bits."""
     register = takes_qmm_wgmma_rs(bits)
     if batches:
         if gathered_tile_rows(rows, batches) == 128: return QMM_WGMMA_LARGE
