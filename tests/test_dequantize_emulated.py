@@ -29,7 +29,7 @@ CASES = [("affine", 32, bits, dtypes.bfloat16, (5, 96)) for bits in (2, 3, 5, 6)
     ("affine", 64, 4, dtypes.bfloat16, (7, 256)), ("affine", 128, 8, dtypes.float16, (3, 384)),
     ("affine", 64, 4, dtypes.float32, (2, 3, 128)), ("mxfp4", 32, 4, dtypes.bfloat16, (6, 160)),
     ("mxfp8", 32, 8, dtypes.float16, (4, 64)), ("nvfp4", 16, 4, dtypes.float32, (5, 48)),
-    ("nvfp4", 16, 4, dtypes.bfloat16, (2, 4, 80)),
+    ("nvfp4", 16, 4, dtypes.bfloat16, (2, 4, 80)), ("affine", 32, 1, dtypes.bfloat16, (3, 64)),
     # rows of more pieces than a threadgroup has threads: a row over several threadgroups (nvfp4: the half chunk in one)
     ("affine", 64, 4, dtypes.bfloat16, (3, 2112)), ("nvfp4", 16, 4, dtypes.float16, (2, 2064))]
 
