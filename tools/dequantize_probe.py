@@ -10,7 +10,7 @@ threadgroup tile) and qmm_wgmma_rs (w dequantized into the products' registers; 
 4 bits once `QMM_WGMMA_RS_ROUTED`); `--rs-sweep` also times every RegisterTiles of
 QMM_WGMMA_RS_SHAPES.
 
-`--clocks 256x2x4,256x1x3`: where qmm_wgmma_rs's steps spend their clocks at each RegisterTiles
+`--clocks 256x2x4,128x1x4`: where qmm_wgmma_rs's steps spend their clocks at each RegisterTiles
 (rows x warpgroups x stages) and row count: its CLOCK_PROBE form, whose first threadgroup sums each
 SIMD group's clocks by part of the step (the barrier, the copies' issue, the decoding, the scales'
 loads, the products' issue, the wait for the step before's products), a step's mean per SIMD group.
@@ -153,7 +153,7 @@ def main() -> None:
     parser.add_argument("--shapes", type=int, default=len(SHAPES), help="the first this many of SHAPES")
     parser.add_argument("--pieces", default="", help="pieces a thread to time the dequantization at, e.g. 1,2,4")
     parser.add_argument("--rs-sweep", action="store_true", help="time every RegisterTiles of QMM_WGMMA_RS_SHAPES too")
-    parser.add_argument("--clocks", default="", help="RegisterTiles as rows x warpgroups x stages to probe, e.g. 256x2x4,256x1x3")
+    parser.add_argument("--clocks", default="", help="RegisterTiles as rows x warpgroups x stages to probe, e.g. 256x2x4,128x1x4")
     parser.add_argument("--moe", action="store_true", help="only the MoE rows' gathered products by tiles")
     args = parser.parse_args()
     if args.moe:

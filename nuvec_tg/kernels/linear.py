@@ -335,14 +335,14 @@ def _tiled(program: Program, x: Tensor, w: Tensor, bias: Tensor | None, out_dtyp
     ins = _inputs(x, w, bias)
     backward = _backward(composition, ins)
     grid = tiles.grid(rows, n)
+    batches = math.prod(w.shape[:-2])
     if picks is not None:
-        batches = math.prod(w.shape[:-2])
         ins.append(picks.cast(dtypes.int32).contiguous())
         ins.append(gather_tile_starts(ins[-1], tiles.rows, batches))
         grid = (gather_tile_slots(rows, tiles.rows, batches), grid[1], 1)
-    ins.append(int_buffer(x.device, (rows, n, k) + (() if picks is None else (math.prod(w.shape[:-2]),))))
+    ins.append(int_buffer(x.device, (rows, n, k) + (() if picks is None else (batches,))))
     y = Tensor.empty(rows, n, dtype=out_dtype, device=x.device)
-    label = f"{name} M{rows} K{k} N{n} {tiles}" + ("" if picks is None else f" gathered from {math.prod(w.shape[:-2])} batches")
+    label = f"{name} M{rows} K{k} N{n} {tiles}" + ("" if picks is None else f" gathered from {batches} batches")
     return launch(program, x.device, [y], ins, grid, tiles.threads, backward=backward, label=label)[0]
 
 

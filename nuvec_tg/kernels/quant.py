@@ -573,10 +573,11 @@ QMM_WGMMA_RS_ROUTED = False
 QMM_WGMMA_RS_SMALL = RegisterTiles(64, 2, 4)
 QMM_WGMMA_RS_WIDE = (RegisterTiles(256, 2, 4), RegisterTiles(128, 2, 4), RegisterTiles(64, 2, 4))
 # Every shape the GPU tests and the probe's sweep run: the plan's, more stages, and one warpgroup a
-# threadgroup (two or three threadgroups an SM, whose decoding and products interleave).
+# threadgroup (128 rows: two or three threadgroups an SM, whose decoding and products interleave;
+# 256 rows in 3 stages, which would fit two, spills).
 QMM_WGMMA_RS_SHAPES = (QMM_WGMMA_RS_SMALL, RegisterTiles(64, 1, 4), RegisterTiles(128, 2, 4), RegisterTiles(128, 2, 6),
                        RegisterTiles(256, 2, 4), RegisterTiles(256, 2, 3), RegisterTiles(256, 2, 5), RegisterTiles(256, 1, 4),
-                       RegisterTiles(256, 1, 3), RegisterTiles(128, 1, 4), RegisterTiles(128, 1, 6))
+                       RegisterTiles(128, 1, 4), RegisterTiles(128, 1, 6))
 
 
 def takes_qmm_wgmma_rs(bits: int) -> bool:

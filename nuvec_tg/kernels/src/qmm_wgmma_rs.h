@@ -68,12 +68,16 @@
 // products' issue, 6 the wait for the step before's products).
 #if CLOCK_PROBE
 #define PROBE_PARTS 7
-#define PROBE_MARK(I)                                              \
-  {                                                                \
-    uint now;                                                      \
-    asm volatile("mov.u32 %0, %%clock;" : "=r"(now)::"memory");    \
-    probe[I] += now - probe_last;                                  \
-    probe_last = now;                                              \
+INLINE uint probe_clock() {
+  uint now;
+  asm volatile("mov.u32 %0, %%clock;" : "=r"(now)::"memory");
+  return now;
+}
+#define PROBE_MARK(I)                   \
+  {                                     \
+    const uint now = probe_clock();     \
+    probe[I] += now - probe_last;       \
+    probe_last = now;                   \
   }
 #else
 #define PROBE_MARK(I)
@@ -279,8 +283,7 @@ INLINE void hold_fragment(uint (*a)[4]) {
 #endif
     uint a[2][4][4] = {};  // two steps' A fragments (`dequantize_fragment`); zeros: step 0 holds the unused one
 #if CLOCK_PROBE
-    uint probe[PROBE_PARTS] = {}, probe_last;
-    asm volatile("mov.u32 %0, %%clock;" : "=r"(probe_last)::"memory");
+    uint probe[PROBE_PARTS] = {}, probe_last = probe_clock();
     const uint probe_start = probe_last;
 #endif
     int step = 0;
@@ -302,9 +305,7 @@ INLINE void hold_fragment(uint (*a)[4]) {
       DEVICE uint* words_out = (DEVICE uint*)y + 8 * (thread_id / 32);
 #pragma unroll
       for (int i = 0; i < PROBE_PARTS; i++) words_out[i] = probe[i];
-      uint now;
-      asm volatile("mov.u32 %0, %%clock;" : "=r"(now)::"memory");
-      words_out[PROBE_PARTS] = now - probe_start;
+      words_out[PROBE_PARTS] = probe_clock() - probe_start;
     }
 #endif
     run_start = run_end;
