@@ -359,6 +359,30 @@ def _qmm_wgmma_rs_candidates(backend: str) -> Iterator[_Candidate]:
                              ((bits, mode), (x, tiles.rows, tiles.warpgroups)))
 
 
+def _qmv_mma_candidates(backend: str) -> Iterator[_Candidate]:
+    """qmv_mma (CUDA only): every mode, width and group, 16-bit x, affine scales in x's type and
+    float32, 1-8 rows (2-8 routed, 1 tested); the default plan at K 4096 (4096 + 16 for nvfp4's half
+    chunk) and at a K of one unit and a half, and the probe's other plans (affine 4-bit, 2 and 8 rows)."""
+    if backend != "cuda": return
+    for (mode, group, bits), x, rows in itertools.product(FORMATS, (dtypes.float16, dtypes.bfloat16), range(1, 9)):
+        for scales in ((x, dtypes.float32) if mode == "affine" else (dtypes.uint8,)):
+            shapes = ((4096 + (16 if mode == "nvfp4" else 0), 4096), (max(192, 2 * group), 40))
+            for k, n in shapes:
+                probed = bits == 4 and mode == "affine" and k >= 4096 and rows in (2, 8) and x == dtypes.bfloat16
+                plans = {quant.qmv_mma_plan(k, n)} | (set(QMV_MMA_PROBE_PLANS) if probed else set())
+                for p in sorted(plans, key=str):
+                    label = f"{mode} {bits}-bit g{group} x {dtype_name(x)} scales {dtype_name(scales)} M{rows} K{k} N{n} {p}"
+                    make = functools.partial(_labelled, label, quant.qmv_mma_program, x, scales, x, mode=mode, group_size=group,
+                                             bits=bits, rows=rows, k=k, n=n, mma_plan=p)
+                    yield _Candidate(quant.QMV_MMA.stem, make, ((mode, group, bits, x), (mode, x, scales), (mode, rows, p),
+                                                                (mode, group, bits, k, n)),
+                                     ((bits, mode), (x,)))  # each width's codes, each mma type
+
+
+# The plans `tools/narrow_probe.py --mma` sweeps besides the default.
+QMV_MMA_PROBE_PLANS = tuple(quant.QmvMmaPlan(split, unroll) for split in (1, 2, 4, 8, 16) for unroll in (1, 2, 4))
+
+
 def gemv_calls() -> Iterator[tuple[DType, DType, DType | None, DType, int, int, int, quant.QmvPlan, bool]]:
     """gemv's calls by `(x, w, bias, y dtypes, rows, K, N, plan, glu)`, as `linear.route` gives them
     to the kernel: every dtype of x and w, no bias, a bias of x's dtype or float32 (y their
@@ -652,7 +676,7 @@ def _take_candidates(backend: str) -> Iterator[_Candidate]:
 
 
 _WALKS = (_decode_candidates, _prefill_candidates, _gated_delta_candidates, _gated_delta_chunked_candidates, _gated_delta_inputs_candidates,
-          _qmv_candidates, _qvm_candidates, _qmm_candidates, _qmm_wgmma_candidates, _qmm_wgmma_rs_candidates, _dequantize_candidates,
+          _qmv_candidates, _qvm_candidates, _qmm_candidates, _qmm_wgmma_candidates, _qmm_wgmma_rs_candidates, _qmv_mma_candidates, _dequantize_candidates,
           _norm_candidates, _residual_norm_candidates, _softmax_candidates, _rope_candidates, _norm_rope_candidates,
           _gemv_candidates, _gemm_candidates, _gemm_wgmma_candidates, _paged_write_candidates,
           _take_candidates)

@@ -86,6 +86,56 @@ def check_rows(rng, n, k, mode, group, width, dtype, row_counts):
             np.testing.assert_array_equal(alone, bits_of(y)[row:row + 1], err_msg=f"{mode} {width} row {row}")
 
 
+CUDA = gpu is not None and kernels.target(gpu).backend == "cuda"
+
+
+@pytest.mark.skipif(not CUDA, reason="qmv_mma is a CUDA kernel")
+@pytest.mark.parametrize("mode, group, width", FORMATS, ids=lambda f: str(f))
+@pytest.mark.parametrize("dtype", [dtypes.float16, dtypes.bfloat16], ids=lambda d: d.name)
+def test_qmv_mma_matches_numpy_and_keeps_each_rows_bits_over_2_to_8_rows(mode, group, width, dtype):
+    """The matrix-unit qmv: N = 37 (the last tile moved back), K of 3.5 units (nvfp4: a half chunk
+    at the end; groups of 128: 5 units) split over 2 SIMD groups; 2-8 rows within tolerance of numpy
+    over the weights rounded to x's type, a row's bits the same in every row count and unroll (and
+    a one-row launch of the kernel); the public call launches it once routed (`QMV_MMA_ROUTED`)."""
+    rng = np.random.default_rng(0x9C1)
+    n, k = 37, 3 * 128 + (48 if mode == "nvfp4" else 64 if group < 128 else 256)
+    qw = quant.quantize(random(rng, (n, k), dtype, gpu)[0], group, width, mode=mode)
+    x, xv = random(rng, (8, k), dtype, gpu)
+    x = x.realize()
+    want = xv @ dequantized(qw).T
+    common = dict(mode=mode, group_size=group, bits=width, out_dtype=dtype, backend="cuda")
+
+    def product(rows: int, plan: qmv.QmvMmaPlan) -> Tensor:
+        with expect_launches(gpu, "nuvec_qmv_mma"):
+            return qmv.qmv_mma(x[:rows].contiguous(), qw.weight, qw.scales, qw.biases, mma_plan=plan, **common).realize()
+    eight = product(8, qmv.QmvMmaPlan(2, 2))
+    assert_rows_close(f"{mode} {width}-bit 8 rows", values(eight), want, KERNEL_TOLERANCE[dtype])
+    for rows, plan in ((1, qmv.QmvMmaPlan(2, 2)), (2, qmv.QmvMmaPlan(2, 1)), (3, qmv.QmvMmaPlan(2, 4)), (5, qmv.QmvMmaPlan(2, 2))):
+        np.testing.assert_array_equal(bits_of(product(rows, plan)), bits_of(eight)[:rows], err_msg=f"{rows} rows, {plan}")
+    if qmv.QMV_MMA_ROUTED and width == 4:
+        with expect_launches(gpu, "nuvec_qmv_mma"):
+            routed = quant.quantized_matmul(x[:4].contiguous(), qw).realize()
+        assert_rows_close("routed", values(routed), want[:4], KERNEL_TOLERANCE[dtype])
+
+
+@pytest.mark.skipif(not CUDA, reason="qmv_mma is a CUDA kernel")
+@pytest.mark.parametrize("k, n", [(4096, 4096), (12288, 4096 + 16)], ids=str)
+def test_qmv_mma_default_plans_at_model_shapes(k, n):
+    """The plan's K split and unroll at a model's shapes (and N past a tile), 8 rows of bfloat16,
+    against numpy; every probe plan with the same split gives the same bits."""
+    rng = np.random.default_rng(0x9C2)
+    qw = quant.quantize(random(rng, (n, k), dtypes.bfloat16, gpu, 0.05)[0], 64, 4)
+    x, xv = random(rng, (8, k), dtypes.bfloat16, gpu)
+    x = x.realize()
+    plan = qmv.qmv_mma_plan(k, n)
+    common = dict(mode="affine", group_size=64, bits=4, out_dtype=dtypes.bfloat16, backend="cuda")
+    y = qmv.qmv_mma(x, qw.weight, qw.scales, qw.biases, **common).realize()
+    assert_rows_close(f"{plan}", values(y), xv @ dequantized(qw).T, KERNEL_TOLERANCE[dtypes.bfloat16])
+    for unroll in (1, 2, 4):
+        other = qmv.qmv_mma(x, qw.weight, qw.scales, qw.biases, mma_plan=qmv.QmvMmaPlan(plan.k_split, unroll), **common)
+        np.testing.assert_array_equal(bits_of(other.realize()), bits_of(y), err_msg=f"unroll {unroll}")
+
+
 def test_qmv_gradients_equal_the_compositions():
     rng = np.random.default_rng(0x9A8)
     qw = quant.quantize(random(rng, (16, 128), dtypes.float32, gpu)[0], 32, 4)

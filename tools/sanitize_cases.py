@@ -29,7 +29,8 @@ compiles dominate the time):
 - qmv: 1, 3 and 8 rows (and a 1-D x) in every mode (affine 2, 3, 4, 8 bits; mxfp4, mxfp8,
   nvfp4), K not a multiple of a SIMD step (split across two SIMD groups), N not a multiple of a
   SIMD group's columns or below them; qvm; gather_qmv with expert and row indices out of range
-  (negative, >= E, 2^31 - 1) and one entry; qmm at M 9, 65, 130 (not multiples of the 64-row
+  (negative, >= E, 2^31 - 1) and one entry; qmv_mma (CUDA) at 2, 3, 5 and 8 rows, N past a tile
+  of 16 or exactly one, K ending inside a unit (nvfp4: a half chunk); qmm at M 9, 65, 130 (not multiples of the 64-row
   tile), N 100, batch axes, nvfp4's half chunk; the sorted gathered qmm with out-of-range experts;
   no rows, no columns, no entries.
 - row norms: rms_norm with and without a weight, add_rms_norm, layer_norm with a weight and a
@@ -105,7 +106,7 @@ MATRIX = ("nuvec_sdpa_decode_mma", "nuvec_sdpa_merge")
 PREFILL = ("nuvec_sdpa_prefill",)
 GATED_DELTA = ("nuvec_gated_delta",)
 GATED_CHUNKED = ("nuvec_gated_delta_chunks", "nuvec_gated_delta_pass")
-QMV, QVM, QMM = ("nuvec_qmv",), ("nuvec_qvm",), ("nuvec_qmm",)
+QMV, QVM, QMM, QMV_MMA = ("nuvec_qmv",), ("nuvec_qvm",), ("nuvec_qmm",), ("nuvec_qmv_mma",)
 GEMV, GEMM = ("nuvec_gemv",), ("nuvec_gemm",)
 
 
@@ -479,6 +480,21 @@ def register_product(mode: str, group: int, bits: int, rows: int, k: int, n: int
     return setup
 
 
+def matrix_unit_product(mode: str, group: int, bits: int, rows: int, k: int, n: int, dtype: DType,
+                        plan: nuvec_quant.QmvMmaPlan | None = None) -> Setup:
+    """qmv_mma (asked for directly: `quantized_matmul` does not route to it until `QMV_MMA_ROUTED`)
+    for x `[rows, k]` and w `[n, k]`; the composition otherwise."""
+    def setup(rng):
+        qw = quantized(rng, (n, k), dtype, mode, group, bits)
+        x = uniform(rng, (rows, k), dtype)
+        def run(kernels: bool) -> Outputs:
+            if not kernels: return [("y", quant.quantized_matmul(x, qw), None)]
+            return [("y", nuvec_quant.qmv_mma(x, qw.weight, qw.scales, qw.biases, mode=mode, group_size=group, bits=bits,
+                                              out_dtype=dtype, backend="cuda", mma_plan=plan), None)]
+        return run
+    return setup
+
+
 def dequantized(mode: str, group: int, bits: int, shape: tuple[int, ...], dtype: DType) -> Setup:
     """`quant.dequantize(w, dtype)` for w of dense `shape` (affine scales in `dtype`)."""
     def setup(rng):
@@ -567,6 +583,18 @@ def sorted_gather(mode: str, group: int, bits: int, k: int, dtype: DType) -> Set
                       sorted_indices=True)(rng)
     return setup
 
+
+# qmv_mma (CUDA): N past a 16-column tile (the last moved back) or exactly one; K ending inside a
+# unit of 128 (nvfp4: in a half chunk), split over SIMD groups with rounds partly past K
+if BACKEND == "cuda":
+    QUANT += [
+        Case("qmv_mma affine4 g64 bf16 M3 K448 N37 split 2 unroll 2", QMV_MMA,
+             matrix_unit_product("affine", 64, 4, 3, 448, 37, dtypes.bfloat16, nuvec_quant.QmvMmaPlan(2, 2))),
+        Case("qmv_mma nvfp4 f16 M8 K432 N37 split 2 unroll 4", QMV_MMA,
+             matrix_unit_product("nvfp4", 16, 4, 8, 432, 37, dtypes.float16, nuvec_quant.QmvMmaPlan(2, 4))),
+        Case("qmv_mma affine3 g32 bf16 M2 K320 N16 (one tile)", QMV_MMA,
+             matrix_unit_product("affine", 32, 3, 2, 320, 16, dtypes.bfloat16)),
+        Case("qmv_mma mxfp8 bf16 M5 K1088 N40", QMV_MMA, matrix_unit_product("mxfp8", 32, 8, 5, 1088, 40, dtypes.bfloat16))]
 
 # qmm_wgmma_rs by its tiles on Hopper: x rows past a tile (256, 128 and partial 64-row tiles), N past
 # the 128 weight rows of a tile

@@ -6,7 +6,9 @@ more rows on the matrix units, over packed weights of any affine width or floati
 Which kernel runs (the same rule on METAL and CUDA; `quant/affine.py` and `quant/gather.py` ask
 with the device's `kernels.Target`, anything else is the composition):
 - `quantized_matmul` (`product_route`), 2-D weights: up to MAX_ROWS rows of x, `qmv` (transposed)
-  or `qvm` (not), any activation type (`qmv_unsupported`); more rows of float16 or bfloat16 and
+  or `qvm` (not), any activation type (`qmv_unsupported`), except that on CUDA 2 to MAX_ROWS rows of
+  float16 or bfloat16 x run `qmv_mma` (`src/qmv_mma.h`, the matrix units) once QMV_MMA_ROUTED
+  (`takes_qmv_mma`); more rows of float16 or bfloat16 and
   transposed, `qmm` (`qmm_unsupported`: float32 activations stay on the composition, the tiles are
   16-bit).
 - `gather_qmm` (`gather_route`), transposed, no global scale: sorted single-row entries averaging
@@ -198,15 +200,15 @@ def k_split_for(k: int, n: int) -> int:
     return split_steps(math.ceil(k / CODES_PER_STEP), math.ceil(n / COLUMNS_PER_WARP))
 
 
-def split_steps(steps: int, column_sets: int) -> int:
+def split_steps(steps: int, column_sets: int, max_split: int = MAX_K_SPLIT) -> int:
     """SIMD groups sharing a set of columns, each a slice of a row's `steps` SIMD steps: a power of
-    two, at most MAX_K_SPLIT and the step count. The steps are split in two while fewer than
+    two, at most `max_split` and the step count. The steps are split in two while fewer than
     TARGET_WARPS SIMD groups run and each would keep 2 steps or more; a launch of fewer than
     FEW_WARPS SIMD groups is split down to one step a SIMD group. The H200 sweeps that chose it:
     `benchmarks/quant_h200.md` (the K split); the dense gemv shares it (512 bytes of a weight row
     a SIMD step, as qmv's at 4 bits)."""
     split = 1
-    while (split * 2 <= min(MAX_K_SPLIT, steps) and column_sets * split < TARGET_WARPS
+    while (split * 2 <= min(max_split, steps) and column_sets * split < TARGET_WARPS
            and (math.ceil(steps / (split * 2)) >= 2 or column_sets * split < FEW_WARPS)):
         split *= 2
     return split
@@ -347,6 +349,98 @@ def qmv(x: Tensor, weight: Tensor, scales: Tensor, biases: Tensor | None, *, mod
                   label=f"{backend} qmv{' swiglu' if glu else ''} {mode} {bits}-bit g{group_size} M{rows} {qmv_plan}")[0]
 
 
+# The matrix-unit qmv (`src/qmv_mma.h`, CUDA): 2-8 rows of 16-bit x, each threadgroup a tile of
+# QMV_MMA_COLUMNS outputs, its SIMD groups taking units of QMV_MMA_UNIT k in turn.
+QMV_MMA_COLUMNS = 16          # outputs a tile (the mma's 16 rows of A)
+QMV_MMA_UNIT = 128            # k a unit: 4 chunks, one a lane of each row of A
+QMV_MMA_MIN_ROWS = 2          # one row runs qmv (its loads, not its arithmetic, bound it there)
+QMV_MMA_MAX_SPLIT = 16        # SIMD groups of a threadgroup, each a slice of K's units
+QMV_MMA_UNROLL = 2            # units whose loads a lane issues together (at most its unit count)
+# Whether `quantized_matmul` routes 2-8 rows to qmv_mma. Not yet: it has run only on the emulator;
+# until a GPU has run it (`tests/test_gpu_quant.py`) and `tools/narrow_probe.py` has timed it
+# against qmv, it runs only where asked (the tests, the probe).
+QMV_MMA_ROUTED = False
+
+
+@dataclass(frozen=True)
+class QmvMmaPlan:
+    """qmv_mma's launch: a threadgroup of `k_split` SIMD groups per tile of QMV_MMA_COLUMNS outputs,
+    each taking every `k_split`-th unit of K; each lane issues the loads of `unroll` units together."""
+    k_split: int
+    unroll: int
+
+    @property
+    def threads(self) -> int: return 32 * self.k_split
+
+    def groups(self, n: int) -> int:
+        """Threadgroups for N output columns."""
+        return math.ceil(n / QMV_MMA_COLUMNS)
+
+    def __str__(self) -> str: return f"mma split {self.k_split} unroll {self.unroll}"
+
+
+def qmv_mma_plan(k: int, n: int) -> QmvMmaPlan:
+    """qmv_mma's launch for K and N (`split_steps` over its units and tiles, at most
+    QMV_MMA_MAX_SPLIT): K and N only, so a row's order of summation never depends on the rows."""
+    units = math.ceil(k / QMV_MMA_UNIT)
+    split = split_steps(units, math.ceil(n / QMV_MMA_COLUMNS), QMV_MMA_MAX_SPLIT)
+    return QmvMmaPlan(split, max(1, min(QMV_MMA_UNROLL, math.ceil(units / split))))
+
+
+def qmv_mma_unsupported(x_dtype: DType, scales_dtype: DType, out_dtype: DType, rows: int, k: int, n: int,
+                        target: Target) -> str | None:
+    """Why qmv_mma does not take a call on `target` (None when it does): CUDA with matrix units,
+    1 to MAX_ROWS rows of float16 or bfloat16 x, at least QMV_MMA_COLUMNS outputs, K a multiple of 16."""
+    if target.backend != "cuda": return "qmv_mma is a CUDA kernel"
+    if rows == 0 or k == 0 or n == 0: return "an empty product"
+    if rows > MAX_ROWS: return f"{rows} rows (qmv_mma takes at most {MAX_ROWS})"
+    if n < QMV_MMA_COLUMNS: return f"N = {n} (qmv_mma's tiles are {QMV_MMA_COLUMNS} outputs)"
+    if k % 16: return f"K = {k} (qmv_mma takes multiples of 16)"
+    return (_dtypes_unsupported("qmv_mma", x_dtype, scales_dtype, out_dtype, QMM_DTYPES)
+            or target.lacks(bfloat=dtypes.bfloat16 in (x_dtype, scales_dtype, out_dtype), matrix_units=True))
+
+
+def takes_qmv_mma(x_dtype: DType, scales_dtype: DType, out_dtype: DType, rows: int, k: int, n: int, target: Target) -> bool:
+    """Whether `quantized_matmul` runs qmv_mma in qmv's place: QMV_MMA_ROUTED, QMV_MMA_MIN_ROWS to
+    MAX_ROWS rows, and a call it takes (`qmv_mma_unsupported`). The rows choose between the two
+    kernels, whose orders differ: a row keeps the same bits over 2-8 rows, not at 1."""
+    return (QMV_MMA_ROUTED and QMV_MMA_MIN_ROWS <= rows <= MAX_ROWS
+            and qmv_mma_unsupported(x_dtype, scales_dtype, out_dtype, rows, k, n, target) is None)
+
+
+QMV_MMA = Family("nuvec_qmv_mma", ("quant_codes.h", "qmv_mma.h"), qmv_mma_unsupported, qmv_mma_plan, backends=("cuda",))
+
+
+def qmv_mma_program(x_dtype: DType, scales_dtype: DType, out_dtype: DType, *, mode: str, group_size: int, bits: int,
+                    rows: int, k: int, n: int, mma_plan: QmvMmaPlan) -> Program:
+    """The qmv_mma specialisation (CUDA) for these arguments: parameters as qmv's."""
+    if n < QMV_MMA_COLUMNS: raise ValueError(f"qmv_mma: N = {n} < {QMV_MMA_COLUMNS} outputs a tile")
+    defines = dict(TX=ctype(x_dtype), TS=ctype(scales_dtype), TY=ctype(out_dtype), BITS=bits, GROUP=group_size,
+                   MODE=_MODES[mode], N_TOTAL=n, K_TOTAL=k, XM=rows, K_SPLIT=mma_plan.k_split, UNROLL=mma_plan.unroll,
+                   LOAD_WORDS=load_words(bits, k * bits // 32))
+    return QMV_MMA.program("cuda", defines, _params(defines["TY"], defines["TX"], defines["TS"], mode, False))
+
+
+def qmv_mma(x: Tensor, weight: Tensor, scales: Tensor, biases: Tensor | None, *, mode: str, group_size: int, bits: int,
+            out_dtype: DType, backend: str, composition=None, mma_plan: QmvMmaPlan | None = None) -> Tensor:
+    """`x [M, K] · wᵀ` (M 1-8, x float16 or bfloat16) for packed `weight [N, K * bits / 32]`,
+    `scales` (and affine `biases`) `[N, K / group_size]` on the matrix units; returns `[M, N]` in
+    `out_dtype`. The weights are dequantized into x's type (qmm's rounding), the products accumulate
+    in float32. composition: `(x, weight, scales, biases) -> y`, whose gradient is the backward.
+    `mma_plan` overrides `qmv_mma_plan` (tuning)."""
+    if backend != "cuda": raise ValueError(f"qmv_mma: a CUDA kernel, not {backend}")
+    rows, k = x.shape
+    n = weight.shape[0]
+    mma_plan = mma_plan or qmv_mma_plan(k, n)
+    kernel = qmv_mma_program(x.dtype, scales.dtype, out_dtype, mode=mode, group_size=group_size, bits=bits, rows=rows, k=k,
+                             n=n, mma_plan=mma_plan)
+    ins = _inputs(x, weight, scales, biases)
+    y = Tensor.empty(rows, n, dtype=out_dtype, device=x.device)
+    return launch(kernel, x.device, [y], ins, (mma_plan.groups(n), 1, 1), mma_plan.threads,
+                  backward=_backward("quantized_matmul", composition, ins, mode),
+                  label=f"{backend} qmv_mma {mode} {bits}-bit g{group_size} M{rows} {mma_plan}")[0]
+
+
 # The vector-matrix kernel (`src/qvm.h`): y = x · w for untransposed weights w [K, N], packed along N.
 QVM_COLUMNS = 256     # output columns a threadgroup serves (8 chunks of 32)
 QVM_MAX_SPLIT = 32    # SIMD groups of a threadgroup, each taking every K_SPLIT-th row of w
@@ -473,10 +567,12 @@ def product_route(x_dtype: DType, scales_dtype: DType, out_dtype: DType, rows: i
     K inputs and N outputs: `("qmv" | "qvm" | "qmm" | "qmm_dequantized", reason it cannot run or
     None)`. Up to MAX_ROWS rows, qmv (transposed) or qvm (not); more, qmm (transposed only), or
     from DEQUANTIZED_ROWS rows (DEQUANTIZED_NARROW_ROWS at N up to DEQUANTIZED_NARROW_N) on Hopper
-    `dequantize` then gemm_wgmma (`takes_dequantized`, the same bits); `batched` (weights with
-    batch axes) has no kernel."""
+    `dequantize` then gemm_wgmma (`takes_dequantized`, the same bits); 2 to MAX_ROWS rows of 16-bit
+    x on CUDA, once routed, qmv_mma (`takes_qmv_mma`: "qmv_mma"); `batched` (weights with batch
+    axes) has no kernel."""
     kernel = ("qmv" if transpose else "qvm") if rows <= MAX_ROWS else "qmm"
     if batched: return kernel, "weights with batch axes"
+    if transpose and takes_qmv_mma(x_dtype, scales_dtype, out_dtype, rows, k, n, target): return "qmv_mma", None
     if kernel == "qmm":
         if not transpose: return kernel, f"{rows} rows of untransposed weights (qvm takes at most {MAX_ROWS})"
         reason = qmm_unsupported(x_dtype, scales_dtype, out_dtype, rows, k, n, bits, target)

@@ -254,7 +254,7 @@ def quantized_matmul(x: Tensor, qw: QuantizedWeight, transpose: bool = True) -> 
                                       out_dtype=dtype, backend=backend, composition=_dense_rows(qw, dtype))
         return linear(x.cast(dtype), dense)
     if backend is not None:
-        launch = {"qmv": qmv_kernel.qmv, "qvm": qmv_kernel.qvm, "qmm": qmv_kernel.qmm}[kernel]
+        launch = {"qmv": qmv_kernel.qmv, "qmv_mma": qmv_kernel.qmv_mma, "qvm": qmv_kernel.qvm, "qmm": qmv_kernel.qmm}[kernel]
         out = launch(x.cast(dtype).reshape(rows_of_x, inner), qw.weight, qw.scales, qw.biases, mode=qw.mode,
                      group_size=qw.group_size, bits=qw.bits, out_dtype=dtype, backend=backend,
                      composition=_dense_product(qw, dtype, transpose))
@@ -294,6 +294,7 @@ def swiglu_matmul(gate_up: Tensor, qw: QuantizedWeight | Tensor) -> Tensor:
     rows = math.prod(gate_up.shape[:-1])
     kernel, reason = qmv_kernel.product_route(dtype, qw.scales.dtype, dtype, rows, k, n, bits=qw.bits, transpose=True,
                                               batched=qw.weight.ndim != 2, target=kernels.target(gate_up.device))
+    if reason is None and kernel == "qmv_mma": reason = f"{rows} rows of 16-bit x (qmv_mma's, without the fused activation)"
     if reason is None and kernel != "qmv": reason = f"{rows} rows (the fused activation is qmv's, at most {qmv_kernel.MAX_ROWS})"
     if reason is None and dtype != gate_up.dtype: reason = f"{gate_up.dtype} gate_up against {dtype} scales"
     if reason is None and k % 8: reason = f"K = {k} (the up half's loads need a multiple of 8)"
