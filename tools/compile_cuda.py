@@ -6,7 +6,7 @@ every distinct program of it).
     python tools/compile_cuda.py [--arch sm_90]          nvrtc, as tinygrad compiles them (the GPU machine)
     python tools/compile_cuda.py --nvcc [--grid]         nvcc with ptxas -v: registers and local memory (no GPU)
     python tools/compile_cuda.py --ptxas                 nvrtc's PTX through ptxas -v: the same, and serialized wgmma (no GPU)
-    CUOBJDUMP=... python tools/compile_cuda.py --sass    qmv's main-loop SASS instructions (no GPU)
+    CUOBJDUMP=... python tools/compile_cuda.py --sass    qmv's and qmv_mma's main-loop SASS instructions (no GPU)
 
 `--family STEM` (repeatable, e.g. `nuvec_qmv`) limits `--list`, nvrtc and `--nvcc` to those families.
 
@@ -25,7 +25,8 @@ nvcc's headers, and also exits 1 where ptxas serializes a program's warpgroup pr
 advisory C7513: an instruction redefines an operand register of a running wgmma, so every wgmma
 waits for the one before). With
 `--grid`, instead, every qmv kernel `tools/tune_qmv.py` sweeps. `--sass`: the main loop's SASS
-instruction counts of qmv's one-row default plans.
+instruction counts of qmv's default plans at 1 and 8 rows and of qmv_mma's at 8 (nvrtc's PTX through ptxas, then
+cuobjdump, which needs nvdisasm on PATH).
 """
 from __future__ import annotations
 
@@ -246,9 +247,11 @@ def tuned_qmv() -> list[Specialisation]:
 def loop_histogram(program: Program, cuobjdump: str) -> tuple[int, dict[str, int]]:
     """(instructions, count per opcode) of the main loop (the longest backward branch's body) of one
     program's sm_90 SASS."""
+    from tinygrad.runtime.support.compiler_cuda import NVRTCCompiler
     tmp = tempfile.mkdtemp()
-    pathlib.Path(f"{tmp}/one.cu").write_text(translation_unit("cuda", [program])[0])
-    subprocess.run(["nvcc", "-arch=sm_90", "-cubin", "-o", f"{tmp}/one.cubin", f"{tmp}/one.cu"], check=True)
+    arch = program.arch or "sm_90"
+    pathlib.Path(f"{tmp}/one.ptx").write_bytes(NVRTCCompiler(arch, ptx=True).compile(program.source).rstrip(b"\0"))
+    subprocess.run(["ptxas", f"-arch={arch}", "-o", f"{tmp}/one.cubin", f"{tmp}/one.ptx"], check=True)
     sass = subprocess.run([cuobjdump, "-sass", f"{tmp}/one.cubin"], capture_output=True, text=True, check=True).stdout
     lines = re.findall(r"/\*([0-9a-f]{4,})\*/\s+(.*?);", sass)
     at = {int(address, 16): i for i, (address, _) in enumerate(lines)}
@@ -264,15 +267,25 @@ def loop_histogram(program: Program, cuobjdump: str) -> tuple[int, dict[str, int
 
 
 def print_sass(cuobjdump: str) -> None:
-    """Main-loop instruction counts of qmv's one-row default plans at K = N = 4096."""
-    for mode, group, bits in (("affine", 64, 4), ("affine", 64, 8), ("mxfp4", 32, 4)):
-        p = qmv.plan(1, 4096, 4096)
-        program = qmv.qmv_program("cuda", dtypes.bfloat16, dtypes.bfloat16 if mode == "affine" else dtypes.uint8, dtypes.bfloat16,
-                                  mode=mode, group_size=group, bits=bits, rows=1, k=4096, n=4096, qmv_plan=p)
+    """Main-loop instruction counts of qmv's default plans at K = N = 4096, one row and eight, and
+    of qmv_mma's at eight rows."""
+    for (mode, group, bits), rows in itertools.product((("affine", 64, 4), ("affine", 64, 8), ("mxfp4", 32, 4)), (1, 8)):
+        scales = dtypes.bfloat16 if mode == "affine" else dtypes.uint8
+        p = qmv.plan(rows, 4096, 4096)
+        program = qmv.qmv_program("cuda", dtypes.bfloat16, scales, dtypes.bfloat16, mode=mode, group_size=group, bits=bits,
+                                  rows=rows, k=4096, n=4096, qmv_plan=p)
         count, counts = loop_histogram(program, cuobjdump)
         codes = 32 * p.columns_per_warp * p.unroll
-        print(f"{mode} {bits}-bit g{group} M1 {p}: {count} instructions per lane step of {codes} codes "
-              f"({count * 32 / codes:.1f} per 32 codes of a column): {counts}")
+        print(f"qmv {mode} {bits}-bit g{group} M{rows} {p}: {count} instructions per lane step of {codes} codes "
+              f"({count / codes:.2f} a code): {counts}")
+        if rows == 1: continue
+        m = qmv.qmv_mma_plan(4096, 4096)
+        program = qmv.qmv_mma_program(dtypes.bfloat16, scales, dtypes.bfloat16, mode=mode, group_size=group, bits=bits,
+                                      rows=rows, k=4096, n=4096, mma_plan=m)
+        count, counts = loop_histogram(program, cuobjdump)
+        codes = 2 * 32 * m.unroll  # a lane's chunks of two rows of w a unit
+        print(f"qmv_mma {mode} {bits}-bit g{group} M{rows} {m}: {count} instructions per lane round of {codes} codes "
+              f"({count / codes:.2f} a code): {counts}")
 
 
 def main(argv: list[str]) -> int:
@@ -281,7 +294,7 @@ def main(argv: list[str]) -> int:
     mode.add_argument("--list", action="store_true", help="print the specialisations; compile nothing")
     mode.add_argument("--nvcc", action="store_true", help="compile with nvcc and report registers and local memory")
     mode.add_argument("--ptxas", action="store_true", help="nvrtc's PTX through ptxas -v: local memory and serialized wgmma")
-    mode.add_argument("--sass", action="store_true", help="qmv's main-loop SASS instruction counts (CUOBJDUMP)")
+    mode.add_argument("--sass", action="store_true", help="qmv's and qmv_mma's main-loop SASS instruction counts (CUOBJDUMP)")
     parser.add_argument("--family", action="append", help="only this family (a stem such as nuvec_qmv); repeatable")
     parser.add_argument("--full", action="store_true", help="every distinct program of the plan's walk, not the covering set")
     parser.add_argument("--grid", action="store_true", help="with --nvcc: the qmv kernels tools/tune_qmv.py sweeps instead")
