@@ -2,7 +2,8 @@
 over the weights rounded as the kernel's contract says (each decoded weight scaled in float32, then
 rounded to x's type), for every affine width and floating-point mode; tiles moved back at N, K that
 ends inside a unit (nvfp4: in a half chunk), K split across SIMD groups with units left over; each
-row's bits the same whatever rows share the launch."""
+row's bits the same whatever rows share the launch; 4-bit affine codes with scales of x's type
+decoded two at a time (PAIRS) and by the general path."""
 import numpy as np
 import pytest
 from tinygrad import dtypes
@@ -20,12 +21,12 @@ pytestmark = pytest.mark.skipif(COMPILER is None, reason="no C++ compiler")
 TOL = {dtypes.float32: 2e-6, dtypes.float16: 1e-3, dtypes.bfloat16: 4e-3}
 
 
-def emulated_qmv_mma(x: np.ndarray, qw, x_dtype, out_dtype, plan: qmv.QmvMmaPlan) -> np.ndarray:
-    """y's raw values from the emulated kernel for raw x `[M, K]` in `x_dtype`."""
+def emulated_qmv_mma(x: np.ndarray, qw, x_dtype, out_dtype, plan: qmv.QmvMmaPlan, pairs: bool | None = None) -> np.ndarray:
+    """y's raw values from the emulated kernel for raw x `[M, K]` in `x_dtype` (`pairs`: its decoding)."""
     rows, k = x.shape
     n = qw.weight.shape[0]
     program = qmv.qmv_mma_program(x_dtype, qw.scales.dtype, out_dtype, mode=qw.mode, group_size=qw.group_size, bits=qw.bits,
-                                  rows=rows, k=k, n=n, mma_plan=plan)
+                                  rows=rows, k=k, n=n, mma_plan=plan, pairs=pairs)
     y = np.full((rows, n), 7, dtype=np.float32 if out_dtype == dtypes.float32 else np.uint16)  # not zeros: all written
     buffers = [y, x, raw(qw.weight), raw(qw.scales)] + ([raw(qw.biases)] if qw.biases is not None else [])
     build(program)(buffers, plan.groups(n), plan.threads)
@@ -38,7 +39,7 @@ def reference(x_values: np.ndarray, qw, x_dtype) -> np.ndarray:
     return x_values @ round_to(round_to(dequantized(qw), dtypes.float32), x_dtype).T
 
 
-CASES = [("affine", 64, 4, dtypes.bfloat16), ("affine", 128, 8, dtypes.float16), ("affine", 32, 3, dtypes.bfloat16),
+CASES = [("affine", 64, 4, dtypes.bfloat16), ("affine", 32, 4, dtypes.float16), ("affine", 128, 8, dtypes.float16), ("affine", 32, 3, dtypes.bfloat16),
          ("affine", 32, 2, dtypes.float16), ("affine", 64, 6, dtypes.bfloat16), ("affine", 32, 5, dtypes.float16),
          ("affine", 32, 1, dtypes.bfloat16), ("mxfp4", 32, 4, dtypes.bfloat16), ("mxfp8", 32, 8, dtypes.float16),
          ("nvfp4", 16, 4, dtypes.bfloat16)]
@@ -63,6 +64,9 @@ def test_emulated_qmv_mma_matches_float64_and_keeps_each_rows_bits(mode, group, 
             np.testing.assert_array_equal(got[rows], got[8][:rows], err_msg=f"{plan}: rows {rows} against 8")
     y = emulated_qmv_mma(x[:5], qw, dtype, dtype, qmv.QmvMmaPlan(2, 2))
     assert_rows_close(f"{dtype} y", as_float(y, dtype), want[:5], TOL[dtype])
+    if qmv.qmv_mma_pairs(dtype, qw.scales.dtype, mode, bits):  # the general decoding of the same codes
+        general = emulated_qmv_mma(x[:3], qw, dtype, dtypes.float32, qmv.QmvMmaPlan(2, 2), pairs=False)
+        assert_rows_close("without pairs", general.astype(np.float64), want[:3], TOL[dtypes.float32])
 
 
 def test_emulated_qmv_mma_with_float32_scales_and_the_default_plan():

@@ -411,29 +411,39 @@ def takes_qmv_mma(x_dtype: DType, scales_dtype: DType, out_dtype: DType, rows: i
 QMV_MMA = Family("nuvec_qmv_mma", ("quant_codes.h", "qmv_mma.h"), qmv_mma_unsupported, qmv_mma_plan, backends=("cuda",))
 
 
+def qmv_mma_pairs(x_dtype: DType, scales_dtype: DType, mode: str, bits: int) -> bool:
+    """Whether qmv_mma decodes two codes at a time in x's type (`PAIRS` in qmv_mma.h): 4-bit affine
+    codes with scales and biases of x's type."""
+    return mode == "affine" and bits == 4 and scales_dtype == x_dtype
+
+
 def qmv_mma_program(x_dtype: DType, scales_dtype: DType, out_dtype: DType, *, mode: str, group_size: int, bits: int,
-                    rows: int, k: int, n: int, mma_plan: QmvMmaPlan) -> Program:
-    """The qmv_mma specialisation (CUDA) for these arguments: parameters as qmv's."""
+                    rows: int, k: int, n: int, mma_plan: QmvMmaPlan, pairs: bool | None = None) -> Program:
+    """The qmv_mma specialisation (CUDA) for these arguments: parameters as qmv's. `pairs`: the
+    two-codes-at-a-time decoding where `qmv_mma_pairs` (None) or not (False: the probe's A/B)."""
     if n < QMV_MMA_COLUMNS: raise ValueError(f"qmv_mma: N = {n} < {QMV_MMA_COLUMNS} outputs a tile")
+    able = qmv_mma_pairs(x_dtype, scales_dtype, mode, bits)
+    if pairs and not able: raise ValueError(f"qmv_mma: no two-code decoding for {mode} {bits}-bit codes with {scales_dtype} scales")
     defines = dict(TX=ctype(x_dtype), TS=ctype(scales_dtype), TY=ctype(out_dtype), BITS=bits, GROUP=group_size,
                    MODE=_MODES[mode], N_TOTAL=n, K_TOTAL=k, XM=rows, K_SPLIT=mma_plan.k_split, UNROLL=mma_plan.unroll,
-                   LOAD_WORDS=load_words(bits, k * bits // 32))
+                   LOAD_WORDS=load_words(bits, k * bits // 32), PAIRS=int(able if pairs is None else pairs))
     return QMV_MMA.program("cuda", defines, _params(defines["TY"], defines["TX"], defines["TS"], mode, False))
 
 
 def qmv_mma(x: Tensor, weight: Tensor, scales: Tensor, biases: Tensor | None, *, mode: str, group_size: int, bits: int,
-            out_dtype: DType, backend: str, composition=None, mma_plan: QmvMmaPlan | None = None) -> Tensor:
+            out_dtype: DType, backend: str, composition=None, mma_plan: QmvMmaPlan | None = None,
+            pairs: bool | None = None) -> Tensor:
     """`x [M, K] · wᵀ` (M 1-8, x float16 or bfloat16) for packed `weight [N, K * bits / 32]`,
     `scales` (and affine `biases`) `[N, K / group_size]` on the matrix units; returns `[M, N]` in
     `out_dtype`. The weights are dequantized into x's type (qmm's rounding), the products accumulate
     in float32. composition: `(x, weight, scales, biases) -> y`, whose gradient is the backward.
-    `mma_plan` overrides `qmv_mma_plan` (tuning)."""
+    `mma_plan` overrides `qmv_mma_plan` and `pairs` the decoding (`qmv_mma_program`; tuning)."""
     if backend != "cuda": raise ValueError(f"qmv_mma: a CUDA kernel, not {backend}")
     rows, k = x.shape
     n = weight.shape[0]
     mma_plan = mma_plan or qmv_mma_plan(k, n)
     kernel = qmv_mma_program(x.dtype, scales.dtype, out_dtype, mode=mode, group_size=group_size, bits=bits, rows=rows, k=k,
-                             n=n, mma_plan=mma_plan)
+                             n=n, mma_plan=mma_plan, pairs=pairs)
     ins = _inputs(x, weight, scales, biases)
     y = Tensor.empty(rows, n, dtype=out_dtype, device=x.device)
     return launch(kernel, x.device, [y], ins, (mma_plan.groups(n), 1, 1), mma_plan.threads,

@@ -133,6 +133,22 @@ inline void stage_arrive(unsigned long long* bar) {
 inline void stage_wait(unsigned long long* bar, int parity) {
   while ((__atomic_load_n(bar, __ATOMIC_SEQ_CST) >> 32 & 1) == (unsigned long long)parity) emulated_yield();
 }
+// fma.rn.bf16x2 / f16x2: each half's a · b + c exactly (in double: a product of two 16-bit values
+// and a 16-bit addend fit unless their exponents are far apart), then rounded once to T.
+template <typename T> inline uint fma_pairs_emulated(uint a, uint b, uint c) {
+  T in[3][2], out[2];
+  std::memcpy(in[0], &a, 4); std::memcpy(in[1], &b, 4); std::memcpy(in[2], &c, 4);
+  for (int i = 0; i < 2; i++) {
+    const double exact = (double)to_float(in[0][i]) * (double)to_float(in[1][i]) + (double)to_float(in[2][i]);
+    if constexpr (__is_same(T, half)) out[i] = (half)exact;
+    else from_float((float)exact, &out[i]);
+  }
+  uint word;
+  std::memcpy(&word, out, 4);
+  return word;
+}
+inline uint fma_pairs(uint a, uint b, uint c, bfloat) { return fma_pairs_emulated<bfloat>(a, b, c); }
+inline uint fma_pairs(uint a, uint b, uint c, half) { return fma_pairs_emulated<half>(a, b, c); }
 inline uint low_halves(uint a, uint b) { return (a & 0xFFFFu) | (b << 16); }
 inline uint high_halves(uint a, uint b) { return (a >> 16) | (b & 0xFFFF0000u); }
 

@@ -110,6 +110,18 @@ INLINE void stage_wait(unsigned long long* bar, int parity) {
 INLINE void prefetch_l2(const void* at, int bytes) {
   for (int line = 0; line < bytes; line += 128) asm volatile("prefetch.global.L2 [%0];" :: "l"((const char*)at + line));
 }
+// a · b + c on two 16-bit values a word (low halves together, high together) of the type of the
+// fourth argument, each rounded once (sm_80 and later).
+INLINE uint fma_pairs(uint a, uint b, uint c, bfloat) {
+  uint out;
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(out) : "r"(a), "r"(b), "r"(c));
+  return out;
+}
+INLINE uint fma_pairs(uint a, uint b, uint c, half) {
+  uint out;
+  asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(out) : "r"(a), "r"(b), "r"(c));
+  return out;
+}
 // The low (high) 16-bit halves of two words, a's in the low half.
 INLINE uint low_halves(uint a, uint b) { return __byte_perm(a, b, 0x5410); }
 INLINE uint high_halves(uint a, uint b) { return __byte_perm(a, b, 0x7632); }

@@ -33,13 +33,29 @@
 //
 // Defines: TX (half or bfloat), TS (scales: the dtype, or uchar for the floating-point modes), TY,
 // BITS, GROUP, MODE, LOAD_WORDS (`quant_codes.h`), N_TOTAL, K_TOTAL, XM (1-8), K_SPLIT, UNROLL
-// (units whose loads a lane issues together).
+// (units whose loads a lane issues together), PAIRS (below).
 
 #define WORDS_PER_ROW (K_TOTAL * BITS / 32)
 #define GROUPS_PER_ROW (K_TOTAL / GROUP)
 #define CHUNKS ((K_TOTAL + 31) / 32)
 #define HALF_TAIL (K_TOTAL % 32 != 0)
 #define UNITS ((CHUNKS + 3) / 4)
+
+#if PAIRS
+// PAIRS (4-bit affine codes, scales and biases of x's type): a word's codes j and j + 4 (j = 0..3)
+// decoded two at a time in x's type: (word >> 4j) & 0x000F000F with the exponent bits of 2^7
+// (bfloat) or 2^10 (half) is 2^7 + q per half, less 2^7 (an exact fma) is q, and fma(q, scale,
+// bias) is the weight rounded once (where the float32 fma is exact, as it is unless the scale and
+// bias are 2^12 apart, the general path's value: that fma, then the rounding). A step takes the
+// pairs of codes (j, j + 4) as its k 2c, 2c + 1, and x's values at those codes come from its
+// words by one byte permute a pair.
+INLINE uint pair_magic(bfloat) { return 0x43004300u; }      // 2^7, both halves
+INLINE uint pair_magic(half) { return 0x64006400u; }        // 2^10
+INLINE uint pair_one(bfloat) { return 0x3F803F80u; }
+INLINE uint pair_one(half) { return 0x3C003C00u; }
+INLINE uint pair_minus_magic(bfloat) { return 0xC300C300u; }
+INLINE uint pair_minus_magic(half) { return 0xE400E400u; }
+#endif
 
 // The mma for x's 16-bit type.
 INLINE void mma_x(float* acc, const uint* a, uint b0, uint b1, bfloat) { mma_bf16(acc, a, b0, b1); }
@@ -96,6 +112,21 @@ INLINE void mma_x(float* acc, const uint* a, uint b0, uint b1, half) { mma_f16(a
       for (int part = 0; part < 4; part++) {  // codes 8 part .. 8 part + 7: steps 2 part and 2 part + 1
         uint a[2][4] = {{0u, 0u, 0u, 0u}, {0u, 0u, 0u, 0u}};
         if (live && !(half_chunk && part >= 2)) {
+#if PAIRS
+          #pragma unroll
+          for (int r = 0; r < 2; r++) {
+            const uint word = words[u][r][part];
+            const uint scale = (uint)*(const THREAD ushort*)&scales_raw[u][r][0], bias = (uint)*(const THREAD ushort*)&biases_raw[u][r];
+            const uint scale2 = scale | scale << 16, bias2 = bias | bias << 16;
+            uint w2[4];
+            #pragma unroll
+            for (int j = 0; j < 4; j++) {
+              const uint q2 = fma_pairs(mask_or(word >> (4 * j), 0x000F000Fu, pair_magic(TX())), pair_one(TX()), pair_minus_magic(TX()), TX());
+              w2[j] = fma_pairs(q2, scale2, bias2, TX());
+            }
+            a[0][r] = w2[0]; a[0][r + 2] = w2[1]; a[1][r] = w2[2]; a[1][r + 2] = w2[3];
+          }
+#else
           #pragma unroll
           for (int r = 0; r < 2; r++) {
             float q[8];
@@ -112,9 +143,16 @@ INLINE void mma_x(float* acc, const uint* a, uint b0, uint b1, half) { mma_f16(a
             a[1][r] = pack_pair(q[4], q[5], TX());
             a[1][r + 2] = pack_pair(q[6], q[7], TX());
           }
+#endif
         }
-        mma_x(acc, a[0], xs[u][4 * part], xs[u][4 * part + 1], TX());
-        mma_x(acc, a[1], xs[u][4 * part + 2], xs[u][4 * part + 3], TX());
+        const THREAD uint* x4 = xs[u] + 4 * part;
+#if PAIRS
+        mma_x(acc, a[0], low_halves(x4[0], x4[2]), high_halves(x4[0], x4[2]), TX());
+        mma_x(acc, a[1], low_halves(x4[1], x4[3]), high_halves(x4[1], x4[3]), TX());
+#else
+        mma_x(acc, a[0], x4[0], x4[1], TX());
+        mma_x(acc, a[1], x4[2], x4[3], TX());
+#endif
       }
     }
   }
