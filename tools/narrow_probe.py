@@ -1,7 +1,8 @@
 """Few rows of a 4-bit product (a batched decode step's, issue 26): qmv (the vector kernel, the plan's
 up to 8 rows) against qmv_mma (the matrix units) and qmm at the same rows, at Qwen3-8B's
 projections, timed as the benchmarks time a product (TinyJit replays of calls over rotated weight
-sets, device time), with the bandwidth each reaches reading its weights.
+sets, device time), with the bandwidth each reaches reading its weights, and qmv_mma without its
+two-codes-at-a-time decoding (PAIRS).
 
 Usage: DEV=CUDA python3 tools/narrow_probe.py [--rows 1,2,4,8] [--repeats 3] [--sweep] [--qmm]
   --sweep: qmv_mma at every plan of `tests/kernel_specialisations.QMV_MMA_PROBE_PLANS` too (8 rows)
@@ -32,8 +33,9 @@ def main() -> None:
     from kernel_specialisations import QMV_MMA_PROBE_PLANS
     print(f"{device_name()}; µs a call, device time of TinyJit replays over rotated 4-bit weights (affine, groups of 64); "
           "TB/s: the weights' bytes (codes, scales, biases) over the time")
-    print("| M | K x N | qmv µs | qmv_mma µs (plan) | qmv / qmv_mma | qmv_mma TB/s |" + (" qmm µs |" if args.qmm else ""))
-    print("|---|---|---|---|---|---|" + ("---|" if args.qmm else ""))
+    print("| M | K x N | qmv µs | qmv_mma µs (plan) | qmv / qmv_mma | qmv_mma TB/s | qmv_mma without PAIRS µs |"
+          + (" qmm µs |" if args.qmm else ""))
+    print("|---|---|---|---|---|---|---|" + ("---|" if args.qmm else ""))
     warm_up()
     common = dict(mode="affine", group_size=64, bits=4, out_dtype=dtypes.bfloat16, backend="cuda")
     for k, n in SHAPES:
@@ -57,6 +59,8 @@ def main() -> None:
             line = (f"| {rows} | {k} x {n} | {vector * 1e6:.1f} | {default * 1e6:.1f} ({timed[0][1]})"
                     + (f", best {best * 1e6:.1f} ({plan})" if len(timed) > 1 else "")
                     + f" | {vector / default:.2f} | {weight_bytes / default / 1e12:.2f} |")
+            general = time_jit(lambda x, w, s, b: qk.qmv_mma(x, w, s, b, pairs=False, **common), calls, args.repeats)
+            line += f" {general * 1e6:.1f} |"
             if args.qmm and rows > 1:
                 line += f" {time_jit(lambda x, w, s, b: qk.qmm(x, w, s, b, **common), calls, args.repeats) * 1e6:.1f} |"
             print(line, flush=True)
