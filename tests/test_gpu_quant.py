@@ -122,7 +122,8 @@ def test_qmv_mma_matches_numpy_and_keeps_each_rows_bits_over_2_to_8_rows(mode, g
 @pytest.mark.parametrize("k, n", [(4096, 4096), (12288, 4096 + 16)], ids=str)
 def test_qmv_mma_default_plans_at_model_shapes(k, n):
     """The plan's K split and unroll at a model's shapes (and N past a tile), 8 rows of bfloat16,
-    against numpy; every probe plan with the same split gives the same bits."""
+    against numpy; every unroll at the plan's split gives the same bits; the general decoding
+    (without PAIRS) agrees."""
     rng = np.random.default_rng(0x9C2)
     qw = quant.quantize(random(rng, (n, k), dtypes.bfloat16, gpu, 0.05)[0], 64, 4)
     x, xv = random(rng, (8, k), dtypes.bfloat16, gpu)
@@ -134,6 +135,8 @@ def test_qmv_mma_default_plans_at_model_shapes(k, n):
     for unroll in (1, 2, 4):
         other = qmv.qmv_mma(x, qw.weight, qw.scales, qw.biases, mma_plan=qmv.QmvMmaPlan(plan.k_split, unroll), **common)
         np.testing.assert_array_equal(bits_of(other.realize()), bits_of(y), err_msg=f"unroll {unroll}")
+    general = qmv.qmv_mma(x, qw.weight, qw.scales, qw.biases, pairs=False, **common).realize()
+    assert_rows_close("without PAIRS", values(general), values(y), KERNEL_TOLERANCE[dtypes.bfloat16])
 
 
 def test_qmv_gradients_equal_the_compositions():
