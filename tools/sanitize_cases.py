@@ -465,32 +465,19 @@ def product(mode: str, group: int, bits: int, x_shape: tuple[int, ...], n: int, 
     return setup
 
 
-def register_product(mode: str, group: int, bits: int, rows: int, k: int, n: int, dtype: DType,
-                     tiles: nuvec_quant.RegisterTiles) -> Setup:
-    """qmm_wgmma_rs in `tiles` (asked for by its tiles: qmm does not route to it until
-    `QMM_WGMMA_RS_ROUTED`) for x `[rows, k]` and w `[n, k]`; the composition otherwise."""
+def unrouted_product(mode: str, group: int, bits: int, rows: int, k: int, n: int, dtype: DType, kernel: Callable,
+                     **launch) -> Setup:
+    """A CUDA product kernel that `quantized_matmul` does not route to yet (`kernel`: `quant.qmm` with
+    its `tiles=` for qmm_wgmma_rs until `QMM_WGMMA_RS_ROUTED`, `quant.qmv_mma` until
+    `QMV_MMA_ROUTED`), asked for directly with `launch`, for x `[rows, k]` and w `[n, k]`; the
+    composition otherwise."""
     def setup(rng):
         qw = quantized(rng, (n, k), dtype, mode, group, bits)
         x = uniform(rng, (rows, k), dtype)
         def run(kernels: bool) -> Outputs:
             if not kernels: return [("y", quant.quantized_matmul(x, qw), None)]
-            return [("y", nuvec_quant.qmm(x, qw.weight, qw.scales, qw.biases, mode=mode, group_size=group, bits=bits,
-                                          out_dtype=dtype, backend="cuda", tiles=tiles), None)]
-        return run
-    return setup
-
-
-def matrix_unit_product(mode: str, group: int, bits: int, rows: int, k: int, n: int, dtype: DType,
-                        plan: nuvec_quant.QmvMmaPlan | None = None) -> Setup:
-    """qmv_mma (asked for directly: `quantized_matmul` does not route to it until `QMV_MMA_ROUTED`)
-    for x `[rows, k]` and w `[n, k]`; the composition otherwise."""
-    def setup(rng):
-        qw = quantized(rng, (n, k), dtype, mode, group, bits)
-        x = uniform(rng, (rows, k), dtype)
-        def run(kernels: bool) -> Outputs:
-            if not kernels: return [("y", quant.quantized_matmul(x, qw), None)]
-            return [("y", nuvec_quant.qmv_mma(x, qw.weight, qw.scales, qw.biases, mode=mode, group_size=group, bits=bits,
-                                              out_dtype=dtype, backend="cuda", mma_plan=plan), None)]
+            return [("y", kernel(x, qw.weight, qw.scales, qw.biases, mode=mode, group_size=group, bits=bits, out_dtype=dtype,
+                                 backend="cuda", **launch), None)]
         return run
     return setup
 
@@ -589,18 +576,21 @@ def sorted_gather(mode: str, group: int, bits: int, k: int, dtype: DType) -> Set
 if BACKEND == "cuda":
     QUANT += [
         Case("qmv_mma affine4 g64 bf16 M3 K448 N37 split 2 unroll 2", QMV_MMA,
-             matrix_unit_product("affine", 64, 4, 3, 448, 37, dtypes.bfloat16, nuvec_quant.QmvMmaPlan(2, 2))),
+             unrouted_product("affine", 64, 4, 3, 448, 37, dtypes.bfloat16, nuvec_quant.qmv_mma,
+                              mma_plan=nuvec_quant.QmvMmaPlan(2, 2))),
         Case("qmv_mma nvfp4 f16 M8 K432 N37 split 2 unroll 4", QMV_MMA,
-             matrix_unit_product("nvfp4", 16, 4, 8, 432, 37, dtypes.float16, nuvec_quant.QmvMmaPlan(2, 4))),
+             unrouted_product("nvfp4", 16, 4, 8, 432, 37, dtypes.float16, nuvec_quant.qmv_mma,
+                              mma_plan=nuvec_quant.QmvMmaPlan(2, 4))),
         Case("qmv_mma affine3 g32 bf16 M2 K320 N16 (one tile)", QMV_MMA,
-             matrix_unit_product("affine", 32, 3, 2, 320, 16, dtypes.bfloat16)),
-        Case("qmv_mma mxfp8 bf16 M5 K1088 N40", QMV_MMA, matrix_unit_product("mxfp8", 32, 8, 5, 1088, 40, dtypes.bfloat16))]
+             unrouted_product("affine", 32, 3, 2, 320, 16, dtypes.bfloat16, nuvec_quant.qmv_mma)),
+        Case("qmv_mma mxfp8 bf16 M5 K1088 N40", QMV_MMA,
+             unrouted_product("mxfp8", 32, 8, 5, 1088, 40, dtypes.bfloat16, nuvec_quant.qmv_mma))]
 
 # qmm_wgmma_rs by its tiles on Hopper: x rows past a tile (256, 128 and partial 64-row tiles), N past
 # the 128 weight rows of a tile
 if WARPGROUPS:
     QUANT += [Case(f"qmm_wgmma_rs {fmt(mode, group, bits)} {SHORT[dtype]} M{rows} K192 N267 {tiles}", ("nuvec_qmm_wgmma_rs",),
-                   register_product(mode, group, bits, rows, 192, 267, dtype, tiles))
+                   unrouted_product(mode, group, bits, rows, 192, 267, dtype, nuvec_quant.qmm, tiles=tiles))
               for mode, group, bits, dtype, rows, tiles in (
                   ("affine", 64, 4, dtypes.bfloat16, 300, nuvec_quant.RegisterTiles(256, 2, 4)),
                   ("affine", 32, 2, dtypes.float16, 130, nuvec_quant.RegisterTiles(128, 2, 4)),
