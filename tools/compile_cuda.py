@@ -31,6 +31,7 @@ cuobjdump, which needs nvdisasm on PATH).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import concurrent.futures
 import itertools
 import os
@@ -282,9 +283,14 @@ def print_sass(cuobjdump: str) -> None:
         m = qmv.qmv_mma_plan(4096, 4096)
         program = qmv.qmv_mma_program(dtypes.bfloat16, scales, dtypes.bfloat16, mode=mode, group_size=group, bits=bits,
                                       rows=rows, k=4096, n=4096, mma_plan=m)
-        count, counts = loop_histogram(program, cuobjdump)
-        codes = 2 * 32 * m.unroll  # a lane's chunks of two rows of w a unit
-        print(f"qmv_mma {mode} {bits}-bit g{group} M{rows} {m}: {count} instructions per lane round of {codes} codes "
+        # The whole-unit rounds only: the tail round's call replaced by theirs (at K 4096 no round has
+        # a tail), so that the loop holds one kind of round; ptxas may unroll it, so its rounds are
+        # counted by their mma (16 a round).
+        whole = "unit_round<false>(unit, g, c, columns, x, w, scales, bias_rows, acc)"
+        text = program.text.replace(whole.replace("false", "true"), whole)
+        count, counts = loop_histogram(dataclasses.replace(program, text=text), cuobjdump)
+        codes = 2 * 32 * m.unroll * counts.get("HMMA", 16) // 16  # a lane's chunks of two rows of w a unit
+        print(f"qmv_mma {mode} {bits}-bit g{group} M{rows} {m}: {count} instructions per lane loop of {codes} codes "
               f"({count / codes:.2f} a code): {counts}")
 
 

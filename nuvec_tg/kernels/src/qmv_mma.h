@@ -61,100 +61,118 @@ INLINE uint pair_minus_magic(half) { return 0xE400E400u; }
 INLINE void mma_x(float* acc, const uint* a, uint b0, uint b1, bfloat) { mma_bf16(acc, a, b0, b1); }
 INLINE void mma_x(float* acc, const uint* a, uint b0, uint b1, half) { mma_f16(acc, a, b0, b1); }
 
+// One round of the main loop: the UNROLL units unit, unit + K_SPLIT, ... of lane (g, c) into acc.
+// TAIL: some of their chunks lie past K (or are nvfp4's half chunk), so each is checked and what
+// lies past K is zeros; otherwise every chunk is whole and nothing is checked.
+template <bool TAIL>
+INLINE void unit_round(int unit, int g, int c, const int* columns, const DEVICE TX* x, const DEVICE uint* w,
+                       const DEVICE TS* scales, const DEVICE TS* biases, THREAD float* acc) {
+  const bool x_row = g < XM;  // the lane's row of x: B's column g
+  // The loads of UNROLL units (unit + u * K_SPLIT), all issued before any is used.
+  uint words[UNROLL][2][BITS];
+  TS scales_raw[UNROLL][2][SCALES_PER_CHUNK];
+  TS biases_raw[UNROLL][2];
+  uint xs[UNROLL][16];  // x's 32 values at the lane's chunk, two a word
+  #pragma unroll
+  for (int u = 0; u < UNROLL; u++) {
+    const int chunk = (unit + u * K_SPLIT) * 4 + c;
+    const bool live = !TAIL || chunk < CHUNKS, half_chunk = TAIL && HALF_TAIL && chunk == CHUNKS - 1;
+    if (TAIL || !x_row) {
+      #pragma unroll
+      for (int i = 0; i < 16; i++) xs[u][i] = 0u;
+    }
+    if (!live) continue;
+    #pragma unroll
+    for (int r = 0; r < 2; r++) {
+      load_chunk_words(w + (long)columns[r] * WORDS_PER_ROW + chunk * BITS, half_chunk, words[u][r]);
+      const int group = columns[r] * GROUPS_PER_ROW + chunk * 32 / GROUP;
+      #pragma unroll
+      for (int s = 0; s < SCALES_PER_CHUNK; s++)
+        if (s == 0 || !half_chunk) scales_raw[u][r][s] = scales[group + s];
+#if MODE == 0
+      biases_raw[u][r] = biases[group];
+#endif
+    }
+    if (x_row) {
+      const DEVICE uint4* x_at = (const DEVICE uint4*)(x + g * K_TOTAL + chunk * 32);
+      #pragma unroll
+      for (int p = 0; p < 4; p++) {
+        if (half_chunk && p >= 2) break;
+        const uint4 piece = x_at[p];
+        xs[u][4 * p] = piece.x; xs[u][4 * p + 1] = piece.y; xs[u][4 * p + 2] = piece.z; xs[u][4 * p + 3] = piece.w;
+      }
+    }
+  }
+  #pragma unroll
+  for (int u = 0; u < UNROLL; u++) {
+    const int chunk = (unit + u * K_SPLIT) * 4 + c;
+    if (TAIL && (unit + u * K_SPLIT) * 4 >= CHUNKS) break;  // uniform: no lane of the SIMD group has a chunk left
+    const bool live = !TAIL || chunk < CHUNKS, half_chunk = TAIL && HALF_TAIL && chunk == CHUNKS - 1;
+    #pragma unroll
+    for (int part = 0; part < 4; part++) {  // codes 8 part .. 8 part + 7: steps 2 part and 2 part + 1
+      uint a[2][4] = {{0u, 0u, 0u, 0u}, {0u, 0u, 0u, 0u}};
+      if (live && !(half_chunk && part >= 2)) {
+#if PAIRS
+        #pragma unroll
+        for (int r = 0; r < 2; r++) {
+          const uint word = words[u][r][part];
+          const uint scale = (uint)*(const THREAD ushort*)&scales_raw[u][r][0], bias = (uint)*(const THREAD ushort*)&biases_raw[u][r];
+          const uint scale2 = scale | scale << 16, bias2 = bias | bias << 16;
+          uint w2[4];
+          #pragma unroll
+          for (int j = 0; j < 4; j++) {
+            const uint q2 = fma_pairs(mask_or(word >> (4 * j), 0x000F000Fu, pair_magic(TX())), pair_one(TX()), pair_minus_magic(TX()), TX());
+            w2[j] = fma_pairs(q2, scale2, bias2, TX());
+          }
+          a[0][r] = w2[0]; a[0][r + 2] = w2[1]; a[1][r] = w2[2]; a[1][r + 2] = w2[3];
+        }
+#else
+        #pragma unroll
+        for (int r = 0; r < 2; r++) {
+          float q[8];
+          decode_part(words[u][r], part, q);
+          const int group = (8 * part) / CHUNK_GROUP;
+#if MODE == 0
+          scale_codes(q, 8, group_scale(scales_raw[u][r][group]), to_float(biases_raw[u][r]));
+#else
+          scale_codes(q, 8, group_scale(scales_raw[u][r][group]), 0.0f);
+#endif
+          // A's rows g (r 0) and g + 8 (r 1): registers r and r + 2 of each step
+          a[0][r] = pack_pair(q[0], q[1], TX());
+          a[0][r + 2] = pack_pair(q[2], q[3], TX());
+          a[1][r] = pack_pair(q[4], q[5], TX());
+          a[1][r + 2] = pack_pair(q[6], q[7], TX());
+        }
+#endif
+      }
+      const THREAD uint* x4 = xs[u] + 4 * part;
+#if PAIRS
+      mma_x(acc, a[0], low_halves(x4[0], x4[2]), high_halves(x4[0], x4[2]), TX());
+      mma_x(acc, a[1], low_halves(x4[1], x4[3]), high_halves(x4[1], x4[3]), TX());
+#else
+      mma_x(acc, a[0], x4[0], x4[1], TX());
+      mma_x(acc, a[1], x4[2], x4[3], TX());
+#endif
+    }
+  }
+}
+
 /* kernel */
   const int lane = (int)nv_thread.x % 32, k_warp = (int)nv_thread.x / 32;
   const int g = lane / 4, c = lane % 4;
   const int first_n = min((int)nv_group.x * 16, N_TOTAL - 16);
   const int columns[2] = {first_n + g, first_n + g + 8};  // the lane's rows of w: A's rows g and g + 8
-  const bool x_row = g < XM;                              // the lane's row of x: B's column g
+#if MODE == 0
+  const DEVICE TS* bias_rows = biases;
+#else
+  const DEVICE TS* bias_rows = scales;  // unread
+#endif
 
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   for (int unit = k_warp; unit < UNITS; unit += K_SPLIT * UNROLL) {
-    // The loads of UNROLL units (unit + u * K_SPLIT), all issued before any is used.
-    uint words[UNROLL][2][BITS];
-    TS scales_raw[UNROLL][2][SCALES_PER_CHUNK];
-    TS biases_raw[UNROLL][2];
-    uint xs[UNROLL][16];  // x's 32 values at the lane's chunk, two a word
-    #pragma unroll
-    for (int u = 0; u < UNROLL; u++) {
-      const int chunk = (unit + u * K_SPLIT) * 4 + c;
-      const bool live = chunk < CHUNKS, half_chunk = HALF_TAIL && chunk == CHUNKS - 1;
-      #pragma unroll
-      for (int i = 0; i < 16; i++) xs[u][i] = 0u;
-      if (!live) continue;
-      #pragma unroll
-      for (int r = 0; r < 2; r++) {
-        load_chunk_words(w + (long)columns[r] * WORDS_PER_ROW + chunk * BITS, half_chunk, words[u][r]);
-        const int group = columns[r] * GROUPS_PER_ROW + chunk * 32 / GROUP;
-        #pragma unroll
-        for (int s = 0; s < SCALES_PER_CHUNK; s++)
-          if (s == 0 || !half_chunk) scales_raw[u][r][s] = scales[group + s];
-#if MODE == 0
-        biases_raw[u][r] = biases[group];
-#endif
-      }
-      if (x_row) {
-        const DEVICE uint4* x_at = (const DEVICE uint4*)(x + g * K_TOTAL + chunk * 32);
-        #pragma unroll
-        for (int p = 0; p < 4; p++) {
-          if (half_chunk && p >= 2) break;
-          const uint4 piece = x_at[p];
-          xs[u][4 * p] = piece.x; xs[u][4 * p + 1] = piece.y; xs[u][4 * p + 2] = piece.z; xs[u][4 * p + 3] = piece.w;
-        }
-      }
-    }
-    #pragma unroll
-    for (int u = 0; u < UNROLL; u++) {
-      const int chunk = (unit + u * K_SPLIT) * 4 + c;
-      if ((unit + u * K_SPLIT) * 4 >= CHUNKS) break;  // uniform: no lane of the SIMD group has a chunk left
-      const bool live = chunk < CHUNKS, half_chunk = HALF_TAIL && chunk == CHUNKS - 1;
-      #pragma unroll
-      for (int part = 0; part < 4; part++) {  // codes 8 part .. 8 part + 7: steps 2 part and 2 part + 1
-        uint a[2][4] = {{0u, 0u, 0u, 0u}, {0u, 0u, 0u, 0u}};
-        if (live && !(half_chunk && part >= 2)) {
-#if PAIRS
-          #pragma unroll
-          for (int r = 0; r < 2; r++) {
-            const uint word = words[u][r][part];
-            const uint scale = (uint)*(const THREAD ushort*)&scales_raw[u][r][0], bias = (uint)*(const THREAD ushort*)&biases_raw[u][r];
-            const uint scale2 = scale | scale << 16, bias2 = bias | bias << 16;
-            uint w2[4];
-            #pragma unroll
-            for (int j = 0; j < 4; j++) {
-              const uint q2 = fma_pairs(mask_or(word >> (4 * j), 0x000F000Fu, pair_magic(TX())), pair_one(TX()), pair_minus_magic(TX()), TX());
-              w2[j] = fma_pairs(q2, scale2, bias2, TX());
-            }
-            a[0][r] = w2[0]; a[0][r + 2] = w2[1]; a[1][r] = w2[2]; a[1][r + 2] = w2[3];
-          }
-#else
-          #pragma unroll
-          for (int r = 0; r < 2; r++) {
-            float q[8];
-            decode_part(words[u][r], part, q);
-            const int group = (8 * part) / CHUNK_GROUP;
-#if MODE == 0
-            scale_codes(q, 8, group_scale(scales_raw[u][r][group]), to_float(biases_raw[u][r]));
-#else
-            scale_codes(q, 8, group_scale(scales_raw[u][r][group]), 0.0f);
-#endif
-            // A's rows g (r 0) and g + 8 (r 1): registers r and r + 2 of each step
-            a[0][r] = pack_pair(q[0], q[1], TX());
-            a[0][r + 2] = pack_pair(q[2], q[3], TX());
-            a[1][r] = pack_pair(q[4], q[5], TX());
-            a[1][r + 2] = pack_pair(q[6], q[7], TX());
-          }
-#endif
-        }
-        const THREAD uint* x4 = xs[u] + 4 * part;
-#if PAIRS
-        mma_x(acc, a[0], low_halves(x4[0], x4[2]), high_halves(x4[0], x4[2]), TX());
-        mma_x(acc, a[1], low_halves(x4[1], x4[3]), high_halves(x4[1], x4[3]), TX());
-#else
-        mma_x(acc, a[0], x4[0], x4[1], TX());
-        mma_x(acc, a[1], x4[2], x4[3], TX());
-#endif
-      }
-    }
+    // Uniform: the round's last unit (and so every unit of it) whole, or not.
+    if ((unit + (UNROLL - 1) * K_SPLIT) * 4 + 4 <= CHUNKS - HALF_TAIL) unit_round<false>(unit, g, c, columns, x, w, scales, bias_rows, acc);
+    else unit_round<true>(unit, g, c, columns, x, w, scales, bias_rows, acc);
   }
 
   // acc: yᵀ at (column g, rows 2c, 2c + 1) and (column g + 8, rows 2c, 2c + 1). The SIMD groups'
