@@ -73,16 +73,22 @@ def test_qmv_at_the_plans_boundaries(n, k, dtype):
 
 
 def check_rows(rng, n, k, mode, group, width, dtype, row_counts):
+    """Each row count's product against numpy and the composition, each row's bits a one-row
+    product's, or where the rows run qmv_mma (`takes_qmv_mma`: 2-8 rows of 16-bit x on CUDA, once
+    routed) the bits of that row beside another row (`[row, row]`)."""
     w = random(rng, (n, k), dtype, gpu)[0]
     qw = quant.quantize(w, group, width, mode=mode)
     dense = dequantized(qw)
     for rows in row_counts:
         x, xv = random(rng, (rows, k), dtype, gpu)
         x = x.realize()
-        y = assert_matches(f"{mode} {width}-bit {rows} rows", lambda: quant.quantized_matmul(x, qw), "nuvec_qmv", xv @ dense.T)
+        mma = qmv.takes_qmv_mma(dtype, qw.scales.dtype, dtype, rows, k, n, kernels.target(gpu))
+        kernel = "nuvec_qmv_mma" if mma else "nuvec_qmv"
+        y = assert_matches(f"{mode} {width}-bit {rows} rows", lambda: quant.quantized_matmul(x, qw), kernel, xv @ dense.T)
         for row in range(rows):
-            with expect_launches(gpu, "nuvec_qmv"):
-                alone = bits_of(quant.quantized_matmul(x[row:row + 1].contiguous(), qw))
+            with expect_launches(gpu, kernel):
+                if mma: alone = bits_of(quant.quantized_matmul(x[row:row + 1].expand(2, k).contiguous(), qw))[:1]
+                else: alone = bits_of(quant.quantized_matmul(x[row:row + 1].contiguous(), qw))
             np.testing.assert_array_equal(alone, bits_of(y)[row:row + 1], err_msg=f"{mode} {width} row {row}")
 
 
