@@ -15,7 +15,8 @@
 //
 // Weights. Each code is decoded exactly (`decode_part`), scaled once in float32 (`scale_codes`:
 // fma(scale, q, bias), or q times the scale), and rounded to x's type: the weights qmm and the
-// dequantized route multiply (qmm.h, dequantize.h).
+// dequantized route multiply (qmm.h, dequantize.h). PAIRS (4-bit affine codes with scales of x's
+// type) computes the same fma in x's type, rounded once, two codes at a time (below).
 //
 // Sums. A SIMD group accumulates its units in increasing order in the mma's float32 C; the K_SPLIT
 // SIMD groups of a threadgroup take the units in turn (group s: units s, s + K_SPLIT, ...) and
