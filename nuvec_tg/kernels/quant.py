@@ -353,7 +353,7 @@ def qmv(x: Tensor, weight: Tensor, scales: Tensor, biases: Tensor | None, *, mod
 # QMV_MMA_COLUMNS outputs, its SIMD groups taking units of QMV_MMA_UNIT k in turn.
 QMV_MMA_COLUMNS = 16          # outputs a tile (the mma's 16 rows of A)
 QMV_MMA_UNIT = 128            # k a unit: 4 chunks, one a lane of each row of A
-QMV_MMA_MIN_ROWS = 2          # one row runs qmv (its loads, not its arithmetic, bound it there)
+QMV_MMA_MIN_ROWS = 2          # one row runs qmv (the earlier matrix-unit qmvs lost to it there: quant_h200.md)
 QMV_MMA_MAX_SPLIT = 16        # SIMD groups of a threadgroup, each a slice of K's units
 QMV_MMA_UNROLL = 2            # units whose loads a lane issues together (at most its unit count)
 # Whether `quantized_matmul` routes 2-8 rows to qmv_mma. Not yet: it has run only on the emulator;
@@ -435,8 +435,8 @@ def qmv_mma(x: Tensor, weight: Tensor, scales: Tensor, biases: Tensor | None, *,
             pairs: bool | None = None) -> Tensor:
     """`x [M, K] · wᵀ` (M 1-8, x float16 or bfloat16) for packed `weight [N, K * bits / 32]`,
     `scales` (and affine `biases`) `[N, K / group_size]` on the matrix units; returns `[M, N]` in
-    `out_dtype`. The weights are dequantized into x's type (qmm's rounding), the products accumulate
-    in float32. composition: `(x, weight, scales, biases) -> y`, whose gradient is the backward.
+    `out_dtype`. The weights are dequantized into x's type (qmm's rounding; with PAIRS the same fma
+    rounded once in x's type), the products accumulate in float32. composition: `(x, weight, scales, biases) -> y`, whose gradient is the backward.
     `mma_plan` overrides `qmv_mma_plan` and `pairs` the decoding (`qmv_mma_program`; tuning)."""
     if backend != "cuda": raise ValueError(f"qmv_mma: a CUDA kernel, not {backend}")
     rows, k = x.shape
