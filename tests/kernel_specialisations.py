@@ -436,6 +436,14 @@ def _gemv_candidates(backend: str) -> Iterator[_Candidate]:
             (" swiglu" if glu else "")
         make = functools.partial(_labelled, label, linear.gemv_program, backend, x, w, bias, out, rows=rows, k=k, n=n, plan=p, glu=glu)
         yield _Candidate("nuvec_gemv", make, ((x, w, bias, out, glu), (rows, p), (linear.piece_width(k), x, w, glu)), ((),))
+    # gather_gemv (gather_mm's few entries): x and w of one dtype (gather_mm's promotion), 1 and 8
+    # rows an entry, pieces of 8 and of 1, over a bank of 128 experts
+    for dtype, rows, k in itertools.product(FLOATS, (1, 8), (2048, 257)):
+        p = linear.gemv_plan(rows, k, 768)
+        label = f"gathered x and w {dtype_name(dtype)} M{rows} K{k} N768 E128 {p}"
+        make = functools.partial(_labelled, label, linear.gemv_program, backend, dtype, dtype, None, dtype, rows=rows, k=k, n=768,
+                                 plan=p, batches=128)
+        yield _Candidate("nuvec_gemv", make, ((dtype, "gathered"), (rows, "gathered"), (linear.piece_width(k), "gathered")), ((),))
 
 
 def _gemm_candidates(backend: str) -> Iterator[_Candidate]:

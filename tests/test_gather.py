@@ -178,16 +178,17 @@ def test_the_grouped_gather_rule():
 
 
 def test_the_dense_gathered_route():
-    """gather_mm's kernels take sorted single-row entries averaging more than 8 rows an expert over
-    a bank read as rows, in 16-bit dtypes: gemm_wgmma on Hopper where K is a multiple of 8, else
-    gemm; the rest composes."""
+    """gather_mm's kernels read the bank as rows. Sorted single-row entries averaging more than 8
+    rows an expert, in 16-bit dtypes: gemm_wgmma on Hopper where K is a multiple of 8, else gemm;
+    other entries of up to 8 rows (any kernel dtype): gather_gemv; the rest composes."""
     from nuvec_tg.kernels import Target
     from nuvec_tg.kernels.linear import gather_route
     bf16, hopper, ampere = dtypes.bfloat16, Target("cuda", warpgroups=True), Target("cuda")
     route = lambda entries=300, k=256, sorted_indices=True, rows_of_w=True, target=hopper, dtype=bf16: gather_route(  # noqa: E731
         dtype, dtype, entries, 1, k, 64, 6, sorted_indices=sorted_indices, rows_of_w=rows_of_w, target=target)
     assert route() == ("gemm_wgmma", None) and route(k=98) == ("gemm", None) and route(target=ampere) == ("gemm", None)
-    assert route(entries=40)[1] is not None and route(sorted_indices=False)[1] is not None
+    assert route(entries=40) == ("gather_gemv", None) and route(sorted_indices=False) == ("gather_gemv", None)
+    assert route(sorted_indices=False, dtype=dtypes.float32) == ("gather_gemv", None)
     assert route(rows_of_w=False)[1] is not None and route(dtype=dtypes.float32)[1] is not None
 
 
@@ -231,5 +232,51 @@ def test_gathered_products_launch_one_kernel_with_each_rows_pick(monkeypatch):
     grads = (quant.gather_mm(x, bank.transpose(-1, -2), None, picks, sorted_indices=True) * g).sum().gradient(x, bank)
     with kernels.compositions_only():
         want_grads = (quant.gather_mm(x, bank.transpose(-1, -2), None, picks, sorted_indices=True) * g).sum().gradient(x, bank)
+    for a, e in zip(grads, want_grads):
+        np.testing.assert_allclose(a.numpy(), e.numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_few_gathered_entries_launch_gather_gemv_with_each_entrys_pick(monkeypatch):
+    """gather_gemv's call around its launch, on the CPU: gemv replaced by a C stand-in that computes
+    each entry's rows with w's batch picks[p] (zeros outside) in float32. One launch over unsorted
+    entries with picks outside the bank, the bank read in place; the values, and the gradients (the
+    composition's), equal the composition's."""
+    from nuvec_tg import kernels
+    from nuvec_tg.kernels import Target
+    from nuvec_tg.kernels import linear as linear_kernel
+    from reference import launched, stand_in_program
+    render = linear_kernel.gemv_program
+    entries, rows, k, n, batches = 6, 2, 16, 24, 4
+
+    def stand_in(backend, x_dtype, w_dtype, bias_dtype, out_dtype, *, rows, k, n, plan, glu=False, batches=0):
+        params = render(backend, dtypes.bfloat16, dtypes.bfloat16, None, dtypes.bfloat16, rows=rows, k=k, n=n, plan=plan,
+                        batches=batches).params
+        params = tuple(type(p)(p.name, p.kind, "float" if p.ctype != "int" else "int") for p in params)
+        body = f"""
+          for (int p = 0; p < {entries}; p++) for (int m = 0; m < {rows}; m++) for (int j = 0; j < {n}; j++) {{
+            float sum = 0.0f;
+            if (picks[p] >= 0 && picks[p] < {batches})
+              for (int e = 0; e < {k}; e++) sum += x[((long)p * {rows} + m) * {k} + e] * w[((long)picks[p] * {n} + j) * {k} + e];
+            y[((long)p * {rows} + m) * {n} + j] = sum;
+          }}"""
+        return stand_in_program("stand_in_gather_gemv", params, body)
+    monkeypatch.setattr(kernels, "active_backend", lambda device: "cuda")
+    monkeypatch.setattr(kernels, "target", lambda device: Target("cuda"))
+    monkeypatch.setattr(linear_kernel, "gemv_program", stand_in)
+    monkeypatch.setattr(linear_kernel, "route", lambda *args: ("gemv", None))   # float32 rows, as the stand-in computes them
+    bank = t(array(batches, n, k)).realize()
+    x = t(array(entries, rows, k)).realize()
+    picks = t(np.array([3, 0, -1, 3, 9, 1], np.int32))
+    with kernels.record_launches() as launches:
+        got = quant.gather_mm(x, bank.transpose(-1, -2), None, picks)
+    assert launched(launches) == ["stand_in_gather_gemv"] and "gather_gemv" in launches[0][1]
+    with kernels.compositions_only():
+        want = quant.gather_mm(x, bank.transpose(-1, -2), None, picks)
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-5)
+    assert not got.numpy()[[2, 4]].any()
+    g = t(array(entries, rows, n))
+    grads = (quant.gather_mm(x, bank.transpose(-1, -2), None, picks) * g).sum().gradient(x, bank)
+    with kernels.compositions_only():
+        want_grads = (quant.gather_mm(x, bank.transpose(-1, -2), None, picks) * g).sum().gradient(x, bank)
     for a, e in zip(grads, want_grads):
         np.testing.assert_allclose(a.numpy(), e.numpy(), rtol=1e-5, atol=1e-5)

@@ -189,6 +189,44 @@ def y_dtype(dtype, bias_dtype):
     return dtype if bias_dtype in (None, dtype) else F32
 
 
+@pytest.mark.parametrize("rows", [1, 3], ids=lambda r: f"M{r}")
+def test_few_gathered_entries_run_gather_gemv_with_each_entrys_bits(rows):
+    """A mixture of experts' decode step: a few entries (unsorted, repeated, one pick past the bank)
+    through `gather_mm` with b the transpose of the bank, as a model passes it: one gather_gemv
+    launch, against float64 numpy and the composition; each entry's rows with the bits of
+    fast.linear over them against their expert (gemv), a pick past the bank zeros; gradients
+    through the composition."""
+    from nuvec_tg import quant
+    rng = np.random.default_rng(0x140 + rows)
+    experts, n, k = 6, 72, 136
+    bank, bank_v = random(rng, (experts, n, k), BF16, gpu)
+    picks_v = np.array([4, 0, 4, 6, 2, 1, 5, 0], np.int32)
+    x, xv = random(rng, (len(picks_v), rows, k), BF16, gpu)
+    picks = Tensor(picks_v, device=gpu)
+    with expect_launches(gpu, "nuvec_gemv") as launches:
+        got = quant.gather_mm(x, bank.transpose(-1, -2), None, picks).realize()
+    assert [label for _, label in launches if "gather_gemv" in label], launches
+    chosen = np.stack([bank_v[p] if p < experts else np.zeros((n, k)) for p in picks_v])
+    want = np.einsum("emk,enk->emn", xv, chosen)
+    assert_rows_close("gather_gemv vs numpy", values(got).reshape(-1, n), want.reshape(-1, n), KERNEL_TOLERANCE[BF16])
+    with compositions_only():
+        composed = quant.gather_mm(x, bank.transpose(-1, -2), None, picks)
+        assert_rows_close("gather_gemv vs the composition", values(got).reshape(-1, n), values(composed).reshape(-1, n),
+                          COMPOSITION_TOLERANCE[BF16])
+    for entry, pick in enumerate(picks_v):
+        if pick >= experts:
+            assert (values(got)[entry] == 0).all()
+            continue
+        alone = fast.linear(Tensor(xv[entry], device=gpu).cast(BF16), bank[int(pick)])
+        np.testing.assert_array_equal(bits_of(got)[entry], bits_of(alone), err_msg=f"entry {entry}")
+    g = Tensor(rng.uniform(-1, 1, (len(picks_v), rows, n)), device=gpu).cast(BF16)
+    dx, dbank = (quant.gather_mm(x, bank.transpose(-1, -2), None, picks).cast(F32) * g.cast(F32)).sum().gradient(x, bank)
+    with compositions_only():
+        want_dx, want_dbank = (quant.gather_mm(x, bank.transpose(-1, -2), None, picks).cast(F32) * g.cast(F32)).sum().gradient(x, bank)
+    assert_rows_close("dx", values(dx).reshape(-1, k), values(want_dx).reshape(-1, k), COMPOSITION_TOLERANCE[BF16])
+    assert_rows_close("dbank", values(dbank).reshape(-1, k), values(want_dbank).reshape(-1, k), COMPOSITION_TOLERANCE[BF16])
+
+
 @pytest.mark.parametrize("k", [256, 136, 98], ids=lambda k: f"K{k}")
 def test_sorted_gathered_products_run_the_gathered_kernel_with_each_experts_bits(k):
     """A mixture of experts' prefill: 300 single-row entries sorted by expert over 6 experts (one of

@@ -328,6 +328,46 @@ def test_emulated_gathered_products_match_numpy_and_each_batch_alone(picks, kern
     np.testing.assert_array_equal(got, case.alone(kernel, tiles, metal_tiles))
 
 
+@pytest.mark.parametrize("dtype, k, rows", [(bf16, 136, 1), (f32, 257, 3)], ids=str)
+def test_emulated_gather_gemv_matches_numpy_and_each_entry_alone(dtype, k, rows):
+    """The decode step's gathered product: entries of `rows` rows of x, each against its weight
+    batch (picks unsorted, repeated, negative and past the batches: zeros), K = 136 (pieces of 8) or
+    257 (pieces of 1), N = 13 (the last column set moved back); each entry's rows bit for bit a
+    plain gemv of them against their batch."""
+    rng = np.random.default_rng(0x6E7)
+    picks = np.array([2, 0, -1, 3, 3, 1, 7, 0], np.int32)
+    batches, n = 4, 13
+    x = round_to(rng.uniform(-1, 1, (len(picks), rows, k)), dtype)
+    w = round_to(rng.uniform(-1, 1, (batches, n, k)), dtype)
+    plan = linear.gemv_plan(rows, k, n)
+    program = linear.gemv_program("cuda", dtype, dtype, None, dtype, rows=rows, k=k, n=n, plan=plan, batches=batches)
+    y = np.full((len(picks), rows, n), np.nan if dtype == f32 else 0xFFFF, np.float32 if dtype == f32 else np.uint16)
+    build(program)([y, raw(x, dtype), raw(w, dtype), picks], plan.groups(n), plan.threads, len(picks))
+    for entry, pick in enumerate(picks):
+        if not 0 <= pick < batches:
+            assert not as_float(y[entry], dtype).any(), f"entry {entry}: a pick outside the batches gives zeros"
+            continue
+        case = Case(0, 1, 1, 1, dtype)
+        case.x, case.w, case.bias = x[entry], w[pick], None
+        check_rows(f"entry {entry}", y[entry], x[entry] @ w[pick].T, dtype)
+        np.testing.assert_array_equal(y[entry], emulated_gemv(case, slice(0, rows)), err_msg=f"entry {entry}")
+
+
+def test_gather_mm_routes_few_entries_to_gather_gemv():
+    """gather_mm's route: sorted single-row entries past 8 a batch, the tiled kernel; anything else
+    of up to 8 rows an entry, gather_gemv, where w is read as rows."""
+    from nuvec_tg.kernels import Target
+    hopper = Target("cuda", warpgroups=True)
+    route = lambda entries, rows, sorted_indices=False, rows_of_w=True: linear.gather_route(  # noqa: E731
+        bf16, bf16, entries, rows, 2048, 768, 128, sorted_indices=sorted_indices, rows_of_w=rows_of_w, target=hopper)
+    assert route(8, 1) == ("gather_gemv", None)
+    assert route(64, 1, sorted_indices=True) == ("gather_gemv", None)   # 64 entries over 128 batches: few a batch
+    assert route(4096, 1, sorted_indices=True) == ("gemm_wgmma", None)
+    assert route(4, 8) == ("gather_gemv", None)
+    assert "rows an entry" in route(4, 9)[1]
+    assert "transpose" in route(8, 1, rows_of_w=False)[1]
+
+
 @pytest.mark.parametrize("x_dtype, w_dtype, k", [(bf16, bf16, 4096 + 64), (f16, f16, 300), (f32, bf16, 257)], ids=str)
 def test_emulated_swiglu_gemv_equals_the_product_of_the_activation(x_dtype, w_dtype, k):
     """SwiGLU's product (x a gated MLP's gate and up, the activation in gemv's loads) against

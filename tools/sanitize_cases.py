@@ -43,7 +43,7 @@ compiles dominate the time):
   and int64 ones outside int32; no rows, no classes.
 - dense products (`fast.linear`): gemv at 1, 3 and 8 rows (and a 1-D x) with K off a SIMD step and
   of pieces of 4 and 1 element, N off a SIMD group's columns and below them, mixed dtypes, a bias
-  or none; gemv's SwiGLU product; gathered gemm over sorted experts with out-of-range ones; gemm at M 9, 65 and 257 (both tile shapes and their tails), K off the step of 32 with
+  or none; gemv's SwiGLU product; gather_gemv over unsorted experts with out-of-range ones; gathered gemm over sorted experts with out-of-range ones; gemm at M 9, 65 and 257 (both tile shapes and their tails), K off the step of 32 with
   copies of 16, 8 and 4 bytes, N off the tiles, batch axes, a float32 bias; float32 beyond 8 rows
   (the composition); no rows, no columns, no K.
 - rope: both pair layouts, 8, 4 and 1 pairs a thread, features past dims, freqs and a scale, rank 5
@@ -627,6 +627,16 @@ def dense_gather(entries: int, k: int, n: int, experts: int, dtype: DType) -> Se
     return setup
 
 
+def dense_few_gather(picks: list[int], rows: int, k: int, n: int, experts: int, dtype: DType) -> Setup:
+    """`gather_mm` of entries of `rows` rows over `experts` weights `[n, K]` (a bank passed
+    transposed), `picks` unsorted (the decode step's few entries: gather_gemv)."""
+    def setup(rng):
+        x = uniform(rng, (len(picks), rows, k), dtype)
+        bank = uniform(rng, (experts, n, k), dtype)
+        return lambda kernels: [("y", quant.gather_mm(x, bank.transpose(-1, -2), None, integers(picks)), None)]
+    return setup
+
+
 def dense_swiglu(rows: int, k: int, n: int, dtype: DType) -> Setup:
     """`quant.swiglu_matmul(gate_up, w)` of a dense w `[n, K]`, gate_up `[rows, 2K]`."""
     def setup(rng):
@@ -641,6 +651,9 @@ DENSE = [
     Case("gathered gemm bf16 40 sorted entries E3, experts out of range, K104 N130", gemm_of(104),
          dense_gather(40, 104, 130, 3, dtypes.bfloat16)),
     Case("gathered gemm f16 300 sorted entries E5 K98 (copies of 4 bytes) N72", gemm_of(98), dense_gather(300, 98, 72, 5, dtypes.float16)),
+    Case("gather_gemv bf16 M1 8 entries E4 experts -1, 7, 2^31-1 K136 N13", GEMV,
+         dense_few_gather([2, 0, -1, 3, 7, 1, INT32_MAX, 0], 1, 136, 13, 4, dtypes.bfloat16)),
+    Case("gather_gemv f32 M3 4 entries E3 K257 (pieces of 1) N5", GEMV, dense_few_gather([1, 1, 0, 2], 3, 257, 5, 3, dtypes.float32)),
     Case("gemv bf16 M1 K552 N13 bias", GEMV, dense((1, 552), 13, dtypes.bfloat16, bias_dtype=dtypes.bfloat16)),
     Case("gemv f16 x bf16 w M3 K4100 (pieces of 4) N37", GEMV, dense((3, 4100), 37, dtypes.float16, dtypes.bfloat16)),
     Case("gemv f32 M8 K257 (pieces of 1) N3 bias", GEMV, dense((8, 257), 3, dtypes.float32, bias_dtype=dtypes.float32)),

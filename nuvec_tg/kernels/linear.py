@@ -33,7 +33,7 @@ from . import Target
 from . import target as _target
 from .program import (CTYPES, Backward, Family, Param, Program, Resources, chunks, int_buffer, kernel_input, launch, metal_limit_reason,
                       threadgroup_array)
-from .quant import (WGMMA_MAX_DYNAMIC, WGMMA_ROW_BYTES, WGMMA_STEP, QmvPlan, WgmmaTiles, gather_tile_slots, gather_tile_starts,
+from .quant import (MAX_ENTRIES, WGMMA_MAX_DYNAMIC, WGMMA_ROW_BYTES, WGMMA_STEP, QmvPlan, WgmmaTiles, gather_tile_slots, gather_tile_starts,
                     gathered_tile_rows, grouped_gather, split_steps, wgmma_tiles)
 
 MAX_ROWS = 8             # rows of x gemv takes (more: gemm)
@@ -208,17 +208,21 @@ def route(x_dtype: DType, w_dtype: DType, bias_dtype: DType | None, out_dtype: D
 def gather_route(dtype: DType, out_dtype: DType, entries: int, rows: int, k: int, n: int, batches: int, *,
                  sorted_indices: bool, rows_of_w: bool, target: Target) -> tuple[str, str | None]:
     """`gather_mm`'s kernel on `target` for `entries` entries of `rows` rows of x each over
-    `batches` weight batches `[N, K]` (x and w of `dtype`): `("gemm" | "gemm_wgmma", reason it
-    cannot run or None)`, the tiled kernel `route` gives with GATHER, each weight batch's rows as
-    one product. It takes sorted single-row entries averaging more than MAX_ROWS rows a batch
-    (`quant.grouped_gather`, the gathered qmm's rule) whose weights it can read as rows
-    (`rows_of_w`: b is the transpose of a `[..., N, K]` bank, as a model's experts are)."""
-    kernel = "gemm_wgmma" if takes_wgmma(k, target) else "gemm"
+    `batches` weight batches `[N, K]` (x and w of `dtype`): `("gemm" | "gemm_wgmma" | "gather_gemv",
+    reason it cannot run or None)`. Sorted single-row entries averaging more than MAX_ROWS rows a
+    batch (`quant.grouped_gather`, the gathered qmm's rule): the tiled kernel `route` gives, with
+    GATHER, each weight batch's rows as one product; otherwise up to MAX_ROWS rows an entry and at
+    most MAX_ENTRIES entries, `gather_gemv` (gemv's conditions), each entry alone (the decode
+    step's few entries). Both read the weights as rows (`rows_of_w`: b is the transpose of a
+    `[..., N, K]` bank, as a model's experts are)."""
+    grouped = sorted_indices and grouped_gather(entries, rows, batches)
+    kernel = ("gemm_wgmma" if takes_wgmma(k, target) else "gemm") if grouped else "gather_gemv"
     if not rows_of_w: return kernel, "b is not the transpose of a [..., N, K] weight (the kernels read w's rows)"
     if batches == 0: return kernel, "no weight batches"
-    if not (sorted_indices and grouped_gather(entries, rows, batches)):
-        return kernel, f"{entries} entries over {batches} batches (the kernels take sorted single-row entries, more than {MAX_ROWS} a batch)"
-    return route(dtype, dtype, None, out_dtype, entries * rows, k, n, target)
+    if grouped: return route(dtype, dtype, None, out_dtype, entries * rows, k, n, target)
+    if rows > MAX_ROWS: return kernel, f"{rows} rows an entry (gather_gemv takes at most {MAX_ROWS})"
+    if entries > MAX_ENTRIES: return kernel, f"{entries} entries (more than {MAX_ENTRIES})"
+    return kernel, route(dtype, dtype, None, out_dtype, rows if entries else 0, k, n, target)[1]
 
 
 def unsupported(x_dtype: DType, w_dtype: DType, bias_dtype: DType | None, out_dtype: DType, rows: int, k: int, n: int,
@@ -240,19 +244,22 @@ def _params(out_dtype: DType, x_dtype: DType, w_dtype: DType, bias_dtype: DType 
 
 
 def gemv_program(backend: str, x_dtype: DType, w_dtype: DType, bias_dtype: DType | None, out_dtype: DType, *,
-                 rows: int, k: int, n: int, plan: QmvPlan, glu: bool = False) -> Program:
+                 rows: int, k: int, n: int, plan: QmvPlan, glu: bool = False, batches: int = 0) -> Program:
     """The gemv specialisation for these arguments (`bias_dtype` None: no bias; `glu`: the product
-    with SwiGLU's silu(gate) * up of x `[M, 2K]`)."""
+    with SwiGLU's silu(gate) * up of x `[M, 2K]`; `batches` > 0: the gathered product over that
+    many weight batches, `gather_gemv`, with a `picks` parameter and no bias)."""
     if plan.columns_per_warp > n: raise ValueError(f"gemv: {plan.columns_per_warp} columns per SIMD group > N = {n}")
+    if batches and bias_dtype is not None: raise ValueError("gemv: a gathered product takes no bias")
     vec = piece_width(k)
     defines: dict[str, object] = dict(TX=CTYPES[x_dtype], TW=CTYPES[w_dtype], TY=CTYPES[out_dtype], BIAS=int(bias_dtype is not None),
-                                      GLU=int(glu))
+                                      GLU=int(glu), GATHER=int(batches > 0), BATCHES=max(batches, 1))
     if bias_dtype is not None: defines["TB"] = CTYPES[bias_dtype]
     defines.update(N_TOTAL=n, K_TOTAL=k, XM=rows, VEC=vec, COLUMNS=plan.columns_per_warp, COLUMN_WARPS=plan.column_warps,
                    K_SPLIT=plan.k_split, UNROLL=plan.unroll)
     defines.update(chunks("W", k * w_dtype.itemsize, vec * w_dtype.itemsize))
     defines.update(chunks("X", k * x_dtype.itemsize, vec * x_dtype.itemsize))
-    return GEMV.program(backend, defines, _params(out_dtype, x_dtype, w_dtype, bias_dtype))
+    params = _params(out_dtype, x_dtype, w_dtype, bias_dtype) + ([Param("picks", "in", "int")] if batches else [])
+    return GEMV.program(backend, defines, params)
 
 
 def _tiled_defines(dtype: DType, bias_dtype: DType | None, out_dtype: DType, gather: bool) -> dict[str, object]:
@@ -323,6 +330,23 @@ def gemv(x: Tensor, w: Tensor, bias: Tensor | None, *, out_dtype: DType, backend
     y = Tensor.empty(rows, n, dtype=out_dtype, device=x.device)
     return launch(program, x.device, [y], ins, (plan.groups(n), 1, 1), plan.threads, backward=_backward(composition, ins),
                   label=f"{backend} gemv{' swiglu' if glu else ''} M{rows} K{k} N{n} {plan}")[0]
+
+
+def gather_gemv(x: Tensor, w: Tensor, picks: Tensor, *, out_dtype: DType, backend: str, composition=None,
+                plan: QmvPlan | None = None) -> Tensor:
+    """Entry p of `x [P, M, K]` (M at most MAX_ROWS) times weight batch `picks[p]` (int32 `[P]`) of
+    `w [E, N, K]`, transposed; returns `[P, M, N]` in `out_dtype`, zeros for a pick outside 0..E-1.
+    Each row has the bits of a one-row `gemv` against its batch. composition: `(x, w, picks) -> y`,
+    whose gradient (in x and w) is the backward."""
+    entries, rows, k = x.shape
+    batches, n = w.shape[0], w.shape[1]
+    plan = plan or gemv_plan(rows, k, n)
+    program = gemv_program(backend, x.dtype, w.dtype, None, out_dtype, rows=rows, k=k, n=n, plan=plan, batches=batches)
+    ins = [kernel_input(x), kernel_input(w), picks.cast(dtypes.int32).contiguous()]
+    backward = None if composition is None else Backward("gather_mm", composition, tuple(ins), wrt=(0, 1))
+    y = Tensor.empty(entries, rows, n, dtype=out_dtype, device=x.device)
+    return launch(program, x.device, [y], ins, (plan.groups(n), entries, 1), plan.threads, backward=backward,
+                  label=f"{backend} gather_gemv M{rows} K{k} N{n} E{batches} {plan}")[0]
 
 
 def _tiled(program: Program, x: Tensor, w: Tensor, bias: Tensor | None, out_dtype: DType, composition,

@@ -10,9 +10,10 @@ kernels (rows sorted by expert) and changes no value. On METAL and CUDA, transpo
 most 8 rows per entry run the `gather_qmv` kernel (`kernels/quant.py`), each row with the bits of a
 one-row `quantized_matmul` of its expert; sorted single-row entries averaging more than 8 rows per
 expert run the gathered `qmm` kernel, an expert's rows as one product (`grouped_gather`). Dense
-`gather_mm` takes the same rule to the gathered tiled kernels (`gemm`, `gemm_wgmma` with GATHER)
-where b is the transpose of a `[..., N, K]` weight bank, as a model's experts are; the rest is
-the composition.
+`gather_mm` takes the same rule where b is the transpose of a `[..., N, K]` weight bank, as a
+model's experts are: the gathered tiled kernels (`gemm`, `gemm_wgmma` with GATHER) for the
+grouped entries, `gather_gemv` (gemv with GATHER) for up to 8 rows an entry, each row with the
+bits of a `fast.linear` of its expert; the rest is the composition.
 """
 from __future__ import annotations
 
@@ -80,6 +81,9 @@ def gather_mm(a: Tensor, b: Tensor, lhs_indices: Tensor | None = None, rhs_indic
         backend = kernels.choose(op, f"{entries} entries of {m} x {k} x {tuple(b.shape)} on {a.device}", a.device, kernel,
                                  lambda backend: reason)
         if backend is None: return rows @ take_rows(b_flat, picks)
+        if kernel == "gather_gemv":  # each entry's few rows against its own weight batch
+            return linear_kernel.gather_gemv(rows, w_flat, picks, out_dtype=dtype, backend=backend,
+                                             composition=lambda x, w, p: x @ take_rows(w, p).transpose(-1, -2))
         # an expert's rows as one product: the route takes single-row entries, each with its own weight batch
         run = linear_kernel.gemm_wgmma if kernel == "gemm_wgmma" else linear_kernel.gemm
         out = run(rows.reshape(entries, k), w_flat, None, out_dtype=dtype, backend=backend, picks=picks,

@@ -24,6 +24,14 @@ template <typename T> INLINE float swiglu_value(float gate, float up) {
   return to_float(T(silu * up));
 }
 
+// The matrix-vector kernels' gathered entry (GATHER in qmv.h, gemv.h): threadgroup row nv_group.y
+// is entry ENTRY, and its weight batch BATCH, or 0 with PICKED false where its pick is outside
+// 0..BATCHES-1 (the entry then reads nothing and gives zeros).
+#define GATHERED_ENTRY(ENTRY, BATCH, PICKED)                          \
+  const int ENTRY = (int)nv_group.y;                                  \
+  const bool PICKED = picks[ENTRY] >= 0 && picks[ENTRY] < BATCHES;    \
+  const long BATCH = PICKED ? picks[ENTRY] : 0;
+
 // The end of the run of rows from `start` (before `end`) whose picks are start's: the gathered
 // products' runs of one weight batch (GATHER in qmm.h, qmm_wgmma.h, gemm.h, gemm_wgmma.h).
 INLINE int pick_run_end(const DEVICE int* picks, int start, int end) {

@@ -29,9 +29,15 @@
 // K further as the composition rounds it (`swiglu_value`), so the MLP's activation is no kernel of
 // its own. VEC divides K, so the up half's pieces are aligned as the gate's.
 //
-// Defines: TX, TW, TB, TY, BIAS, GLU, N_TOTAL and K_TOTAL (w's shape: baked, so every offset is a
-// constant), XM, VEC, CHUNK_W / W_CHUNKS and CHUNK_X / X_CHUNKS (`chunks()`), COLUMNS,
-// COLUMN_WARPS, K_SPLIT, UNROLL, from `kernels/linear.py`.
+// Gathered products (GATHER, a mixture of experts' decode: `gather_mm` below its sorted rule):
+// threadgroup row p = nv_group.y computes entry p, x's rows `x[p]` ([XM, K] of x [P, XM, K]) times
+// weight batch `picks[p]` of the BATCHES batches (w [BATCHES, N, K]) into y[p]; a pick outside
+// 0..BATCHES-1 reads nothing and gives zeros. No bias. Each entry's arithmetic is the plain
+// product's, so a row keeps its bits alone against its batch whichever entries share the call.
+//
+// Defines: TX, TW, TB, TY, BIAS, GLU, GATHER, BATCHES, N_TOTAL and K_TOTAL (w's shape: baked, so
+// every offset is a constant), XM, VEC, CHUNK_W / W_CHUNKS and CHUNK_X / X_CHUNKS (`chunks()`),
+// COLUMNS, COLUMN_WARPS, K_SPLIT, UNROLL, from `kernels/linear.py`.
 
 #define PIECES (K_TOTAL / VEC)                     // pieces of a row (VEC divides K)
 #define X_ROW (GLU ? 2 * K_TOTAL : K_TOTAL)       // elements of a row of x
@@ -39,6 +45,17 @@
 
 /* kernel */
   const int lane = (int)nv_thread.x % 32, warp = (int)nv_thread.x / 32;
+#if GATHER
+  GATHERED_ENTRY(entry, batch, picked)
+  const DEVICE TW* w_at = w + batch * N_TOTAL * K_TOTAL;
+  const DEVICE TX* x_at = x + (long)entry * XM * X_ROW;
+  DEVICE TY* y_at = y + (long)entry * XM * N_TOTAL;
+#else
+  const bool picked = true;
+  const DEVICE TW* w_at = w;
+  const DEVICE TX* x_at = x;
+  DEVICE TY* y_at = y;
+#endif
   const int column_warp = warp % COLUMN_WARPS, k_warp = warp / COLUMN_WARPS;
   // This SIMD group's columns first_n .. first_n + COLUMNS - 1. The last set is moved back to end
   // at N: its columns that another set also has are computed alike there, and written alike.
@@ -47,7 +64,7 @@
   float sums[XM * COLUMNS];
 #pragma unroll
   for (int i = 0; i < XM * COLUMNS; i++) sums[i] = 0.0f;
-  for (int step = k_warp; step < STEPS; step += K_SPLIT * UNROLL) {
+  for (int step = k_warp; picked && step < STEPS; step += K_SPLIT * UNROLL) {  // uniform: an unpicked entry sums nothing
     // The w loads of UNROLL steps (step + u * K_SPLIT), all issued before any is used.
     CHUNK_W raw[UNROLL * COLUMNS * W_CHUNKS];
 #pragma unroll
@@ -59,7 +76,7 @@
 #pragma unroll
         for (int i = 0; i < W_CHUNKS; i++)
           raw[(u * COLUMNS + c) * W_CHUNKS + i] =
-              ((const DEVICE CHUNK_W*)(w + (long)(first_n + c) * K_TOTAL + piece * VEC))[i];
+              ((const DEVICE CHUNK_W*)(w_at + (long)(first_n + c) * K_TOTAL + piece * VEC))[i];
     }
 #pragma unroll
     for (int u = 0; u < UNROLL; u++) {
@@ -75,10 +92,10 @@
 #pragma unroll
       for (int m = 0; m < XM; m++) {
         float xs[VEC];
-        LOAD_PIECE(CHUNK_X, X_CHUNKS, TX, x + (long)m * X_ROW + piece * VEC, xs)
+        LOAD_PIECE(CHUNK_X, X_CHUNKS, TX, x_at + (long)m * X_ROW + piece * VEC, xs)
 #if GLU
         float ups[VEC];
-        LOAD_PIECE(CHUNK_X, X_CHUNKS, TX, x + (long)m * X_ROW + K_TOTAL + piece * VEC, ups)
+        LOAD_PIECE(CHUNK_X, X_CHUNKS, TX, x_at + (long)m * X_ROW + K_TOTAL + piece * VEC, ups)
 #pragma unroll
         for (int j = 0; j < VEC; j++) xs[j] = swiglu_value<TX>(xs[j], ups[j]);
 #endif
@@ -101,6 +118,6 @@
 #if BIAS
       total += to_float(bias[n]);
 #endif
-      from_float(total, &y[(i / COLUMNS) * N_TOTAL + n]);
+      from_float(total, &y_at[(i / COLUMNS) * N_TOTAL + n]);
     }
   }

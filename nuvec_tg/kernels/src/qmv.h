@@ -166,9 +166,7 @@ INLINE void accumulate_chunk(const DEVICE TX* x_chunk, bool half_chunk, const TH
 /* kernel */
   const int lane = (int)nv_thread.x % 32, warp = (int)nv_thread.x / 32;
 #if GATHER
-  const int entry = (int)nv_group.y, pick = picks[entry];
-  const bool picked = pick >= 0 && pick < BATCHES;
-  const long batch = picked ? pick : 0;
+  GATHERED_ENTRY(entry, batch, picked)
   const DEVICE uint* w_at = w + batch * N_TOTAL * WORDS_PER_ROW;
   const DEVICE TS* scales_at = scales + batch * N_TOTAL * GROUPS_PER_ROW;
 #if MODE == 0
