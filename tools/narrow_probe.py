@@ -4,8 +4,11 @@ projections, timed as the benchmarks time a product (TinyJit replays of calls ov
 sets, device time), with the bandwidth each reaches reading its weights, and qmv_mma without its
 two-codes-at-a-time decoding (PAIRS).
 
-Usage: DEV=CUDA python3 tools/narrow_probe.py [--rows 1,2,4,8] [--repeats 3] [--sweep] [--qmm]
+Usage: DEV=CUDA python3 tools/narrow_probe.py [--rows 1,2,4,8] [--repeats 3] [--sweep] [--qmm] [--moe-decode]
   --sweep: qmv_mma at every plan of `tests/kernel_specialisations.QMV_MMA_PROBE_PLANS` too (8 rows)
+  --moe-decode: instead, a bf16 MoE decode step's expert products (Qwen3-30B-A3B: 128 experts of
+    2048 -> 2 x 768 and 768 -> 2048, top 8) at 1 and 8 tokens: gather_gemv against the composition
+    (the chosen experts' weights copied, then tinygrad's matmul)
 """
 from __future__ import annotations
 
@@ -22,13 +25,45 @@ from nuvec_tg.kernels import quant as qk
 SHAPES = ((4096, 6144), (4096, 4096), (4096, 24576), (12288, 4096))   # K x N: qkv, o, gate_up, down
 
 
+MOE_EXPERTS, MOE_TOP = 128, 8
+MOE_SHAPES = (("gate_up", 2048, 2 * 768), ("down", 768, 2048))   # (projection, K, N) a Qwen3-30B-A3B expert
+
+
+def moe_decode(repeats: int) -> None:
+    """gather_gemv against gather_mm's composition at a bf16 MoE decode step's entries."""
+    from nuvec_tg.kernels import compositions_only
+    print(f"{device_name()}; µs a call, device time of TinyJit replays; {MOE_EXPERTS} bf16 experts, top {MOE_TOP}, "
+          "unsorted entries of one row; TB/s: the chosen experts' bytes over the time")
+    print("| tokens | projection | K x N | gather_gemv µs | TB/s | composition µs | composition / gather_gemv |")
+    print("|---|---|---|---|---|---|---|")
+    warm_up()
+    for name, k, n in MOE_SHAPES:
+        # enough banks that one token's chosen experts, bank after bank, pass 2x the L2
+        banks = [(Tensor.randn(MOE_EXPERTS, n, k, dtype=dtypes.bfloat16) * 0.02).realize()
+                 for _ in range(rotation(MOE_TOP * n * k * 2).sets)]
+        for tokens in (1, 8):
+            entries = tokens * MOE_TOP
+            x = Tensor.randn(entries, 1, k, dtype=dtypes.bfloat16).realize()
+            picks = Tensor.randint(entries, low=0, high=MOE_EXPERTS).cast(dtypes.int32).realize()
+            calls = [(x, bank, picks) for bank in banks]
+            product = lambda x, bank, picks: quant.gather_mm(x, bank.transpose(-1, -2), None, picks)  # noqa: E731
+            kernel = time_jit(product, calls, repeats)
+            with compositions_only():
+                composed = time_jit(product, calls, repeats)
+            chosen_bytes = entries * n * k * 2
+            print(f"| {tokens} | {name} | {k} x {n} | {kernel * 1e6:.1f} | {chosen_bytes / kernel / 1e12:.2f} | "
+                  f"{composed * 1e6:.1f} | {composed / kernel:.1f} |", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", default="1,2,4,8")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--sweep", action="store_true")
     parser.add_argument("--qmm", action="store_true", help="time qmm at the same rows too")
+    parser.add_argument("--moe-decode", action="store_true", help="a bf16 MoE decode step's gathered products instead")
     args = parser.parse_args()
+    if args.moe_decode: return moe_decode(args.repeats)
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
     from kernel_specialisations import QMV_MMA_PROBE_PLANS
     print(f"{device_name()}; µs a call, device time of TinyJit replays over rotated 4-bit weights (affine, groups of 64); "
