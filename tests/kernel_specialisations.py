@@ -369,7 +369,7 @@ def _qmv_mma_candidates(backend: str) -> Iterator[_Candidate]:
             shapes = ((4096 + (16 if mode == "nvfp4" else 0), 4096), (max(192, 2 * group), 40))
             for k, n in shapes:
                 probed = bits == 4 and mode == "affine" and k >= 4096 and rows in (2, 8) and x == dtypes.bfloat16
-                plans = {quant.qmv_mma_plan(k, n)} | (set(QMV_MMA_PROBE_PLANS) if probed else set())
+                plans = {quant.qmv_mma_plan(k, n)} | (set(quant.QMV_MMA_PLANS) if probed else set())
                 for p in sorted(plans, key=str):
                     label = f"{mode} {bits}-bit g{group} x {dtype_name(x)} scales {dtype_name(scales)} M{rows} K{k} N{n} {p}"
                     make = functools.partial(_labelled, label, quant.qmv_mma_program, x, scales, x, mode=mode, group_size=group,
@@ -377,10 +377,6 @@ def _qmv_mma_candidates(backend: str) -> Iterator[_Candidate]:
                     yield _Candidate(quant.QMV_MMA.stem, make, ((mode, group, bits, x), (mode, x, scales), (mode, rows, p),
                                                                 (mode, group, bits, k, n)),
                                      ((bits, mode), (x,)))  # each width's codes, each mma type
-
-
-# The plans `tools/narrow_probe.py --mma` sweeps besides the default.
-QMV_MMA_PROBE_PLANS = tuple(quant.QmvMmaPlan(split, unroll) for split in (1, 2, 4, 8, 16) for unroll in (1, 2, 4))
 
 
 def gemv_calls() -> Iterator[tuple[DType, DType, DType | None, DType, int, int, int, quant.QmvPlan, bool]]:

@@ -5,7 +5,7 @@ sets, device time), with the bandwidth each reaches reading its weights, and qmv
 two-codes-at-a-time decoding (PAIRS).
 
 Usage: DEV=CUDA python3 tools/narrow_probe.py [--rows 1,2,4,8] [--repeats 3] [--sweep] [--qmm] [--moe-decode]
-  --sweep: qmv_mma at every plan of `tests/kernel_specialisations.QMV_MMA_PROBE_PLANS` too (8 rows)
+  --sweep: qmv_mma at every launch of `quant.QMV_MMA_PLANS` too (8 rows)
   --moe-decode: instead, a bf16 MoE decode step's expert products (Qwen3-30B-A3B: 128 experts of
     2048 -> 2 x 768 and 768 -> 2048, top 8) at 1 and 8 tokens: gather_gemv against the composition
     (the chosen experts' weights copied, then tinygrad's matmul)
@@ -13,8 +13,6 @@ Usage: DEV=CUDA python3 tools/narrow_probe.py [--rows 1,2,4,8] [--repeats 3] [--
 from __future__ import annotations
 
 import argparse
-import pathlib
-import sys
 
 from tinygrad import Tensor, dtypes
 
@@ -64,8 +62,6 @@ def main() -> None:
     parser.add_argument("--moe-decode", action="store_true", help="a bf16 MoE decode step's gathered products instead")
     args = parser.parse_args()
     if args.moe_decode: return moe_decode(args.repeats)
-    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
-    from kernel_specialisations import QMV_MMA_PROBE_PLANS
     print(f"{device_name()}; µs a call, device time of TinyJit replays over rotated 4-bit weights (affine, groups of 64); "
           "TB/s: the weights' bytes (codes, scales, biases) over the time")
     print("| M | K x N | qmv µs | qmv_mma µs (plan) | qmv / qmv_mma | qmv_mma TB/s | qmv_mma without PAIRS µs |"
@@ -82,7 +78,7 @@ def main() -> None:
             x = Tensor.randn(rows, k, dtype=dtypes.bfloat16).realize()
             calls = [(x, *t) for t in tensors]
             vector = time_jit(lambda x, w, s, b: qk.qmv(x, w, s, b, **common), calls, args.repeats)
-            plans = [qk.qmv_mma_plan(k, n)] + ([p for p in QMV_MMA_PROBE_PLANS if p != qk.qmv_mma_plan(k, n)]
+            plans = [qk.qmv_mma_plan(k, n)] + ([p for p in qk.QMV_MMA_PLANS if p != qk.qmv_mma_plan(k, n)]
                                                if args.sweep and rows == 8 else [])
             timed = []
             for plan in plans:

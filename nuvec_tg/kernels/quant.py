@@ -379,6 +379,10 @@ class QmvMmaPlan:
     def __str__(self) -> str: return f"mma split {self.k_split} unroll {self.unroll}"
 
 
+# Every launch `tools/narrow_probe.py --sweep` times (and the compile checks cover) besides the plan's.
+QMV_MMA_PLANS = tuple(QmvMmaPlan(split, unroll) for split in (1, 2, 4, 8, 16) for unroll in (1, 2, 4))
+
+
 def qmv_mma_plan(k: int, n: int) -> QmvMmaPlan:
     """qmv_mma's launch for K and N (`split_steps` over its units and tiles, at most
     QMV_MMA_MAX_SPLIT): K and N only, so a row's order of summation never depends on the rows."""
@@ -404,7 +408,7 @@ def takes_qmv_mma(x_dtype: DType, scales_dtype: DType, out_dtype: DType, rows: i
     """Whether `quantized_matmul` runs qmv_mma in qmv's place: QMV_MMA_ROUTED, QMV_MMA_MIN_ROWS to
     MAX_ROWS rows, and a call it takes (`qmv_mma_unsupported`). The rows choose between the two
     kernels, whose orders differ: a row keeps the same bits over 2-8 rows, not at 1."""
-    return (QMV_MMA_ROUTED and QMV_MMA_MIN_ROWS <= rows <= MAX_ROWS
+    return (QMV_MMA_ROUTED and rows >= QMV_MMA_MIN_ROWS
             and qmv_mma_unsupported(x_dtype, scales_dtype, out_dtype, rows, k, n, target) is None)
 
 
@@ -436,8 +440,9 @@ def qmv_mma(x: Tensor, weight: Tensor, scales: Tensor, biases: Tensor | None, *,
     """`x [M, K] · wᵀ` (M 1-8, x float16 or bfloat16) for packed `weight [N, K * bits / 32]`,
     `scales` (and affine `biases`) `[N, K / group_size]` on the matrix units; returns `[M, N]` in
     `out_dtype`. The weights are dequantized into x's type (qmm's rounding; with PAIRS the same fma
-    rounded once in x's type), the products accumulate in float32. composition: `(x, weight, scales, biases) -> y`, whose gradient is the backward.
-    `mma_plan` overrides `qmv_mma_plan` and `pairs` the decoding (`qmv_mma_program`; tuning)."""
+    rounded once in x's type), the products accumulate in float32. composition: `(x, weight,
+    scales, biases) -> y`, whose gradient is the backward. `mma_plan` overrides `qmv_mma_plan` and
+    `pairs` the decoding (`qmv_mma_program`; tuning)."""
     if backend != "cuda": raise ValueError(f"qmv_mma: a CUDA kernel, not {backend}")
     rows, k = x.shape
     n = weight.shape[0]
