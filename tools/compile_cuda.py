@@ -287,7 +287,9 @@ def print_sass(cuobjdump: str) -> None:
         # a tail), so that the loop holds one kind of round; ptxas may unroll it, so its rounds are
         # counted by their mma (16 a round).
         whole = "unit_round<false>(unit, g, c, columns, x, w, scales, bias_rows, acc)"
-        text = program.text.replace(whole.replace("false", "true"), whole)
+        tail = whole.replace("false", "true")
+        if tail not in program.text: raise SystemExit("qmv_mma.h's tail round call changed: update print_sass")
+        text = program.text.replace(tail, whole)
         count, counts = loop_histogram(dataclasses.replace(program, text=text), cuobjdump)
         codes = 2 * 32 * m.unroll * counts.get("HMMA", 16) // 16  # a lane's chunks of two rows of w a unit
         print(f"qmv_mma {mode} {bits}-bit g{group} M{rows} {m}: {count} instructions per lane loop of {codes} codes "
