@@ -380,7 +380,9 @@ class QmvMmaPlan:
 
 
 # Every launch `tools/narrow_probe.py --sweep` times (and the compile checks cover) besides the plan's.
-QMV_MMA_PLANS = tuple(QmvMmaPlan(split, unroll) for split in (1, 2, 4, 8, 16) for unroll in (1, 2, 4))
+# 16 SIMD groups at unroll 4 spill under the launch's register bound (128 a thread), so no plan asks for them
+QMV_MMA_PLANS = tuple(QmvMmaPlan(split, unroll) for split in (1, 2, 4, 8, 16) for unroll in (1, 2, 4)
+                      if split * unroll < 64)
 
 
 def qmv_mma_plan(k: int, n: int) -> QmvMmaPlan:
@@ -431,7 +433,10 @@ def qmv_mma_program(x_dtype: DType, scales_dtype: DType, out_dtype: DType, *, mo
     defines = dict(TX=ctype(x_dtype), TS=ctype(scales_dtype), TY=ctype(out_dtype), BITS=bits, GROUP=group_size,
                    MODE=_MODES[mode], N_TOTAL=n, K_TOTAL=k, XM=rows, K_SPLIT=mma_plan.k_split, UNROLL=mma_plan.unroll,
                    LOAD_WORDS=load_words(bits, k * bits // 32), PAIRS=int(able if pairs is None else pairs))
-    return QMV_MMA.program("cuda", defines, _params(defines["TY"], defines["TX"], defines["TS"], mode, False))
+    # the launch's threads must find their registers on one multiprocessor: 16 SIMD groups at
+    # unroll 4 asked for more than 65536 (CUDA error 701) until the bound capped them
+    return QMV_MMA.program("cuda", defines, _params(defines["TY"], defines["TX"], defines["TS"], mode, False),
+                           occupancy=(mma_plan.threads, 1))
 
 
 def qmv_mma(x: Tensor, weight: Tensor, scales: Tensor, biases: Tensor | None, *, mode: str, group_size: int, bits: int,
