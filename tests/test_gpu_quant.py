@@ -74,8 +74,8 @@ def test_qmv_at_the_plans_boundaries(n, k, dtype):
 
 def check_rows(rng, n, k, mode, group, width, dtype, row_counts):
     """Each row count's product against numpy and the composition, each row's bits a one-row
-    product's, or where the rows run qmv_mma (`takes_qmv_mma`: 2-8 rows of 16-bit x on CUDA, once
-    routed) the bits of that row beside another row (`[row, row]`)."""
+    product's, or where the rows run qmv_mma (`takes_qmv_mma`: 2-8 rows of 16-bit x on CUDA) the
+    bits of that row in the fewest rows qmv_mma takes (`[row] * QMV_MMA_MIN_ROWS`)."""
     w = random(rng, (n, k), dtype, gpu)[0]
     qw = quant.quantize(w, group, width, mode=mode)
     dense = dequantized(qw)
@@ -87,7 +87,9 @@ def check_rows(rng, n, k, mode, group, width, dtype, row_counts):
         y = assert_matches(f"{mode} {width}-bit {rows} rows", lambda: quant.quantized_matmul(x, qw), kernel, xv @ dense.T)
         for row in range(rows):
             with expect_launches(gpu, kernel):
-                if mma: alone = bits_of(quant.quantized_matmul(x[row:row + 1].expand(2, k).contiguous(), qw))[:1]
+                if mma:
+                    fewest = x[row:row + 1].expand(qmv.QMV_MMA_MIN_ROWS, k).contiguous()
+                    alone = bits_of(quant.quantized_matmul(fewest, qw))[:1]
                 else: alone = bits_of(quant.quantized_matmul(x[row:row + 1].contiguous(), qw))
             np.testing.assert_array_equal(alone, bits_of(y)[row:row + 1], err_msg=f"{mode} {width} row {row}")
 

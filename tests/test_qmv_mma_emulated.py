@@ -86,8 +86,8 @@ def test_emulated_qmv_mma_with_float32_scales_and_the_default_plan():
 
 
 def test_qmv_mma_plan_and_route():
-    """The plan depends on K and N only; the route takes 2-8 rows of 16-bit x on CUDA once routed
-    (one row, float32 x, fewer than 16 outputs and other backends keep qmv)."""
+    """The plan depends on K and N only; the route takes QMV_MMA_MIN_ROWS-8 rows of 16-bit x on CUDA
+    when routed (fewer rows, float32 x, fewer than 16 outputs and other backends keep qmv)."""
     for k, n in ((4096, 4096), (12288, 4096), (4096, 24576), (4096 + 64, 40)):
         plan = qmv.qmv_mma_plan(k, n)
         units = -(-k // qmv.QMV_MMA_UNIT)
@@ -101,7 +101,8 @@ def test_qmv_mma_plan_and_route():
     routed = qmv.QMV_MMA_ROUTED
     try:
         qmv.QMV_MMA_ROUTED = True
-        assert [route(rows) for rows in (1, 2, 8, 9)] == ["qmv", "qmv_mma", "qmv_mma", "qmm"]
+        low = qmv.QMV_MMA_MIN_ROWS
+        assert [route(rows) for rows in (1, low - 1, low, 8, 9)] == ["qmv", "qmv", "qmv_mma", "qmv_mma", "qmm"]
         assert route(4, x=f32) == "qmv" and route(4, n=8) == "qmv" and route(4, target=metal) == "qmv"
         qmv.QMV_MMA_ROUTED = False
         assert route(4) == "qmv"

@@ -6,11 +6,10 @@ more rows on the matrix units, over packed weights of any affine width or floati
 Which kernel runs (the same rule on METAL and CUDA; `quant/affine.py` and `quant/gather.py` ask
 with the device's `kernels.Target`, anything else is the composition):
 - `quantized_matmul` (`product_route`), 2-D weights: up to MAX_ROWS rows of x, `qmv` (transposed)
-  or `qvm` (not), any activation type (`qmv_unsupported`), except that on CUDA 2 to MAX_ROWS rows of
-  float16 or bfloat16 x run `qmv_mma` (`src/qmv_mma.h`, the matrix units) once QMV_MMA_ROUTED
-  (`takes_qmv_mma`); more rows of float16 or bfloat16 and
-  transposed, `qmm` (`qmm_unsupported`: float32 activations stay on the composition, the tiles are
-  16-bit).
+  or `qvm` (not), any activation type (`qmv_unsupported`), except that on CUDA QMV_MMA_MIN_ROWS to
+  MAX_ROWS rows of float16 or bfloat16 x run `qmv_mma` (`src/qmv_mma.h`, the matrix units;
+  `takes_qmv_mma`); more rows of float16 or bfloat16 and transposed, `qmm` (`qmm_unsupported`:
+  float32 activations stay on the composition, the tiles are 16-bit).
 - `gather_qmm` (`gather_route`), transposed, no global scale: sorted single-row entries averaging
   more than MAX_ROWS rows per weight batch, the gathered `qmm` (`grouped_gather`); otherwise up to
   MAX_ROWS rows per entry, `gather_qmv`.
@@ -353,13 +352,12 @@ def qmv(x: Tensor, weight: Tensor, scales: Tensor, biases: Tensor | None, *, mod
 # QMV_MMA_COLUMNS outputs, its SIMD groups taking units of QMV_MMA_UNIT k in turn.
 QMV_MMA_COLUMNS = 16          # outputs a tile (the mma's 16 rows of A)
 QMV_MMA_UNIT = 128            # k a unit: 4 chunks, one a lane of each row of A
-QMV_MMA_MIN_ROWS = 2          # one row runs qmv (the earlier matrix-unit qmvs lost to it there: quant_h200.md)
-QMV_MMA_MAX_SPLIT = 16        # SIMD groups of a threadgroup, each a slice of K's units
-QMV_MMA_UNROLL = 2            # units whose loads a lane issues together (at most its unit count)
-# Whether `quantized_matmul` routes 2-8 rows to qmv_mma. Not yet: it has run only on the emulator;
-# until a GPU has run it (`tests/test_gpu_quant.py`) and `tools/narrow_probe.py` has timed it
-# against qmv, it runs only where asked (the tests, the probe).
-QMV_MMA_ROUTED = False
+QMV_MMA_MIN_ROWS = 2          # one row runs qmv, faster there (benchmarks/quant_h200.md, "qmv_mma")
+QMV_MMA_MAX_SPLIT = 8         # SIMD groups of a threadgroup, each a slice of K's units
+QMV_MMA_UNROLL = 1            # units whose loads a lane issues together (the sweep: quant_h200.md)
+# Whether `quantized_matmul` routes QMV_MMA_MIN_ROWS-8 rows to qmv_mma (off: qmv serves them, as
+# `bench model`'s A/B and the route test ask).
+QMV_MMA_ROUTED = True
 
 
 @dataclass(frozen=True)
@@ -587,9 +585,9 @@ def product_route(x_dtype: DType, scales_dtype: DType, out_dtype: DType, rows: i
     K inputs and N outputs: `("qmv" | "qvm" | "qmm" | "qmm_dequantized", reason it cannot run or
     None)`. Up to MAX_ROWS rows, qmv (transposed) or qvm (not); more, qmm (transposed only), or
     from DEQUANTIZED_ROWS rows (DEQUANTIZED_NARROW_ROWS at N up to DEQUANTIZED_NARROW_N) on Hopper
-    `dequantize` then gemm_wgmma (`takes_dequantized`, the same bits); 2 to MAX_ROWS rows of 16-bit
-    x on CUDA, once routed, qmv_mma (`takes_qmv_mma`: "qmv_mma"); `batched` (weights with batch
-    axes) has no kernel."""
+    `dequantize` then gemm_wgmma (`takes_dequantized`, the same bits); QMV_MMA_MIN_ROWS to
+    MAX_ROWS rows of 16-bit x on CUDA, qmv_mma (`takes_qmv_mma`: "qmv_mma"); `batched` (weights
+    with batch axes) has no kernel."""
     kernel = ("qmv" if transpose else "qvm") if rows <= MAX_ROWS else "qmm"
     if batched: return kernel, "weights with batch axes"
     if transpose and takes_qmv_mma(x_dtype, scales_dtype, out_dtype, rows, k, n, target): return "qmv_mma", None
