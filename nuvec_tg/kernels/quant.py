@@ -681,8 +681,9 @@ def qmm_wgmma_program(x_dtype: DType, scales_dtype: DType, out_dtype: DType, *, 
 QMM_WGMMA_RS_BITS = (2, 4, 8)
 # Whether qmm plans qmm_wgmma_rs for those widths. Not yet: its first GPU run (an H100) gave garbage
 # from a register hazard (the next step's dequantization took the registers a running wgmma still
-# read), and the fix (two fragments, each held until its step retires) has not run on a GPU. Until
-# it has, the kernel runs only where `tiles` asks for it (the GPU tests, the probe).
+# read); the fix (two fragments, each held until its step retires) passes the GPU tests and
+# memcheck (session 50, an H100), but it has not been timed against qmm_wgmma since. Until it is
+# faster, the kernel runs only where `tiles` asks for it (the GPU tests, the probe).
 QMM_WGMMA_RS_ROUTED = False
 QMM_WGMMA_RS_SMALL = RegisterTiles(64, 2, 4)
 QMM_WGMMA_RS_WIDE = (RegisterTiles(256, 2, 4), RegisterTiles(128, 2, 4), RegisterTiles(64, 2, 4))
