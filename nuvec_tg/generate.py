@@ -25,11 +25,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quantize", default=None, help="quantize at load: 4 or 8 (affine), mxfp4, mxfp8 or nvfp4")
     parser.add_argument("--dtype", default=None, choices=["float16", "bfloat16", "float32"])
     parser.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template as a user message")
+    parser.add_argument("--devices", type=int, default=1,
+                        help="split the model over this many of the default device's instances (tensor parallel)")
     args = parser.parse_args(argv)
+    if args.devices < 1: parser.error("--devices must be at least 1")
 
     from . import models
     quantize = int(args.quantize) if args.quantize is not None and args.quantize.isdigit() else args.quantize
-    model = models.load(args.model, dtype=args.dtype, quantize=quantize)
+    devices = tuple(f"{Device.DEFAULT}:{i}" for i in range(args.devices)) if args.devices > 1 else None
+    model = models.load(args.model, dtype=args.dtype, quantize=quantize, devices=devices)
     for piece in model.generate(args.prompt, max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                                 top_k=args.top_k, seed=args.seed, chat=args.chat):
         print(piece, end="", flush=True)
@@ -37,7 +41,8 @@ def main(argv: list[str] | None = None) -> None:
     print()
     print(f"prompt: {stats.prompt_tokens} tokens, {stats.prompt_tps:.1f} tokens/s")
     print(f"generation: {stats.generated_tokens} tokens, {stats.generation_tps:.1f} tokens/s")
-    print(f"device: {models.device_description(stats.device or Device.DEFAULT)}")
+    label = "devices" if isinstance(stats.device, tuple) else "device"
+    print(f"{label}: {models.device_description(stats.device or Device.DEFAULT)}")
 
 
 if __name__ == "__main__":

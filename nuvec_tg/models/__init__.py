@@ -28,6 +28,7 @@ from .checkpoint import Checkpoint
 from .config import Config
 from .loader import Loader, QuantSpec, default_dtype
 from .model import GenerationStats, Model, device_description
+from . import parallel
 from .paged import Engine, PagedCache
 from .random_weights import DIRECTORY, RandomCheckpoint
 
@@ -58,13 +59,16 @@ def _eos_ids(directory: pathlib.Path, config: Config) -> tuple[int, ...]:
     return tuple(int(v) for v in (value if isinstance(value, list) else [value]))
 
 
-def load(path, dtype=None, quantize=None, device: str | None = None, progress: bool = True) -> Model:
+def load(path, dtype=None, quantize=None, device: str | None = None, progress: bool = True,
+         devices: tuple[str, ...] | None = None) -> Model:
     """A model from checkpoint directory `path` (Hugging Face's layout, or an MLX-quantized one).
 
     dtype: the activations' and weights' dtype (a tinygrad dtype or its name); None keeps the
     checkpoint's. quantize: quantize a 16-bit checkpoint on load: 4 or 8 (affine, groups of 64),
     a mode (`"mxfp4"`, `"mxfp8"`, `"nvfp4"`) or `{"bits", "group_size", "mode"}`; modules that
-    mlx-lm leaves dense stay dense. device: tinygrad's default unless given. Raises `ValueError`
+    mlx-lm leaves dense stay dense. device: tinygrad's default unless given. devices: instead of
+    `device`, two or more devices the model is split over, tensor-parallel (`models.parallel`:
+    loaded on the first, then spread; heads and MLP columns split by device). Raises `ValueError`
     naming the file and tensor for a bad directory, config, missing tensor or shape, before any
     weight is read.
     """
@@ -75,16 +79,17 @@ def load(path, dtype=None, quantize=None, device: str | None = None, progress: b
     config = Config.read(config_path)
     family = _family(config)
     checkpoint = Checkpoint(directory)
-    return _build(family, config, checkpoint, _dtype(dtype) or default_dtype(checkpoint), quantize, device, progress)
+    return _build(family, config, checkpoint, _dtype(dtype) or default_dtype(checkpoint), quantize, device, progress,
+                  _devices("load", device, devices), "load")
 
 
 def random_model(config, dtype="bfloat16", quantize=None, device: str | None = None, seed: int = 0,
-                 progress: bool = False) -> Model:
+                 progress: bool = False, devices: tuple[str, ...] | None = None) -> Model:
     """A model of `config`'s family and size with random weights made on the device, without a
     checkpoint: for benchmarks at real sizes and tests.
 
     config: a config.json's values (a dict, as `load` reads them: a `text_config` is merged over
-    the rest) or a `Config`. dtype, quantize, device: as for `load` (quantize=4 quantizes the
+    the rest) or a `Config`. dtype, quantize, device, devices: as for `load` (quantize=4 quantizes the
     random 16-bit weights on the device, as `load` does a checkpoint's). seed: with a tensor's
     name, picks its values (the same seed gives the same model). Every tensor the family asks for
     exists with the shape it asks for; norm weights are ones and the rest about normal * 0.02,
@@ -95,8 +100,17 @@ def random_model(config, dtype="bfloat16", quantize=None, device: str | None = N
     family = _family(config)
     model_dtype = _dtype(dtype)
     if model_dtype is None: raise TypeError("random_model: dtype is required")
-    device = Device.canonicalize(device) if device is not None else Device.DEFAULT
-    return _build(family, config, RandomCheckpoint(model_dtype, device, seed), model_dtype, quantize, device, progress)
+    shards = _devices("random_model", device, devices)
+    device = shards[0] if shards else Device.canonicalize(device) if device is not None else Device.DEFAULT
+    return _build(family, config, RandomCheckpoint(model_dtype, device, seed), model_dtype, quantize, device, progress,
+                  shards, "random_model")
+
+
+def _devices(op: str, device: str | None, devices) -> tuple[str, ...] | None:
+    """`devices` canonicalized (None when not given); `device` and `devices` are exclusive."""
+    if devices is None: return None
+    if device is not None: raise ValueError(f"{op}: give device or devices, not both")
+    return tuple(Device.canonicalize(d) for d in parallel.check_devices(op, devices))
 
 
 def _family(config: Config):
@@ -109,14 +123,19 @@ def _family(config: Config):
 
 
 def _build(family, config: Config, checkpoint: Checkpoint, model_dtype: DType, quantize, device: str | None,
-           progress: bool) -> Model:
-    """The family's model from `checkpoint`'s tensors (what `load` and `random_model` share)."""
-    device = Device.canonicalize(device) if device is not None else Device.DEFAULT
+           progress: bool, devices: tuple[str, ...] | None = None, op: str = "load") -> Model:
+    """The family's model from `checkpoint`'s tensors (what `load` and `random_model` share),
+    loaded on `device` (the first of `devices`, then spread over them)."""
+    device = devices[0] if devices else Device.canonicalize(device) if device is not None else Device.DEFAULT
     spec = None if quantize is None else QuantSpec.parse(quantize, "load")
     loader = Loader(checkpoint, config, model_dtype, device, spec, getattr(family, "quant_predicate", None))
     parts = family.build(config, loader)
+    if devices:   # refused before any weight is read, if the model cannot be split
+        reason = parallel.unsupported(parts, devices)
+        if reason is not None: raise ValueError(f"{op}: cannot shard over {len(devices)} devices: {reason}")
     loader.finish(progress)
-    return Model(config=config, dtype=model_dtype, device=device, directory=checkpoint.directory,
+    if devices: parallel.shard(parts, devices, op)
+    return Model(config=config, dtype=model_dtype, device=devices or device, directory=checkpoint.directory,
                  eos_token_ids=_eos_ids(checkpoint.directory, config), **parts)
 
 

@@ -64,12 +64,14 @@ def _tensors(weights: list[Weight | None]) -> list[Tensor]:
 class Linear:
     """`y = x · Wᵀ + b` over the last axis. Built for one or several modules (`outs`: their output
     sizes); several return a tuple of their outputs, computed by one fused product where their
-    weights are stored alike."""
+    weights are stored alike. `shards` > 1: the fused weight is column-parallel over that many
+    devices, each holding its slice of every module in turn (`models.parallel`)."""
 
     def __init__(self, outs: list[int]):
         self.outs = outs
         self.weights: list[Weight] = []
         self.bias: Tensor | None = None
+        self.shards = 1
 
     def set(self, weights: list[Weight], biases: list[Tensor] | None) -> None:
         fused = _fuse(weights) if len(weights) > 1 else weights[0]
@@ -83,7 +85,10 @@ class Linear:
         """x: `[..., K]`. Returns `[..., N]` (or one tensor per module)."""
         y = self.joined(x)
         if len(self.outs) == 1: return y
-        return tuple(y.split(self.outs, dim=-1))
+        if self.shards == 1: return tuple(y.split(self.outs, dim=-1))
+        # each device's columns are its slice of every module: split them per device
+        lead, n = y.shape[:-1], self.shards
+        return tuple(p.reshape(*lead, -1) for p in y.reshape(*lead, n, -1).split([o // n for o in self.outs], dim=-1))
 
     def joined(self, x: Tensor) -> Tensor:
         """x: `[..., K]`. Returns every module's outputs side by side, `[..., sum(outs)]`."""

@@ -61,7 +61,7 @@ class Model:
     norm: Norm
     head: Linear | None            # None: the tied embeddings are the head
     dtype: DType
-    device: str
+    device: str | tuple[str, ...]   # several: tensor-parallel over them (`models.parallel`)
     directory: pathlib.Path
     embed_scale: float | None = None
     logit_softcap: float | None = None   # logits become `tanh(logits / c) * c` (Gemma's final soft-capping)
@@ -371,8 +371,9 @@ def _round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
 
-def device_description(device: str) -> str:
-    """The device's name and, where tinygrad knows it, the hardware's."""
+def device_description(device: str | tuple[str, ...]) -> str:
+    """The device's name and, where tinygrad knows it, the hardware's (each of several, joined)."""
+    if isinstance(device, tuple): return ", ".join(device_description(d) for d in device)
     try:
         arch = getattr(Device[device].renderer, "arch", None) or getattr(Device[device], "arch", None)
     except Exception:  # noqa: BLE001 - a description only

@@ -1,0 +1,119 @@
+"""Tensor-parallel models (`models.load(..., devices=...)`, `models.parallel`) on tinygrad's virtual
+multi-device CPU (two CPU devices): the fixtures split over two devices give transformers' logits
+(Qwen3, Qwen3 with tied embeddings and the rope scalings, Gemma 3), the same logits as one device
+from a cached prefill then single steps, and transformers' greedy tokens for a left-padded batch;
+the weights are laid out as the split promises (each device whole heads, its gate and up columns
+side by side); 4-bit weights split too; families and sizes that cannot be split, and bad device
+arguments, raise before any weight moves."""
+from __future__ import annotations
+
+import contextlib
+import io
+
+import numpy as np
+import pytest
+from tinygrad import Device, Tensor
+
+from nuvec_tg import models
+from nuvec_tg.models import parallel
+from nuvec_tg.quant import QuantizedWeight
+from reference import assert_rows_close
+from test_models import CACHE_LENGTH, TOL, fixture, logits_of, reference
+
+DEVICES = ("CPU:0", "CPU:1")
+CANONICAL = tuple(Device.canonicalize(d) for d in DEVICES)   # ("CPU", "CPU:1")
+_loaded: dict[tuple, models.Model] = {}
+
+
+def sharded(name: str, **options) -> models.Model:
+    """A fixture split over DEVICES, shared across the module's tests."""
+    key = (name, tuple(sorted((k, str(v)) for k, v in options.items())))
+    if key not in _loaded: _loaded[key] = models.load(fixture(name), progress=False, devices=DEVICES, **options)
+    return _loaded[key]
+
+
+@pytest.mark.parametrize("name", ["qwen3", "qwen3_tied", "qwen3_rope_yarn", "gemma3"])
+def test_a_sharded_fixture_gives_transformers_logits(name):
+    ref = reference(name)
+    got = logits_of(sharded(name)(ref["prompt_1"][None]))[0]
+    assert_rows_close(f"{name} over 2 devices", got, ref["logits_1"], TOL)
+
+
+def test_the_split_gives_each_device_whole_heads_and_its_gate_and_up_columns():
+    """A fused weight's rows are reordered so that device i's slice is its slice of every module
+    (`[q_i; k_i; v_i]`, `[gate_i; up_i]`), which the split along rows then hands it; the model's
+    projections are split, its norms copied to every device."""
+    rows = Tensor(np.arange(12).reshape(12, 1), device="CPU")
+    order = parallel._interleaved(rows, [4, 4, 4], 2).numpy().ravel()
+    assert list(order) == [0, 1, 4, 5, 8, 9, 2, 3, 6, 7, 10, 11]
+    order = parallel._interleaved(rows, [8, 2, 2], 2).numpy().ravel()
+    assert list(order) == [0, 1, 2, 3, 8, 10, 4, 5, 6, 7, 9, 11]
+    m = sharded("qwen3")
+    block = m.layers[0]
+    assert block.attention.qkv.shards == 2 and block.mlp.gate_up.shards == 2 and block.attention.o.shards == 1
+    for t in (block.attention.qkv.weights[0], block.attention.o.weights[0], block.mlp.gate_up.weights[0],
+              block.mlp.down.weights[0], block.input_norm.weight, block.attention.q_norm.weight, m.norm.weight):
+        assert t.device == CANONICAL
+    assert m.device == CANONICAL
+
+
+def test_a_cached_prefill_then_steps_give_one_devices_logits():
+    ref = reference("qwen3")
+    tokens = ref["sequence_1"][None]
+    one = models.load(fixture("qwen3"), progress=False, device="CPU")
+    want = logits_of(one(tokens))[0]
+    m = sharded("qwen3")
+    cache = m.make_cache(1, CACHE_LENGTH)
+    assert cache.buffers()[0].device == CANONICAL
+    got = [logits_of(m(tokens[:, :11], cache=cache))[0]]
+    got += [logits_of(m(tokens[:, i:i + 1], cache=cache))[0] for i in range(11, tokens.shape[1])]
+    assert_rows_close("prefill then steps over 2 devices", np.concatenate(got), want, TOL)
+
+
+def test_greedy_generation_of_a_padded_batch_over_two_devices_gives_transformers_tokens():
+    ref = reference("qwen3")
+    prompts = [list(ref["prompt_0"]), list(ref["prompt_1"])]
+    steps = list(sharded("qwen3").generate_tokens(prompts, max_tokens=8, stop_tokens=()))
+    for b, key in enumerate(("greedy_0", "greedy_1")):
+        assert [step[b] for step in steps] == list(ref[key])
+
+
+def test_four_bit_weights_split_and_give_one_devices_logits():
+    """Quantized at load (4-bit, groups of 32: o's and down's K of 64 split into a group a device)."""
+    ref = reference("qwen3")
+    spec = {"bits": 4, "group_size": 32}
+    one = models.load(fixture("qwen3"), progress=False, device="CPU", quantize=spec)
+    m = sharded("qwen3", quantize=spec)
+    assert isinstance(m.layers[0].mlp.down.weights[0], QuantizedWeight)
+    assert m.layers[0].mlp.down.weights[0].scales.device == CANONICAL
+    want = logits_of(one(ref["prompt_1"][None]))[0]
+    assert_rows_close("4-bit over 2 devices", logits_of(m(ref["prompt_1"][None]))[0], want, TOL)
+
+
+def test_what_cannot_be_split_raises_before_any_weight_moves():
+    with pytest.raises(ValueError, match=r"layer \d+ \(MoE\) is not sharded yet"):
+        models.load(fixture("qwen3_moe"), progress=False, devices=DEVICES)
+    with pytest.raises(ValueError, match="2 key-value heads do not split over 4 devices"):
+        models.load(fixture("qwen3"), progress=False, devices=("CPU:0", "CPU:1", "CPU:2", "CPU:3"))
+    with pytest.raises(ValueError, match="1 groups of K do not split over 2 devices"):   # o's K, 64, is one group
+        models.load(fixture("qwen3"), progress=False, devices=DEVICES, quantize={"bits": 4, "group_size": 64})
+    with pytest.raises(ValueError, match="device or devices, not both"):
+        models.load(fixture("qwen3"), progress=False, device="CPU", devices=DEVICES)
+    with pytest.raises(ValueError, match="at least two distinct devices"):
+        models.load(fixture("qwen3"), progress=False, devices=("CPU:0",))
+    with pytest.raises(TypeError, match="tuple of device names"):
+        models.random_model({"model_type": "qwen3"}, devices="CPU")
+    assert parallel.check_devices("x", ["CPU:0", "CPU:1"]) == DEVICES
+
+
+def test_the_command_generates_over_two_devices():
+    from nuvec_tg import generate
+    ref = reference("qwen3")
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        generate.main(["--model", str(fixture("qwen3")), "--prompt", str(ref["prompt_text_0"]), "--max-tokens", "8",
+                       "--devices", "2"])
+    text = sharded("qwen3").tokenizer.decode(ref["greedy_0"].tolist())   # greedy_0 holds no stop token
+    assert out.getvalue().startswith(text + "\n")
+    last = out.getvalue().splitlines()[-1]
+    assert last.startswith("devices: CPU") and ", CPU:1" in last
