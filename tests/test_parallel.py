@@ -1,10 +1,11 @@
 """Tensor-parallel models (`models.load(..., devices=...)`, `models.parallel`) on tinygrad's virtual
 multi-device CPU (two CPU devices): the fixtures split over two devices give transformers' logits
-(Qwen3, Qwen3 with tied embeddings and the rope scalings, Gemma 3), the same logits as one device
-from a cached prefill then single steps, and transformers' greedy tokens for a left-padded batch;
-the weights are laid out as the split promises (each device whole heads, its gate and up columns
-side by side); 4-bit weights split too; families and sizes that cannot be split, and bad device
-arguments, raise before any weight moves."""
+(Qwen3, Qwen3 with tied embeddings and YaRN, Gemma 3, Qwen3-MoE with its experts entry by entry
+and sorted, gpt-oss) and mlx-lm's (its 4-bit Qwen3), transformers' logits from a cached prefill
+then single steps, and transformers' greedy tokens for a left-padded batch; the fused weights are
+laid out as the split promises (each device its slice of every module); 4-bit weights quantized
+at load give one device's logits; the linear-attention families, sizes that do not split and bad
+device arguments raise before any weight moves; `generate --devices 2`."""
 from __future__ import annotations
 
 import contextlib
@@ -15,7 +16,7 @@ import pytest
 from tinygrad import Device, Tensor
 
 from nuvec_tg import models
-from nuvec_tg.models import parallel
+from nuvec_tg.models import layers, parallel
 from nuvec_tg.quant import QuantizedWeight
 from reference import assert_rows_close
 from test_models import CACHE_LENGTH, TOL, fixture, logits_of, reference
@@ -32,11 +33,28 @@ def sharded(name: str, **options) -> models.Model:
     return _loaded[key]
 
 
-@pytest.mark.parametrize("name", ["qwen3", "qwen3_tied", "qwen3_rope_yarn", "gemma3"])
+@pytest.mark.parametrize("name", ["qwen3", "qwen3_tied", "qwen3_rope_yarn", "gemma3", "qwen3_moe", "gpt_oss"])
 def test_a_sharded_fixture_gives_transformers_logits(name):
     ref = reference(name)
     got = logits_of(sharded(name)(ref["prompt_1"][None]))[0]
     assert_rows_close(f"{name} over 2 devices", got, ref["logits_1"], TOL)
+
+
+def test_a_sharded_mlx_quantized_checkpoint_gives_mlx_lms_logits():
+    """mlx-lm's 4-bit conversion split as stored (codes, scales and biases by row, or by K in
+    whole groups)."""
+    ref = reference("qwen3_mlx4")
+    got = logits_of(sharded("qwen3_mlx4", dtype="float32")(ref["prompt_1"][None]))[0]
+    assert_rows_close("qwen3_mlx4 over 2 devices", got, ref["logits_1"], TOL)
+
+
+def test_sharded_experts_sorted_by_expert_give_transformers_logits(monkeypatch):
+    """The experts' sorted path (the threshold lowered so that the 11-token prompt takes it) over
+    a bank split by its columns."""
+    ref = reference("qwen3_moe")
+    monkeypatch.setattr(layers, "SORT_ENTRIES", 1)
+    got = logits_of(sharded("qwen3_moe")(ref["prompt_1"][None]))[0]
+    assert_rows_close("qwen3_moe sorted over 2 devices", got, ref["logits_1"], TOL)
 
 
 def test_the_split_gives_each_device_whole_heads_and_its_gate_and_up_columns():
@@ -57,12 +75,12 @@ def test_the_split_gives_each_device_whole_heads_and_its_gate_and_up_columns():
     assert m.device == CANONICAL
 
 
-def test_a_cached_prefill_then_steps_give_one_devices_logits():
-    ref = reference("qwen3")
+@pytest.mark.parametrize("name", ["qwen3", "gpt_oss"])   # gpt-oss: sinks, a window of 4, experts
+def test_a_cached_prefill_then_steps_give_transformers_logits(name):
+    ref = reference(name)
     tokens = ref["sequence_1"][None]
-    one = models.load(fixture("qwen3"), progress=False, device="CPU")
-    want = logits_of(one(tokens))[0]
-    m = sharded("qwen3")
+    want = ref["sequence_logits_1"]
+    m = sharded(name)
     cache = m.make_cache(1, CACHE_LENGTH)
     assert cache.buffers()[0].device == CANONICAL
     got = [logits_of(m(tokens[:, :11], cache=cache))[0]]
@@ -91,12 +109,14 @@ def test_four_bit_weights_split_and_give_one_devices_logits():
 
 
 def test_what_cannot_be_split_raises_before_any_weight_moves():
-    with pytest.raises(ValueError, match=r"layer \d+ \(MoE\) is not sharded yet"):
-        models.load(fixture("qwen3_moe"), progress=False, devices=DEVICES)
+    with pytest.raises(ValueError, match=r"layer 0 \(GatedDeltaNet\) is not sharded yet"):
+        models.load(fixture("qwen3_next"), progress=False, devices=DEVICES)
     with pytest.raises(ValueError, match="2 key-value heads do not split over 4 devices"):
         models.load(fixture("qwen3"), progress=False, devices=("CPU:0", "CPU:1", "CPU:2", "CPU:3"))
     with pytest.raises(ValueError, match="1 groups of K do not split over 2 devices"):   # o's K, 64, is one group
         models.load(fixture("qwen3"), progress=False, devices=DEVICES, quantize={"bits": 4, "group_size": 64})
+    with pytest.raises(ValueError, match="layer 1: down's 1 groups of K do not split"):   # experts' K 32, groups of 64
+        models.load(fixture("qwen3_moe_mlx4"), progress=False, devices=DEVICES)
     with pytest.raises(ValueError, match="device or devices, not both"):
         models.load(fixture("qwen3"), progress=False, device="CPU", devices=DEVICES)
     with pytest.raises(ValueError, match="at least two distinct devices"):
@@ -117,3 +137,18 @@ def test_the_command_generates_over_two_devices():
     assert out.getvalue().startswith(text + "\n")
     last = out.getvalue().splitlines()[-1]
     assert last.startswith("devices: CPU") and ", CPU:1" in last
+
+
+def test_an_injected_program_runs_on_each_shard_of_a_split_tensor():
+    """The ground of the next step (per-shard kernel launches): tinygrad runs a program `launch`
+    injects once per device over that device's shard, so a kernel specialised on a shard's shape
+    (here 4 of 8 elements) serves a split tensor."""
+    from nuvec_tg.kernels.program import Param, launch
+    from reference import stand_in_program
+    params = (Param("y", "out", "float"), Param("x", "in", "float"))
+    program = stand_in_program("stand_in_shard_double", params, "for (int i = 0; i < 4; i++) y[i] = 2.0f * x[i] + 1.0f;")
+    x = Tensor(np.arange(8, dtype=np.float32), device="CPU").shard(DEVICES, axis=0).realize()
+    y = Tensor.empty(8, dtype=x.dtype, device="CPU").shard(DEVICES, axis=0)
+    out = launch(program, "CPU", [y], [x], (1, 1, 1), 1)[0]
+    assert out.device == CANONICAL
+    assert np.array_equal(out.numpy(), 2 * np.arange(8, dtype=np.float32) + 1)

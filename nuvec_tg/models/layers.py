@@ -61,6 +61,14 @@ def _tensors(weights: list[Weight | None]) -> list[Tensor]:
     return out
 
 
+def split_outputs(y: Tensor, outs: list[int], shards: int) -> tuple[Tensor, ...]:
+    """The modules' outputs of a fused product `y [..., sum(outs)]`; over `shards` devices the
+    columns are each device's slice of every module in turn (`models.parallel`), split per device."""
+    if shards == 1: return tuple(y.split(outs, dim=-1))
+    lead = y.shape[:-1]
+    return tuple(p.reshape(*lead, -1) for p in y.reshape(*lead, shards, -1).split([o // shards for o in outs], dim=-1))
+
+
 class Linear:
     """`y = x · Wᵀ + b` over the last axis. Built for one or several modules (`outs`: their output
     sizes); several return a tuple of their outputs, computed by one fused product where their
@@ -84,11 +92,7 @@ class Linear:
     def __call__(self, x: Tensor) -> Tensor | tuple[Tensor, ...]:
         """x: `[..., K]`. Returns `[..., N]` (or one tensor per module)."""
         y = self.joined(x)
-        if len(self.outs) == 1: return y
-        if self.shards == 1: return tuple(y.split(self.outs, dim=-1))
-        # each device's columns are its slice of every module: split them per device
-        lead, n = y.shape[:-1], self.shards
-        return tuple(p.reshape(*lead, -1) for p in y.reshape(*lead, n, -1).split([o // n for o in self.outs], dim=-1))
+        return y if len(self.outs) == 1 else split_outputs(y, self.outs, self.shards)
 
     def joined(self, x: Tensor) -> Tensor:
         """x: `[..., K]`. Returns every module's outputs side by side, `[..., sum(outs)]`."""
@@ -190,6 +194,7 @@ class Experts:
         self.outs = outs
         self.weights: list[Weight] = []
         self.bias: Tensor | None = None
+        self.shards = 1   # as `Linear.shards`: the bank's columns split over that many devices
 
     def set(self, weights: list[Weight], bias: Tensor | None = None) -> None:
         fused = _fuse(weights) if len(weights) > 1 else weights[0]
@@ -211,7 +216,7 @@ class Experts:
                 parts.append(quant.gather_mm(x, w.cast(x.dtype).transpose(-1, -2), lhs, rhs, sorted_indices=sorted_indices))
         y = parts[0] if len(parts) == 1 else parts[0].cat(*parts[1:], dim=-1)
         if self.bias is not None: y = y + self.bias[rhs].unsqueeze(-2).cast(y.dtype)
-        return y if len(self.outs) == 1 else tuple(y.split(self.outs, dim=-1))
+        return y if len(self.outs) == 1 else split_outputs(y, self.outs, self.shards)
 
 
 def swiglu(gate: Tensor, up: Tensor) -> Tensor:

@@ -17,8 +17,9 @@ Quantized weights split the same way: codes, scales and biases by output row, or
 where a device's slice of K is a whole number of groups. Not yet: on a device with kernels the
 sharded calls run the compositions (the launch mechanism takes one device); the model is read
 onto the first device whole before it is spread, so it must fit there; the families sharded are
-those of attention blocks with dense MLPs (Qwen3, Gemma 3), and the others (MoE, linear
-attention) raise before any weight is read.
+those of softmax attention with dense or MoE MLPs (Qwen3, Qwen3-MoE, Gemma 3, gpt-oss; a MoE's
+experts split by their columns, each device a slice of every expert, the router on every
+device), and the linear-attention families (Qwen3-Next, Qwen3.5) raise before any weight is read.
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ import dataclasses
 from tinygrad import Tensor
 
 from ..quant import QuantizedWeight
-from .layers import MLP, Attention, Embedding, Linear, Norm, PreNormBlock
+from .layers import Attention, Embedding, Experts, Linear, MoE, Norm, PreNormBlock
 from .rope import RotaryEmbedding
 
 
@@ -46,32 +47,30 @@ def unsupported(parts: dict, devices: tuple[str, ...]) -> str | None:
     loader has read the weights (`Linear.weights` empty) only the layers and their sizes are checked."""
     n = len(devices)
     for index, block in enumerate(parts["layers"]):
-        if not isinstance(block, PreNormBlock) or not isinstance(block.attention, Attention) \
-                or not isinstance(block.mlp, MLP):
-            kind = type(block.mlp).__name__ if isinstance(block, PreNormBlock) else type(block).__name__
-            return f"layer {index} ({kind}) is not sharded yet: only attention blocks with dense MLPs are"
-        attention = block.attention
+        if not isinstance(block, PreNormBlock) or not isinstance(block.attention, Attention):
+            kind = type(block.attention if isinstance(block, PreNormBlock) else block).__name__
+            return f"layer {index} ({kind}) is not sharded yet: only softmax attention is"
+        attention, mlp = block.attention, block.mlp
         if attention.kv_heads % n:
             return f"layer {index}: {attention.kv_heads} key-value heads do not split over {n} devices"
-        for name, linear in (("qkv", attention.qkv), ("o", attention.o), ("gate_up", block.mlp.gate_up),
-                             ("down", block.mlp.down)):
+        for name, linear in (("qkv", attention.qkv), ("o", attention.o), ("gate_up", mlp.gate_up), ("down", mlp.down)):
             if len(linear.weights) > 1:
                 return f"layer {index}: {name}'s modules are stored unalike (not one fused weight)"
-        if block.mlp.gate_up.outs[0] % n:
-            return f"layer {index}: an MLP of {block.mlp.gate_up.outs[0]} does not split over {n} devices"
-        for name, linear in (("o", attention.o), ("down", block.mlp.down)):
+        if mlp.gate_up.outs[0] % n:
+            return f"layer {index}: an MLP of {mlp.gate_up.outs[0]} does not split over {n} devices"
+        for name, linear in (("o", attention.o), ("down", mlp.down)):
             w = linear.weights[0] if linear.weights else None
             if isinstance(w, QuantizedWeight) and (w.scales.shape[-1] % n):
                 return f"layer {index}: {name}'s {w.scales.shape[-1]} groups of K do not split over {n} devices"
     return None
 
 
-def _interleaved(t: Tensor, outs: list[int], n: int) -> Tensor:
-    """The rows of `t` (`[sum(outs), ...]`) reordered so that the i-th of n equal slices holds the
-    i-th slice of every module in turn."""
-    starts = [sum(outs[:j]) for j in range(len(outs))]
-    pieces = [t[s + i * o // n:s + (i + 1) * o // n] for i in range(n) for s, o in zip(starts, outs)]
-    return pieces[0].cat(*pieces[1:], dim=0)
+def _interleaved(t: Tensor, outs: list[int], n: int, axis: int = 0) -> Tensor:
+    """`t`'s `axis` (of `sum(outs)`, the modules side by side) reordered so that the i-th of n
+    equal slices holds the i-th slice of every module in turn."""
+    modules = [module.chunk(n, dim=axis) for module in t.split(outs, dim=axis)]
+    pieces = [module[i] for i in range(n) for module in modules]
+    return pieces[0].cat(*pieces[1:], dim=axis)
 
 
 def _spread(t: Tensor | None, devices: tuple[str, ...], axis: int | None) -> Tensor | None:
@@ -80,18 +79,20 @@ def _spread(t: Tensor | None, devices: tuple[str, ...], axis: int | None) -> Ten
     return (t.to(devices) if axis is None else t.shard(devices, axis=axis)).realize()
 
 
-def _column_parallel(linear: Linear, devices: tuple[str, ...]) -> None:
-    """Output rows by device, each device's slice of every module together (`_interleaved`)."""
+def _column_parallel(linear: Linear | Experts, devices: tuple[str, ...]) -> None:
+    """Output rows by device (a bank's: each expert's), each device's slice of every module
+    together (`_interleaved`); the bias likewise along its last axis."""
     n, (w,) = len(devices), linear.weights
-    def rows(t): return None if t is None else _spread(_interleaved(t, linear.outs, n).contiguous(), devices, 0)
+    def rows(t, axis=-2 if isinstance(linear, Experts) else 0):
+        return None if t is None else _spread(_interleaved(t, linear.outs, n, axis).contiguous(), devices, axis)
     if isinstance(w, QuantizedWeight):
         linear.weights = [QuantizedWeight(rows(w.weight), rows(w.scales), rows(w.biases), w.mode, w.group_size, w.bits)]
     else: linear.weights = [rows(w)]
-    linear.bias = rows(linear.bias)
+    linear.bias = rows(linear.bias, -1)
     linear.shards = n
 
 
-def _row_parallel(linear: Linear, devices: tuple[str, ...]) -> None:
+def _row_parallel(linear: Linear | Experts, devices: tuple[str, ...]) -> None:
     """Input columns by device (packed codes, scales and biases along K alike); the bias copied,
     added once after the all-reduce."""
     linear.weights = [_weight_spread(linear.weights[0], devices, -1)]
@@ -133,7 +134,9 @@ def shard(parts: dict, devices: tuple[str, ...], op: str) -> None:
         _column_parallel(attention.qkv, devices)
         _row_parallel(attention.o, devices)
         for norm in (attention.q_norm, attention.k_norm): _replicated(norm, devices)
+        if attention.sinks is not None: attention.sinks.value = _spread(attention.sinks.value, devices, 0)   # per head
         if all(attention.rope is not r for r in ropes): ropes.append(attention.rope)
+        if isinstance(mlp, MoE): _replicated(mlp.router, devices)   # every device routes every token
         _column_parallel(mlp.gate_up, devices)
         _row_parallel(mlp.down, devices)
         for value in vars(block).values():   # the block's norms (Gemma's four, Qwen's two)
