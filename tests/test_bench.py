@@ -101,14 +101,28 @@ def test_the_model_benchmark_writes_its_tables(capsys):
     assert "qwen3_5" in models.FAMILIES and not any("skipped" in line for line in lines)
 
 
+def test_the_model_benchmark_splits_a_model_over_two_devices():
+    """`--devices 2`: Qwen3's tiny shape split over two CPU devices, its row named for them."""
+    args = argparse.Namespace(small=True, repeats=1, markdown=None, batches="1", configs="qwen3_8b", formats="dense",
+                              prompt=8, generate=4, no_transformers=True, engine=None, devices=2)
+    lines = model_bench.run(args)
+    ours = [line.split(" | ") for line in lines if line.startswith("| qwen3_8b | nuvec_tg")]
+    assert len(ours) == 1 and ours[0][1] == "nuvec_tg, 2 devices" and all(float(cell) > 0 for cell in ours[0][4:7])
+    assert "split over CPU:0, CPU:1" in lines[0]
+    with pytest.raises(ValueError, match="--engine runs on one device"):
+        model_bench.run(argparse.Namespace(**{**vars(args), "engine": "2"}))
+
+
 def test_the_model_benchmark_takes_its_options(monkeypatch):
     runs = []
     monkeypatch.setitem(BENCHMARKS, "model", lambda args: runs.append(args) or [])
     monkeypatch.setattr(sys, "argv", ["python -m nuvec_tg.bench", "model", "--small", "--configs", "qwen3_8b",
-                                      "--formats", "q4", "--prompt", "32", "--generate", "8", "--no-transformers"])
+                                      "--formats", "q4", "--prompt", "32", "--generate", "8", "--no-transformers",
+                                      "--devices", "2"])
     main()
     args = runs[0]
     assert (args.configs, args.formats, args.prompt, args.generate, args.no_transformers) == ("qwen3_8b", "q4", 32, 8, True)
+    assert args.devices == 2
     assert args.repeats == 3  # whole generations, not the kernels' 10 replays
 
 

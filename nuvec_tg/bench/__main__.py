@@ -47,6 +47,8 @@ def main() -> None:
     parser.add_argument("--no-transformers", action="store_true", help="model: without transformers' rows")
     parser.add_argument("--no-tinygrad", action="store_true", help="prefill: without tinygrad's attention column")
     parser.add_argument("--masks", help="prefill: causal,window: only these rows (default both)")
+    parser.add_argument("--devices", type=int, help="model: split the models over this many of the default device's "
+                        "instances (tensor parallel)")
     parser.add_argument("--engine", help="model: B,...: also the serving table (models.Engine, prompts of different lengths)")
     args = parser.parse_args()
     if args.repeats is None: args.repeats = DEFAULT_REPEATS.get(args.what, 10)

@@ -161,17 +161,19 @@ def step_split(model: models.Model, steps: int = 16) -> tuple[float, float]:
     synchronisation: a step's time when the host runs ahead, as `generate_tokens` queues them)."""
     cache = model._generation_cache
     steps = min(steps, (cache.max_length - cache.position) // 2)
-    device = Device[model.device]
+    devices = [Device[d] for d in (model.device if isinstance(model.device, tuple) else (model.device,))]
+    def synchronize():
+        for device in devices: device.synchronize()
     hosts = []
     for _ in range(steps):
-        device.synchronize()
+        synchronize()
         began = time.perf_counter()
         model._step_chained(cache)
         hosts.append(time.perf_counter() - began)
-    device.synchronize()
+    synchronize()
     began = time.perf_counter()
     for _ in range(steps): model._step_chained(cache)
-    device.synchronize()
+    synchronize()
     return statistics.median(hosts), (time.perf_counter() - began) / steps
 
 
@@ -392,6 +394,12 @@ def run(args) -> list[str]:
     if generate < 4: raise ValueError("bench model: --generate must be at least 4 (the first token, two capture steps, one more)")
     dtype = dtypes.bfloat16 if is_gpu() else dtypes.float32
     dtype_name = {dtypes.bfloat16: "bf16", dtypes.float32: "fp32"}[dtype]
+    # --devices N: the models split over the default device's first N instances (`models.parallel`)
+    count = getattr(args, "devices", None) or 1
+    devices = tuple(f"{Device.DEFAULT}:{i}" for i in range(count)) if count > 1 else None
+    if devices and getattr(args, "engine", None):
+        raise ValueError("bench model: --engine runs on one device (the paged cache is not split yet)")
+    ours = "nuvec_tg" if devices is None else f"nuvec_tg, {count} devices"
 
     notes: list[str] = []
     runnable = {name: known[name] for name in names}
@@ -417,7 +425,9 @@ def run(args) -> list[str]:
              f"runs ahead). transformers: bf16 "
              f"(float32 on the CPU), a manual greedy loop over the model's "
              f"cache, one forward of the prompt (last row's logits) then one per token, CUDA synchronized at every "
-             f"clock read. q4: quantized at load to 4-bit affine, groups of 64.", "",
+             f"clock read. q4: quantized at load to 4-bit affine, groups of 64."
+             + (f" {ours}: split over {', '.join(devices)}, tensor parallel (`models.parallel`; its calls run the "
+                "compositions: no per-shard kernels yet)." if devices else ""), "",
              "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     print("\n".join(lines), flush=True)
 
@@ -431,7 +441,7 @@ def run(args) -> list[str]:
         for fmt in formats:
             label = dtype_name if FORMATS[fmt] is None else f"{dtype_name} q4"
             began = time.perf_counter()
-            model = models.random_model(config, dtype=dtype, quantize=FORMATS[fmt])
+            model = models.random_model(config, dtype=dtype, quantize=FORMATS[fmt], devices=devices)
             made = time.perf_counter() - began
             logit = largest_logit(model, prompt, generate)
             notes.append(f"{name} {label}: made in {made:.1f} s; max |logit| of a {prompt}-token prefill {logit:.2f}"
@@ -440,11 +450,11 @@ def run(args) -> list[str]:
             for b in batches:
                 timing, warm = time_ours(model, b, prompt, generate, repeats)
                 notes.append(f"{name} {label} B={b}: warm-up generation {warm:.1f} s")
-                emit(f"| {name} | nuvec_tg | {label} | {b} | " + timing.cells())
+                emit(f"| {name} | {ours} | {label} | {b} | " + timing.cells())
                 step_bytes = read + cache_bytes_per_step(model, b, prompt, generate)
                 step_s = timing.split[1]
                 rate = step_bytes / step_s
-                share = f"{100 * rate / peak:.0f}%" if peak else "-"
+                share = f"{100 * rate / (peak * count):.0f}%" if peak else "-"   # every device's bandwidth
                 roofline.append(f"| {name} | {label} | {b} | {everything / 1e9:.4g} | {step_bytes / 1e9:.4g} | "
                                 f"{step_s * 1e3:.2f} | {rate / 1e12:.2f} | {share} |")
             for b in engine_batches:
