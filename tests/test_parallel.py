@@ -2,7 +2,8 @@
 multi-device CPU (two CPU devices): the fixtures split over two devices give transformers' logits
 (Qwen3, Qwen3 with tied embeddings and YaRN, Gemma 3, Qwen3-MoE with its experts entry by entry
 and sorted, gpt-oss) and mlx-lm's (its 4-bit Qwen3), transformers' logits from a cached prefill
-then single steps, and transformers' greedy tokens for a left-padded batch; the fused weights are
+then single steps, and transformers' greedy tokens for a left-padded batch and from the serving
+engine; the fused weights are
 laid out as the split promises (each device its slice of every module); the linear-attention
 families, sizes that do not split and bad device arguments raise before any weight moves;
 `generate --devices 2`; tinygrad running an injected program once per shard."""
@@ -97,6 +98,20 @@ def test_greedy_generation_of_a_padded_batch_over_two_devices_gives_transformers
     steps = list(sharded("qwen3").generate_tokens(prompts, max_tokens=8, stop_tokens=()))
     for b, key in enumerate(("greedy_0", "greedy_1")):
         assert [step[b] for step in steps] == list(ref[key])
+
+
+def test_the_serving_engine_over_two_devices_gives_transformers_tokens():
+    """`models.Engine` over a split model (its paged pools split by key-value head): two prompts
+    prefilled, then decoded in one batch."""
+    from test_paged_models import served
+    ref = reference("qwen3")
+    engine = models.Engine(sharded("qwen3"), max_sequences=2, max_length=32, prefill_chunk=16)
+    short = engine.submit(ref["prompt_0"].tolist(), max_tokens=4, stop_tokens=())
+    long = engine.submit(ref["prompt_1"].tolist(), max_tokens=4, stop_tokens=())
+    tokens = served(engine)
+    np.testing.assert_array_equal(tokens[short], ref["greedy_0"][:4])
+    np.testing.assert_array_equal(tokens[long], ref["greedy_1"][:4])
+    assert engine.cache.buffers()[0].device == CANONICAL
 
 
 def test_what_cannot_be_split_raises_before_any_weight_moves():

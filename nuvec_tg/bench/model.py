@@ -397,8 +397,6 @@ def run(args) -> list[str]:
     # --devices N: the models split over the default device's first N instances (`models.parallel`)
     count = getattr(args, "devices", None) or 1
     devices = tuple(f"{Device.DEFAULT}:{i}" for i in range(count)) if count > 1 else None
-    if devices and getattr(args, "engine", None):
-        raise ValueError("bench model: --engine runs on one device (the paged cache is not split yet)")
     ours = "nuvec_tg" if devices is None else f"nuvec_tg, {count} devices"
 
     notes: list[str] = []
