@@ -355,8 +355,8 @@ QMV_MMA_UNIT = 128            # k a unit: 4 chunks, one a lane of each row of A
 QMV_MMA_MIN_ROWS = 2          # one row runs qmv, faster there (benchmarks/quant_h200.md, "qmv_mma")
 QMV_MMA_MAX_SPLIT = 8         # SIMD groups of a threadgroup, each a slice of K's units
 QMV_MMA_UNROLL = 1            # units whose loads a lane issues together (the sweep: quant_h200.md)
-# Whether `quantized_matmul` routes QMV_MMA_MIN_ROWS-8 rows to qmv_mma (off: qmv serves them, as
-# `bench model`'s A/B and the route test ask).
+# Whether `quantized_matmul` routes QMV_MMA_MIN_ROWS-8 rows to qmv_mma (off: qmv serves them; the
+# route test asks for both).
 QMV_MMA_ROUTED = True
 
 

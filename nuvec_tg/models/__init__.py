@@ -130,9 +130,7 @@ def _build(family, config: Config, checkpoint: Checkpoint, model_dtype: DType, q
     spec = None if quantize is None else QuantSpec.parse(quantize, "load")
     loader = Loader(checkpoint, config, model_dtype, device, spec, getattr(family, "quant_predicate", None))
     parts = family.build(config, loader)
-    if devices:   # refused before any weight is read, if the model cannot be split
-        reason = parallel.unsupported(parts, devices)
-        if reason is not None: raise ValueError(f"{op}: cannot shard over {len(devices)} devices: {reason}")
+    if devices: parallel.refuse(parts, devices, op)   # before any weight is read: the layers and their sizes
     loader.finish(progress)
     if devices: parallel.shard(parts, devices, op)
     return Model(config=config, dtype=model_dtype, device=devices or device, directory=checkpoint.directory,

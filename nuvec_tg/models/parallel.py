@@ -65,6 +65,12 @@ def unsupported(parts: dict, devices: tuple[str, ...]) -> str | None:
     return None
 
 
+def refuse(parts: dict, devices: tuple[str, ...], op: str) -> None:
+    """A `ValueError` naming `op` where `unsupported` gives a reason."""
+    reason = unsupported(parts, devices)
+    if reason is not None: raise ValueError(f"{op}: cannot shard over {len(devices)} devices: {reason}")
+
+
 def _interleaved(t: Tensor, outs: list[int], n: int, axis: int = 0) -> Tensor:
     """`t`'s `axis` (of `sum(outs)`, the modules side by side) reordered so that the i-th of n
     equal slices holds the i-th slice of every module in turn."""
@@ -79,15 +85,19 @@ def _spread(t: Tensor | None, devices: tuple[str, ...], axis: int | None) -> Ten
     return (t.to(devices) if axis is None else t.shard(devices, axis=axis)).realize()
 
 
+def _each_tensor(w, spread):
+    """A dense weight through `spread`, or a quantized one's codes, scales and biases alike."""
+    if not isinstance(w, QuantizedWeight): return spread(w)
+    return QuantizedWeight(spread(w.weight), spread(w.scales), spread(w.biases), w.mode, w.group_size, w.bits)
+
+
 def _column_parallel(linear: Linear | Experts, devices: tuple[str, ...]) -> None:
     """Output rows by device (a bank's: each expert's), each device's slice of every module
     together (`_interleaved`); the bias likewise along its last axis."""
-    n, (w,) = len(devices), linear.weights
+    n = len(devices)
     def rows(t, axis=-2 if isinstance(linear, Experts) else 0):
         return None if t is None else _spread(_interleaved(t, linear.outs, n, axis).contiguous(), devices, axis)
-    if isinstance(w, QuantizedWeight):
-        linear.weights = [QuantizedWeight(rows(w.weight), rows(w.scales), rows(w.biases), w.mode, w.group_size, w.bits)]
-    else: linear.weights = [rows(w)]
+    linear.weights = [_each_tensor(linear.weights[0], rows)]
     linear.bias = rows(linear.bias, -1)
     linear.shards = n
 
@@ -95,36 +105,29 @@ def _column_parallel(linear: Linear | Experts, devices: tuple[str, ...]) -> None
 def _row_parallel(linear: Linear | Experts, devices: tuple[str, ...]) -> None:
     """Input columns by device (packed codes, scales and biases along K alike); the bias copied,
     added once after the all-reduce."""
-    linear.weights = [_weight_spread(linear.weights[0], devices, -1)]
+    linear.weights = [_each_tensor(linear.weights[0], lambda t: _spread(t, devices, -1))]
     linear.bias = _spread(linear.bias, devices, None)
-
-
-def _weight_spread(w, devices: tuple[str, ...], axis: int | None):
-    """A dense or quantized weight split along `axis` (its codes, scales and biases alike) or copied."""
-    if not isinstance(w, QuantizedWeight): return _spread(w, devices, axis)
-    return QuantizedWeight(_spread(w.weight, devices, axis), _spread(w.scales, devices, axis),
-                           _spread(w.biases, devices, axis), w.mode, w.group_size, w.bits)
 
 
 def _replicated(part, devices: tuple[str, ...]) -> None:
     """Every tensor a norm, embedding, replicated `Linear` or rotary embedding holds, copied to each device."""
     if part is None: return
-    if isinstance(part, Norm): part.weight = _spread(part.weight, devices, None)
-    elif isinstance(part, Embedding): part.weight = _weight_spread(part.weight, devices, None)
+    def copied(t): return _spread(t, devices, None)
+    if isinstance(part, Norm): part.weight = copied(part.weight)
+    elif isinstance(part, Embedding): part.weight = _each_tensor(part.weight, copied)
     elif isinstance(part, Linear):
-        part.weights = [_weight_spread(w, devices, None) for w in part.weights]
-        part.bias = _spread(part.bias, devices, None)
+        part.weights = [_each_tensor(w, copied) for w in part.weights]
+        part.bias = copied(part.bias)
     elif isinstance(part, RotaryEmbedding):
         if part.rotation.freqs is not None:
-            part.rotation = dataclasses.replace(part.rotation, freqs=_spread(part.rotation.freqs, devices, None))
+            part.rotation = dataclasses.replace(part.rotation, freqs=copied(part.rotation.freqs))
     else: raise TypeError(f"parallel: cannot replicate a {type(part).__name__}")
 
 
 def shard(parts: dict, devices: tuple[str, ...], op: str) -> None:
     """Spread a family's `build` result over `devices` in place (see the module's docstring);
     a `ValueError` naming `op` when the model cannot be, before any tensor moves."""
-    reason = unsupported(parts, devices)
-    if reason is not None: raise ValueError(f"{op}: cannot shard over {len(devices)} devices: {reason}")
+    refuse(parts, devices, op)   # again, now that the weights are read: their groups of K
     _replicated(parts["embed"], devices)
     _replicated(parts["norm"], devices)
     _replicated(parts["head"], devices)
