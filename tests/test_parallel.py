@@ -20,18 +20,15 @@ from nuvec_tg import models
 from nuvec_tg.models import layers, parallel
 from nuvec_tg.quant import QuantizedWeight
 from reference import assert_rows_close
-from test_models import CACHE_LENGTH, TOL, fixture, logits_of, reference
+from test_models import CACHE_LENGTH, TOL, fixture, logits_of, model, reference
 
 DEVICES = ("CPU:0", "CPU:1")
 CANONICAL = tuple(Device.canonicalize(d) for d in DEVICES)   # ("CPU", "CPU:1")
-_loaded: dict[tuple, models.Model] = {}
 
 
 def sharded(name: str, **options) -> models.Model:
-    """A fixture split over DEVICES, shared across the module's tests."""
-    key = (name, tuple(sorted((k, str(v)) for k, v in options.items())))
-    if key not in _loaded: _loaded[key] = models.load(fixture(name), progress=False, devices=DEVICES, **options)
-    return _loaded[key]
+    """A fixture split over DEVICES, loaded once (`test_models.model`'s store)."""
+    return model(name, devices=DEVICES, **options)
 
 
 @pytest.mark.parametrize("name", ["qwen3", "qwen3_tied", "qwen3_rope_yarn", "gemma3", "qwen3_moe", "gpt_oss"])
