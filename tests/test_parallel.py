@@ -6,7 +6,7 @@ then single steps, and transformers' greedy tokens for a left-padded batch and f
 engine; the fused weights are
 laid out as the split promises (each device its slice of every module); the linear-attention
 families, sizes that do not split and bad device arguments raise before any weight moves;
-`generate --devices 2`; tinygrad running an injected program once per shard."""
+`generate --devices 2`; a kernel launched over several devices running on each device's buffer."""
 from __future__ import annotations
 
 import contextlib
@@ -58,21 +58,38 @@ def test_sharded_experts_sorted_by_expert_give_transformers_logits(monkeypatch):
     assert_rows_close("qwen3_moe sorted over 2 devices", got, ref["logits_1"], TOL)
 
 
+def each_device(t: Tensor) -> np.ndarray:
+    """A per-device tensor's buffers (`parallel.per_device`), `[devices, ...]`."""
+    return Tensor(t.reshape(1, *t.shape).uop.unshard(0)).numpy()
+
+
 def test_the_split_gives_each_device_whole_heads_and_its_gate_and_up_columns():
     """A fused weight's rows are reordered so that device i's slice is its slice of every module
-    (`[q_i; k_i; v_i]`, `[gate_i; up_i]`), which the split along rows then hands it; the model's
-    projections are split, its norms copied to every device."""
+    (`[q_i; k_i; v_i]`, `[gate_i; up_i]`), which the split along rows then hands it: each device
+    holds a buffer of its own rows (or columns of o and down, and the o bias on the first device
+    alone), the layers a device's sizes; the norms are copied to every device."""
     rows = Tensor(np.arange(12).reshape(12, 1), device="CPU")
     order = parallel._interleaved(rows, [4, 4, 4], 2).numpy().ravel()
     assert list(order) == [0, 1, 4, 5, 8, 9, 2, 3, 6, 7, 10, 11]
     order = parallel._interleaved(rows, [8, 2, 2], 2).numpy().ravel()
     assert list(order) == [0, 1, 2, 3, 8, 10, 4, 5, 6, 7, 9, 11]
-    m = sharded("qwen3")
-    block = m.layers[0]
-    assert block.attention.qkv.shards == 2 and block.mlp.gate_up.shards == 2 and block.attention.o.shards == 1
-    for t in (block.attention.qkv.weights[0], block.attention.o.weights[0], block.mlp.gate_up.weights[0],
-              block.mlp.down.weights[0], block.input_norm.weight, block.attention.q_norm.weight, m.norm.weight):
+    one, m = model("gpt_oss"), sharded("gpt_oss")
+    whole, block = one.layers[0].attention, m.layers[0].attention
+    assert (block.heads, block.kv_heads) == (whole.heads // 2, whole.kv_heads // 2)
+    assert block.qkv.outs == [o // 2 for o in whole.qkv.outs] and block.o.reduce and not whole.o.reduce
+    qkv = whole.qkv.weights[0].numpy()
+    q, k, v = np.split(qkv, np.cumsum(whole.qkv.outs)[:-1])
+    for i, device_rows in enumerate(each_device(block.qkv.weights[0])):
+        mine = [np.split(module, 2)[i] for module in (q, k, v)]
+        assert np.array_equal(device_rows, np.concatenate(mine))
+    o_columns = np.split(whole.o.weights[0].numpy(), 2, axis=1)
+    assert all(np.array_equal(got, want) for got, want in zip(each_device(block.o.weights[0]), o_columns))
+    bias = each_device(block.o.bias)
+    assert np.array_equal(bias[0], whole.o.bias.numpy()) and not bias[1].any()
+    assert np.array_equal(each_device(block.sinks.value).ravel(), whole.sinks.value.numpy())
+    for t in (block.qkv.weights[0], block.o.weights[0], m.layers[0].input_norm.weight, m.norm.weight):
         assert t.device == CANONICAL
+    assert all(np.array_equal(w, m.norm.weight.numpy()) for w in each_device(m.norm.weight))
     assert m.device == CANONICAL
 
 
@@ -137,16 +154,25 @@ def test_the_command_generates_over_two_devices():
     assert last.startswith("devices: CPU") and ", CPU:1" in last
 
 
-def test_an_injected_program_runs_on_each_shard_of_a_split_tensor():
-    """The ground of the next step (per-shard kernel launches): tinygrad runs a program `launch`
-    injects once per device over that device's shard, so a kernel specialised on a shard's shape
-    (here 4 of 8 elements) serves a split tensor."""
-    from nuvec_tg.kernels.program import Param, launch
+def test_a_kernel_runs_on_each_devices_buffer_and_refuses_a_tensor_split_by_an_axis():
+    """`launch` over several devices runs the program on each over that device's buffer (a
+    per-device tensor's, of the shard's shape: here 4 of 8 elements each); a tensor split by an
+    axis, whose shape is the whole tensor's, is refused. Kernels take several devices inside
+    `kernels.per_device()` alone."""
+    from nuvec_tg import kernels
+    from nuvec_tg.kernels.program import Param, int_buffer, launch
     from reference import stand_in_program
-    params = (Param("y", "out", "float"), Param("x", "in", "float"))
-    program = stand_in_program("stand_in_shard_double", params, "for (int i = 0; i < 4; i++) y[i] = 2.0f * x[i] + 1.0f;")
-    x = Tensor(np.arange(8, dtype=np.float32), device="CPU").shard(DEVICES, axis=0).realize()
-    y = Tensor.empty(8, dtype=x.dtype, device="CPU").shard(DEVICES, axis=0)
-    out = launch(program, "CPU", [y], [x], (1, 1, 1), 1)[0]
-    assert out.device == CANONICAL
-    assert np.array_equal(out.numpy(), 2 * np.arange(8, dtype=np.float32) + 1)
+    params = (Param("y", "out", "float"), Param("x", "in", "float"), Param("n", "in", "int"))
+    program = stand_in_program("stand_in_per_device", params, "for (int i = 0; i < n[0]; i++) y[i] = 2.0f * x[i] + 1.0f;")
+    split = Tensor(np.arange(8, dtype=np.float32), device="CPU").shard(DEVICES, axis=0).realize()
+    x = parallel.per_device(split)
+    assert x.shape == (4,) and x.device == CANONICAL
+    out = launch(program, x.device, [Tensor.empty(4, device=x.device)], [x, int_buffer(x.device, (4,))], (1, 1, 1), 1)[0]
+    assert np.array_equal(each_device(out).ravel(), 2 * np.arange(8, dtype=np.float32) + 1)
+    with pytest.raises(ValueError, match="not split by an axis"):
+        launch(program, split.device, [Tensor.empty(8, device=split.device)], [split, int_buffer(x.device, (8,))], (1, 1, 1), 1)
+    assert kernels.kernel_backend(("CUDA:0", "CUDA:1")) is None
+    with kernels.per_device():
+        assert kernels.kernel_backend(("CUDA:0", "CUDA:1")) == "cuda" and kernels.kernel_backend(("CUDA", "METAL")) is None
+        assert kernels.target(("CUDA:0", "CUDA:1")).backend == "cuda"
+    assert kernels.target(("CUDA:0", "CUDA:1")).backend is None

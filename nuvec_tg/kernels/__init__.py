@@ -5,6 +5,10 @@ This package is the one home of what decides whether a kernel can run at all:
   `active_backend(device)` the same while kernels are on.
 - `NUVEC_KERNELS=0` in the environment, or `with compositions_only():`, turns every kernel off:
   the operations then build their compositions (the tests compare the two on one device).
+- `with per_device():` lets kernels run on tensors on several devices, one buffer a device each
+  with its own values (a tensor-parallel model's per-device tensors, `models.parallel`): the
+  kernel runs on each device over that device's buffers. Outside it such tensors take the
+  compositions, as do tensors split by an axis (`Tensor.shard`) everywhere.
 - `multiprocessors(device)` (CUDA) and `gpu_class(device)` (Metal): what the launch plans read;
   `metal_bfloat()` (the Metal language tinygrad compiles has bfloat) and
   `metal_matrix_units(device)` (simdgroup matrices): what Metal's routes read. `target(device)`
@@ -30,15 +34,19 @@ from tinygrad import Device, Tensor
 from . import program
 
 _disabled_depth = 0
+_per_device_depth = 0
 
 
-def kernel_backend(device: str | Tensor) -> str | None:
+def kernel_backend(device: str | tuple[str, ...] | Tensor) -> str | None:
     """`"metal"` or `"cuda"` when nuvec_tg has hand-written kernels for the device, else None.
 
-    `device` is a tinygrad device name (`"METAL"`, `"CUDA:1"`, `"CPU"`) or a tensor on it.
+    `device` is a tinygrad device name (`"METAL"`, `"CUDA:1"`, `"CPU"`), a tuple of them, or a
+    tensor on it. Several devices have the backend they share, inside `per_device()` only.
     """
     name = device.device if isinstance(device, Tensor) else device
-    if not isinstance(name, str): return None  # a tensor sharded over several devices
+    if isinstance(name, tuple):
+        backends = {kernel_backend(d) for d in name}
+        return backends.pop() if _per_device_depth and len(backends) == 1 else None
     return {"METAL": "metal", "CUDA": "cuda"}.get(name.split(":")[0].upper())
 
 
@@ -58,14 +66,32 @@ def compositions_only() -> Iterator[None]:
         _disabled_depth -= 1
 
 
-def active_backend(device: str | Tensor) -> str | None:
+@contextlib.contextmanager
+def per_device() -> Iterator[None]:
+    """Inside this block a tensor on several devices is taken as one buffer a device, each with
+    its own values (a tensor-parallel model's per-device tensors): an operation's kernel runs on
+    every device over that device's buffers, planned from their shape. tinygrad's own operations
+    see such a tensor as copies of one value, which is right for everything that works device by
+    device; `models.parallel` sums the partial products across devices itself. A tensor split by
+    an axis (`Tensor.shard`) must not reach a kernel here: `program.launch` refuses it."""
+    global _per_device_depth
+    _per_device_depth += 1
+    try:
+        yield
+    finally:
+        _per_device_depth -= 1
+
+
+def active_backend(device: str | tuple[str, ...] | Tensor) -> str | None:
     """The backend whose kernels run on `device` now: its `kernel_backend` while kernels are on."""
     return kernel_backend(device) if kernels_enabled() else None
 
 
-def unavailable(device: str | Tensor) -> str:
+def unavailable(device: str | tuple[str, ...] | Tensor) -> str:
     """Why no kernel runs on `device` (where `active_backend` is None)."""
     name = device.device if isinstance(device, Tensor) else device
+    if isinstance(name, tuple) and not _per_device_depth and kernel_backend(name[0]) is not None:
+        return f"a tensor on {len(name)} devices (kernels run on each device's buffers inside kernels.per_device())"
     if kernel_backend(device) is None: return f"{name} has no kernels"
     return "kernels are off (NUVEC_KERNELS=0 or compositions_only())"
 
@@ -170,14 +196,26 @@ class Target:
 
 def target(device: str | tuple[str, ...]) -> Target:
     """The `Target` of a tinygrad device name: its kernel backend while kernels are on (None
-    otherwise, and for a tensor's several devices), and the facts its routes read."""
-    if not isinstance(device, str): return Target(None)
+    otherwise), and the facts its routes read. Several devices (inside `per_device()`): their
+    common target where every one has the same and compiles the same programs, else None."""
+    if isinstance(device, tuple):
+        targets = {target(d) for d in device}
+        if not _per_device_depth or len(targets) != 1 or len({_architecture(d) for d in device}) != 1: return Target(None)
+        return targets.pop()
     device = Device.canonicalize(device)
     backend = active_backend(device)
     if backend == "metal":
         return Target("metal", gpu_class(device), bfloat=metal_bfloat(), matrix_units=metal_matrix_units(device))
     if backend == "cuda": return Target("cuda", multiprocessors=multiprocessors(device), warpgroups=warpgroup_products(device))
     return Target(None)
+
+
+def _architecture(device: str) -> str | None:
+    """What a device compiles programs for (a CUDA device's `sm_90`), where tinygrad says."""
+    try:
+        return getattr(Device[device], "arch", None)
+    except Exception:  # noqa: BLE001 - a device that cannot open has no kernels either
+        return None
 
 
 def debugging() -> bool:

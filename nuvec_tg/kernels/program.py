@@ -197,7 +197,7 @@ class Family:
 
 
 @functools.lru_cache(maxsize=1024)
-def int_buffer(device: str, values: tuple[int, ...]) -> Tensor:
+def int_buffer(device: str | tuple[str, ...], values: tuple[int, ...]) -> Tensor:
     """A realized int32 buffer of `values` (a kernel's runtime integers), made once: a call reuses
     it rather than copying host memory to the device each time (and a jitted step finds it made).
     The integers travel in a buffer rather than as scalars: one program serves every value, and
@@ -378,11 +378,20 @@ def strided_view(t: Tensor) -> StridedView | None:
     return StridedView(Tensor(u), offset, strides, tuple(moves))
 
 
-def launch(program: Program, device: str, outs: Sequence[Tensor], ins: Sequence[Tensor], grid: tuple[int, int, int],
+def _split_by_axis(t: Tensor) -> bool:
+    """Whether a tensor on several devices is split along an axis (`Tensor.shard`)."""
+    try:
+        return t.uop.axis is not None
+    except RuntimeError:   # split along several axes
+        return True
+
+
+def launch(program: Program, device: str | tuple[str, ...], outs: Sequence[Tensor], ins: Sequence[Tensor], grid: tuple[int, int, int],
            threads: int, *, scalars: Sequence[UOp] = (), backward: Backward | None = None, label: str = "",
            in_place: bool = False) -> list[Tensor]:
     """Add `program` to the graph on `device`, over a grid of `grid` threadgroups of `threads`
-    threads; returns `outs` after it ran.
+    threads; returns `outs` after it ran. Several devices (`kernels.per_device()`): it runs on each
+    over that device's buffers.
 
     outs: buffers the program writes (whole buffers: a view would be written as a copy); ins:
     tensors it reads (anything not a plain buffer, a reshape or a prefix slice is copied first);
@@ -392,9 +401,12 @@ def launch(program: Program, device: str, outs: Sequence[Tensor], ins: Sequence[
     `in_place` (an output is an existing buffer the program updates) realizes them all now, so
     that the update is applied once. label: what `record_launches` and NUVEC_DEBUG show.
     """
-    device = Device.canonicalize(device)
-    lib = _compiled(device, program.source, program.arch)
+    devices = tuple(Device.canonicalize(d) for d in device) if isinstance(device, tuple) else (Device.canonicalize(device),)
     tensors = list(outs) + list(ins)
+    if len(devices) > 1 and any(_split_by_axis(t) for t in tensors):
+        raise ValueError(f"{label or program.name}: a kernel takes a tensor on several devices as one buffer a device "
+                         "(kernels.per_device()), not split by an axis (Tensor.shard): call it on each device's shard")
+    lib = _compiled(devices[0], program.source, program.arch)   # `kernels.target` checks that the devices compile alike
     count = len(tensors)
     params = [UOp.placeholder_like(t.uop, i).base for i, t in enumerate(tensors)]
     variables = [UOp.param(count + k, (v := s.unbind()[0]).dtype, (), vmin_vmax=(v.vmin, v.vmax), name=v.expr,
@@ -404,7 +416,8 @@ def launch(program: Program, device: str, outs: Sequence[Tensor], ins: Sequence[
                        globals=tuple(range(count)), outs=tuple(range(len(outs))), ins=tuple(range(len(outs), count)))
     program_uop = UOp(Ops.PROGRAM, src=(sink, UOp(Ops.LINEAR, src=(*sink.src, sink)), UOp(Ops.SOURCE, arg=program.source),
                                         UOp(Ops.BINARY, arg=lib)), arg=info)
-    if program.dynamic_bytes: _give_dynamic_memory(device, program_uop, program.dynamic_bytes)
+    for d in devices:
+        if program.dynamic_bytes: _give_dynamic_memory(d, program_uop, program.dynamic_bytes)
     grad_fxn = None
     if backward is not None:
         indices = [next((i for i, t in enumerate(ins) if t is given), None) for given in backward.inputs]

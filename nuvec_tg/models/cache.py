@@ -142,10 +142,7 @@ def store(buffer: Tensor, updated: Tensor) -> Tensor:
 def kv_buffers(batch: int, kv_heads: int, max_length: int, head_dim: int, dtype,
                device: str | tuple[str, ...]) -> tuple[Tensor, Tensor]:
     """Zeroed key and value buffers `[batch, kv_heads, max_length, head_dim]`, realized; over
-    several devices, split by head (a tensor-parallel model's, `models.parallel`)."""
+    several devices, one buffer a device of its own heads (a tensor-parallel model's, `models.parallel`)."""
     def buffer() -> Tensor:
-        if isinstance(device, tuple):
-            zeros = Tensor.zeros(batch, kv_heads, max_length, head_dim, dtype=dtype, device=device[0])
-            return zeros.shard(device, axis=1).contiguous().realize()
         return Tensor.zeros(batch, kv_heads, max_length, head_dim, dtype=dtype, device=device).contiguous().realize()
     return buffer(), buffer()

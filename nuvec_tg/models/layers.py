@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Callable
 
 from tinygrad import Tensor, dtypes
+from tinygrad.uop.ops import Ops
 
 from .. import fast, quant
 from ..quant import QuantizedWeight
@@ -61,25 +62,23 @@ def _tensors(weights: list[Weight | None]) -> list[Tensor]:
     return out
 
 
-def split_outputs(y: Tensor, outs: list[int], shards: int) -> tuple[Tensor, ...]:
-    """The modules' outputs of a fused product `y [..., sum(outs)]`; over `shards` devices the
-    columns are each device's slice of every module in turn (`models.parallel`), split per device."""
-    if shards == 1: return tuple(y.split(outs, dim=-1))
-    lead = y.shape[:-1]
-    return tuple(p.reshape(*lead, -1) for p in y.reshape(*lead, shards, -1).split([o // shards for o in outs], dim=-1))
+def all_reduce(y: Tensor) -> Tensor:
+    """The sum over devices of a tensor-parallel model's per-device partial results `y` (tinygrad's
+    all-reduce; `models.parallel`): the same total on every device. y on one device: itself."""
+    return y if isinstance(y.device, str) else Tensor(y.uop.allreduce(Ops.ADD, y.device))
 
 
 class Linear:
     """`y = x · Wᵀ + b` over the last axis. Built for one or several modules (`outs`: their output
     sizes); several return a tuple of their outputs, computed by one fused product where their
-    weights are stored alike. `shards` > 1: the fused weight is column-parallel over that many
-    devices, each holding its slice of every module in turn (`models.parallel`)."""
+    weights are stored alike. `reduce` (a row-parallel layer of a tensor-parallel model,
+    `models.parallel`): each device's product is a partial sum, summed over the devices."""
 
     def __init__(self, outs: list[int]):
         self.outs = outs
         self.weights: list[Weight] = []
         self.bias: Tensor | None = None
-        self.shards = 1
+        self.reduce = False
 
     def set(self, weights: list[Weight], biases: list[Tensor] | None) -> None:
         fused = _fuse(weights) if len(weights) > 1 else weights[0]
@@ -92,7 +91,8 @@ class Linear:
     def __call__(self, x: Tensor) -> Tensor | tuple[Tensor, ...]:
         """x: `[..., K]`. Returns `[..., N]` (or one tensor per module)."""
         y = self.joined(x)
-        return y if len(self.outs) == 1 else split_outputs(y, self.outs, self.shards)
+        if len(self.outs) > 1: return tuple(y.split(self.outs, dim=-1))
+        return all_reduce(y) if self.reduce else y
 
     def joined(self, x: Tensor) -> Tensor:
         """x: `[..., K]`. Returns every module's outputs side by side, `[..., sum(outs)]`."""
@@ -194,7 +194,6 @@ class Experts:
         self.outs = outs
         self.weights: list[Weight] = []
         self.bias: Tensor | None = None
-        self.shards = 1   # as `Linear.shards`: the bank's columns split over that many devices
 
     def set(self, weights: list[Weight], bias: Tensor | None = None) -> None:
         fused = _fuse(weights) if len(weights) > 1 else weights[0]
@@ -216,7 +215,7 @@ class Experts:
                 parts.append(quant.gather_mm(x, w.cast(x.dtype).transpose(-1, -2), lhs, rhs, sorted_indices=sorted_indices))
         y = parts[0] if len(parts) == 1 else parts[0].cat(*parts[1:], dim=-1)
         if self.bias is not None: y = y + self.bias[rhs].unsqueeze(-2).cast(y.dtype)
-        return y if len(self.outs) == 1 else split_outputs(y, self.outs, self.shards)
+        return y if len(self.outs) == 1 else tuple(y.split(self.outs, dim=-1))
 
 
 def swiglu(gate: Tensor, up: Tensor) -> Tensor:
@@ -243,13 +242,15 @@ class MoE:
     experts (`moe_route`; their probabilities renormalised with `normalize`), the experts' outputs
     weighted by them (transformers' Qwen3-MoE block). With `softmax_first` false the `top_k`
     largest logits are taken first and the softmax is over them alone (gpt-oss). `glu(gate, up)`
-    joins the gate and up projections (`swiglu` unless given)."""
+    joins the gate and up projections (`swiglu` unless given). `reduce`: as `Linear.reduce`, the
+    weighted sum of a tensor-parallel model's experts (each device a slice of every expert)."""
 
     def __init__(self, router: Linear, gate_up: Experts, down: Experts, top_k: int, normalize: bool,
                  softmax_first: bool = True, glu: Callable[[Tensor, Tensor], Tensor] = swiglu):
         self.router, self.gate_up, self.down = router, gate_up, down
         self.top_k, self.normalize = top_k, normalize
         self.softmax_first, self.glu = softmax_first, glu
+        self.reduce = False
 
     def __call__(self, x: Tensor) -> Tensor:
         *lead, hidden = x.shape
@@ -269,8 +270,8 @@ class MoE:
             gate, up = self.gate_up(rows, token_rows, experts, False)              # [N, k, 1, I]
             entries = Tensor.arange(tokens * k, dtype=dtypes.int32).reshape(tokens, k)
             out = self.down(self.glu(gate, up).reshape(tokens * k, 1, -1), entries, experts, False)
-        out = out.reshape(tokens, k, hidden)
-        return fast.weighted_sum(out, scores.cast(x.dtype)).reshape(*lead, hidden)
+        out = fast.weighted_sum(out.reshape(tokens, k, hidden), scores.cast(x.dtype)).reshape(*lead, hidden)
+        return all_reduce(out) if self.reduce else out
 
     def _sorted(self, rows: Tensor, experts: Tensor) -> Tensor:
         """The experts' outputs `[N * k, 1, H]` in entry order, computed with the entries sorted by expert."""

@@ -21,7 +21,7 @@ from tinygrad import Device, Tensor, TinyJit, UOp, dtypes
 from tinygrad.dtype import DType
 from tinygrad.helpers import Context
 
-from .. import fast
+from .. import fast, kernels
 from .cache import KVCache, Positions
 from .config import Config
 from .layers import Attention, Embedding, Linear, Norm
@@ -85,7 +85,13 @@ class Model:
 
     # ---- forward ------------------------------------------------------------------------------
 
+    # Each of these builds its graph inside `kernels.per_device()`: a tensor-parallel model's
+    # tensors are one buffer a device (`models.parallel`), whose kernels run on every device.
+
     def _hidden(self, tokens: Tensor, positions: Positions, cache: KVCache | None) -> Tensor:
+        with kernels.per_device(): return self._layers(tokens, positions, cache)
+
+    def _layers(self, tokens: Tensor, positions: Positions, cache: KVCache | None) -> Tensor:
         h = self.embed(tokens, self.dtype)
         if self.embed_scale is not None: h = h * self.embed_scale
         delta = None   # the stream is `delta + h` while a block's last add waits to be fused with the next norm
@@ -100,7 +106,8 @@ class Model:
         return fast.add_rms_norm(delta, h, self.norm.weight, self.norm.eps)[1]
 
     def _logits(self, hidden: Tensor) -> Tensor:
-        logits = self.embed.as_linear(hidden) if self.head is None else self.head(hidden)
+        with kernels.per_device():
+            logits = self.embed.as_linear(hidden) if self.head is None else self.head(hidden)
         if self.logit_softcap is not None: logits = (logits / self.logit_softcap).tanh() * self.logit_softcap
         return logits
 
@@ -177,7 +184,7 @@ class Model:
         if attention is None or cache.pads is not None: return False
         q = (cache.batch, attention.heads, 1, attention.head_dim)
         k = (cache.batch, attention.kv_heads, cache.max_length, attention.head_dim)
-        plan = fast.plan_attention(q, k, k, self.dtype, mask="causal", device=self.device)
+        with kernels.per_device(): plan = fast.plan_attention(q, k, k, self.dtype, mask="causal", device=self.device)
         return isinstance(plan.kernel, fast.Vector)
 
     def _next(self, cache: KVCache, symbolic_keys: bool, greedy: bool, tokens: Tensor, length: UOp) -> Tensor:

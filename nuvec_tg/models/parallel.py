@@ -1,31 +1,34 @@
-"""Tensor parallelism over tinygrad's multi-device tensors (`Tensor.shard`): a model loaded on one
-device, then its weights spread over several, Megatron-style, so that each device holds a slice of
-every layer and tinygrad's lazy graph does the rest (each op runs per device; a product summed
-over a sharded axis becomes an all-reduce).
+"""Tensor parallelism over tinygrad's multi-device tensors: a model loaded on one device, then
+its weights spread over several, Megatron-style, so that each device holds a slice of every layer.
+
+The model then runs on per-device tensors: each weight is kept as its shards, one buffer a device
+(`per_device`: on the tuple of devices, each buffer that device's slice), and every layer runs
+the single-device code on its own device's slice, with its own sizes (a device's heads, its MLP
+columns), kernels included (`kernels.per_device()`, which `Model` enters). Between the layers
+the activations are the same on every device; two sums a block cross devices:
 
 - Column-parallel (q/k/v, gate/up): output rows split by device. A fused `Linear`'s rows are
-  reordered first so that device i holds the i-th slice of every module (`[q_i; k_i; v_i]`), and
-  `Linear.shards` tells it to split its output per device (`Linear.__call__`): every device then
-  holds whole heads and their matching gate and up columns.
-- Row-parallel (o, down): input columns split by device; the product's sum over them is tinygrad's
-  all-reduce; a bias is added once, after it.
-- Attention heads and the KV cache (`cache.kv_buffers`) split by key-value head (whole groups of
-  query heads with their key head); norms, embeddings, the head and the rotary tables are
-  replicated.
+  reordered first so that device i holds the i-th slice of every module (`[q_i; k_i; v_i]`), so
+  its product splits into its modules as on one device, with the device's sizes (`outs`).
+- Row-parallel (o, down): input columns split by device; each device's product is a partial sum
+  and `Linear.reduce` sums them (`layers.all_reduce`, tinygrad's all-reduce); a bias is held by
+  the first device alone (zeros on the others), so that it is added once.
+- Attention heads, their sinks and the KV cache split by key-value head (whole groups of query
+  heads with their key head); norms, embeddings, the head and the rotary tables are copied.
+- A MoE's experts split by their columns (each device a slice of every expert, as a dense MLP's;
+  the router on every device), the weighted sum of the experts summed over devices (`MoE.reduce`).
 
 Quantized weights split the same way: codes, scales and biases by output row, or by input column
-where a device's slice of K is a whole number of groups. Not yet: on a device with kernels the
-sharded calls run the compositions (the launch mechanism takes one device); the model is read
-onto the first device whole before it is spread, so it must fit there; the families sharded are
-those of softmax attention with dense or MoE MLPs (Qwen3, Qwen3-MoE, Gemma 3, gpt-oss; a MoE's
-experts split by their columns, each device a slice of every expert, the router on every
-device), and the linear-attention families (Qwen3-Next, Qwen3.5) raise before any weight is read.
+where a device's slice of K is a whole number of groups. Not yet: the model is read onto the
+first device whole before it is spread, so it must fit there; the linear-attention families
+(Qwen3-Next, Qwen3.5) raise before any weight is read.
 """
 from __future__ import annotations
 
 import dataclasses
 
 from tinygrad import Tensor
+from tinygrad.uop.ops import Ops
 
 from ..quant import QuantizedWeight
 from .layers import Attention, Embedding, Experts, Linear, MoE, Norm, PreNormBlock
@@ -79,10 +82,25 @@ def _interleaved(t: Tensor, outs: list[int], n: int, axis: int = 0) -> Tensor:
     return pieces[0].cat(*pieces[1:], dim=axis)
 
 
+def per_device(t: Tensor) -> Tensor:
+    """A realized tensor split over devices (`Tensor.shard`) as its shards: one buffer a device,
+    each that device's slice, as a tensor of the shard's shape on the tuple of devices; a copied or
+    single-device tensor as it is."""
+    return Tensor(t.uop.src[0]) if t.uop.op is Ops.UNSHARD else t
+
+
 def _spread(t: Tensor | None, devices: tuple[str, ...], axis: int | None) -> Tensor | None:
-    """`t` split along `axis` over `devices` (None: a copy on each), realized."""
+    """`t` split along `axis` over `devices` (None: a copy on each), realized, per device."""
     if t is None: return None
-    return (t.to(devices) if axis is None else t.shard(devices, axis=axis)).realize()
+    return per_device((t.to(devices) if axis is None else t.shard(devices, axis=axis)).realize())
+
+
+def _first_device_only(t: Tensor | None, devices: tuple[str, ...]) -> Tensor | None:
+    """`t` on the first of `devices` and zeros of its shape on the others, per device: a bias added
+    to partial sums before they are summed over the devices counts once."""
+    if t is None: return None
+    stacked = t.unsqueeze(0).cat(t.zeros_like().unsqueeze(0).expand(len(devices) - 1, *t.shape), dim=0).contiguous()
+    return _spread(stacked, devices, 0).reshape(t.shape)
 
 
 def _each_tensor(w, spread):
@@ -93,20 +111,21 @@ def _each_tensor(w, spread):
 
 def _column_parallel(linear: Linear | Experts, devices: tuple[str, ...]) -> None:
     """Output rows by device (a bank's: each expert's), each device's slice of every module
-    together (`_interleaved`); the bias likewise along its last axis."""
+    together (`_interleaved`); the bias likewise along its last axis; `outs` a device's."""
     n = len(devices)
     def rows(t, axis=-2 if isinstance(linear, Experts) else 0):
         return None if t is None else _spread(_interleaved(t, linear.outs, n, axis).contiguous(), devices, axis)
     linear.weights = [_each_tensor(linear.weights[0], rows)]
     linear.bias = rows(linear.bias, -1)
-    linear.shards = n
+    linear.outs = [out // n for out in linear.outs]
 
 
 def _row_parallel(linear: Linear | Experts, devices: tuple[str, ...]) -> None:
-    """Input columns by device (packed codes, scales and biases along K alike); the bias copied,
-    added once after the all-reduce."""
+    """Input columns by device (packed codes, scales and biases along K alike); the bias on the
+    first device alone. A `Linear` sums its partial products over the devices (`reduce`)."""
     linear.weights = [_each_tensor(linear.weights[0], lambda t: _spread(t, devices, -1))]
-    linear.bias = _spread(linear.bias, devices, None)
+    linear.bias = _first_device_only(linear.bias, devices)
+    if isinstance(linear, Linear): linear.reduce = True
 
 
 def _replicated(part, devices: tuple[str, ...]) -> None:
@@ -131,15 +150,18 @@ def shard(parts: dict, devices: tuple[str, ...], op: str) -> None:
     _replicated(parts["embed"], devices)
     _replicated(parts["norm"], devices)
     _replicated(parts["head"], devices)
-    ropes = []
+    ropes, n = [], len(devices)
     for block in parts["layers"]:
         attention, mlp = block.attention, block.mlp
         _column_parallel(attention.qkv, devices)
         _row_parallel(attention.o, devices)
+        attention.heads, attention.kv_heads = attention.heads // n, attention.kv_heads // n
         for norm in (attention.q_norm, attention.k_norm): _replicated(norm, devices)
         if attention.sinks is not None: attention.sinks.value = _spread(attention.sinks.value, devices, 0)   # per head
         if all(attention.rope is not r for r in ropes): ropes.append(attention.rope)
-        if isinstance(mlp, MoE): _replicated(mlp.router, devices)   # every device routes every token
+        if isinstance(mlp, MoE):
+            _replicated(mlp.router, devices)   # every device routes every token
+            mlp.reduce = True
         _column_parallel(mlp.gate_up, devices)
         _row_parallel(mlp.down, devices)
         for value in vars(block).values():   # the block's norms (Gemma's four, Qwen's two)
