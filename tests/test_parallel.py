@@ -24,6 +24,7 @@ from test_models import CACHE_LENGTH, TOL, fixture, logits_of, model, reference
 
 DEVICES = ("CPU:0", "CPU:1")
 CANONICAL = tuple(Device.canonicalize(d) for d in DEVICES)   # ("CPU", "CPU:1")
+DEVICES4 = ("CPU:0", "CPU:1", "CPU:2", "CPU:3")
 
 
 def sharded(name: str, **options) -> models.Model:
@@ -31,11 +32,24 @@ def sharded(name: str, **options) -> models.Model:
     return model(name, devices=DEVICES, **options)
 
 
-@pytest.mark.parametrize("name", ["qwen3", "qwen3_tied", "qwen3_rope_yarn", "gemma3", "qwen3_moe", "gpt_oss"])
+@pytest.mark.parametrize("name", ["qwen3", "qwen3_tied", "qwen3_rope_yarn", "gemma3", "qwen3_moe", "gpt_oss",
+                                  "qwen3_next", "qwen3_5"])
 def test_a_sharded_fixture_gives_transformers_logits(name):
+    """Every family; Qwen3-Next and Qwen3.5 with their one key-value head copied to both devices
+    (a query head each) and their DeltaNet's two key heads split."""
     ref = reference(name)
     got = logits_of(sharded(name)(ref["prompt_1"][None]))[0]
     assert_rows_close(f"{name} over 2 devices", got, ref["logits_1"], TOL)
+
+
+def test_more_devices_than_key_value_heads_copy_each_to_its_query_heads_devices():
+    """Qwen3's 2 key-value heads over 4 devices: a query head a device, with a copy of its
+    key-value head (the cache holds one head a device)."""
+    ref = reference("qwen3")
+    m = model("qwen3", devices=DEVICES4)
+    assert (m.layers[0].attention.heads, m.layers[0].attention.kv_heads) == (1, 1)
+    got = logits_of(m(ref["prompt_1"][None]))[0]
+    assert_rows_close("qwen3 over 4 devices", got, ref["logits_1"], TOL)
 
 
 def test_a_sharded_mlx_quantized_checkpoint_gives_mlx_lms_logits():
@@ -93,7 +107,7 @@ def test_the_split_gives_each_device_whole_heads_and_its_gate_and_up_columns():
     assert m.device == CANONICAL
 
 
-@pytest.mark.parametrize("name", ["qwen3", "gpt_oss"])   # gpt-oss: sinks, a window of 4, experts
+@pytest.mark.parametrize("name", ["qwen3", "gpt_oss", "qwen3_5"])   # gpt-oss: sinks, a window of 4, experts; Qwen3.5: states
 def test_a_cached_prefill_then_steps_give_transformers_logits(name):
     ref = reference(name)
     tokens = ref["sequence_1"][None]
@@ -126,10 +140,10 @@ def test_the_serving_engine_over_two_devices_gives_transformers_tokens():
 
 
 def test_what_cannot_be_split_raises_before_any_weight_moves():
-    with pytest.raises(ValueError, match=r"layer 0 \(GatedDeltaNet\) is not sharded yet"):
-        models.load(fixture("qwen3_next"), progress=False, devices=DEVICES)
-    with pytest.raises(ValueError, match="2 key-value heads do not split over 4 devices"):
-        models.load(fixture("qwen3"), progress=False, devices=("CPU:0", "CPU:1", "CPU:2", "CPU:3"))
+    with pytest.raises(ValueError, match="layer 0: 2 key heads of a gated DeltaNet do not split over 4 devices"):
+        models.load(fixture("qwen3_next"), progress=False, devices=DEVICES4)
+    with pytest.raises(ValueError, match="layer 0: 4 query heads do not split over 3 devices"):
+        models.load(fixture("qwen3"), progress=False, devices=DEVICES4[:3])
     with pytest.raises(ValueError, match="layer 1: down's 1 groups of K do not split"):   # experts' K 32, groups of 64
         models.load(fixture("qwen3_moe_mlx4"), progress=False, devices=DEVICES)
     with pytest.raises(ValueError, match="device or devices, not both"):

@@ -14,24 +14,32 @@ the activations are the same on every device; two sums a block cross devices:
   and `Linear.reduce` sums them (`layers.all_reduce`, tinygrad's all-reduce); a bias is held by
   the first device alone (zeros on the others), so that it is added once.
 - Attention heads, their sinks and the KV cache split by key-value head (whole groups of query
-  heads with their key head); norms, embeddings, the head and the rotary tables are copied.
+  heads with their key head); with fewer key-value heads than devices, the query heads split and
+  each device holds a copy of its heads' key-value head (as vLLM does). Norms, embeddings, the
+  head and the rotary tables are copied.
+- A gated DeltaNet (Qwen3-Next, Qwen3.5) splits by key head, each with its value heads: their
+  projection rows, filter channels, decays and states; its output projection is row-parallel.
 - A MoE's experts split by their columns (each device a slice of every expert, as a dense MLP's;
-  the router on every device), the weighted sum of the experts summed over devices (`MoE.reduce`).
+  the router on every device), the weighted sum of the experts summed over devices (`MoE.reduce`);
+  a shared expert (Qwen3-Next) is an MLP split alike, its gate copied.
 
 Quantized weights split the same way: codes, scales and biases by output row, or by input column
 where a device's slice of K is a whole number of groups. Not yet: the model is read onto the
-first device whole before it is spread, so it must fit there; the linear-attention families
-(Qwen3-Next, Qwen3.5) raise before any weight is read.
+first device whole before it is spread, so it must fit there; the head is copied, not split by
+vocabulary; experts are not placed whole on devices (expert parallelism).
 """
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 from tinygrad import Tensor
 from tinygrad.uop.ops import Ops
 
 from ..quant import QuantizedWeight
-from .layers import Attention, Embedding, Experts, Linear, MoE, Norm, PreNormBlock
+from .layers import MLP, Attention, Embedding, Experts, Linear, MoE, Norm, PreNormBlock
+from .linear_attention import GatedDeltaNet
+from .qwen3_next import SharedExpertMoE
 from .rope import RotaryEmbedding
 
 
@@ -45,26 +53,47 @@ def check_devices(op: str, devices) -> tuple[str, ...]:
     return devices
 
 
+def _mlps(mlp) -> list[MLP | MoE]:
+    """The dense MLPs and expert banks of a block's MLP (a shared-expert MoE has one of each)."""
+    return [mlp.moe, mlp.shared] if isinstance(mlp, SharedExpertMoE) else [mlp]
+
+
+def _row_parallel_groups(name: str, linear: Linear | Experts, n: int) -> str | None:
+    """Why a quantized row-parallel weight's groups of K do not split over n devices, or None."""
+    for w in linear.weights:
+        if isinstance(w, QuantizedWeight) and w.scales.shape[-1] % n:
+            return f"{name}'s {w.scales.shape[-1]} groups of K do not split over {n} devices"
+    return None
+
+
+def _block_unsupported(block, n: int) -> str | None:
+    """Why a block cannot be split over n devices, or None (`unsupported`)."""
+    if not isinstance(block, PreNormBlock):
+        return f"a {type(block).__name__} is not sharded"
+    mixer, reasons = block.attention, []
+    if isinstance(mixer, Attention):
+        if mixer.heads % n: return f"{mixer.heads} query heads do not split over {n} devices"
+        if mixer.kv_heads % n and n % mixer.kv_heads:
+            return f"{mixer.kv_heads} key-value heads neither split over {n} devices nor copy to them evenly"
+        reasons.append(_row_parallel_groups("o", mixer.o, n))
+    elif isinstance(mixer, GatedDeltaNet):
+        if mixer.key_heads % n: return f"{mixer.key_heads} key heads of a gated DeltaNet do not split over {n} devices"
+        reasons.append(_row_parallel_groups("out_proj", mixer.out, n))
+    else:
+        return f"its {type(mixer).__name__} is not sharded"
+    for mlp in _mlps(block.mlp):
+        if not isinstance(mlp, (MLP, MoE)): return f"its {type(mlp).__name__} is not sharded"
+        if mlp.gate_up.outs[0] % n: return f"an MLP of {mlp.gate_up.outs[0]} does not split over {n} devices"
+        reasons.append(_row_parallel_groups("down", mlp.down, n))
+    return next((r for r in reasons if r is not None), None)
+
+
 def unsupported(parts: dict, devices: tuple[str, ...]) -> str | None:
     """Why `parts` (a family's `build` result) cannot be sharded over `devices`, or None. Before the
     loader has read the weights (`Linear.weights` empty) only the layers and their sizes are checked."""
-    n = len(devices)
     for index, block in enumerate(parts["layers"]):
-        if not isinstance(block, PreNormBlock) or not isinstance(block.attention, Attention):
-            kind = type(block.attention if isinstance(block, PreNormBlock) else block).__name__
-            return f"layer {index} ({kind}) is not sharded yet: only softmax attention is"
-        attention, mlp = block.attention, block.mlp
-        if attention.kv_heads % n:
-            return f"layer {index}: {attention.kv_heads} key-value heads do not split over {n} devices"
-        for name, linear in (("qkv", attention.qkv), ("o", attention.o), ("gate_up", mlp.gate_up), ("down", mlp.down)):
-            if len(linear.weights) > 1:
-                return f"layer {index}: {name}'s modules are stored unalike (not one fused weight)"
-        if mlp.gate_up.outs[0] % n:
-            return f"layer {index}: an MLP of {mlp.gate_up.outs[0]} does not split over {n} devices"
-        for name, linear in (("o", attention.o), ("down", mlp.down)):
-            w = linear.weights[0] if linear.weights else None
-            if isinstance(w, QuantizedWeight) and (w.scales.shape[-1] % n):
-                return f"layer {index}: {name}'s {w.scales.shape[-1]} groups of K do not split over {n} devices"
+        reason = _block_unsupported(block, len(devices))
+        if reason is not None: return f"layer {index}: {reason}"
     return None
 
 
@@ -74,12 +103,15 @@ def refuse(parts: dict, devices: tuple[str, ...], op: str) -> None:
     if reason is not None: raise ValueError(f"{op}: cannot shard over {len(devices)} devices: {reason}")
 
 
-def _interleaved(t: Tensor, outs: list[int], n: int, axis: int = 0) -> Tensor:
-    """`t`'s `axis` (of `sum(outs)`, the modules side by side) reordered so that the i-th of n
-    equal slices holds the i-th slice of every module in turn."""
-    modules = [module.chunk(n, dim=axis) for module in t.split(outs, dim=axis)]
-    pieces = [module[i] for i in range(n) for module in modules]
-    return pieces[0].cat(*pieces[1:], dim=axis)
+def _interleaved(t: Tensor, sizes: list[int], n: int, axis: int = 0, slices: list[int] | None = None) -> Tensor:
+    """`t`'s `axis` (of `sum(sizes)`, pieces side by side) reordered so that the i-th of n equal
+    parts holds the i-th slice of every piece in turn. `slices[j]` (default n): piece j's count of
+    slices, device i taking slice `i * slices[j] // n` (fewer than n: a slice copied to several
+    devices, a key-value head to the devices of its query heads)."""
+    slices = slices or [n] * len(sizes)
+    pieces = [piece.chunk(count, dim=axis) for piece, count in zip(t.split(sizes, dim=axis), slices)]
+    parts = [piece[i * count // n] for i in range(n) for piece, count in zip(pieces, slices)]
+    return parts[0].cat(*parts[1:], dim=axis)
 
 
 def per_device(t: Tensor) -> Tensor:
@@ -109,21 +141,35 @@ def _each_tensor(w, spread):
     return QuantizedWeight(spread(w.weight), spread(w.scales), spread(w.biases), w.mode, w.group_size, w.bits)
 
 
-def _column_parallel(linear: Linear | Experts, devices: tuple[str, ...]) -> None:
+def _column_parallel(linear: Linear | Experts, devices: tuple[str, ...], pieces: list[int] | None = None,
+                     slices: list[int] | None = None) -> None:
     """Output rows by device (a bank's: each expert's), each device's slice of every module
-    together (`_interleaved`); the bias likewise along its last axis; `outs` a device's."""
-    n = len(devices)
-    def rows(t, axis=-2 if isinstance(linear, Experts) else 0):
-        return None if t is None else _spread(_interleaved(t, linear.outs, n, axis).contiguous(), devices, axis)
-    linear.weights = [_each_tensor(linear.weights[0], rows)]
-    linear.bias = rows(linear.bias, -1)
-    linear.outs = [out // n for out in linear.outs]
+    together (`_interleaved`); the bias likewise along its last axis; `outs` a device's. `pieces`
+    (default `outs`): finer pieces the modules are made of, each split alone (Qwen3.5's
+    `in_proj_qkv`: q, k, v); `slices`: as `_interleaved`'s, a count per piece. Weights stored
+    unalike (one a module) split each alone."""
+    n, pieces = len(devices), pieces or linear.outs
+    slices = slices or [n] * len(pieces)
+    axis = -2 if isinstance(linear, Experts) else 0
+    ends = list(itertools.accumulate(pieces))
+    def span(start: int, stop: int) -> tuple[list[int], list[int]]:   # the pieces (and their slices) of rows [start, stop)
+        chosen = [j for j, end in enumerate(ends) if start < end <= stop]
+        return [pieces[j] for j in chosen], [slices[j] for j in chosen]
+    def rows(t, start, stop, axis=axis):
+        sizes, counts = span(start, stop)
+        return _spread(_interleaved(t, sizes, n, axis, counts).contiguous(), devices, axis)
+    module_ends = list(itertools.accumulate(linear.outs))
+    if len(linear.weights) == 1: linear.weights = [_each_tensor(linear.weights[0], lambda t: rows(t, 0, ends[-1]))]
+    else: linear.weights = [_each_tensor(w, lambda t, a=a, b=b: rows(t, a, b))
+                            for w, a, b in zip(linear.weights, [0, *module_ends[:-1]], module_ends)]
+    if linear.bias is not None: linear.bias = rows(linear.bias, 0, ends[-1], -1)
+    linear.outs = [sum(p // c for p, c in zip(*span(a, b))) for a, b in zip([0, *module_ends[:-1]], module_ends)]
 
 
 def _row_parallel(linear: Linear | Experts, devices: tuple[str, ...]) -> None:
     """Input columns by device (packed codes, scales and biases along K alike); the bias on the
     first device alone. A `Linear` sums its partial products over the devices (`reduce`)."""
-    linear.weights = [_each_tensor(linear.weights[0], lambda t: _spread(t, devices, -1))]
+    linear.weights = [_each_tensor(w, lambda t: _spread(t, devices, -1)) for w in linear.weights]
     linear.bias = _first_device_only(linear.bias, devices)
     if isinstance(linear, Linear): linear.reduce = True
 
@@ -143,6 +189,48 @@ def _replicated(part, devices: tuple[str, ...]) -> None:
     else: raise TypeError(f"parallel: cannot replicate a {type(part).__name__}")
 
 
+def _split_attention(attention: Attention, devices: tuple[str, ...]) -> None:
+    """Query heads by device with their key-value heads (or copies of them, where fewer than the
+    devices); o row-parallel; sinks by query head; the q/k norms copied."""
+    n = len(devices)
+    kv_slices = n if attention.kv_heads % n == 0 else attention.kv_heads   # fewer heads than devices: copies
+    _column_parallel(attention.qkv, devices, slices=[n, kv_slices, kv_slices])
+    _row_parallel(attention.o, devices)
+    attention.heads, attention.kv_heads = attention.heads // n, attention.kv_heads // kv_slices
+    for norm in (attention.q_norm, attention.k_norm): _replicated(norm, devices)
+    if attention.sinks is not None: attention.sinks.value = _spread(attention.sinks.value, devices, 0)
+
+
+def _split_delta_net(net: GatedDeltaNet, devices: tuple[str, ...]) -> None:
+    """Key heads by device, each with its value heads: the projection's rows (grouped by key head
+    in Qwen3-Next's layout; q, k, v, z, b and a each split in Qwen3.5's), the filter's channels
+    (q, k, v), the decays `A_log` and `dt_bias`; out_proj row-parallel; the norm copied."""
+    n = len(devices)
+    hk, hv, dk, dv = net.key_heads // n, net.value_heads // n, net.key_dim, net.value_dim
+    channels = [net.key_heads * dk, net.key_heads * dk, net.value_heads * dv]
+    if net.grouped: _column_parallel(net.projection, devices)
+    else: _column_parallel(net.projection, devices, pieces=channels + [net.value_heads * dv, net.value_heads, net.value_heads])
+    _row_parallel(net.out, devices)
+    net.conv.value = _spread(_interleaved(net.conv.value, channels, n).contiguous(), devices, 0)
+    for parameter in (net.a_log, net.dt_bias): parameter.value = _spread(parameter.value, devices, 0)
+    _replicated(net.norm, devices)
+    net.key_heads, net.value_heads = hk, hv
+    net.heads = dataclasses.replace(net.heads, key_heads=hk, value_heads=hv)
+    net.channels = net.heads.channels
+
+
+def _split_mlp(mlp, devices: tuple[str, ...]) -> None:
+    """gate/up column-parallel, down row-parallel, for a dense MLP and each expert alike (a MoE's
+    router copied, its weighted sum summed over the devices); a shared expert's gate copied."""
+    if isinstance(mlp, SharedExpertMoE): _replicated(mlp.gate, devices)
+    for part in _mlps(mlp):
+        if isinstance(part, MoE):
+            _replicated(part.router, devices)   # every device routes every token
+            part.reduce = True
+        _column_parallel(part.gate_up, devices)
+        _row_parallel(part.down, devices)
+
+
 def shard(parts: dict, devices: tuple[str, ...], op: str) -> None:
     """Spread a family's `build` result over `devices` in place (see the module's docstring);
     a `ValueError` naming `op` when the model cannot be, before any tensor moves."""
@@ -150,20 +238,14 @@ def shard(parts: dict, devices: tuple[str, ...], op: str) -> None:
     _replicated(parts["embed"], devices)
     _replicated(parts["norm"], devices)
     _replicated(parts["head"], devices)
-    ropes, n = [], len(devices)
+    ropes = []
     for block in parts["layers"]:
-        attention, mlp = block.attention, block.mlp
-        _column_parallel(attention.qkv, devices)
-        _row_parallel(attention.o, devices)
-        attention.heads, attention.kv_heads = attention.heads // n, attention.kv_heads // n
-        for norm in (attention.q_norm, attention.k_norm): _replicated(norm, devices)
-        if attention.sinks is not None: attention.sinks.value = _spread(attention.sinks.value, devices, 0)   # per head
-        if all(attention.rope is not r for r in ropes): ropes.append(attention.rope)
-        if isinstance(mlp, MoE):
-            _replicated(mlp.router, devices)   # every device routes every token
-            mlp.reduce = True
-        _column_parallel(mlp.gate_up, devices)
-        _row_parallel(mlp.down, devices)
+        mixer = block.attention
+        if isinstance(mixer, Attention):
+            _split_attention(mixer, devices)
+            if all(mixer.rope is not r for r in ropes): ropes.append(mixer.rope)
+        else: _split_delta_net(mixer, devices)
+        _split_mlp(block.mlp, devices)
         for value in vars(block).values():   # the block's norms (Gemma's four, Qwen's two)
             if isinstance(value, Norm): _replicated(value, devices)
     for rope in ropes: _replicated(rope, devices)
