@@ -10,6 +10,7 @@ families, sizes that do not split and bad device arguments raise before any weig
 from __future__ import annotations
 
 import contextlib
+import copy
 import io
 
 import numpy as np
@@ -61,6 +62,36 @@ def test_a_sharded_mlx_quantized_checkpoint_gives_mlx_lms_logits():
     assert isinstance(down, QuantizedWeight) and down.weight.device == down.scales.device == CANONICAL
     got = logits_of(m(ref["prompt_1"][None]))[0]
     assert_rows_close("qwen3_mlx4 over 2 devices", got, ref["logits_1"], TOL)
+
+
+def moes(m: models.Model) -> list[layers.MoE]:
+    return [block.mlp for block in m.layers if isinstance(block.mlp, layers.MoE)]
+
+
+def test_experts_whose_columns_do_not_split_go_whole_to_the_devices(monkeypatch):
+    """mlx-lm's 4-bit Qwen3-MoE: its experts' K (32) is one group of 64, so the 4 experts go two
+    to each device (expert parallelism), entry by entry and sorted by expert."""
+    ref = reference("qwen3_moe_mlx4")
+    m = sharded("qwen3_moe_mlx4", dtype="float32")
+    assert moes(m) and all(moe.local_experts == 2 for moe in moes(m))
+    assert np.array_equal(each_device(moes(m)[0].first_expert).ravel(), [0, 2])
+    assert moes(m)[0].gate_up.weights[0].weight.shape[0] == 2
+    got = logits_of(m(ref["prompt_1"][None]))[0]
+    assert_rows_close("qwen3_moe_mlx4 over 2 devices", got, ref["logits_f32_1"], TOL)
+    monkeypatch.setattr(layers, "SORT_ENTRIES", 1)
+    got = logits_of(m(ref["prompt_1"][None]))[0]
+    assert_rows_close("qwen3_moe_mlx4 sorted over 2 devices", got, ref["logits_f32_1"], TOL)
+
+
+def test_many_experts_go_whole_to_the_devices(monkeypatch):
+    """gpt-oss's experts whole to the devices (the rule's count lowered to the fixture's 2 a
+    device), their biases with them: transformers' logits."""
+    ref = reference("gpt_oss")
+    monkeypatch.setattr(parallel, "WHOLE_EXPERTS", 2)
+    m = models.load(fixture("gpt_oss"), progress=False, devices=DEVICES)
+    assert all(moe.local_experts == 2 and moe.down.bias.shape[0] == 2 for moe in moes(m))
+    got = logits_of(m(ref["prompt_1"][None]))[0]
+    assert_rows_close("gpt_oss, whole experts over 2 devices", got, ref["logits_1"], TOL)
 
 
 def test_sharded_experts_sorted_by_expert_give_transformers_logits(monkeypatch):
@@ -144,8 +175,12 @@ def test_what_cannot_be_split_raises_before_any_weight_moves():
         models.load(fixture("qwen3_next"), progress=False, devices=DEVICES4)
     with pytest.raises(ValueError, match="layer 0: 4 query heads do not split over 3 devices"):
         models.load(fixture("qwen3"), progress=False, devices=DEVICES4[:3])
-    with pytest.raises(ValueError, match="layer 1: down's 1 groups of K do not split"):   # experts' K 32, groups of 64
-        models.load(fixture("qwen3_moe_mlx4"), progress=False, devices=DEVICES)
+    parts = {"layers": [copy.copy(block) for block in model("qwen3_moe_mlx4").layers]}
+    moe = parts["layers"][1].mlp = copy.copy(parts["layers"][1].mlp)
+    moe.router = copy.copy(moe.router)
+    moe.router.outs = [3]   # 3 experts, whose K (32) is one group of 64
+    assert parallel.unsupported(parts, DEVICES) == \
+        "layer 1: down's 1 groups of K do not split over 2 devices, and 3 experts do not split over them"
     with pytest.raises(ValueError, match="device or devices, not both"):
         models.load(fixture("qwen3"), progress=False, device="CPU", devices=DEVICES)
     with pytest.raises(ValueError, match="at least two distinct devices"):

@@ -243,7 +243,9 @@ class MoE:
     weighted by them (transformers' Qwen3-MoE block). With `softmax_first` false the `top_k`
     largest logits are taken first and the softmax is over them alone (gpt-oss). `glu(gate, up)`
     joins the gate and up projections (`swiglu` unless given). `reduce`: as `Linear.reduce`, the
-    weighted sum of a tensor-parallel model's experts (each device a slice of every expert)."""
+    weighted sum of a tensor-parallel model's experts (each device a slice of every expert, or
+    whole experts: `first_expert`, per device the first of the `local_experts` its banks hold,
+    where the others' entries give zeros)."""
 
     def __init__(self, router: Linear, gate_up: Experts, down: Experts, top_k: int, normalize: bool,
                  softmax_first: bool = True, glu: Callable[[Tensor, Tensor], Tensor] = swiglu):
@@ -251,6 +253,8 @@ class MoE:
         self.top_k, self.normalize = top_k, normalize
         self.softmax_first, self.glu = softmax_first, glu
         self.reduce = False
+        self.first_expert: Tensor | None = None
+        self.local_experts = 0
 
     def __call__(self, x: Tensor) -> Tensor:
         *lead, hidden = x.shape
@@ -263,6 +267,7 @@ class MoE:
             experts, top = fast.moe_route(logits, k)                               # the k largest logits
             scores = fast.softmax(top)
         experts = experts.cast(dtypes.int32)
+        if self.first_expert is not None: experts = self._held(experts)
         if tokens * k >= SORT_ENTRIES:
             out = self._sorted(rows, experts)
         else:
@@ -272,6 +277,12 @@ class MoE:
             out = self.down(self.glu(gate, up).reshape(tokens * k, 1, -1), entries, experts, False)
         out = fast.weighted_sum(out.reshape(tokens, k, hidden), scores.cast(x.dtype)).reshape(*lead, hidden)
         return all_reduce(out) if self.reduce else out
+
+    def _held(self, experts: Tensor) -> Tensor:
+        """Expert numbers as this device's banks number them; past their end (an entry of zeros)
+        for an expert another device holds."""
+        local = experts - self.first_expert
+        return ((local >= 0) & (local < self.local_experts)).where(local, self.local_experts)
 
     def _sorted(self, rows: Tensor, experts: Tensor) -> Tensor:
         """The experts' outputs `[N * k, 1, H]` in entry order, computed with the entries sorted by expert."""

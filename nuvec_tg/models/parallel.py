@@ -19,21 +19,24 @@ the activations are the same on every device; two sums a block cross devices:
   head and the rotary tables are copied.
 - A gated DeltaNet (Qwen3-Next, Qwen3.5) splits by key head, each with its value heads: their
   projection rows, filter channels, decays and states; its output projection is row-parallel.
-- A MoE's experts split by their columns (each device a slice of every expert, as a dense MLP's;
-  the router on every device), the weighted sum of the experts summed over devices (`MoE.reduce`);
-  a shared expert (Qwen3-Next) is an MLP split alike, its gate copied.
+- A MoE's experts: many (`WHOLE_EXPERTS` or more a device), or whose columns do not split, go
+  whole to the devices (expert parallelism: each device runs its experts' entries, the others'
+  give zeros); few split by their columns (each device a slice of every expert, as a dense MLP's:
+  every device busy with every expert a token picks). The router is on every device, and the
+  weighted sum of the experts is summed over the devices (`MoE.reduce`). A shared expert
+  (Qwen3-Next) is an MLP split by columns, its gate copied.
 
 Quantized weights split the same way: codes, scales and biases by output row, or by input column
 where a device's slice of K is a whole number of groups. Not yet: the model is read onto the
 first device whole before it is spread, so it must fit there; the head is copied, not split by
-vocabulary; experts are not placed whole on devices (expert parallelism).
+vocabulary.
 """
 from __future__ import annotations
 
 import dataclasses
 import itertools
 
-from tinygrad import Tensor
+from tinygrad import Tensor, dtypes
 from tinygrad.uop.ops import Ops
 
 from ..quant import QuantizedWeight
@@ -51,6 +54,10 @@ def check_devices(op: str, devices) -> tuple[str, ...]:
     if len(devices) < 2 or len(set(devices)) != len(devices):
         raise ValueError(f"{op}: devices must name at least two distinct devices, got {devices}")
     return devices
+
+
+# Experts a device from which a MoE's experts go whole to the devices (expert parallelism).
+WHOLE_EXPERTS = 8
 
 
 def _mlps(mlp) -> list[MLP | MoE]:
@@ -83,9 +90,24 @@ def _block_unsupported(block, n: int) -> str | None:
         return f"its {type(mixer).__name__} is not sharded"
     for mlp in _mlps(block.mlp):
         if not isinstance(mlp, (MLP, MoE)): return f"its {type(mlp).__name__} is not sharded"
-        if mlp.gate_up.outs[0] % n: return f"an MLP of {mlp.gate_up.outs[0]} does not split over {n} devices"
-        reasons.append(_row_parallel_groups("down", mlp.down, n))
+        if isinstance(mlp, MoE) and _whole_experts(mlp, n): continue
+        reason = _columns_unsupported(mlp, n)
+        if reason is not None and isinstance(mlp, MoE): reason += f", and {mlp.router.outs[0]} experts do not split over them"
+        reasons.append(reason)
     return next((r for r in reasons if r is not None), None)
+
+
+def _columns_unsupported(mlp: MLP | MoE, n: int) -> str | None:
+    """Why an MLP's (or every expert's) columns do not split over n devices, or None."""
+    if mlp.gate_up.outs[0] % n: return f"an MLP of {mlp.gate_up.outs[0]} does not split over {n} devices"
+    return _row_parallel_groups("down", mlp.down, n)
+
+
+def _whole_experts(moe: MoE, n: int) -> bool:
+    """Whether a MoE's experts go whole to n devices: they divide evenly, and are many
+    (`WHOLE_EXPERTS` a device) or their columns do not split."""
+    experts = moe.router.outs[0]
+    return experts % n == 0 and (experts // n >= WHOLE_EXPERTS or _columns_unsupported(moe, n) is not None)
 
 
 def unsupported(parts: dict, devices: tuple[str, ...]) -> str | None:
@@ -220,15 +242,31 @@ def _split_delta_net(net: GatedDeltaNet, devices: tuple[str, ...]) -> None:
 
 
 def _split_mlp(mlp, devices: tuple[str, ...]) -> None:
-    """gate/up column-parallel, down row-parallel, for a dense MLP and each expert alike (a MoE's
-    router copied, its weighted sum summed over the devices); a shared expert's gate copied."""
+    """gate/up column-parallel, down row-parallel, for a dense MLP and each expert alike, or a
+    MoE's experts whole to the devices (`_whole_experts`); a MoE's router copied, its weighted sum
+    summed over the devices; a shared expert's gate copied."""
     if isinstance(mlp, SharedExpertMoE): _replicated(mlp.gate, devices)
     for part in _mlps(mlp):
         if isinstance(part, MoE):
             _replicated(part.router, devices)   # every device routes every token
             part.reduce = True
+            if _whole_experts(part, len(devices)):
+                _split_experts(part, devices)
+                continue
         _column_parallel(part.gate_up, devices)
         _row_parallel(part.down, devices)
+
+
+def _split_experts(moe: MoE, devices: tuple[str, ...]) -> None:
+    """Whole experts to each device (expert parallelism): the banks and their biases split by
+    expert, and each device told the first expert it holds."""
+    experts, n = moe.router.outs[0], len(devices)
+    for bank in (moe.gate_up, moe.down):
+        bank.weights = [_each_tensor(w, lambda t: _spread(t, devices, 0)) for w in bank.weights]
+        bank.bias = _spread(bank.bias, devices, 0)
+    moe.local_experts = experts // n
+    firsts = Tensor(list(range(0, experts, experts // n)), dtype=dtypes.int32, device=devices[0])
+    moe.first_expert = _spread(firsts, devices, 0)
 
 
 def shard(parts: dict, devices: tuple[str, ...], op: str) -> None:
