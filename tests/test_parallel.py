@@ -112,7 +112,7 @@ def test_the_split_gives_each_device_whole_heads_and_its_gate_and_up_columns():
     """A fused weight's rows are reordered so that device i's slice is its slice of every module
     (`[q_i; k_i; v_i]`, `[gate_i; up_i]`), which the split along rows then hands it: each device
     holds a buffer of its own rows (or columns of o and down, and the o bias on the first device
-    alone), the layers a device's sizes; the norms are copied to every device."""
+    alone; the head's vocabulary), the layers a device's sizes; the norms are copied to every device."""
     rows = Tensor(np.arange(12).reshape(12, 1), device="CPU")
     order = parallel._interleaved(rows, [4, 4, 4], 2).numpy().ravel()
     assert list(order) == [0, 1, 4, 5, 8, 9, 2, 3, 6, 7, 10, 11]
@@ -132,6 +132,9 @@ def test_the_split_gives_each_device_whole_heads_and_its_gate_and_up_columns():
     bias = each_device(block.o.bias)
     assert np.array_equal(bias[0], whole.o.bias.numpy()) and not bias[1].any()
     assert np.array_equal(each_device(block.sinks.value).ravel(), whole.sinks.value.numpy())
+    head_rows = np.split(one.head.weights[0].numpy(), 2)   # the head by vocabulary, gathered by `owned`
+    assert all(np.array_equal(got, want) for got, want in zip(each_device(m.head.weights[0]), head_rows))
+    assert np.array_equal(each_device(m.head.owned), np.repeat(np.eye(2, dtype=bool), 64, axis=1))
     for t in (block.qkv.weights[0], block.o.weights[0], m.layers[0].input_norm.weight, m.norm.weight):
         assert t.device == CANONICAL
     assert all(np.array_equal(w, m.norm.weight.numpy()) for w in each_device(m.norm.weight))

@@ -68,17 +68,29 @@ def all_reduce(y: Tensor) -> Tensor:
     return y if isinstance(y.device, str) else Tensor(y.uop.allreduce(Ops.ADD, y.device))
 
 
+def all_gather(y: Tensor, owned: Tensor) -> Tensor:
+    """Each device's slice `y [..., n]` of a tensor-parallel model's outputs gathered into the
+    whole `[..., N]` on every device: `owned` (per device, `[N]` bool) marks the device's slice.
+    Each device places its slice among zeros and the all-reduce sums them (x + 0 is x exactly)."""
+    copies = owned.shape[-1] // y.shape[-1]
+    return all_reduce(owned.where(y.repeat(*[1] * (y.ndim - 1), copies), 0))
+
+
 class Linear:
     """`y = x · Wᵀ + b` over the last axis. Built for one or several modules (`outs`: their output
     sizes); several return a tuple of their outputs, computed by one fused product where their
     weights are stored alike. `reduce` (a row-parallel layer of a tensor-parallel model,
-    `models.parallel`): each device's product is a partial sum, summed over the devices."""
+    `models.parallel`): each device's product is a partial sum, summed over the devices.
+    `owned` (a column-parallel head): each device's product is its slice of the outputs, and
+    `owned` (per device, `[N]` bool) marks where that slice lies among all of them: the slices
+    are gathered into the whole on every device (`all_gather`)."""
 
     def __init__(self, outs: list[int]):
         self.outs = outs
         self.weights: list[Weight] = []
         self.bias: Tensor | None = None
         self.reduce = False
+        self.owned: Tensor | None = None
 
     def set(self, weights: list[Weight], biases: list[Tensor] | None) -> None:
         fused = _fuse(weights) if len(weights) > 1 else weights[0]
@@ -92,6 +104,7 @@ class Linear:
         """x: `[..., K]`. Returns `[..., N]` (or one tensor per module)."""
         y = self.joined(x)
         if len(self.outs) > 1: return tuple(y.split(self.outs, dim=-1))
+        if self.owned is not None: return all_gather(y, self.owned)
         return all_reduce(y) if self.reduce else y
 
     def joined(self, x: Tensor) -> Tensor:

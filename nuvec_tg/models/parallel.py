@@ -15,8 +15,10 @@ the activations are the same on every device; two sums a block cross devices:
   the first device alone (zeros on the others), so that it is added once.
 - Attention heads, their sinks and the KV cache split by key-value head (whole groups of query
   heads with their key head); with fewer key-value heads than devices, the query heads split and
-  each device holds a copy of its heads' key-value head (as vLLM does). Norms, embeddings, the
-  head and the rotary tables are copied.
+  each device holds a copy of its heads' key-value head (as vLLM does). Norms, embeddings and
+  the rotary tables are copied.
+- The head (untied) splits by vocabulary: each device computes its slice of the logits, then
+  the slices are gathered on every device (`Linear.owned`). A tied head (the embeddings) is copied.
 - A gated DeltaNet (Qwen3-Next, Qwen3.5) splits by key head, each with its value heads: their
   projection rows, filter channels, decays and states; its output projection is row-parallel.
 - A MoE's experts: many (`WHOLE_EXPERTS` or more a device), or whose columns do not split, go
@@ -28,15 +30,15 @@ the activations are the same on every device; two sums a block cross devices:
 
 Quantized weights split the same way: codes, scales and biases by output row, or by input column
 where a device's slice of K is a whole number of groups. Not yet: the model is read onto the
-first device whole before it is spread, so it must fit there; the head is copied, not split by
-vocabulary.
+first device whole before it is spread, so it must fit there.
 """
 from __future__ import annotations
 
 import dataclasses
 import itertools
 
-from tinygrad import Tensor, dtypes
+import numpy as np
+from tinygrad import Tensor
 from tinygrad.uop.ops import Ops
 
 from ..quant import QuantizedWeight
@@ -265,8 +267,7 @@ def _split_experts(moe: MoE, devices: tuple[str, ...]) -> None:
         bank.weights = [_each_tensor(w, lambda t: _spread(t, devices, 0)) for w in bank.weights]
         bank.bias = _spread(bank.bias, devices, 0)
     moe.local_experts = experts // n
-    firsts = Tensor(list(range(0, experts, experts // n)), dtype=dtypes.int32, device=devices[0])
-    moe.first_expert = _spread(firsts, devices, 0)
+    moe.first_expert = _spread(Tensor(np.arange(0, experts, experts // n, dtype=np.int32), device=devices[0]), devices, 0)
 
 
 def shard(parts: dict, devices: tuple[str, ...], op: str) -> None:
@@ -275,7 +276,13 @@ def shard(parts: dict, devices: tuple[str, ...], op: str) -> None:
     refuse(parts, devices, op)   # again, now that the weights are read: their groups of K
     _replicated(parts["embed"], devices)
     _replicated(parts["norm"], devices)
-    _replicated(parts["head"], devices)
+    head, n = parts["head"], len(devices)
+    if head is not None and head.outs[0] % n == 0:
+        vocab = head.outs[0]
+        _column_parallel(head, devices)
+        owned = np.arange(vocab)[None, :] // (vocab // n) == np.arange(n)[:, None]   # device i's row: its columns
+        head.owned = _spread(Tensor(owned, device=devices[0]), devices, 0).reshape(vocab)
+    else: _replicated(head, devices)
     ropes = []
     for block in parts["layers"]:
         mixer = block.attention
