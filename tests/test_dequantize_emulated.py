@@ -10,7 +10,7 @@ import dataclasses
 
 import numpy as np
 import pytest
-from tinygrad import dtypes
+from tinygrad import Tensor, dtypes
 
 from kernel_emulator import COMPILER, build
 from nuvec_tg.kernels import Target
@@ -70,6 +70,20 @@ def test_several_pieces_a_thread_write_the_same_weights(case, pieces):
     rng = np.random.default_rng(11)
     qw = quantized(random(rng, shape, dtype, "CPU")[0], mode, group, bits)
     np.testing.assert_array_equal(emulate(qw, dtype, pieces=pieces), emulate(qw, dtype, pieces=1))
+
+
+@pytest.mark.parametrize("mode, magnitude", [("mxfp4", 2.0**118), ("mxfp4", 2.0**-130), ("mxfp8", 2.0**118)])
+def test_extreme_scales_give_each_weight_rounded_once(mode, magnitude):
+    """Weights near bfloat16's largest and smallest: e8m0 scales whose product with the codes'
+    factor (2^14 for e2m1) would overflow a float32 (codes from 241), or whose weights are
+    subnormal."""
+    rng = np.random.default_rng(9)
+    w = Tensor((rng.uniform(-1, 1, (4, 128)) * magnitude).astype(np.float32), device="CPU").cast(dtypes.bfloat16)
+    qw = quantized(w, mode, 32, 4 if mode == "mxfp4" else 8)
+    got = as_float(emulate(qw, dtypes.bfloat16), dtypes.bfloat16).reshape(4, 128)
+    want = dequantized(qw)
+    assert np.isfinite(want).all() and np.abs(want).max() > 0
+    np.testing.assert_array_less(np.abs(got - want), ULP[dtypes.bfloat16] * np.abs(want) + 2.0**-133)
 
 
 def test_a_planted_fault_is_caught():

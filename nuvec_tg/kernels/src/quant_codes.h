@@ -96,16 +96,23 @@ INLINE float group_scale(TS raw) {
 // `count` decoded codes `q` (`decode_part`'s) as weights, in place: fma(scale, q, bias) (affine)
 // or q * (scale * FP_FACTOR) (the floating-point modes; `bias` unused), each rounded once to
 // float32. The one dequantization of the kernels that write weights for the matrix units (qmm.h,
-// qmm_wgmma.h, dequantize.h), so that they round every weight alike.
+// qmm_wgmma.h, dequantize.h), so that they round every weight alike. Where scale * FP_FACTOR
+// overflows (e8m0 scales from 2^114: weights past 2^113) each code is multiplied by FP_FACTOR
+// first (exactly) and by the scale after, the same single rounding.
 INLINE void scale_codes(THREAD float* q, int count, float scale, float bias) {
-#pragma unroll
-  for (int j = 0; j < count; j++) {
 #if MODE == 0
-    q[j] = fma(scale, q[j], bias);
+#pragma unroll
+  for (int j = 0; j < count; j++) q[j] = fma(scale, q[j], bias);
 #else
-    q[j] = q[j] * (scale * FP_FACTOR);
-#endif
+  const float factor = scale * FP_FACTOR;
+  if (factor == INFINITY && scale != INFINITY) {
+#pragma unroll
+    for (int j = 0; j < count; j++) q[j] = scale * (q[j] * FP_FACTOR);
+  } else {
+#pragma unroll
+    for (int j = 0; j < count; j++) q[j] = q[j] * factor;
   }
+#endif
 }
 
 // A chunk's BITS words from `at` (LOAD_WORDS-aligned); a half chunk reads only its first half.
