@@ -109,6 +109,10 @@ def test_the_model_benchmark_splits_a_model_over_two_devices():
     ours = [line.split(" | ") for line in lines if line.startswith("| qwen3_8b | nuvec_tg")]
     assert len(ours) == 1 and ours[0][1] == "nuvec_tg, 2 devices" and all(float(cell) > 0 for cell in ours[0][4:7])
     assert "split over CPU:0, CPU:1" in lines[0]
+    # the sums across devices timed alone: two a layer, and the head's gather (its vocabulary split)
+    sums = [row for row in (line.split(" | ") for line in lines if line.startswith("| qwen3_8b | fp32 | 1 | ")) if len(row) == 6]
+    layers = model_bench.SMALL_CONFIGS["qwen3_8b"]["num_hidden_layers"]
+    assert [row[3] for row in sums] == [f"{2 * layers} + 1"] and float(sums[0][4]) > 0
 
 
 def test_the_model_benchmark_takes_its_options(monkeypatch):

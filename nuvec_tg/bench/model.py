@@ -39,7 +39,7 @@ import sys
 import time
 
 import numpy as np
-from tinygrad import Device, Tensor, dtypes
+from tinygrad import Device, Tensor, TinyJit, dtypes
 
 from .. import models
 from ..models.cache import KVCache
@@ -161,20 +161,56 @@ def step_split(model: models.Model, steps: int = 16) -> tuple[float, float]:
     synchronisation: a step's time when the host runs ahead, as `generate_tokens` queues them)."""
     cache = model._generation_cache
     steps = min(steps, (cache.max_length - cache.position) // 2)
-    devices = [Device[d] for d in (model.device if isinstance(model.device, tuple) else (model.device,))]
-    def synchronize():
-        for device in devices: device.synchronize()
     hosts = []
     for _ in range(steps):
-        synchronize()
+        synchronize(model)
         began = time.perf_counter()
         model._step_chained(cache)
         hosts.append(time.perf_counter() - began)
-    synchronize()
+    synchronize(model)
     began = time.perf_counter()
     for _ in range(steps): model._step_chained(cache)
-    synchronize()
+    synchronize(model)
     return statistics.median(hosts), (time.perf_counter() - began) / steps
+
+
+def synchronize(model: models.Model) -> None:
+    """Wait for every device the model runs on."""
+    for name in (model.device if isinstance(model.device, tuple) else (model.device,)): Device[name].synchronize()
+
+
+def device_sums(model: models.Model) -> tuple[int, int]:
+    """A tensor-parallel model's sums across devices in a decode step: (how many of `[B, 1, hidden]`
+    (one after each attention or DeltaNet, one after each MLP, MoE and shared expert), and of
+    `[B, 1, vocab]` (the head's gather: 1 where the head is split by vocabulary, else 0))."""
+    sums = 0
+    for block in model.layers:
+        mlp = block.mlp
+        parts = [mlp.moe, mlp.shared] if hasattr(mlp, "shared") else [mlp]
+        sums += 1 + len(parts)
+    return sums, int(model.head is not None and model.head.owned is not None)
+
+
+def all_reduce_step(model: models.Model, batch: int, replays: int = 16) -> float:
+    """Device seconds of a decode step's sums across devices alone (`device_sums`): one jitted
+    function chaining the all-reduces of a step's sizes, replayed `replays` times back to back."""
+    from ..models.layers import all_reduce
+    hidden_sums, head_sums = device_sums(model)
+    hidden = Tensor.zeros(batch, 1, model.config.integer("hidden_size"), dtype=model.dtype, device=model.device).contiguous().realize()
+    logits = Tensor.zeros(batch, 1, model.vocab_size, dtype=model.dtype, device=model.device).contiguous().realize()
+
+    @TinyJit
+    def sums(h: Tensor, z: Tensor) -> tuple[Tensor, Tensor]:
+        for _ in range(hidden_sums): h = all_reduce(h).realize()
+        for _ in range(head_sums): z = all_reduce(z).realize()
+        return h, z
+
+    for _ in range(3): sums(hidden, logits)   # capture
+    synchronize(model)
+    began = time.perf_counter()
+    for _ in range(replays): sums(hidden, logits)
+    synchronize(model)
+    return (time.perf_counter() - began) / replays
 
 
 @dataclasses.dataclass
@@ -424,8 +460,8 @@ def run(args) -> list[str]:
              f"(float32 on the CPU), a manual greedy loop over the model's "
              f"cache, one forward of the prompt (last row's logits) then one per token, CUDA synchronized at every "
              f"clock read. q4: quantized at load to 4-bit affine, groups of 64."
-             + (f" {ours}: split over {', '.join(devices)}, tensor parallel (`models.parallel`; its calls run the "
-                "compositions: no per-shard kernels yet)." if devices else ""), "",
+             + (f" {ours}: split over {', '.join(devices)}, tensor parallel (`models.parallel`: each device "
+                "runs the kernels on its slice, the sums across devices are tinygrad's all-reduce)." if devices else ""), "",
              "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     print("\n".join(lines), flush=True)
 
@@ -433,7 +469,7 @@ def run(args) -> list[str]:
         print(row, flush=True)
         lines.append(row)
 
-    roofline, served = [], []
+    roofline, served, summed = [], [], []
     engine_batches = [int(b) for b in getattr(args, "engine", None).split(",")] if getattr(args, "engine", None) else []
     for name, config in runnable.items():
         for fmt in formats:
@@ -455,6 +491,10 @@ def run(args) -> list[str]:
                 share = f"{100 * rate / (peak * count):.0f}%" if peak else "-"   # every device's bandwidth
                 roofline.append(f"| {name} | {label} | {b} | {everything / 1e9:.4g} | {step_bytes / 1e9:.4g} | "
                                 f"{step_s * 1e3:.2f} | {rate / 1e12:.2f} | {share} |")
+                if devices:
+                    sums_s, (hidden_sums, head_sums) = all_reduce_step(model, b), device_sums(model)
+                    summed.append(f"| {name} | {label} | {b} | {hidden_sums} + {head_sums} | {sums_s * 1e3:.3f} | "
+                                  f"{100 * sums_s / step_s:.0f}% |")
             for b in engine_batches:
                 run = time_engine(model, b, prompt, generate, repeats)
                 served.append(f"| {name} | {label} | {b} | " + run.cells())
@@ -475,6 +515,13 @@ def run(args) -> list[str]:
             f"at the decode's mean position, {prompt} + {generate}/2; recurrent state read and written); TB/s = "
             "those bytes over the step's device time (host / device ms a step's second).", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head),
             *roofline]
+    if summed:
+        head = ["config", "dtype/quant", "B", "sums a step (hidden + head)", "ms a step, the sums alone", "of the step's device ms"]
+        tail += ["", f"The sums across the {count} devices (`--devices`): a decode step's all-reduces (`layers.all_reduce`, "
+                 "tinygrad's), of `[B, 1, hidden]` after each attention and MLP and of `[B, 1, vocab]` for the head split "
+                 "by vocabulary, chained alone in one jitted function and timed over 16 replays (device time; within a "
+                 "step they wait on the kernels around them too).", "",
+                 "| " + " | ".join(head) + " |", "|" + "---|" * len(head), *summed]
     if served:
         head = ["config", "dtype/quant", "B", "prompt tokens", "total s", "generated tokens/s", "s to every first token",
                 "ms a step, all decoding", "tokens/s, all decoding"]
