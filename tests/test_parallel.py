@@ -173,6 +173,20 @@ def test_the_serving_engine_over_two_devices_gives_transformers_tokens():
     assert engine.cache.buffers()[0].device == CANONICAL
 
 
+def test_each_layer_spreads_as_it_is_read(monkeypatch):
+    """The loader hands each layer object to the plan as it reads it, and the plan spreads it then:
+    the model never lies whole on the first device."""
+    placed = []
+    original = parallel.Plan.place
+
+    def place(plan, part):
+        original(plan, part)
+        placed.append({t.device for t in part.parameters()})
+    monkeypatch.setattr(parallel.Plan, "place", place)
+    models.load(fixture("qwen3"), progress=False, devices=DEVICES)
+    assert len(placed) > 10 and all(devices == {CANONICAL} for devices in placed)
+
+
 def test_what_cannot_be_split_raises_before_any_weight_moves():
     with pytest.raises(ValueError, match="layer 0: 2 key heads of a gated DeltaNet do not split over 4 devices"):
         models.load(fixture("qwen3_next"), progress=False, devices=DEVICES4)

@@ -130,9 +130,12 @@ def _build(family, config: Config, checkpoint: Checkpoint, model_dtype: DType, q
     spec = None if quantize is None else QuantSpec.parse(quantize, "load")
     loader = Loader(checkpoint, config, model_dtype, device, spec, getattr(family, "quant_predicate", None))
     parts = family.build(config, loader)
-    if devices: parallel.refuse(parts, devices, op)   # before any weight is read: the layers and their sizes
-    loader.finish(progress)
-    if devices: parallel.shard(parts, devices, op)
+    plan = None
+    if devices:
+        parallel.refuse(parts, devices, op)   # before any weight is read: the layers and their sizes
+        plan = parallel.Plan(parts, devices, op)
+    loader.finish(progress, None if plan is None else plan.place)   # each layer spread as it is read
+    if plan is not None: plan.finish()
     return Model(config=config, dtype=model_dtype, device=devices or device, directory=checkpoint.directory,
                  eos_token_ids=_eos_ids(checkpoint.directory, config), **parts)
 

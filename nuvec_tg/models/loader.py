@@ -272,10 +272,12 @@ class Loader:
     def _quantized_or_dense(self, w: Tensor, spec: QuantSpec | None) -> Tensor | QuantizedWeight:
         return w if spec is None else quant.quantize(w, spec.group_size, spec.bits, spec.mode)
 
-    def finish(self, progress: bool = True) -> None:
+    def finish(self, progress: bool = True, place: Callable | None = None) -> None:
         """Read every requested tensor, one layer's parameters at a time (with a progress bar
         when tqdm is installed). One schedule per layer: tinygrad reuses the schedules of layers
-        alike, which one schedule over many layers would not."""
+        alike, which one schedule over many layers would not. `place(layer)`, where given, reads
+        each layer object instead, as it likes (a tensor-parallel model's `parallel.Plan`
+        spreads it over the devices)."""
         tasks, self._tasks = self._tasks, []
         bar = None
         if progress:
@@ -285,7 +287,9 @@ class Loader:
             except ImportError:
                 bar = None
         for task in tasks:
-            Tensor.realize(*task().parameters())
+            layer = task()
+            if place is None: Tensor.realize(*layer.parameters())
+            else: place(layer)
             if bar is not None: bar.update(1)
         if bar is not None: bar.close()
 

@@ -1,5 +1,6 @@
-"""Tensor parallelism over tinygrad's multi-device tensors: a model loaded on one device, then
-its weights spread over several, Megatron-style, so that each device holds a slice of every layer.
+"""Tensor parallelism over tinygrad's multi-device tensors: a model's weights spread over several
+devices as the loader reads them (`Plan`: each layer object, once read, goes straight to its
+devices), Megatron-style, so that each device holds a slice of every layer.
 
 The model then runs on per-device tensors: each weight is kept as its shards, one buffer a device
 (`per_device`: on the tuple of devices, each buffer that device's slice), and every layer runs
@@ -29,20 +30,22 @@ the activations are the same on every device; two sums a block cross devices:
   (Qwen3-Next) is an MLP split by columns, its gate copied.
 
 Quantized weights split the same way: codes, scales and biases by output row, or by input column
-where a device's slice of K is a whole number of groups. Not yet: the model is read onto the
-first device whole before it is spread, so it must fit there.
+where a device's slice of K is a whole number of groups. A layer is read onto the first device
+before it spreads (a MoE's first bank waits there for its second), so the largest layer must fit
+there beside the first device's shards, not the whole model.
 """
 from __future__ import annotations
 
 import dataclasses
 import itertools
+from typing import Callable
 
 import numpy as np
 from tinygrad import Tensor
 from tinygrad.uop.ops import Ops
 
 from ..quant import QuantizedWeight
-from .layers import MLP, Attention, Embedding, Experts, Linear, MoE, Norm, PreNormBlock
+from .layers import MLP, Attention, Embedding, Experts, Linear, MoE, Norm, Parameter, PreNormBlock
 from .linear_attention import GatedDeltaNet
 from .qwen3_next import SharedExpertMoE
 from .rope import RotaryEmbedding
@@ -190,20 +193,26 @@ def _column_parallel(linear: Linear | Experts, devices: tuple[str, ...], pieces:
     linear.outs = [sum(p // c for p, c in zip(*span(a, b))) for a, b in zip([0, *module_ends[:-1]], module_ends)]
 
 
-def _row_parallel(linear: Linear | Experts, devices: tuple[str, ...]) -> None:
+def _row_parallel(linear: Linear | Experts, devices: tuple[str, ...], op: str, name: str) -> None:
     """Input columns by device (packed codes, scales and biases along K alike); the bias on the
-    first device alone. A `Linear` sums its partial products over the devices (`reduce`)."""
+    first device alone. A `Linear` sums its partial products over the devices (`reduce`). A
+    `ValueError` naming `op` and the weight (`name`) where quantized groups of K do not split
+    (known only once the weight is read)."""
+    reason = _row_parallel_groups(name, linear, len(devices))
+    if reason is not None: raise ValueError(f"{op}: cannot shard over {len(devices)} devices: {reason}")
     linear.weights = [_each_tensor(w, lambda t: _spread(t, devices, -1)) for w in linear.weights]
     linear.bias = _first_device_only(linear.bias, devices)
     if isinstance(linear, Linear): linear.reduce = True
 
 
 def _replicated(part, devices: tuple[str, ...]) -> None:
-    """Every tensor a norm, embedding, replicated `Linear` or rotary embedding holds, copied to each device."""
+    """Every tensor a norm, embedding, replicated `Linear`, `Parameter` or rotary embedding holds,
+    copied to each device."""
     if part is None: return
     def copied(t): return _spread(t, devices, None)
     if isinstance(part, Norm): part.weight = copied(part.weight)
     elif isinstance(part, Embedding): part.weight = _each_tensor(part.weight, copied)
+    elif isinstance(part, Parameter): part.value = copied(part.value)
     elif isinstance(part, Linear):
         part.weights = [_each_tensor(w, copied) for w in part.weights]
         part.bias = copied(part.bias)
@@ -213,50 +222,125 @@ def _replicated(part, devices: tuple[str, ...]) -> None:
     else: raise TypeError(f"parallel: cannot replicate a {type(part).__name__}")
 
 
-def _split_attention(attention: Attention, devices: tuple[str, ...]) -> None:
-    """Query heads by device with their key-value heads (or copies of them, where fewer than the
-    devices); o row-parallel; sinks by query head; the q/k norms copied."""
-    n = len(devices)
-    kv_slices = n if attention.kv_heads % n == 0 else attention.kv_heads   # fewer heads than devices: copies
-    _column_parallel(attention.qkv, devices, slices=[n, kv_slices, kv_slices])
-    _row_parallel(attention.o, devices)
-    attention.heads, attention.kv_heads = attention.heads // n, attention.kv_heads // kv_slices
-    for norm in (attention.q_norm, attention.k_norm): _replicated(norm, devices)
-    if attention.sinks is not None: attention.sinks.value = _spread(attention.sinks.value, devices, 0)
+class Plan:
+    """How a model spreads over `devices`, decided from its layers before its weights are read:
+    for each layer object the loader fills, what spreads its tensors once they are read
+    (`place`, called by `Loader.finish` as each is read: the model never lies whole on the first
+    device), and what changes the layers' sizes once all are (`finish`)."""
+
+    def __init__(self, parts: dict, devices: tuple[str, ...], op: str):
+        self.devices, self.parts, self.op = devices, parts, op
+        self._placements: dict[int, Callable[[], None]] = {}
+        self._resizes: list[Callable[[], None]] = []
+        self._plan()
+
+    def place(self, part) -> None:
+        """Spread a layer object the loader has just filled."""
+        placement = self._placements.pop(id(part), None)
+        if placement is None: raise TypeError(f"parallel: no placement planned for a {type(part).__name__}")
+        placement()
+
+    def finish(self) -> None:
+        """The layers' sizes as a device's, once every tensor has spread."""
+        if self._placements: raise RuntimeError(f"parallel: {len(self._placements)} layer objects were never read")
+        for resize in self._resizes: resize()
+
+    def _on(self, part, placement: Callable[[], None]) -> None:
+        if part is not None: self._placements[id(part)] = placement
+
+    def _copied(self, part) -> None:
+        self._on(part, lambda: _replicated(part, self.devices))
+
+    def _plan(self) -> None:
+        parts, devices, n = self.parts, self.devices, len(self.devices)
+        self._copied(parts["embed"])
+        self._copied(parts["norm"])
+        head = parts["head"]
+        if head is not None and head.outs[0] % n == 0: self._on(head, lambda: _split_head(head, devices))
+        else: self._copied(head)
+        ropes = []
+        for index, block in enumerate(parts["layers"]):
+            mixer, where = block.attention, f"layer {index}"
+            if isinstance(mixer, Attention):
+                self._attention(mixer, where)
+                if all(mixer.rope is not r for r in ropes): ropes.append(mixer.rope)
+            else: self._delta_net(mixer, where)
+            self._mlp(block.mlp, where)
+            for value in vars(block).values():   # the block's norms (Gemma's four, Qwen's two)
+                if isinstance(value, Norm): self._copied(value)
+        # the rotary tables are made at build, not read: copied once the rest has spread
+        self._resizes += [lambda rope=rope: _replicated(rope, devices) for rope in ropes]
+
+    def _attention(self, attention: Attention, where: str) -> None:
+        """Query heads by device with their key-value heads (or copies of them, where fewer than
+        the devices); o row-parallel; sinks by query head; the q/k norms copied."""
+        devices, n = self.devices, len(self.devices)
+        kv_slices = n if attention.kv_heads % n == 0 else attention.kv_heads   # fewer heads than devices: copies
+        self._on(attention.qkv, lambda: _column_parallel(attention.qkv, devices, slices=[n, kv_slices, kv_slices]))
+        self._on(attention.o, lambda: _row_parallel(attention.o, devices, self.op, f"{where}: o"))
+        for norm in (attention.q_norm, attention.k_norm): self._copied(norm)
+        sinks = attention.sinks
+        if sinks is not None: self._on(sinks, lambda: setattr(sinks, "value", _spread(sinks.value, devices, 0)))
+        heads, kv_heads = attention.heads // n, attention.kv_heads // kv_slices
+        self._resizes.append(lambda: (setattr(attention, "heads", heads), setattr(attention, "kv_heads", kv_heads)))
+
+    def _delta_net(self, net: GatedDeltaNet, where: str) -> None:
+        """Key heads by device, each with its value heads: the projection's rows (grouped by key
+        head in Qwen3-Next's layout; q, k, v, z, b and a each split in Qwen3.5's), the filter's
+        channels (q, k, v), the decays `A_log` and `dt_bias`; out_proj row-parallel; the norm copied."""
+        devices, n = self.devices, len(self.devices)
+        dk, dv, hk, hv = net.key_dim, net.value_dim, net.key_heads, net.value_heads
+        channels = [hk * dk, hk * dk, hv * dv]
+        pieces = None if net.grouped else channels + [hv * dv, hv, hv]
+        self._on(net.projection, lambda: _column_parallel(net.projection, devices, pieces=pieces))
+        self._on(net.out, lambda: _row_parallel(net.out, devices, self.op, f"{where}: out_proj"))
+        conv = net.conv
+        self._on(conv, lambda: setattr(conv, "value", _spread(_interleaved(conv.value, channels, n).contiguous(), devices, 0)))
+        for parameter in (net.a_log, net.dt_bias):
+            self._on(parameter, lambda p=parameter: setattr(p, "value", _spread(p.value, devices, 0)))
+        self._copied(net.norm)
+        def resize() -> None:
+            net.key_heads, net.value_heads = hk // n, hv // n
+            net.heads = dataclasses.replace(net.heads, key_heads=hk // n, value_heads=hv // n)
+            net.channels = net.heads.channels
+        self._resizes.append(resize)
+
+    def _mlp(self, mlp, where: str) -> None:
+        """gate/up column-parallel, down row-parallel, for a dense MLP; a MoE's banks once both
+        are read (`_split_banks`), its router copied; a shared expert's gate copied."""
+        devices, op, down = self.devices, self.op, f"{where}: down"
+        if isinstance(mlp, SharedExpertMoE): self._copied(mlp.gate)
+        for part in _mlps(mlp):
+            if isinstance(part, MoE):
+                self._copied(part.router)   # every device routes every token
+                self._on(part.gate_up, lambda moe=part: _split_banks(moe, devices, op, down))
+                self._on(part.down, lambda moe=part: _split_banks(moe, devices, op, down))
+            else:
+                self._on(part.gate_up, lambda mlp=part: _column_parallel(mlp.gate_up, devices))
+                self._on(part.down, lambda mlp=part: _row_parallel(mlp.down, devices, op, down))
 
 
-def _split_delta_net(net: GatedDeltaNet, devices: tuple[str, ...]) -> None:
-    """Key heads by device, each with its value heads: the projection's rows (grouped by key head
-    in Qwen3-Next's layout; q, k, v, z, b and a each split in Qwen3.5's), the filter's channels
-    (q, k, v), the decays `A_log` and `dt_bias`; out_proj row-parallel; the norm copied."""
-    n = len(devices)
-    hk, hv, dk, dv = net.key_heads // n, net.value_heads // n, net.key_dim, net.value_dim
-    channels = [net.key_heads * dk, net.key_heads * dk, net.value_heads * dv]
-    if net.grouped: _column_parallel(net.projection, devices)
-    else: _column_parallel(net.projection, devices, pieces=channels + [net.value_heads * dv, net.value_heads, net.value_heads])
-    _row_parallel(net.out, devices)
-    net.conv.value = _spread(_interleaved(net.conv.value, channels, n).contiguous(), devices, 0)
-    for parameter in (net.a_log, net.dt_bias): parameter.value = _spread(parameter.value, devices, 0)
-    _replicated(net.norm, devices)
-    net.key_heads, net.value_heads = hk, hv
-    net.heads = dataclasses.replace(net.heads, key_heads=hk, value_heads=hv)
-    net.channels = net.heads.channels
+def _split_head(head: Linear, devices: tuple[str, ...]) -> None:
+    """The head by vocabulary, each device its slice of the logits, and `owned` (where each
+    device's slice lies, for `layers.all_gather`)."""
+    n, vocab = len(devices), head.outs[0]
+    _column_parallel(head, devices)
+    owned = np.arange(vocab)[None, :] // (vocab // n) == np.arange(n)[:, None]   # device i's row: its columns
+    head.owned = _spread(Tensor(owned, device=devices[0]), devices, 0).reshape(vocab)
 
 
-def _split_mlp(mlp, devices: tuple[str, ...]) -> None:
-    """gate/up column-parallel, down row-parallel, for a dense MLP and each expert alike, or a
-    MoE's experts whole to the devices (`_whole_experts`); a MoE's router copied, its weighted sum
-    summed over the devices; a shared expert's gate copied."""
-    if isinstance(mlp, SharedExpertMoE): _replicated(mlp.gate, devices)
-    for part in _mlps(mlp):
-        if isinstance(part, MoE):
-            _replicated(part.router, devices)   # every device routes every token
-            part.reduce = True
-            if _whole_experts(part, len(devices)):
-                _split_experts(part, devices)
-                continue
-        _column_parallel(part.gate_up, devices)
-        _row_parallel(part.down, devices)
+def _split_banks(moe: MoE, devices: tuple[str, ...], op: str, name: str) -> None:
+    """A MoE's expert banks, once both are read (the first read waits, realized, on the first
+    device): whole experts to each device where `_whole_experts` says (the choice reads the
+    quantized banks' groups), else each expert's columns; the weighted sum summed over devices."""
+    if not (moe.gate_up.weights and moe.down.weights):
+        Tensor.realize(*moe.gate_up.parameters(), *moe.down.parameters())
+        return
+    moe.reduce = True
+    if _whole_experts(moe, len(devices)): _split_experts(moe, devices)
+    else:
+        _column_parallel(moe.gate_up, devices)
+        _row_parallel(moe.down, devices, op, name)
 
 
 def _split_experts(moe: MoE, devices: tuple[str, ...]) -> None:
@@ -268,29 +352,3 @@ def _split_experts(moe: MoE, devices: tuple[str, ...]) -> None:
         bank.bias = _spread(bank.bias, devices, 0)
     moe.local_experts = experts // n
     moe.first_expert = _spread(Tensor(np.arange(0, experts, experts // n, dtype=np.int32), device=devices[0]), devices, 0)
-
-
-def shard(parts: dict, devices: tuple[str, ...], op: str) -> None:
-    """Spread a family's `build` result over `devices` in place (see the module's docstring);
-    a `ValueError` naming `op` when the model cannot be, before any tensor moves."""
-    refuse(parts, devices, op)   # again, now that the weights are read: their groups of K
-    _replicated(parts["embed"], devices)
-    _replicated(parts["norm"], devices)
-    head, n = parts["head"], len(devices)
-    if head is not None and head.outs[0] % n == 0:
-        vocab = head.outs[0]
-        _column_parallel(head, devices)
-        owned = np.arange(vocab)[None, :] // (vocab // n) == np.arange(n)[:, None]   # device i's row: its columns
-        head.owned = _spread(Tensor(owned, device=devices[0]), devices, 0).reshape(vocab)
-    else: _replicated(head, devices)
-    ropes = []
-    for block in parts["layers"]:
-        mixer = block.attention
-        if isinstance(mixer, Attention):
-            _split_attention(mixer, devices)
-            if all(mixer.rope is not r for r in ropes): ropes.append(mixer.rope)
-        else: _split_delta_net(mixer, devices)
-        _split_mlp(block.mlp, devices)
-        for value in vars(block).values():   # the block's norms (Gemma's four, Qwen's two)
-            if isinstance(value, Norm): _replicated(value, devices)
-    for rope in ropes: _replicated(rope, devices)
