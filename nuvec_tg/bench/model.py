@@ -28,7 +28,9 @@ it reads at the decode's mean position and any recurrent state read and written,
 step's device time) against the device's peak.
 
 `--small` runs tiny configs of the same families (float32 on the CPU, which has no bfloat16
-conversions).
+conversions). `--configs` picks among Qwen3-8B and Qwen3.5-9B (the default) and Qwen3-32B's shape;
+`--devices N` splits the models over the default device's first N (`models.parallel`), and adds a
+table of the step's sums across the devices timed alone (`all_reduce_step`).
 """
 from __future__ import annotations
 
@@ -86,8 +88,13 @@ QWEN3_5_TINY = {**QWEN3_5_9B, "hidden_size": 64, "num_hidden_layers": 4, "layer_
                 "linear_num_value_heads": 4, "linear_key_head_dim": 16, "linear_value_head_dim": 16,
                 "intermediate_size": 128, "vocab_size": 256, "eos_token_id": 255}
 
-CONFIGS = {"qwen3_8b": QWEN3_8B, "qwen3_5_9b": QWEN3_5_9B}
-SMALL_CONFIGS = {"qwen3_8b": QWEN3_TINY, "qwen3_5_9b": QWEN3_5_TINY}
+# Qwen3-32B's shape (Qwen/Qwen3-32B's config.json): issue 27's model for several GPUs, 65.5 GB in bf16.
+QWEN3_32B = {**QWEN3_8B, "hidden_size": 5120, "num_hidden_layers": 64, "num_attention_heads": 64,
+             "num_key_value_heads": 8, "intermediate_size": 25600, "max_window_layers": 64}
+
+CONFIGS = {"qwen3_8b": QWEN3_8B, "qwen3_5_9b": QWEN3_5_9B, "qwen3_32b": QWEN3_32B}
+SMALL_CONFIGS = {"qwen3_8b": QWEN3_TINY, "qwen3_5_9b": QWEN3_5_TINY, "qwen3_32b": QWEN3_TINY}
+DEFAULT_CONFIGS = "qwen3_8b,qwen3_5_9b"   # without --configs (qwen3_32b is for --devices)
 FORMATS = {"dense": None, "q4": 4}          # --formats: quantize= at load (4: affine, groups of 64)
 # transformers' model_type for a config's language model where it differs from ours
 TRANSFORMERS_TYPES = {"qwen3_5": "qwen3_5_text"}
@@ -421,7 +428,7 @@ def run(args) -> list[str]:
     `no_transformers` and `engine` (the serving table's batches) where given."""
     small = args.small
     known = SMALL_CONFIGS if small else CONFIGS
-    names = _names(getattr(args, "configs", None), known, "config")
+    names = _names(getattr(args, "configs", None) or DEFAULT_CONFIGS, known, "config")
     formats = _names(getattr(args, "formats", None), FORMATS, "format")
     batches = [int(b) for b in (args.batches or ("1,2" if small else "1,8")).split(",")]
     prompt = getattr(args, "prompt", None) or (16 if small else 512)
