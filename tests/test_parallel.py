@@ -164,13 +164,19 @@ def test_greedy_generation_of_a_padded_batch_over_two_devices_gives_transformers
 
 def test_the_serving_engine_over_two_devices_gives_transformers_tokens():
     """`models.Engine` over a split model (its paged pools split by key-value head): a prompt
-    prefilled, then decoded through the paged cache."""
+    prefilled, then decoded through the paged cache; and Qwen3.5's two requests at once, its
+    DeltaNet state pools a device's heads, each new sequence's rows cleared on every device."""
     from test_paged_models import served
     ref = reference("qwen3")
     engine = models.Engine(sharded("qwen3"), max_sequences=1, max_length=32, prefill_chunk=16)
     request = engine.submit(ref["prompt_1"].tolist(), max_tokens=4, stop_tokens=())
     np.testing.assert_array_equal(served(engine)[request], ref["greedy_1"][:4])
     assert engine.cache.buffers()[0].device == CANONICAL
+    ref = reference("qwen3_5")
+    engine = models.Engine(sharded("qwen3_5"), max_sequences=2, max_length=32, prefill_chunk=16)
+    requests = [engine.submit(ref[f"prompt_{i}"].tolist(), max_tokens=4, stop_tokens=()) for i in (1, 0)]
+    tokens = served(engine)
+    for request, key in zip(requests, ("greedy_1", "greedy_0")): np.testing.assert_array_equal(tokens[request], ref[key][:4])
 
 
 def test_each_layer_spreads_as_it_is_read(monkeypatch):
