@@ -81,8 +81,8 @@ class Linear:
     sizes); several return a tuple of their outputs, computed by one fused product where their
     weights are stored alike. `reduce` (a row-parallel layer of a tensor-parallel model,
     `models.parallel`): each device's product is a partial sum, summed over the devices.
-    `owned` (a column-parallel head): each device's product is its slice of the outputs, and
-    `owned` (per device, `[N]` bool) marks where that slice lies among all of them: the slices
+    `owned` (per device, `[N]` bool; a head split by vocabulary): each device's product is its
+    slice of the outputs, `owned` marks where that slice lies among all of them, and the slices
     are gathered into the whole on every device (`all_gather`)."""
 
     def __init__(self, outs: list[int]):
