@@ -32,8 +32,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from . import models
     quantize = int(args.quantize) if args.quantize is not None and args.quantize.isdigit() else args.quantize
-    devices = tuple(f"{Device.DEFAULT}:{i}" for i in range(args.devices)) if args.devices > 1 else None
-    model = models.load(args.model, dtype=args.dtype, quantize=quantize, devices=devices)
+    model = models.load(args.model, dtype=args.dtype, quantize=quantize, devices=models.parallel.default_devices(args.devices))
     for piece in model.generate(args.prompt, max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                                 top_k=args.top_k, seed=args.seed, chat=args.chat):
         print(piece, end="", flush=True)

@@ -190,11 +190,7 @@ def device_sums(model: models.Model) -> tuple[int, int]:
     """A tensor-parallel model's sums across devices in a decode step: (how many of `[B, 1, hidden]`
     (one after each attention or DeltaNet, one after each MLP, MoE and shared expert), and of
     `[B, 1, vocab]` (the head's gather: 1 where the head is split by vocabulary, else 0))."""
-    sums = 0
-    for block in model.layers:
-        mlp = block.mlp
-        parts = [mlp.moe, mlp.shared] if hasattr(mlp, "shared") else [mlp]
-        sums += 1 + len(parts)
+    sums = sum(1 + len(models.parallel.mlps(block.mlp)) for block in model.layers)
     return sums, int(model.head is not None and model.head.owned is not None)
 
 
@@ -439,7 +435,7 @@ def run(args) -> list[str]:
     dtype_name = {dtypes.bfloat16: "bf16", dtypes.float32: "fp32"}[dtype]
     # --devices N: the models split over the default device's first N instances (`models.parallel`)
     count = getattr(args, "devices", None) or 1
-    devices = tuple(f"{Device.DEFAULT}:{i}" for i in range(count)) if count > 1 else None
+    devices = models.parallel.default_devices(count)
     ours = "nuvec_tg" if devices is None else f"nuvec_tg, {count} devices"
 
     notes: list[str] = []

@@ -416,8 +416,8 @@ def launch(program: Program, device: str | tuple[str, ...], outs: Sequence[Tenso
                        globals=tuple(range(count)), outs=tuple(range(len(outs))), ins=tuple(range(len(outs), count)))
     program_uop = UOp(Ops.PROGRAM, src=(sink, UOp(Ops.LINEAR, src=(*sink.src, sink)), UOp(Ops.SOURCE, arg=program.source),
                                         UOp(Ops.BINARY, arg=lib)), arg=info)
-    for d in devices:
-        if program.dynamic_bytes: _give_dynamic_memory(d, program_uop, program.dynamic_bytes)
+    if program.dynamic_bytes:
+        for d in devices: _give_dynamic_memory(d, program_uop, program.dynamic_bytes)
     grad_fxn = None
     if backward is not None:
         indices = [next((i for i, t in enumerate(ins) if t is given), None) for given in backward.inputs]

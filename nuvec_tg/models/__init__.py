@@ -68,7 +68,7 @@ def load(path, dtype=None, quantize=None, device: str | None = None, progress: b
     a mode (`"mxfp4"`, `"mxfp8"`, `"nvfp4"`) or `{"bits", "group_size", "mode"}`; modules that
     mlx-lm leaves dense stay dense. device: tinygrad's default unless given. devices: instead of
     `device`, two or more devices the model is split over, tensor-parallel (`models.parallel`:
-    loaded on the first, then spread; heads and MLP columns split by device). Raises `ValueError`
+    each layer read onto the first, then spread; heads, MLP columns and experts by device). Raises `ValueError`
     naming the file and tensor for a bad directory, config, missing tensor or shape, before any
     weight is read.
     """
@@ -125,7 +125,8 @@ def _family(config: Config):
 def _build(family, config: Config, checkpoint: Checkpoint, model_dtype: DType, quantize, device: str | None,
            progress: bool, devices: tuple[str, ...] | None = None, op: str = "load") -> Model:
     """The family's model from `checkpoint`'s tensors (what `load` and `random_model` share),
-    loaded on `device` (the first of `devices`, then spread over them)."""
+    read on `device`, or over `devices` (each layer onto the first as it is read, then spread:
+    `parallel.Plan`)."""
     device = devices[0] if devices else Device.canonicalize(device) if device is not None else Device.DEFAULT
     spec = None if quantize is None else QuantSpec.parse(quantize, "load")
     loader = Loader(checkpoint, config, model_dtype, device, spec, getattr(family, "quant_predicate", None))

@@ -41,7 +41,7 @@ import itertools
 from typing import Callable
 
 import numpy as np
-from tinygrad import Tensor
+from tinygrad import Device, Tensor
 from tinygrad.uop.ops import Ops
 
 from ..quant import QuantizedWeight
@@ -49,6 +49,12 @@ from .layers import MLP, Attention, Embedding, Experts, Linear, MoE, Norm, Param
 from .linear_attention import GatedDeltaNet
 from .qwen3_next import SharedExpertMoE
 from .rope import RotaryEmbedding
+
+
+def default_devices(count: int) -> tuple[str, ...] | None:
+    """The default device's first `count` instances (`CUDA:0`, `CUDA:1`, ...), or None for one:
+    what `--devices N` of the commands splits a model over."""
+    return tuple(f"{Device.DEFAULT}:{i}" for i in range(count)) if count > 1 else None
 
 
 def check_devices(op: str, devices) -> tuple[str, ...]:
@@ -65,7 +71,7 @@ def check_devices(op: str, devices) -> tuple[str, ...]:
 WHOLE_EXPERTS = 8
 
 
-def _mlps(mlp) -> list[MLP | MoE]:
+def mlps(mlp) -> list[MLP | MoE]:
     """The dense MLPs and expert banks of a block's MLP (a shared-expert MoE has one of each)."""
     return [mlp.moe, mlp.shared] if isinstance(mlp, SharedExpertMoE) else [mlp]
 
@@ -93,7 +99,7 @@ def _block_unsupported(block, n: int) -> str | None:
         reasons.append(_row_parallel_groups("out_proj", mixer.out, n))
     else:
         return f"its {type(mixer).__name__} is not sharded"
-    for mlp in _mlps(block.mlp):
+    for mlp in mlps(block.mlp):
         if not isinstance(mlp, (MLP, MoE)): return f"its {type(mlp).__name__} is not sharded"
         if isinstance(mlp, MoE) and _whole_experts(mlp, n): continue
         reason = _columns_unsupported(mlp, n)
@@ -310,7 +316,7 @@ class Plan:
         are read (`_split_banks`), its router copied; a shared expert's gate copied."""
         devices, op, down = self.devices, self.op, f"{where}: down"
         if isinstance(mlp, SharedExpertMoE): self._copied(mlp.gate)
-        for part in _mlps(mlp):
+        for part in mlps(mlp):
             if isinstance(part, MoE):
                 self._copied(part.router)   # every device routes every token
                 self._on(part.gate_up, lambda moe=part: _split_banks(moe, devices, op, down))
