@@ -359,6 +359,22 @@ def _qmm_wgmma_rs_candidates(backend: str) -> Iterator[_Candidate]:
                              ((bits, mode), (x, tiles.rows, tiles.warpgroups)))
 
 
+def _qmm_wgmma_ws_candidates(backend: str) -> Iterator[_Candidate]:
+    """qmm_wgmma_ws (CUDA only): every mode, width and group, 16-bit x, affine scales in x's type and
+    float32, plain and gathered, the plan's tiles at every width, the sweep's others at 4 bits."""
+    if backend != "cuda": return
+    for (mode, group, bits), x, gather in itertools.product(FORMATS, (dtypes.float16, dtypes.bfloat16), (False, True)):
+        shapes = quant.QMM_WGMMA_WS_SHAPES if bits == 4 else (quant.QMM_WGMMA_WS_LARGE,)
+        for scales, tiles in itertools.product((x, dtypes.float32) if mode == "affine" else (dtypes.uint8,), shapes):
+            label = (f"{mode} {bits}-bit g{group} x {dtype_name(x)} scales {dtype_name(scales)} {tiles}"
+                     + (" gathered" if gather else ""))
+            make = functools.partial(_labelled, label, quant.qmm_wgmma_ws_program, x, scales, x, mode=mode, group_size=group,
+                                     bits=bits, tiles=tiles, gather=gather)
+            # assembled: each width's loads of words, each wgmma type and width
+            yield _Candidate(quant.QMM_WGMMA_WS.stem, make, ((mode, group, bits, x, gather), (mode, x, scales, gather, tiles)),
+                             ((bits, mode), (x, tiles.columns, tiles.warpgroups)))
+
+
 def _qmv_mma_candidates(backend: str) -> Iterator[_Candidate]:
     """qmv_mma (CUDA only): every mode, width and group, 16-bit x, affine scales in x's type and
     float32, 1-8 rows (2-8 routed, 1 tested); the default plan at K 4096 (4096 + 16 for nvfp4's half
@@ -680,7 +696,7 @@ def _take_candidates(backend: str) -> Iterator[_Candidate]:
 
 
 _WALKS = (_decode_candidates, _prefill_candidates, _gated_delta_candidates, _gated_delta_chunked_candidates, _gated_delta_inputs_candidates,
-          _qmv_candidates, _qvm_candidates, _qmm_candidates, _qmm_wgmma_candidates, _qmm_wgmma_rs_candidates, _qmv_mma_candidates, _dequantize_candidates,
+          _qmv_candidates, _qvm_candidates, _qmm_candidates, _qmm_wgmma_candidates, _qmm_wgmma_rs_candidates, _qmm_wgmma_ws_candidates, _qmv_mma_candidates, _dequantize_candidates,
           _norm_candidates, _residual_norm_candidates, _softmax_candidates, _rope_candidates, _norm_rope_candidates,
           _gemv_candidates, _gemm_candidates, _gemm_wgmma_candidates, _paged_write_candidates,
           _take_candidates)

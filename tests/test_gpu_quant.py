@@ -6,7 +6,7 @@ product's rows equal to one-row products bit for bit, gradients. Products are co
 (`assert_rows_close`, tolerances in reference.py) with float64 numpy over the weights decoded in
 numpy (quant_reference.py) and with the composition; every call meant for a kernel asserts that it
 launched (`expect_launches`). On Hopper (CUDA sm_90) qmm with K a multiple of 64 is qmm_wgmma, every
-tile shape of which gives the same bits (and qmm_wgmma_rs's, at 2, 4 and 8 bits)."""
+tile shape of which gives the same bits (and qmm_wgmma_rs's, at 2, 4 and 8 bits, and qmm_wgmma_ws's)."""
 import numpy as np
 import pytest
 from tinygrad import Tensor, dtypes
@@ -303,8 +303,8 @@ def test_qmm_wgmma_matches_the_composition_in_every_tile_shape(mode, group, widt
     """qmm_wgmma (K a multiple of 64 on sm_90; qmm_wgmma_rs where routed) at M = 130 (past a
     128-row tile), N = 300 past DEQUANTIZED_NARROW_N (past a 256-column tile; at a smaller N 130
     rows take the dequantized route), K = 1152 (a multiple of every group): the public call
-    launches the planned kernel; every tile shape of both kernels (qmm_wgmma_rs at 2, 4 and 8 bits)
-    that fits is within tolerance of numpy and, bit for bit, the plan's."""
+    launches the planned kernel; every tile shape of the three kernels (qmm_wgmma_rs at 2, 4 and 8
+    bits) that fits is within tolerance of numpy and, bit for bit, the plan's."""
     rng = np.random.default_rng(0x9BA)
     n, k = qmv.DEQUANTIZED_NARROW_N + 300, 1152
     qw = quant.quantize(random(rng, (n, k), dtypes.bfloat16, gpu)[0], group, width, mode=mode)
@@ -313,10 +313,12 @@ def test_qmm_wgmma_matches_the_composition_in_every_tile_shape(mode, group, widt
     want = xv @ dequantized(qw).T
     planned = bits_of(assert_matches(f"{mode} {width}-bit", lambda: quant.quantized_matmul(x, qw),
                                      "nuvec_qmm_wgmma_rs" if qmv.takes_qmm_wgmma_rs(width) else "nuvec_qmm_wgmma", want))
-    for tiles in qmv.QMM_WGMMA_SHAPES + (qmv.QMM_WGMMA_RS_SHAPES if width in qmv.QMM_WGMMA_RS_BITS else ()):
-        rs = isinstance(tiles, qmv.RegisterTiles)
-        if (qmv.qmm_wgmma_rs_bytes if rs else qmv.qmm_wgmma_bytes)(tiles, width) > qmv.WGMMA_MAX_DYNAMIC: continue
-        with expect_launches(gpu, "nuvec_qmm_wgmma_rs" if rs else "nuvec_qmm_wgmma"):
+    for tiles in qmv.QMM_WGMMA_SHAPES + qmv.QMM_WGMMA_WS_SHAPES + (qmv.QMM_WGMMA_RS_SHAPES if width in qmv.QMM_WGMMA_RS_BITS else ()):
+        family, needed = {qmv.RegisterTiles: ("nuvec_qmm_wgmma_rs", qmv.qmm_wgmma_rs_bytes),
+                          qmv.ProducerTiles: ("nuvec_qmm_wgmma_ws", qmv.qmm_wgmma_ws_bytes),
+                          qmv.WgmmaTiles: ("nuvec_qmm_wgmma", qmv.qmm_wgmma_bytes)}[type(tiles)]
+        if needed(tiles, width) > qmv.WGMMA_MAX_DYNAMIC: continue
+        with expect_launches(gpu, family):
             y = qmv.qmm(x, qw.weight, qw.scales, qw.biases, mode=mode, group_size=group, bits=width, out_dtype=dtypes.bfloat16,
                         backend="cuda", tiles=tiles).realize()
         assert_rows_close(f"{tiles}", values(y), want, KERNEL_TOLERANCE[dtypes.bfloat16])
@@ -330,7 +332,7 @@ def test_qmm_wgmma_gathers_each_rows_batch(mode, group, width, unsorted):
     """The gathered qmm_wgmma (a mixture of experts' prefill): sorted runs longer than a row tile,
     hostile picks at both ends giving zeros, and (`unsorted`) an unsorted stretch (more runs than
     the tile table's slots: fixed tiles; sorted, each run's own); at 4 and 8 bits qmm_wgmma_rs's
-    gathered tiles give the same bits."""
+    gathered tiles give the same bits, and at every width qmm_wgmma_ws's."""
     rng = np.random.default_rng(0x9BB)
     experts, n, k, entries = 4, 200, 512, 300
     qw = quant.quantize(random(rng, (experts, n, k), dtypes.bfloat16, gpu)[0], group, width, mode=mode)
@@ -350,6 +352,10 @@ def test_qmm_wgmma_gathers_each_rows_batch(mode, group, width, unsorted):
                          out_dtype=dtypes.bfloat16, backend="cuda", picks=Tensor(picks, device=gpu),
                          tiles=qmv.QMM_WGMMA_RS_SMALL).realize()
         np.testing.assert_array_equal(bits_of(rs), bits_of(y).reshape(entries, n))
+    with expect_launches(gpu, "nuvec_qmm_wgmma_ws"):  # the warp-specialised kernel's gathered tiles, the same bits
+        ws = qmv.qmm(x.reshape(entries, k), qw.weight, qw.scales, qw.biases, mode=mode, group_size=group, bits=width,
+                     out_dtype=dtypes.bfloat16, backend="cuda", picks=Tensor(picks, device=gpu), tiles=qmv.ProducerTiles(2, 128, 4)).realize()
+    np.testing.assert_array_equal(bits_of(ws), bits_of(y).reshape(entries, n))
 
 
 @pytest.mark.skipif(not WARPGROUPS, reason="no warpgroup products (CUDA sm_90)")

@@ -323,11 +323,12 @@ def test_emulated_gathered_qmm_takes_each_rows_batch(mode, group, bits, dtype, m
 def emulated_qmm_wgmma(x: np.ndarray, qw, dtype, tiles, picks: np.ndarray | None = None, edit=None) -> np.ndarray:
     """y's raw values from the emulated qmm_wgmma (Hopper's warpgroup products computed by each
     thread from the swizzled tiles) for raw x `[M, K]` in `dtype` with `tiles` (RegisterTiles:
-    qmm_wgmma_rs); `picks`: gathered,
+    qmm_wgmma_rs; ProducerTiles: qmm_wgmma_ws); `picks`: gathered,
     each row with its own weight batch of `qw` `[E, N, ...]`."""
     rows, k = x.shape
     n = qw.weight.shape[-2]
-    make = qmv.qmm_wgmma_rs_program if isinstance(tiles, qmv.RegisterTiles) else qmv.qmm_wgmma_program
+    make = (qmv.qmm_wgmma_rs_program if isinstance(tiles, qmv.RegisterTiles) else
+            qmv.qmm_wgmma_ws_program if isinstance(tiles, qmv.ProducerTiles) else qmv.qmm_wgmma_program)
     kernel = edited(make(dtype, qw.scales.dtype, dtype, mode=qw.mode, group_size=qw.group_size, bits=qw.bits, tiles=tiles,
                          gather=picks is not None), edit)
     y = np.full((rows, n), 0xFFFF, dtype=x.dtype)  # NaN patterns: an output the kernel misses shows
@@ -383,6 +384,23 @@ def test_emulated_qmm_wgmma_rs_equals_qmm_wgmma(mode, group, bits, dtype):
     np.testing.assert_array_equal(got, emulated_qmm_wgmma(raw(x_tensor), qw, dtype, qmv.RegisterTiles(128, 1, 3)))
 
 
+@pytest.mark.parametrize("mode, group, bits, dtype", QMM_WGMMA_CASES, ids=str)
+def test_emulated_qmm_wgmma_ws_equals_qmm_wgmma(mode, group, bits, dtype):
+    """qmm_wgmma_ws (a producer warpgroup decodes, the consumers only multiply) at M = 70, N = 267
+    (a partial 256-column tile, and two 128-column tiles and a partial one), K = 192 (three steps,
+    past the 3 buffers of the 128 x 128 shape: its buffers wrap; 256 for groups of 128), every width
+    and mode: within tolerance of the composition and qmm_wgmma's bits in every tile shape."""
+    rng = np.random.default_rng(0x9C0)
+    n, k = 267, 256 if group == 128 else 192
+    qw = quantized(random(rng, (n, k), dtype, "CPU")[0], mode, group, bits)
+    x_tensor = random(rng, (70, k), dtype, "CPU")[0].realize()
+    want = quant.quantized_matmul(x_tensor, qw).cast(dtypes.float32).numpy().astype(np.float64)
+    got = emulated_qmm_wgmma(raw(x_tensor), qw, dtype, qmv.QMM_WGMMA_WS_LARGE)
+    check_rows("qmm_wgmma_ws", got, want, dtype)
+    np.testing.assert_array_equal(got, emulated_qmm_wgmma(raw(x_tensor), qw, dtype, qmv.QMM_WGMMA_SMALL))
+    np.testing.assert_array_equal(got, emulated_qmm_wgmma(raw(x_tensor), qw, dtype, qmv.ProducerTiles(1, 128, 3)))
+
+
 def emulated_gathered_check(tiles, unsorted: bool = True) -> np.ndarray:
     """The emulated gathered qmm_wgmma (or _rs, by `tiles`) over sorted runs crossing row tiles,
     hostile picks at both ends and (`unsorted`) an unsorted stretch, whose runs outnumber the tile
@@ -411,6 +429,11 @@ def test_emulated_gathered_qmm_wgmma_takes_each_rows_batch():
 
 def test_emulated_gathered_qmm_wgmma_rs_takes_each_rows_batch_with_qmm_wgmmas_bits():
     np.testing.assert_array_equal(emulated_gathered_check(qmv.RegisterTiles(128, 2, 4)), emulated_gathered_check(qmv.QMM_WGMMA_LARGE))
+
+
+def test_emulated_gathered_qmm_wgmma_ws_takes_each_rows_batch_with_qmm_wgmmas_bits():
+    """The producer and the consumers walk the same runs; the buffers' phases carry over from run to run."""
+    np.testing.assert_array_equal(emulated_gathered_check(qmv.ProducerTiles(2, 128, 3)), emulated_gathered_check(qmv.QMM_WGMMA_LARGE))
 
 
 def test_emulated_gathered_products_over_sorted_runs_take_a_tile_a_run_with_the_same_bits():

@@ -5,10 +5,12 @@ and running gemm_wgmma over the 16-bit rows, the route `quantized_matmul` takes 
 routes give the same bits (the rule that lets the row count choose between them). Timed as the
 benchmarks time a product (TinyJit replays of calls over rotated weight sets, device time).
 
-The tiled kernels are both timed, each in its own plan's tiles: qmm_wgmma (w dequantized into a
-threadgroup tile) and qmm_wgmma_rs (w dequantized into the products' registers; qmm plans it for
-4 bits once `QMM_WGMMA_RS_ROUTED`); `--rs-sweep` also times every RegisterTiles of
-QMM_WGMMA_RS_SHAPES.
+The tiled kernels are all timed, each in its own plan's tiles: qmm_wgmma (w dequantized into a
+threadgroup tile), qmm_wgmma_rs (w dequantized into the products' registers; qmm plans it for
+4 bits once `QMM_WGMMA_RS_ROUTED`) and qmm_wgmma_ws (a producer warpgroup decodes while the
+consumers multiply); `--rs-sweep` and `--ws-sweep` also time every RegisterTiles of
+QMM_WGMMA_RS_SHAPES and every ProducerTiles of QMM_WGMMA_WS_SHAPES (with whether each gives the
+plan's bits).
 
 `--clocks 256x2x4,128x1x4`: where qmm_wgmma_rs's steps spend their clocks at each RegisterTiles
 (rows x warpgroups x stages) and row count: its CLOCK_PROBE form, whose first threadgroup sums each
@@ -16,13 +18,13 @@ SIMD group's clocks by part of the step (the barrier, the copies' issue, the dec
 loads, the products' issue, the wait for the step before's products), a step's mean per SIMD group.
 
 `--moe`: the sorted gathered products of bench quant's MoE rows (Qwen3-30B-A3B, gpt-oss-20b) at
-each gathered tile shape (64 or 128 rows of qmm_wgmma and qmm_wgmma_rs), the plan's marked *.
+each gathered tile shape (64 or 128 rows of qmm_wgmma, qmm_wgmma_rs and qmm_wgmma_ws), the plan's marked *.
 
 `--pieces 1,2,4`: first the dequantization alone at each count of pieces of 8 codes a thread
 (`DEQUANTIZE_PIECES` is the kernel's), its TB/s, and whether its bits equal one piece a thread's.
 
 Usage: DEV=CUDA python3 tools/dequantize_probe.py [--rows 64,128,256,512,2048] [--shapes 3] [--repeats 3] [--pieces 1,2,4]
-                                                  [--rs-sweep] [--clocks 256x2x4] [--moe]
+                                                  [--rs-sweep] [--ws-sweep] [--clocks 256x2x4] [--moe]
 """
 from __future__ import annotations
 
@@ -112,7 +114,8 @@ def clock_parts(args, shapes: list[qk.RegisterTiles]) -> None:
     print()
 
 
-GATHERED_TILES = (qk.QMM_WGMMA_SMALL, qk.QMM_WGMMA_LARGE, qk.QMM_WGMMA_RS_SMALL, qk.RegisterTiles(128, 2, 4))
+GATHERED_TILES = (qk.QMM_WGMMA_SMALL, qk.QMM_WGMMA_LARGE, qk.QMM_WGMMA_RS_SMALL, qk.RegisterTiles(128, 2, 4), qk.ProducerTiles(1, 256, 4),
+                  qk.ProducerTiles(2, 256, 4), qk.ProducerTiles(2, 128, 4))
 
 
 def moe_tiles(args) -> None:
@@ -153,6 +156,7 @@ def main() -> None:
     parser.add_argument("--shapes", type=int, default=len(SHAPES), help="the first this many of SHAPES")
     parser.add_argument("--pieces", default="", help="pieces a thread to time the dequantization at, e.g. 1,2,4")
     parser.add_argument("--rs-sweep", action="store_true", help="time every RegisterTiles of QMM_WGMMA_RS_SHAPES too")
+    parser.add_argument("--ws-sweep", action="store_true", help="time every ProducerTiles of QMM_WGMMA_WS_SHAPES too")
     parser.add_argument("--clocks", default="", help="RegisterTiles as rows x warpgroups x stages to probe, e.g. 256x2x4,128x1x4")
     parser.add_argument("--moe", action="store_true", help="only the MoE rows' gathered products by tiles")
     args = parser.parse_args()
@@ -164,8 +168,8 @@ def main() -> None:
         return
     if args.pieces: sweep_pieces(args, [int(p) for p in args.pieces.split(",")])
     table_head("µs a call, device time of TinyJit replays over rotated 4-bit weights (affine, groups of 64), bf16 x",
-               ["M", "K x N", "qmm_wgmma µs", "qmm_wgmma_rs µs (tiles)", "TFLOP/s", "dequantize µs", "gemm_wgmma µs",
-                "dequantize + gemm_wgmma µs", "qmm_wgmma_rs / route", "same bits"])
+               ["M", "K x N", "qmm_wgmma µs", "qmm_wgmma_rs µs (tiles)", "qmm_wgmma_ws µs (tiles)", "TFLOP/s", "dequantize µs",
+                "gemm_wgmma µs", "dequantize + gemm_wgmma µs", "qmm_wgmma_ws / route", "same bits"])
     warm_up()
     multiprocessors = target(Tensor.empty(1).device).multiprocessors
     for k, n in SHAPES[:args.shapes]:
@@ -176,24 +180,27 @@ def main() -> None:
         for rows in (int(r) for r in args.rows.split(",")):
             x = Tensor.randn(rows, k, dtype=dtypes.bfloat16).realize()
             calls = [(x, *t) for t in tensors]
-            old_tiles, rs_tiles = qk.qmm_wgmma_plan(rows, n, multiprocessors), qk.qmm_wgmma_rs_plan(rows, n, multiprocessors)
-            tiled = time_jit(lambda x, w, s, b: qk.qmm(x, w, s, b, out_dtype=x.dtype, tiles=old_tiles, **COMMON), calls, args.repeats)
-            registers = time_jit(lambda x, w, s, b: qk.qmm(x, w, s, b, out_dtype=x.dtype, tiles=rs_tiles, **COMMON), calls,
-                                 args.repeats)
+            planned = (qk.qmm_wgmma_plan(rows, n, multiprocessors), qk.qmm_wgmma_rs_plan(rows, n, multiprocessors),
+                       qk.qmm_wgmma_ws_plan(rows, n, multiprocessors))
+            tiled, registers, producer = (time_jit(lambda x, w, s, b, t=t: qk.qmm(x, w, s, b, out_dtype=x.dtype, tiles=t, **COMMON),
+                                                   calls, args.repeats) for t in planned)
             gemm = time_jit(lambda x, w: lk.gemm_wgmma(x, w, None, out_dtype=x.dtype), [(x, w) for w in dense], args.repeats)
             routed = time_jit(dequantized_product, calls, args.repeats)
-            results = [qk.qmm(x, *tensors[0], out_dtype=x.dtype, tiles=t, **COMMON) for t in (old_tiles, rs_tiles)]
+            results = [qk.qmm(x, *tensors[0], out_dtype=x.dtype, tiles=t, **COMMON) for t in planned]
             results.append(dequantized_product(x, *tensors[0]))
             bits = [r.bitcast(dtypes.uint16).numpy() for r in results]
             same = all(np.array_equal(b, bits[0]) for b in bits[1:])
-            print(f"| {rows} | {k} x {n} | {tiled * 1e6:.1f} | {registers * 1e6:.1f} ({rs_tiles}) | "
-                  f"{2 * rows * k * n / registers / 1e12:.0f} | {dequant * 1e6:.1f} | {gemm * 1e6:.1f} | {routed * 1e6:.1f} | "
-                  f"{registers / routed:.2f} | {same} |", flush=True)
-            if args.rs_sweep:
-                for tiles in qk.QMM_WGMMA_RS_SHAPES:
-                    seconds = time_jit(lambda x, w, s, b, t=tiles: qk.qmm(x, w, s, b, out_dtype=x.dtype, tiles=t, **COMMON), calls,
-                                       args.repeats)
-                    print(f"|   | {tiles} | | {seconds * 1e6:.1f} | {2 * rows * k * n / seconds / 1e12:.0f} | | | | | |", flush=True)
+            print(f"| {rows} | {k} x {n} | {tiled * 1e6:.1f} | {registers * 1e6:.1f} ({planned[1]}) | "
+                  f"{producer * 1e6:.1f} ({planned[2]}) | {2 * rows * k * n / producer / 1e12:.0f} | {dequant * 1e6:.1f} | "
+                  f"{gemm * 1e6:.1f} | {routed * 1e6:.1f} | {producer / routed:.2f} | {same} |", flush=True)
+            sweeps = (qk.QMM_WGMMA_RS_SHAPES if args.rs_sweep else ()) + (qk.QMM_WGMMA_WS_SHAPES if args.ws_sweep else ())
+            for tiles in sweeps:
+                seconds = time_jit(lambda x, w, s, b, t=tiles: qk.qmm(x, w, s, b, out_dtype=x.dtype, tiles=t, **COMMON), calls,
+                                   args.repeats)
+                same = np.array_equal(qk.qmm(x, *tensors[0], out_dtype=x.dtype, tiles=tiles, **COMMON).bitcast(dtypes.uint16).numpy(),
+                                      bits[0])
+                print(f"|   | {tiles} | | | {seconds * 1e6:.1f} | {2 * rows * k * n / seconds / 1e12:.0f} | | | | | {same} |",
+                      flush=True)
         del dense, tensors
 
 

@@ -597,6 +597,17 @@ if WARPGROUPS:
                   ("mxfp8", 32, 8, dtypes.bfloat16, 70, nuvec_quant.QMM_WGMMA_RS_SMALL),
                   ("nvfp4", 16, 4, dtypes.bfloat16, 70, nuvec_quant.QMM_WGMMA_RS_SMALL))]
 
+# qmm_wgmma_ws by its tiles on Hopper: x rows past a tile, N past a 256- and a 128-column tile, K
+# past the buffers (7 steps: every buffer refilled)
+if WARPGROUPS:
+    QUANT += [Case(f"qmm_wgmma_ws {fmt(mode, group, bits)} {SHORT[dtype]} M{rows} K448 N267 {tiles}", ("nuvec_qmm_wgmma_ws",),
+                   unrouted_product(mode, group, bits, rows, 448, 267, dtype, nuvec_quant.qmm, tiles=tiles))
+              for mode, group, bits, dtype, rows, tiles in (
+                  ("affine", 64, 4, dtypes.bfloat16, 300, nuvec_quant.QMM_WGMMA_WS_LARGE),
+                  ("affine", 32, 3, dtypes.float16, 70, nuvec_quant.ProducerTiles(1, 128, 3)),
+                  ("mxfp8", 32, 8, dtypes.bfloat16, 130, nuvec_quant.ProducerTiles(2, 128, 4)),
+                  ("nvfp4", 16, 4, dtypes.bfloat16, 70, nuvec_quant.ProducerTiles(1, 256, 4)))]
+
 QUANT += [Case(f"gathered qmm {fmt(mode, group, bits)} {SHORT[dtype]} 40 sorted entries E3, experts out of range, K{k} N100",
                qmm_of(k, bits), sorted_gather(mode, group, bits, k, dtype))
           for mode, group, bits, k, dtype in (("affine", 64, 4, 320, dtypes.bfloat16),

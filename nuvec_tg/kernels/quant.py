@@ -115,6 +115,29 @@ class RegisterTiles(_WarpgroupGrid):
     def __str__(self) -> str: return f"wgmma-rs {self.rows}x{self.columns}/{self.stages}s"
 
 
+@dataclass(frozen=True)
+class ProducerTiles(_WarpgroupGrid):
+    """qmm_wgmma_ws's tiles (`src/qmm_wgmma_ws.h`, warp-specialised): `warpgroups` consumer
+    warpgroups x 64 rows by `columns` (128 or 256) outputs a threadgroup, plus one producer
+    warpgroup that copies x and decodes w; `stages` buffers of WGMMA_STEP k (x tile and w tile)."""
+    warpgroups: int
+    columns: int
+    stages: int
+
+    @property
+    def rows(self) -> int: return 64 * self.warpgroups
+
+    @property
+    def threads(self) -> int: return 128 * (self.warpgroups + 1)
+
+    @property
+    def width(self) -> int:
+        """The warpgroup product's N (a wave's cost in `wgmma_tiles`): the tile's columns."""
+        return self.columns
+
+    def __str__(self) -> str: return f"wgmma-ws {self.rows}x{self.columns}/{self.stages}s"
+
+
 # A threadgroup's fixed cost (its x tiles' copies, prologue and epilogue) in columns of products: the
 # value that fits the H200 sweep's pair at M 512 N 14336 (128 x 256 tiles in 2 waves at 516 TFLOP/s,
 # 128 x 128 in 4 at 458; benchmarks/linear_h200.md).
@@ -746,6 +769,45 @@ def qmm_wgmma_rs_program(x_dtype: DType, scales_dtype: DType, out_dtype: DType, 
     return QMM_WGMMA_RS.program("cuda", defines, params, dynamic_bytes=qmm_wgmma_rs_bytes(tiles, bits))
 
 
+# qmm on Hopper's warpgroup products, warp-specialised (`src/qmm_wgmma_ws.h`): a producer warpgroup
+# copies x and decodes w into the stage buffers while the consumer warpgroups only issue the
+# products, so the decoding runs under the tensor cores' work. Every width and mode; the same bits
+# as qmm_wgmma. Not routed until timed (`tools/dequantize_probe.py --ws-sweep`).
+QMM_WGMMA_WS_ROUTED = False
+QMM_WGMMA_WS_LARGE = ProducerTiles(2, 256, 4)
+QMM_WGMMA_WS_SHAPES = (QMM_WGMMA_WS_LARGE, ProducerTiles(2, 256, 3), ProducerTiles(2, 128, 4), ProducerTiles(2, 128, 6),
+                       ProducerTiles(1, 256, 4), ProducerTiles(1, 128, 6))
+
+
+def qmm_wgmma_ws_bytes(tiles: ProducerTiles, bits: int = 0) -> int:
+    """qmm_wgmma_ws's dynamic threadgroup memory: the buffers (x's and w's 128-byte rows), their two
+    8-byte barriers each, and 1024 bytes to align them (`bits` does not change it)."""
+    return tiles.stages * ((tiles.rows + tiles.columns) * WGMMA_ROW_BYTES + 16) + 1024
+
+
+def qmm_wgmma_ws_plan(rows: int, n: int, multiprocessors: int | None = None) -> ProducerTiles:
+    """qmm_wgmma_ws's tiles for M rows and N columns: QMM_WGMMA_WS_LARGE (not yet swept). Any shape
+    gives the same bits."""
+    return QMM_WGMMA_WS_LARGE
+
+
+QMM_WGMMA_WS = Family("nuvec_qmm_wgmma_ws", ("quant_codes.h", "wgmma_steps.h", "qmm_wgmma_ws.h"), qmm_unsupported,
+                      qmm_wgmma_ws_plan, backends=("cuda",), arch="sm_90a")
+
+
+def qmm_wgmma_ws_program(x_dtype: DType, scales_dtype: DType, out_dtype: DType, *, mode: str, group_size: int, bits: int,
+                         tiles: ProducerTiles, gather: bool = False) -> Program:
+    """The qmm_wgmma_ws specialisation (CUDA sm_90a): parameters as qmm's."""
+    if (needed := qmm_wgmma_ws_bytes(tiles)) > WGMMA_MAX_DYNAMIC:
+        raise ValueError(f"qmm_wgmma_ws: {tiles} takes {needed} bytes of threadgroup memory (at most {WGMMA_MAX_DYNAMIC})")
+    defines = dict(TX=ctype(x_dtype), TS=ctype(scales_dtype), TY=ctype(out_dtype), BITS=bits, GROUP=group_size,
+                   MODE=_MODES[mode], GATHER=int(gather), WARPGROUPS=tiles.warpgroups, BM=tiles.rows, BN=tiles.columns,
+                   BK=WGMMA_STEP, STAGES=tiles.stages, LOAD_WORDS=load_words(bits, bits))  # a chunk's words from a row's step
+    params = _params(defines["TY"], defines["TX"], defines["TS"], mode, gather, tile_table=gather) + [Param("ints", "in", "int")]
+    return QMM_WGMMA_WS.program("cuda", defines, params, dynamic_bytes=qmm_wgmma_ws_bytes(tiles),
+                                occupancy=(tiles.threads, 1))
+
+
 def qmm_program(backend: str, x_dtype: DType, scales_dtype: DType, out_dtype: DType, *, mode: str, group_size: int,
                 bits: int, k: int, gather: bool = False) -> Program:
     """The qmm specialisation: parameters y, x, w, scales (, biases) (, picks, tile_starts), ints (M, N, K (,
@@ -760,7 +822,7 @@ def qmm_program(backend: str, x_dtype: DType, scales_dtype: DType, out_dtype: DT
 
 def qmm(x: Tensor, weight: Tensor, scales: Tensor, biases: Tensor | None, *, mode: str, group_size: int, bits: int,
         out_dtype: DType, backend: str, composition=None, picks: Tensor | None = None,
-        tiles: WgmmaTiles | RegisterTiles | None = None) -> Tensor:
+        tiles: WgmmaTiles | RegisterTiles | ProducerTiles | None = None) -> Tensor:
     """`x [M, K] · wᵀ` (x float16 or bfloat16) for packed `weight [N, K * bits / 32]`, `scales`
     (and affine `biases`) `[N, K / group_size]`; returns `[M, N]` in `out_dtype`. The weights are
     dequantized into x's type (MLX's rounding), the products accumulate in float32.
@@ -779,7 +841,8 @@ def qmm(x: Tensor, weight: Tensor, scales: Tensor, biases: Tensor | None, *, mod
     if wgmma:
         batches = weight.shape[0] if gather else 0
         tiles = tiles or qmm_hopper_tiles(rows, n, bits, target.multiprocessors, batches)
-        make = qmm_wgmma_rs_program if isinstance(tiles, RegisterTiles) else qmm_wgmma_program
+        make = (qmm_wgmma_rs_program if isinstance(tiles, RegisterTiles) else
+                qmm_wgmma_ws_program if isinstance(tiles, ProducerTiles) else qmm_wgmma_program)
         kernel = make(x.dtype, scales.dtype, out_dtype, mode=mode, group_size=group_size, bits=bits, tiles=tiles, gather=gather)
         grid, threads = tiles.grid(rows, n), tiles.threads
         if gather: grid = (gather_tile_slots(rows, tiles.rows, batches), grid[1], 1)

@@ -1,0 +1,222 @@
+// The quantized matrix-matrix product for many rows (prefill), y [M, N] = x [M, K] · wᵀ over packed
+// weights (`quant_codes.h`), on Hopper's warpgroup matrix products (wgmma, CUDA sm_90a only),
+// warp-specialised: qmm_wgmma.h's product with the decoding taken off the warpgroups that issue the
+// products, so that the tensor cores run while the weights of the next steps are decoded.
+//
+// A threadgroup is WARPGROUPS consumer warpgroups and one producer warpgroup (128 * (WARPGROUPS + 1)
+// threads). The consumers compute a BM x BN tile of y (BM = 64 * WARPGROUPS, each warpgroup 64 rows
+// by all BN columns in its registers) in steps of BK = 64 along K, and do nothing else. The producer
+// feeds them through STAGES buffers, each the step's x tile (BM x 64) and its dequantized w tile (BN
+// x 64), both swizzled 128-byte rows as the tensor cores read them (the prelude's layout):
+// - x by asynchronous copies (cp.async), AHEAD = STAGES - 2 steps ahead;
+// - w's packed words and scales by loads into the producer's registers two steps ahead, each thread
+//   two (BN 256) or one (BN 128) weight rows, decoded (scale · code + bias, or the floating-point
+//   modes' code · scale; MLX's rounding, as qmm_wgmma.h) into the buffer's w tile in x's type.
+// Two staging barriers a buffer (the prelude's mbarrier) order them: `full` completes when every
+// producer thread has written the step (its copies waited for, then the async-proxy fence, so that
+// the tensor cores see them) and `empty` when every consumer thread has waited for the step's
+// products. A buffer's phases follow the steps: step g (counted over the tile's runs) is phase
+// g / STAGES of buffer g % STAGES, and the producer refills a buffer for step g only after step
+// g - STAGES retired, so no barrier is ever more than one phase ahead of a thread waiting on it.
+//
+// Bits. Every element of y sums its K products in steps of 16 along K in increasing order into one
+// float32 accumulator, the weights rounded to TX first, whatever BM, BN, STAGES, the grid or M: the
+// bits of qmm_wgmma.h and of the dequantized route. A row's bits never depend on M or the tiles.
+//
+// Bounds. Rows of x past M (or outside the run), weight rows past N (or of a pick outside the
+// batches) are zeros and nothing is read for them; K is a multiple of 64 (the route's), so every
+// step is whole.
+//
+// GATHER: row i of x uses weight batch picks[i] of ints[3] batches (w, scales and biases hold the
+// batches one after another); a tile's rows run in turn by runs of equal picks, the tiles from the
+// table `tile_starts` (qmm_wgmma.h's way).
+//
+// Runtime sizes (the `ints` buffer): M, N, K (, the batches). Defines: TX (x; 16-bit), TS, TY, BITS,
+// GROUP, MODE, GATHER, WARPGROUPS, BM, BN (128 or 256), BK (64), STAGES (at least 3), LOAD_WORDS,
+// from `kernels/quant.py`, which launches 128 * (WARPGROUPS + 1) threads with STAGES * ((BM + BN) *
+// 128 + 16) + 1024 bytes of dynamic threadgroup memory over the grid (row tiles, column tiles).
+
+#if BK != 64 || BM != 64 * WARPGROUPS || (BN != 128 && BN != 256) || STAGES < 3
+#error "qmm_wgmma_ws.h: BK 64, BM 64 per warpgroup, BN 128 or 256, at least 3 stages"
+#endif
+#define CONSUMER_THREADS (128 * WARPGROUPS)
+#define PRODUCER_THREADS 128
+#define ROW_BYTES 128                              // a tile row: BK 16-bit elements
+#define X_BYTES (BM * ROW_BYTES)                   // a buffer's x tile, then ...
+#define STAGE_BYTES (X_BYTES + BN * ROW_BYTES)     // ... its w tile
+#define AHEAD (STAGES - 2)                         // steps whose x copies are in flight
+#define X_ROWS_A_PASS (PRODUCER_THREADS / 8)       // x rows copied at once (8 pieces a row)
+#define X_COPIES (BM / X_ROWS_A_PASS)
+#define W_ROWS (BN / PRODUCER_THREADS)             // weight rows a producer thread decodes
+#define ACCUMULATORS (BN / 2)
+
+// A weight row's step of packed codes (two chunks) and its scales (and biases), in registers.
+struct StepWords {
+  uint words[W_ROWS][2][BITS];
+  TS scales[W_ROWS][2][SCALES_PER_CHUNK];
+#if MODE == 0
+  TS biases[W_ROWS][2][SCALES_PER_CHUNK];
+#endif
+};
+
+/* kernel */
+  const int m_size = ints[0], n_size = ints[1], k_size = ints[2];
+  const int thread_id = (int)nv_thread.x;
+  TILE_ROWS(m_first, tile_end, nv_group.x, m_size)  // gathered: the tile table's
+  const int n_first = (int)nv_group.y * BN;
+  const int steps = k_size / BK;
+  const size_t words_per_row = (size_t)k_size / 32 * BITS;
+  const int groups_per_row = k_size / GROUP;
+
+  // The buffers from the first multiple of 1024 bytes of the dynamic memory, then their barriers.
+  DYNAMIC_THREADGROUP(dynamic_memory, STAGES * (STAGE_BYTES + 16) + 1024);
+  unsigned char* stages = (unsigned char*)dynamic_memory + ((1024u - (shared_address(dynamic_memory) & 1023u)) & 1023u);
+  unsigned long long* full = (unsigned long long*)(stages + STAGES * STAGE_BYTES);
+  unsigned long long* empty = full + STAGES;
+  if (thread_id < STAGES) {
+    stage_barrier_init(&full[thread_id], PRODUCER_THREADS);
+    stage_barrier_init(&empty[thread_id], CONSUMER_THREADS);
+  }
+  threadgroup_barrier();
+
+  int g = 0;  // the steps of the tile's runs so far: step g uses buffer g % STAGES
+  if (thread_id < CONSUMER_THREADS) {
+    // A consumer: the products of each step, once the producer has filled its buffer.
+    const int lane = thread_id % 32, warpgroup = thread_id / 128, warp = (thread_id / 32) % 4;
+    for (int run_start = m_first; run_start < tile_end;) {
+#if GATHER
+      const int run_end = pick_run_end(picks, run_start, tile_end);
+#else
+      const int run_end = tile_end;
+#endif
+      float acc[ACCUMULATORS];
+#pragma unroll
+      for (int i = 0; i < ACCUMULATORS; i++) acc[i] = 0.0f;
+      for (int step = 0; step < steps; step++, g++) {
+        stage_wait(&full[g % STAGES], (g / STAGES) % 2);
+        const unsigned char* stage = stages + (g % STAGES) * STAGE_BYTES;
+        wgmma_step<BN>(acc, (const TX*)(stage + warpgroup * 64 * ROW_BYTES), (const TX*)(stage + X_BYTES));
+        if (step > 0) stage_arrive(&empty[(g - 1) % STAGES]);  // step - 1's products are done
+      }
+      wgmma_finish<BN>(acc);
+      stage_arrive(&empty[(g - 1) % STAGES]);
+      // Each thread's elements of y for the run's rows, rounded once.
+      store_accumulators<BN>(acc, y, m_first + 64 * warpgroup + 16 * warp + lane / 4, n_first + 2 * (lane % 4), run_start, run_end,
+                             n_size);
+      run_start = run_end;
+    }
+  } else {
+    // The producer: x's copies, then w's words decoded, step by step.
+    const int producer = thread_id - CONSUMER_THREADS;
+    // Its x copies: piece `piece` of tile rows producer / 8 + X_ROWS_A_PASS * c, stored at piece
+    // piece ^ (row % 8) (row % 8 the same for all). Its weight rows: producer + 128 * r.
+    const int piece = producer % 8, first_row = producer / 8;
+    const int swizzled_piece = 16 * (piece ^ (first_row % 8));
+    for (int run_start = m_first; run_start < tile_end;) {
+#if GATHER
+      const int batch = picks[run_start], run_end = pick_run_end(picks, run_start, tile_end);
+      const bool batch_real = batch >= 0 && batch < ints[3];
+      const size_t first_w_row = (size_t)(batch_real ? batch : 0) * n_size;
+#else
+      const int run_end = tile_end;
+      const bool batch_real = true;
+      const size_t first_w_row = 0;
+#endif
+      const DEVICE TX* x_from[X_COPIES];
+      bool x_in[X_COPIES];
+#pragma unroll
+      for (int c = 0; c < X_COPIES; c++) {
+        const int row = m_first + first_row + X_ROWS_A_PASS * c;
+        x_in[c] = row >= run_start && row < run_end;
+        x_from[c] = x + (size_t)(x_in[c] ? row : 0) * k_size + 8 * piece;
+      }
+      bool row_in[W_ROWS];
+      const DEVICE uint* row_words[W_ROWS];
+      size_t row_groups[W_ROWS];  // the row's first group
+#pragma unroll
+      for (int r = 0; r < W_ROWS; r++) {
+        row_in[r] = batch_real && n_first + producer + PRODUCER_THREADS * r < n_size;
+        const size_t row = first_w_row + (row_in[r] ? n_first + producer + PRODUCER_THREADS * r : 0);
+        row_words[r] = w + row * words_per_row;
+        row_groups[r] = row * groups_per_row;
+      }
+// The x copies of run step STEP (global step G) into its buffer, as one group, once the products
+// of step G - STAGES, the buffer's last, are done.
+#define COPY_X(G, STEP)                                                                               \
+  {                                                                                                   \
+    if ((G) >= STAGES) stage_wait(&empty[(G) % STAGES], ((G) / STAGES - 1) % 2);                      \
+    unsigned char* stage = stages + ((G) % STAGES) * STAGE_BYTES;                                     \
+    _Pragma("unroll") for (int c = 0; c < X_COPIES; c++)                                              \
+      async_copy16(stage + swizzled_piece + (first_row + X_ROWS_A_PASS * c) * ROW_BYTES,              \
+                   x_in[c] ? x_from[c] + (STEP) * BK : x_from[c], x_in[c]);                           \
+  }
+// Run step STEP's words and scales of this thread's rows into `into` (zeros for a row that is out).
+#if MODE == 0
+#define LOAD_BIAS(INTO, R, C, H, INDEX) INTO.biases[R][C][H] = biases[INDEX];
+#else
+#define LOAD_BIAS(INTO, R, C, H, INDEX)
+#endif
+#define LOAD_STEP(INTO, STEP)                                                                         \
+  _Pragma("unroll") for (int r = 0; r < W_ROWS; r++)                                                  \
+    _Pragma("unroll") for (int c = 0; c < 2; c++) {                                                   \
+      if (row_in[r]) {                                                                                \
+        load_chunk_words(row_words[r] + (size_t)(STEP) * 2 * BITS + c * BITS, false, INTO.words[r][c]); \
+        _Pragma("unroll") for (int h = 0; h < SCALES_PER_CHUNK; h++) {                                \
+          const size_t index = row_groups[r] + ((STEP) * BK + 32 * c + CHUNK_GROUP * h) / GROUP;      \
+          INTO.scales[r][c][h] = scales[index];                                                       \
+          LOAD_BIAS(INTO, r, c, h, index)                                                             \
+        }                                                                                             \
+      } else {                                                                                        \
+        _Pragma("unroll") for (int i = 0; i < BITS; i++) INTO.words[r][c][i] = 0u;                    \
+      }                                                                                               \
+    }
+
+      StepWords now, next;
+#pragma unroll
+      for (int ahead = 0; ahead < AHEAD; ahead++) {
+        if (ahead < steps) COPY_X(g + ahead, ahead)
+        async_commit();
+      }
+      LOAD_STEP(now, 0)
+      if (steps > 1) LOAD_STEP(next, 1)
+      for (int step = 0; step < steps; step++, g++) {
+        async_wait(AHEAD - 1);  // this thread's copies of the step are done
+        unsigned char* w_tile = stages + (g % STAGES) * STAGE_BYTES + X_BYTES;
+        // The step's weights into the w tile: row r's chunk c as four 16-byte pieces of 8 codes.
+#pragma unroll
+        for (int r = 0; r < W_ROWS; r++) {
+          const int row = producer + PRODUCER_THREADS * r;
+#pragma unroll
+          for (int c = 0; c < 2; c++) {
+#pragma unroll
+            for (int part = 0; part < 4; part++) {
+              float q[8];
+              decode_part(now.words[r][c], part, q);
+              const int h = part * SCALES_PER_CHUNK / 4;  // the part's group of the chunk
+              const float scale = row_in[r] ? group_scale(now.scales[r][c][h]) : 0.0f;
+#if MODE == 0
+              scale_codes(q, 8, scale, row_in[r] ? to_float(now.biases[r][c][h]) : 0.0f);
+#else
+              scale_codes(q, 8, scale, 0.0f);
+#endif
+              const int at = 4 * c + part;  // the piece's place in the row
+              uint4 packed;
+              packed.x = pack_pair(q[0], q[1], TX());
+              packed.y = pack_pair(q[2], q[3], TX());
+              packed.z = pack_pair(q[4], q[5], TX());
+              packed.w = pack_pair(q[6], q[7], TX());
+              *(uint4*)(w_tile + row * ROW_BYTES + 16 * (at ^ (row % 8))) = packed;
+            }
+          }
+        }
+        async_proxy_fence();  // the copies and the stores visible to the tensor cores
+        stage_arrive(&full[g % STAGES]);
+        now = next;
+        if (step + 2 < steps) LOAD_STEP(next, step + 2)
+        if (step + AHEAD < steps) COPY_X(g + AHEAD, step + AHEAD)
+        async_commit();
+      }
+      async_wait(0);  // only empty groups are left: none outlives the run
+      run_start = run_end;
+    }
+  }
