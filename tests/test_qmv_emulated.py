@@ -389,7 +389,8 @@ def test_emulated_qmm_wgmma_ws_equals_qmm_wgmma(mode, group, bits, dtype):
     """qmm_wgmma_ws (a producer warpgroup decodes, the consumers only multiply) at M = 70, N = 267
     (a partial 256-column tile, and two 128-column tiles and a partial one), K = 192 (three steps,
     past the 3 buffers of the 128 x 128 shape: its buffers wrap; 256 for groups of 128), every width
-    and mode: within tolerance of the composition and qmm_wgmma's bits in every tile shape."""
+    and mode (words two steps ahead and one), one producer warpgroup and two: within tolerance of the
+    composition and qmm_wgmma's bits in every tile shape."""
     rng = np.random.default_rng(0x9C0)
     n, k = 267, 256 if group == 128 else 192
     qw = quantized(random(rng, (n, k), dtype, "CPU")[0], mode, group, bits)
@@ -399,6 +400,7 @@ def test_emulated_qmm_wgmma_ws_equals_qmm_wgmma(mode, group, bits, dtype):
     check_rows("qmm_wgmma_ws", got, want, dtype)
     np.testing.assert_array_equal(got, emulated_qmm_wgmma(raw(x_tensor), qw, dtype, qmv.QMM_WGMMA_SMALL))
     np.testing.assert_array_equal(got, emulated_qmm_wgmma(raw(x_tensor), qw, dtype, qmv.ProducerTiles(1, 128, 3)))
+    np.testing.assert_array_equal(got, emulated_qmm_wgmma(raw(x_tensor), qw, dtype, qmv.ProducerTiles(1, 256, 4, producers=2)))
 
 
 def emulated_gathered_check(tiles, unsorted: bool = True) -> np.ndarray:

@@ -118,24 +118,43 @@ class RegisterTiles(_WarpgroupGrid):
 @dataclass(frozen=True)
 class ProducerTiles(_WarpgroupGrid):
     """qmm_wgmma_ws's tiles (`src/qmm_wgmma_ws.h`, warp-specialised): `warpgroups` consumer
-    warpgroups x 64 rows by `columns` (128 or 256) outputs a threadgroup, plus one producer
-    warpgroup that copies x and decodes w; `stages` buffers of WGMMA_STEP k (x tile and w tile)."""
+    warpgroups x 64 rows by `columns` (128 or 256) outputs a threadgroup, plus `producers` (1 or 2)
+    producer warpgroups that copy x and decode w; `stages` buffers of WGMMA_STEP k (x tile and w
+    tile)."""
     warpgroups: int
     columns: int
     stages: int
+    producers: int = 1
 
     @property
     def rows(self) -> int: return 64 * self.warpgroups
 
     @property
-    def threads(self) -> int: return 128 * (self.warpgroups + 1)
+    def threads(self) -> int: return 128 * (self.warpgroups + self.producers)
+
+    @property
+    def registers(self) -> tuple[int, int]:
+        """(producer, consumer) registers a thread after `setmaxnreg`, or (0, 0) where the launch
+        bound leaves every thread enough (256 threads or fewer): the producers keep
+        WS_PRODUCER_REGISTERS, the consumers share the rest of what the launch gave."""
+        if self.threads <= 256: return 0, 0
+        entry = 65536 // self.threads // 8 * 8
+        producer = WS_PRODUCER_REGISTERS[self.producers]
+        consumer = (entry * self.threads - 128 * self.producers * producer) // (128 * self.warpgroups) // 8 * 8
+        return producer, min(consumer, 256)
 
     @property
     def width(self) -> int:
         """The warpgroup product's N (a wave's cost in `wgmma_tiles`): the tile's columns."""
         return self.columns
 
-    def __str__(self) -> str: return f"wgmma-ws {self.rows}x{self.columns}/{self.stages}s"
+    def __str__(self) -> str: return f"wgmma-ws {self.rows}x{self.columns}/{self.stages}s" + (f"/{self.producers}p" if self.producers > 1 else "")
+
+
+# qmm_wgmma_ws's producer threads' registers after `setmaxnreg`, by producer warpgroups: what a
+# producer's words and scales in flight need with the consumers still unspilled (`compile_cuda.py --ptxas`:
+# one warpgroup at 144 leaves the consumers 176, and they spill; at 128 the 6-bit producers spill).
+WS_PRODUCER_REGISTERS = {1: 136, 2: 88}
 
 
 # A threadgroup's fixed cost (its x tiles' copies, prologue and epilogue) in columns of products: the
@@ -775,8 +794,8 @@ def qmm_wgmma_rs_program(x_dtype: DType, scales_dtype: DType, out_dtype: DType, 
 # as qmm_wgmma. Not routed until timed (`tools/dequantize_probe.py --ws-sweep`).
 QMM_WGMMA_WS_ROUTED = False
 QMM_WGMMA_WS_LARGE = ProducerTiles(2, 256, 4)
-QMM_WGMMA_WS_SHAPES = (QMM_WGMMA_WS_LARGE, ProducerTiles(2, 256, 3), ProducerTiles(2, 128, 4), ProducerTiles(2, 128, 6),
-                       ProducerTiles(1, 256, 4), ProducerTiles(1, 128, 6))
+QMM_WGMMA_WS_SHAPES = (QMM_WGMMA_WS_LARGE, ProducerTiles(2, 256, 3), ProducerTiles(2, 128, 4),
+                       ProducerTiles(2, 128, 6), ProducerTiles(1, 256, 4), ProducerTiles(1, 256, 4, 2), ProducerTiles(1, 128, 6))
 
 
 def qmm_wgmma_ws_bytes(tiles: ProducerTiles, bits: int = 0) -> int:
@@ -797,12 +816,16 @@ QMM_WGMMA_WS = Family("nuvec_qmm_wgmma_ws", ("quant_codes.h", "wgmma_steps.h", "
 
 def qmm_wgmma_ws_program(x_dtype: DType, scales_dtype: DType, out_dtype: DType, *, mode: str, group_size: int, bits: int,
                          tiles: ProducerTiles, gather: bool = False) -> Program:
-    """The qmm_wgmma_ws specialisation (CUDA sm_90a): parameters as qmm's."""
+    """The qmm_wgmma_ws specialisation (CUDA sm_90a): parameters as qmm's. At most 384 threads: ptxas
+    compiles a warpgroup product within the registers a thread has at entry whatever `setmaxnreg`
+    gives it later, and 512 threads leave 128, below a 64 x 256 product's 154."""
+    if tiles.threads > 384: raise ValueError(f"qmm_wgmma_ws: {tiles} takes {tiles.threads} threads (at most 384)")
     if (needed := qmm_wgmma_ws_bytes(tiles)) > WGMMA_MAX_DYNAMIC:
         raise ValueError(f"qmm_wgmma_ws: {tiles} takes {needed} bytes of threadgroup memory (at most {WGMMA_MAX_DYNAMIC})")
     defines = dict(TX=ctype(x_dtype), TS=ctype(scales_dtype), TY=ctype(out_dtype), BITS=bits, GROUP=group_size,
-                   MODE=_MODES[mode], GATHER=int(gather), WARPGROUPS=tiles.warpgroups, BM=tiles.rows, BN=tiles.columns,
-                   BK=WGMMA_STEP, STAGES=tiles.stages, LOAD_WORDS=load_words(bits, bits))  # a chunk's words from a row's step
+                   MODE=_MODES[mode], GATHER=int(gather), WARPGROUPS=tiles.warpgroups, PRODUCERS=tiles.producers, BM=tiles.rows,
+                   BN=tiles.columns, BK=WGMMA_STEP, STAGES=tiles.stages, LOAD_WORDS=load_words(bits, bits),  # a chunk's words from a row's step
+                   PRODUCER_REGISTERS=tiles.registers[0], CONSUMER_REGISTERS=tiles.registers[1])
     params = _params(defines["TY"], defines["TX"], defines["TS"], mode, gather, tile_table=gather) + [Param("ints", "in", "int")]
     return QMM_WGMMA_WS.program("cuda", defines, params, dynamic_bytes=qmm_wgmma_ws_bytes(tiles),
                                 occupancy=(tiles.threads, 1))

@@ -317,6 +317,8 @@ inline void wgmma_fence() {}
 inline void wgmma_commit() {}
 template <int N> inline void wgmma_wait() {}
 inline void async_proxy_fence() {}
+template <int N> inline void warpgroup_registers_fewer() {}
+template <int N> inline void warpgroup_registers_more() {}
 inline void wgmma_hold(float&) {}
 template <typename T> inline float swizzled_element(const T* tile, int row, int k) {
   const char* at = (const char*)tile + row * 128 + (((k / 8) ^ (row % 8)) * 16) + (k % 8) * 2;

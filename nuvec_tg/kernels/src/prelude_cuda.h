@@ -261,6 +261,12 @@ INLINE void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory
 INLINE void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 template <int N> INLINE void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;" :: "n"(N) : "memory"); }
 INLINE void async_proxy_fence() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+// A warpgroup's registers a thread set to N (a multiple of 8, 24-256), released to the
+// multiprocessor's pool or taken from it (warp-specialised kernels: the warpgroups that only copy
+// and decode give theirs to those that hold the accumulators). The kernel's launch bound fixes the
+// count at entry; ptxas compiles the code after each call within its N.
+template <int N> INLINE void warpgroup_registers_fewer() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" :: "n"(N)); }
+template <int N> INLINE void warpgroup_registers_more() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" :: "n"(N)); }
 // Keeps the compiler from moving reads or writes of an accumulator across the asynchronous products.
 INLINE void wgmma_hold(float& d) { asm volatile("" : "+f"(d) :: "memory"); }
 INLINE void wgmma_m64n64k16(float* d, unsigned long long a, unsigned long long b, bfloat) {

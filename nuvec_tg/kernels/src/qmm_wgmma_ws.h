@@ -3,14 +3,15 @@
 // warp-specialised: qmm_wgmma.h's product with the decoding taken off the warpgroups that issue the
 // products, so that the tensor cores run while the weights of the next steps are decoded.
 //
-// A threadgroup is WARPGROUPS consumer warpgroups and one producer warpgroup (128 * (WARPGROUPS + 1)
-// threads). The consumers compute a BM x BN tile of y (BM = 64 * WARPGROUPS, each warpgroup 64 rows
+// A threadgroup is WARPGROUPS consumer warpgroups and PRODUCERS producer warpgroups (128 * (WARPGROUPS +
+// PRODUCERS) threads). The consumers compute a BM x BN tile of y (BM = 64 * WARPGROUPS, each warpgroup 64 rows
 // by all BN columns in its registers) in steps of BK = 64 along K, and do nothing else. The producer
 // feeds them through STAGES buffers, each the step's x tile (BM x 64) and its dequantized w tile (BN
 // x 64), both swizzled 128-byte rows as the tensor cores read them (the prelude's layout):
 // - x by asynchronous copies (cp.async), AHEAD = STAGES - 2 steps ahead;
-// - w's packed words and scales by loads into the producer's registers two steps ahead, each thread
-//   two (BN 256) or one (BN 128) weight rows, decoded (scale · code + bias, or the floating-point
+// - w's packed words and scales by loads into the producer's registers, two steps ahead where a
+//   thread's rows take at most 8 words a chunk (WORDS_AHEAD; else the step after the one decoding),
+//   each thread BN / (128 * PRODUCERS) weight rows, decoded (scale · code + bias, or the floating-point
 //   modes' code · scale; MLX's rounding, as qmm_wgmma.h) into the buffer's w tile in x's type.
 // Two staging barriers a buffer (the prelude's mbarrier) order them: `full` completes when every
 // producer thread has written the step (its copies waited for, then the async-proxy fence, so that
@@ -31,16 +32,21 @@
 // batches one after another); a tile's rows run in turn by runs of equal picks, the tiles from the
 // table `tile_starts` (qmm_wgmma.h's way).
 //
+// Registers. With more than 256 threads the launch bound leaves each thread 65536 / threads; where
+// PRODUCER_REGISTERS is set the producers give theirs down to it and the consumers take theirs up to
+// CONSUMER_REGISTERS (their accumulators: BN / 2 a thread), the total unchanged.
+//
 // Runtime sizes (the `ints` buffer): M, N, K (, the batches). Defines: TX (x; 16-bit), TS, TY, BITS,
-// GROUP, MODE, GATHER, WARPGROUPS, BM, BN (128 or 256), BK (64), STAGES (at least 3), LOAD_WORDS,
-// from `kernels/quant.py`, which launches 128 * (WARPGROUPS + 1) threads with STAGES * ((BM + BN) *
-// 128 + 16) + 1024 bytes of dynamic threadgroup memory over the grid (row tiles, column tiles).
+// GROUP, MODE, GATHER, WARPGROUPS, PRODUCERS (1 or 2), BM, BN (128 or 256), BK (64), STAGES (at least
+// 3), LOAD_WORDS, PRODUCER_REGISTERS and CONSUMER_REGISTERS (0: unchanged), from `kernels/quant.py`,
+// which launches 128 * (WARPGROUPS + PRODUCERS) threads with STAGES * ((BM + BN) * 128 + 16) + 1024
+// bytes of dynamic threadgroup memory over the grid (row tiles, column tiles).
 
-#if BK != 64 || BM != 64 * WARPGROUPS || (BN != 128 && BN != 256) || STAGES < 3
-#error "qmm_wgmma_ws.h: BK 64, BM 64 per warpgroup, BN 128 or 256, at least 3 stages"
+#if BK != 64 || BM != 64 * WARPGROUPS || (BN != 128 && BN != 256) || STAGES < 3 || BN % (128 * PRODUCERS) != 0
+#error "qmm_wgmma_ws.h: BK 64, BM 64 per warpgroup, BN 128 or 256 (whole rows a producer thread), at least 3 stages"
 #endif
 #define CONSUMER_THREADS (128 * WARPGROUPS)
-#define PRODUCER_THREADS 128
+#define PRODUCER_THREADS (128 * PRODUCERS)
 #define ROW_BYTES 128                              // a tile row: BK 16-bit elements
 #define X_BYTES (BM * ROW_BYTES)                   // a buffer's x tile, then ...
 #define STAGE_BYTES (X_BYTES + BN * ROW_BYTES)     // ... its w tile
@@ -48,6 +54,7 @@
 #define X_ROWS_A_PASS (PRODUCER_THREADS / 8)       // x rows copied at once (8 pieces a row)
 #define X_COPIES (BM / X_ROWS_A_PASS)
 #define W_ROWS (BN / PRODUCER_THREADS)             // weight rows a producer thread decodes
+#define WORDS_AHEAD (W_ROWS * BITS <= 8 ? 2 : 1)   // steps of words in a producer's registers (within its registers)
 #define ACCUMULATORS (BN / 2)
 
 // A weight row's step of packed codes (two chunks) and its scales (and biases), in registers.
@@ -82,6 +89,9 @@ struct StepWords {
   int g = 0;  // the steps of the tile's runs so far: step g uses buffer g % STAGES
   if (thread_id < CONSUMER_THREADS) {
     // A consumer: the products of each step, once the producer has filled its buffer.
+#if PRODUCER_REGISTERS
+    warpgroup_registers_more<CONSUMER_REGISTERS>();
+#endif
     const int lane = thread_id % 32, warpgroup = thread_id / 128, warp = (thread_id / 32) % 4;
     for (int run_start = m_first; run_start < tile_end;) {
 #if GATHER
@@ -106,10 +116,13 @@ struct StepWords {
       run_start = run_end;
     }
   } else {
-    // The producer: x's copies, then w's words decoded, step by step.
+    // The producers: x's copies, then w's words decoded, step by step.
+#if PRODUCER_REGISTERS
+    warpgroup_registers_fewer<PRODUCER_REGISTERS>();
+#endif
     const int producer = thread_id - CONSUMER_THREADS;
     // Its x copies: piece `piece` of tile rows producer / 8 + X_ROWS_A_PASS * c, stored at piece
-    // piece ^ (row % 8) (row % 8 the same for all). Its weight rows: producer + 128 * r.
+    // piece ^ (row % 8) (row % 8 the same for all). Its weight rows: producer + PRODUCER_THREADS * r.
     const int piece = producer % 8, first_row = producer / 8;
     const int swizzled_piece = 16 * (piece ^ (first_row % 8));
     for (int run_start = m_first; run_start < tile_end;) {
@@ -171,14 +184,17 @@ struct StepWords {
       }                                                                                               \
     }
 
-      StepWords now, next;
 #pragma unroll
       for (int ahead = 0; ahead < AHEAD; ahead++) {
         if (ahead < steps) COPY_X(g + ahead, ahead)
         async_commit();
       }
+      StepWords now;
       LOAD_STEP(now, 0)
+#if WORDS_AHEAD == 2
+      StepWords next;
       if (steps > 1) LOAD_STEP(next, 1)
+#endif
       for (int step = 0; step < steps; step++, g++) {
         async_wait(AHEAD - 1);  // this thread's copies of the step are done
         unsigned char* w_tile = stages + (g % STAGES) * STAGE_BYTES + X_BYTES;
@@ -211,8 +227,12 @@ struct StepWords {
         }
         async_proxy_fence();  // the copies and the stores visible to the tensor cores
         stage_arrive(&full[g % STAGES]);
+#if WORDS_AHEAD == 2
         now = next;
         if (step + 2 < steps) LOAD_STEP(next, step + 2)
+#else
+        if (step + 1 < steps) LOAD_STEP(now, step + 1)
+#endif
         if (step + AHEAD < steps) COPY_X(g + AHEAD, step + AHEAD)
         async_commit();
       }
