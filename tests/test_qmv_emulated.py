@@ -320,11 +320,13 @@ def test_emulated_gathered_qmm_takes_each_rows_batch(mode, group, bits, dtype, m
     assert not got[(picks < 0) | (picks >= batches)].any()
 
 
-def emulated_qmm_wgmma(x: np.ndarray, qw, dtype, tiles, picks: np.ndarray | None = None, edit=None) -> np.ndarray:
+def emulated_qmm_wgmma(x: np.ndarray, qw, dtype, tiles, picks: np.ndarray | None = None, edit=None,
+                       tile_starts: np.ndarray | None = None) -> np.ndarray:
     """y's raw values from the emulated qmm_wgmma (Hopper's warpgroup products computed by each
     thread from the swizzled tiles) for raw x `[M, K]` in `dtype` with `tiles` (RegisterTiles:
     qmm_wgmma_rs; ProducerTiles: qmm_wgmma_ws); `picks`: gathered,
-    each row with its own weight batch of `qw` `[E, N, ...]`."""
+    each row with its own weight batch of `qw` `[E, N, ...]`, over `tile_starts` where given (else
+    `gather_tile_starts`'s table)."""
     rows, k = x.shape
     n = qw.weight.shape[-2]
     make = (qmv.qmm_wgmma_rs_program if isinstance(tiles, qmv.RegisterTiles) else
@@ -336,8 +338,9 @@ def emulated_qmm_wgmma(x: np.ndarray, qw, dtype, tiles, picks: np.ndarray | None
     groups, groups_y, _ = tiles.grid(rows, n)
     if picks is not None:
         batches = qw.weight.shape[0]
-        buffers += [picks, qmv.gather_tile_starts(Tensor(picks), tiles.rows, batches).numpy()]
-        groups = qmv.gather_tile_slots(rows, tiles.rows, batches)
+        if tile_starts is None: tile_starts = qmv.gather_tile_starts(Tensor(picks), tiles.rows, batches).numpy()
+        buffers += [picks, tile_starts]
+        groups = len(tile_starts) - 1
     buffers.append(np.array([rows, n, k] + ([qw.weight.shape[0]] if picks is not None else []), dtype=np.int32))
     build(kernel)(buffers, groups, tiles.threads, groups_y)
     return y
@@ -436,6 +439,25 @@ def test_emulated_gathered_qmm_wgmma_rs_takes_each_rows_batch_with_qmm_wgmmas_bi
 def test_emulated_gathered_qmm_wgmma_ws_takes_each_rows_batch_with_qmm_wgmmas_bits():
     """The producer and the consumers walk the same runs; the buffers' phases carry over from run to run."""
     np.testing.assert_array_equal(emulated_gathered_check(qmv.ProducerTiles(2, 128, 3)), emulated_gathered_check(qmv.QMM_WGMMA_LARGE))
+
+
+@pytest.mark.parametrize("tiles", [qmv.QMM_WGMMA_SMALL, qmv.QMM_WGMMA_RS_SMALL, qmv.ProducerTiles(1, 128, 3)], ids=str)
+def test_emulated_gathered_tiles_are_the_tables(tiles):
+    """A gathered tiled kernel takes its rows from the tile table, not from fixed tiles of BM rows:
+    a table of two 40-row tiles computes rows 0-79 and leaves the rest unwritten (a kernel reading
+    its GATHER before the define, as the prelude would, writes fixed tiles 0-63 and 64-127)."""
+    rng = np.random.default_rng(0x9C1)
+    batches, n, k, rows, dtype = 2, 40, 128, 150, dtypes.bfloat16
+    qw = quantized(random(rng, (batches, n, k), dtype, "CPU")[0], "affine", 64, 4)
+    x_tensor = random(rng, (rows, k), dtype, "CPU")[0].realize()
+    picks = np.sort(rng.integers(0, batches, rows)).astype(np.int32)
+    y = emulated_qmm_wgmma(raw(x_tensor), qw, dtype, tiles, picks, tile_starts=np.array([0, 40, 80], dtype=np.int32))
+    assert (y[80:] == 0xFFFF).all(), "rows outside the table's tiles were written"
+    got = as_float(y[:80], dtype)
+    for batch in range(batches):
+        one = quant.QuantizedWeight(*(t[batch].contiguous() for t in (qw.weight, qw.scales, qw.biases)), "affine", 64, 4)
+        want = quant.quantized_matmul(x_tensor[:80], one).cast(dtypes.float32).numpy().astype(np.float64)
+        assert_rows_close(f"batch {batch}", got[picks[:80] == batch], want[picks[:80] == batch], TOL[dtype])
 
 
 def test_emulated_gathered_products_over_sorted_runs_take_a_tile_a_run_with_the_same_bits():

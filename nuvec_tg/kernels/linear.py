@@ -232,8 +232,8 @@ def unsupported(x_dtype: DType, w_dtype: DType, bias_dtype: DType | None, out_dt
 
 
 GEMV = Family("nuvec_gemv", ("pieces.h", "column_sums.h", "gemv.h"), unsupported, gemv_plan)
-GEMM = Family("nuvec_gemm", ("gemm.h",), unsupported, gemm_plan)
-GEMM_WGMMA = Family("nuvec_gemm_wgmma", ("wgmma_steps.h", "gemm_wgmma.h"), unsupported, wgmma_plan, backends=("cuda",), arch="sm_90a")
+GEMM = Family("nuvec_gemm", ("tile_rows.h", "gemm.h"), unsupported, gemm_plan)
+GEMM_WGMMA = Family("nuvec_gemm_wgmma", ("tile_rows.h", "wgmma_steps.h", "gemm_wgmma.h"), unsupported, wgmma_plan, backends=("cuda",), arch="sm_90a")
 
 
 def _params(out_dtype: DType, x_dtype: DType, w_dtype: DType, bias_dtype: DType | None) -> list[Param]:

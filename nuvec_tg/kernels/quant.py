@@ -618,7 +618,7 @@ def qmm_plan(rows: int, n: int) -> tuple[int, int]:
     return math.ceil(n / QMM_COLUMNS), math.ceil(rows / QMM_ROWS)
 
 
-QMM = Family("nuvec_qmm", ("quant_codes.h", "qmm.h"), qmm_unsupported, qmm_plan)
+QMM = Family("nuvec_qmm", ("tile_rows.h", "quant_codes.h", "qmm.h"), qmm_unsupported, qmm_plan)
 
 
 def product_route(x_dtype: DType, scales_dtype: DType, out_dtype: DType, rows: int, k: int, n: int, *, bits: int,
@@ -700,7 +700,7 @@ def qmm_wgmma_bytes(tiles: WgmmaTiles, bits: int) -> int:
     return tiles.stages * (tiles.rows * WGMMA_ROW_BYTES + tiles.columns * 8 * bits) + 2 * tiles.columns * WGMMA_ROW_BYTES + 1024
 
 
-QMM_WGMMA = Family("nuvec_qmm_wgmma", ("quant_codes.h", "wgmma_steps.h", "qmm_wgmma.h"), qmm_unsupported, qmm_wgmma_plan, backends=("cuda",),
+QMM_WGMMA = Family("nuvec_qmm_wgmma", ("tile_rows.h", "quant_codes.h", "wgmma_steps.h", "qmm_wgmma.h"), qmm_unsupported, qmm_wgmma_plan, backends=("cuda",),
                    arch="sm_90a")
 
 
@@ -768,7 +768,7 @@ def qmm_wgmma_rs_bytes(tiles: RegisterTiles, bits: int) -> int:
     return tiles.stages * (tiles.rows * WGMMA_ROW_BYTES + tiles.columns * 8 * bits) + 1024
 
 
-QMM_WGMMA_RS = Family("nuvec_qmm_wgmma_rs", ("quant_codes.h", "wgmma_steps.h", "qmm_wgmma_rs.h"), qmm_unsupported,
+QMM_WGMMA_RS = Family("nuvec_qmm_wgmma_rs", ("tile_rows.h", "quant_codes.h", "wgmma_steps.h", "qmm_wgmma_rs.h"), qmm_unsupported,
                       qmm_wgmma_rs_plan, backends=("cuda",), arch="sm_90a")
 
 
@@ -810,7 +810,7 @@ def qmm_wgmma_ws_plan(rows: int, n: int, multiprocessors: int | None = None) -> 
     return QMM_WGMMA_WS_LARGE
 
 
-QMM_WGMMA_WS = Family("nuvec_qmm_wgmma_ws", ("quant_codes.h", "wgmma_steps.h", "qmm_wgmma_ws.h"), qmm_unsupported,
+QMM_WGMMA_WS = Family("nuvec_qmm_wgmma_ws", ("tile_rows.h", "quant_codes.h", "wgmma_steps.h", "qmm_wgmma_ws.h"), qmm_unsupported,
                       qmm_wgmma_ws_plan, backends=("cuda",), arch="sm_90a")
 
 

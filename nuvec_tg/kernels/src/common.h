@@ -7,16 +7,6 @@ INLINE float merge_factor(float part_max, float merged_max) {
   return part_max == -INFINITY ? 0.0f : exp2(part_max - merged_max);
 }
 
-// Declares a tiled product's rows of x for this threadgroup, FIRST .. END: row tile INDEX (the
-// grid's axis of row tiles) of BM rows, or, gathered (GATHER), the tile table's (`tile_starts`:
-// kernels/quant.py's gather_tile_starts, at most BM rows, one weight batch's where the picks are
-// sorted). gemm.h, gemm_wgmma.h, qmm.h, qmm_wgmma.h, qmm_wgmma_rs.h.
-#if GATHER
-#define TILE_ROWS(FIRST, END, INDEX, M_SIZE) const int FIRST = tile_starts[INDEX], END = tile_starts[(INDEX) + 1];
-#else
-#define TILE_ROWS(FIRST, END, INDEX, M_SIZE) const int FIRST = (int)(INDEX) * BM, END = min(FIRST + BM, M_SIZE);
-#endif
-
 // SwiGLU's value silu(gate) * up as the composition rounds it: silu(g) = g / (1 + e^-g) rounded
 // to T, times up, rounded to T (the GLU products' loads of x: qmv.h, gemv.h).
 template <typename T> INLINE float swiglu_value(float gate, float up) {
@@ -31,14 +21,6 @@ template <typename T> INLINE float swiglu_value(float gate, float up) {
   const int ENTRY = (int)nv_group.y;                                  \
   const bool PICKED = picks[ENTRY] >= 0 && picks[ENTRY] < BATCHES;    \
   const long BATCH = PICKED ? picks[ENTRY] : 0;
-
-// The end of the run of rows from `start` (before `end`) whose picks are start's: the gathered
-// products' runs of one weight batch (GATHER in qmm.h, qmm_wgmma.h, gemm.h, gemm_wgmma.h).
-INLINE int pick_run_end(const DEVICE int* picks, int start, int end) {
-  int stop = start + 1;
-  while (stop < end && picks[stop] == picks[start]) stop++;
-  return stop;
-}
 
 // Two results of an output row, at columns `column` and `column + 1` of N = `n_size`, rounded into
 // `out` (the first one's place): one store where N is even (the pair is then aligned), else each

@@ -113,17 +113,9 @@ typedef MMA_INPUT(TX) TileT;
   const int w_r = thread_id % BN, half_index = thread_id / BN, w_row = n_first + w_r;
 
   for (int run_start = m_first; run_start < tile_end;) {
-#if GATHER
     // The tile's rows in runs of one weight batch (sorted picks: few runs); a pick outside the
     // batches reads no weights and gives zeros.
-    const int batch = picks[run_start], run_end = pick_run_end(picks, run_start, tile_end);
-    const bool batch_real = batch >= 0 && batch < ints[3];
-    const size_t first_w_row = (size_t)(batch_real ? batch : 0) * n_size;
-#else
-    const int run_end = tile_end;
-    const bool batch_real = true;
-    const size_t first_w_row = 0;
-#endif
+    QUANT_RUN(run_start, tile_end, n_size)
     const bool w_present = batch_real && w_row < n_size;
     // Where this thread's copies start (step 0), and whether it has them at all.
     const DEVICE TX* x_from[2];

@@ -110,16 +110,7 @@ INLINE void stage_chunk_words(const unsigned char* at, THREAD uint* words) {
   }
 
   for (int run_start = m_first; run_start < tile_end;) {
-#if GATHER
-    // The tile's rows in runs of one weight batch; a pick outside the batches reads no weights.
-    const int batch = picks[run_start], run_end = pick_run_end(picks, run_start, tile_end);
-    const bool batch_real = batch >= 0 && batch < ints[3];
-    const size_t first_w_row = (size_t)(batch_real ? batch : 0) * n_size;
-#else
-    const int run_end = tile_end;
-    const bool batch_real = true;
-    const size_t first_w_row = 0;
-#endif
+    QUANT_RUN(run_start, tile_end, n_size)  // the tile's rows in runs of one weight batch
     const DEVICE TX* x_from[X_COPIES];
     bool x_in[X_COPIES];
 #pragma unroll
@@ -200,22 +191,14 @@ INLINE void stage_chunk_words(const unsigned char* at, THREAD uint* words) {
         stage_chunk_words(stage + X_BYTES + unit_row[u] * WORD_ROW_BYTES + unit_chunk[u] * 4 * BITS, words);
 #pragma unroll
         for (int part = 0; part < 4; part++) {
-          float q[8];
-          decode_part(words, part, q);
           const int h = part * SCALES_PER_CHUNK / 4;  // the part's group of the chunk
-          const float scale = unit_in[u] ? group_scale(scale_raw[u][h]) : 0.0f;
 #if MODE == 0
-          scale_codes(q, 8, scale, unit_in[u] ? to_float(bias_raw[u][h]) : 0.0f);
+          const float bias = unit_in[u] ? to_float(bias_raw[u][h]) : 0.0f;
 #else
-          scale_codes(q, 8, scale, 0.0f);
+          const float bias = 0.0f;
 #endif
-          const int row = unit_row[u], at = 4 * unit_chunk[u] + part;  // the piece's place in the row
-          uint4 packed;
-          packed.x = pack_pair(q[0], q[1], TX());
-          packed.y = pack_pair(q[2], q[3], TX());
-          packed.z = pack_pair(q[4], q[5], TX());
-          packed.w = pack_pair(q[6], q[7], TX());
-          *(uint4*)(w_tile + row * ROW_BYTES + 16 * (at ^ (row % 8))) = packed;
+          store_tile_part<TX>(words, part, unit_in[u] ? group_scale(scale_raw[u][h]) : 0.0f, bias, w_tile, unit_row[u],
+                              4 * unit_chunk[u] + part);
         }
       }
       if (step + 1 < steps) LOAD_SCALES(step + 1)

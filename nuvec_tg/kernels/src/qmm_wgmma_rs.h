@@ -170,16 +170,7 @@ INLINE void hold_fragment(uint (*a)[4]) {
   }
 
   for (int run_start = m_first; run_start < tile_end;) {
-#if GATHER
-    // The tile's rows in runs of one weight batch; a pick outside the batches reads no weights.
-    const int batch = picks[run_start], run_end = pick_run_end(picks, run_start, tile_end);
-    const bool batch_real = batch >= 0 && batch < ints[3];
-    const size_t first_w_row = (size_t)(batch_real ? batch : 0) * n_size;
-#else
-    const int run_end = tile_end;
-    const bool batch_real = true;
-    const size_t first_w_row = 0;
-#endif
+    QUANT_RUN(run_start, tile_end, n_size)  // the tile's rows in runs of one weight batch
     // The x rows this thread copies (m_first + first_row + X_ROWS_A_PASS * c) that are in the run,
     // as bits; the rows' addresses are computed at each copy (a pointer each would take registers).
     uint x_in = 0;

@@ -126,15 +126,7 @@ struct StepWords {
     const int piece = producer % 8, first_row = producer / 8;
     const int swizzled_piece = 16 * (piece ^ (first_row % 8));
     for (int run_start = m_first; run_start < tile_end;) {
-#if GATHER
-      const int batch = picks[run_start], run_end = pick_run_end(picks, run_start, tile_end);
-      const bool batch_real = batch >= 0 && batch < ints[3];
-      const size_t first_w_row = (size_t)(batch_real ? batch : 0) * n_size;
-#else
-      const int run_end = tile_end;
-      const bool batch_real = true;
-      const size_t first_w_row = 0;
-#endif
+      QUANT_RUN(run_start, tile_end, n_size)  // the tile's rows in runs of one weight batch
       const DEVICE TX* x_from[X_COPIES];
       bool x_in[X_COPIES];
 #pragma unroll
@@ -206,22 +198,14 @@ struct StepWords {
           for (int c = 0; c < 2; c++) {
 #pragma unroll
             for (int part = 0; part < 4; part++) {
-              float q[8];
-              decode_part(now.words[r][c], part, q);
               const int h = part * SCALES_PER_CHUNK / 4;  // the part's group of the chunk
-              const float scale = row_in[r] ? group_scale(now.scales[r][c][h]) : 0.0f;
 #if MODE == 0
-              scale_codes(q, 8, scale, row_in[r] ? to_float(now.biases[r][c][h]) : 0.0f);
+              const float bias = row_in[r] ? to_float(now.biases[r][c][h]) : 0.0f;
 #else
-              scale_codes(q, 8, scale, 0.0f);
+              const float bias = 0.0f;
 #endif
-              const int at = 4 * c + part;  // the piece's place in the row
-              uint4 packed;
-              packed.x = pack_pair(q[0], q[1], TX());
-              packed.y = pack_pair(q[2], q[3], TX());
-              packed.z = pack_pair(q[4], q[5], TX());
-              packed.w = pack_pair(q[6], q[7], TX());
-              *(uint4*)(w_tile + row * ROW_BYTES + 16 * (at ^ (row % 8))) = packed;
+              store_tile_part<TX>(now.words[r][c], part, row_in[r] ? group_scale(now.scales[r][c][h]) : 0.0f, bias, w_tile, row,
+                                  4 * c + part);
             }
           }
         }

@@ -115,6 +115,24 @@ INLINE void scale_codes(THREAD float* q, int count, float scale, float bias) {
 #endif
 }
 
+// Codes 8 * part .. 8 * part + 7 of a chunk (`words`: its BITS words) as weights of type T
+// (`scale_codes`' single rounding, then to T), stored as the 16-byte piece `at` of row `row` of a
+// tile of 128-byte rows swizzled as Hopper's tensor cores read them (piece at ^ row % 8): the
+// kernels that dequantize into a threadgroup tile for the warpgroup products (qmm_wgmma.h,
+// qmm_wgmma_ws.h). A scale of 0 (and bias 0) writes zeros, for a weight row that is out.
+template <typename T>
+INLINE void store_tile_part(const THREAD uint* words, int part, float scale, float bias, THREADGROUP_PTR uchar* tile, int row, int at) {
+  float q[8];
+  decode_part(words, part, q);
+  scale_codes(q, 8, scale, bias);
+  uint4 packed;
+  packed.x = pack_pair(q[0], q[1], T());
+  packed.y = pack_pair(q[2], q[3], T());
+  packed.z = pack_pair(q[4], q[5], T());
+  packed.w = pack_pair(q[6], q[7], T());
+  *(THREADGROUP_PTR uint4*)(tile + row * 128 + 16 * (at ^ (row % 8))) = packed;
+}
+
 // A chunk's BITS words from `at` (LOAD_WORDS-aligned); a half chunk reads only its first half.
 INLINE void load_chunk_words(const DEVICE uint* at, bool half_chunk, THREAD uint* words) {
   #pragma unroll
