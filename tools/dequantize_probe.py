@@ -114,7 +114,7 @@ def clock_parts(args, shapes: list[qk.RegisterTiles]) -> None:
     print()
 
 
-GATHERED_TILES = (qk.QMM_WGMMA_SMALL, qk.QMM_WGMMA_LARGE, qk.QMM_WGMMA_RS_SMALL, qk.RegisterTiles(128, 2, 4), qk.ProducerTiles(1, 256, 4),
+GATHERED_TILES = (qk.QMM_WGMMA_SMALL, qk.QMM_WGMMA_LARGE, qk.QMM_WGMMA_RS_SMALL, qk.RegisterTiles(128, 2, 4), qk.QMM_WGMMA_WS_SMALL,
                   qk.ProducerTiles(2, 256, 4), qk.ProducerTiles(2, 128, 4))
 
 

@@ -750,11 +750,15 @@ def qmm_wgmma_rs_plan(rows: int, n: int, multiprocessors: int | None = None) -> 
 
 
 def qmm_hopper_tiles(rows: int, n: int, bits: int, multiprocessors: int | None = None, batches: int = 0):
-    """qmm's tiles on Hopper (`takes_qmm_wgmma`), whose kind picks the kernel: RegisterTiles
-    (qmm_wgmma_rs) where `takes_qmm_wgmma_rs`, else WgmmaTiles (qmm_wgmma), by their plans. Gathered
+    """qmm's tiles on Hopper (`takes_qmm_wgmma`), whose kind picks the kernel: ProducerTiles
+    (qmm_wgmma_ws) once QMM_WGMMA_WS_ROUTED, else RegisterTiles (qmm_wgmma_rs) where
+    `takes_qmm_wgmma_rs`, else WgmmaTiles (qmm_wgmma), by their plans. Gathered
     over `batches` weight batches: tiles of `gathered_tile_rows` rows, 64 as QMM_WGMMA_RS_SMALL (or
     QMM_WGMMA_SMALL), 128 as QMM_WGMMA_LARGE (the register kernel's gathered 128-row tiles are not
     yet timed: `tools/dequantize_probe.py --moe`). All give the same bits."""
+    if QMM_WGMMA_WS_ROUTED:
+        if batches: return QMM_WGMMA_WS_LARGE if gathered_tile_rows(rows, batches) == 128 else QMM_WGMMA_WS_SMALL
+        return qmm_wgmma_ws_plan(rows, n, multiprocessors)
     register = takes_qmm_wgmma_rs(bits)
     if batches:
         if gathered_tile_rows(rows, batches) == 128: return QMM_WGMMA_LARGE
@@ -793,9 +797,11 @@ def qmm_wgmma_rs_program(x_dtype: DType, scales_dtype: DType, out_dtype: DType, 
 # products, so the decoding runs under the tensor cores' work. Every width and mode; the same bits
 # as qmm_wgmma. Not routed until timed (`tools/dequantize_probe.py --ws-sweep`).
 QMM_WGMMA_WS_ROUTED = False
+QMM_WGMMA_WS_SMALL = ProducerTiles(1, 256, 4, producers=2)
 QMM_WGMMA_WS_LARGE = ProducerTiles(2, 256, 4)
-QMM_WGMMA_WS_SHAPES = (QMM_WGMMA_WS_LARGE, ProducerTiles(2, 256, 3), ProducerTiles(2, 128, 4),
-                       ProducerTiles(2, 128, 6), ProducerTiles(1, 256, 4), ProducerTiles(1, 256, 4, 2), ProducerTiles(1, 128, 6))
+QMM_WGMMA_WS_NARROW = ProducerTiles(2, 128, 4)  # where 128 x 256 tiles' waves cost more (`wgmma_tiles`)
+QMM_WGMMA_WS_SHAPES = (QMM_WGMMA_WS_LARGE, ProducerTiles(2, 256, 3), QMM_WGMMA_WS_NARROW,
+                       ProducerTiles(2, 128, 6), ProducerTiles(1, 256, 4), QMM_WGMMA_WS_SMALL, ProducerTiles(1, 128, 6))
 
 
 def qmm_wgmma_ws_bytes(tiles: ProducerTiles, bits: int = 0) -> int:
@@ -805,9 +811,10 @@ def qmm_wgmma_ws_bytes(tiles: ProducerTiles, bits: int = 0) -> int:
 
 
 def qmm_wgmma_ws_plan(rows: int, n: int, multiprocessors: int | None = None) -> ProducerTiles:
-    """qmm_wgmma_ws's tiles for M rows and N columns: QMM_WGMMA_WS_LARGE (not yet swept). Any shape
-    gives the same bits."""
-    return QMM_WGMMA_WS_LARGE
+    """qmm_wgmma_ws's tiles for M rows and N columns: QMM_WGMMA_WS_SMALL up to 64 rows, else
+    QMM_WGMMA_WS_LARGE or QMM_WGMMA_WS_NARROW, whichever's waves cost less (`wgmma_tiles`, as
+    qmm_wgmma's plan). Any shape gives the same bits."""
+    return wgmma_tiles(rows, n, multiprocessors, QMM_WGMMA_WS_SMALL, (QMM_WGMMA_WS_LARGE, QMM_WGMMA_WS_NARROW), 64)
 
 
 QMM_WGMMA_WS = Family("nuvec_qmm_wgmma_ws", ("tile_rows.h", "quant_codes.h", "wgmma_steps.h", "qmm_wgmma_ws.h"), qmm_unsupported,
