@@ -8,8 +8,7 @@
 // by all BN columns in its registers) in steps of BK = 64 along K, and do nothing else. The producer
 // feeds them through STAGES buffers, each the step's x tile (BM x 64) and its dequantized w tile (BN
 // x 64), both swizzled 128-byte rows as the tensor cores read them (the prelude's layout):
-// - x by asynchronous copies (cp.async), AHEAD = STAGES - 1 steps ahead (a buffer's copies wait
-//   only for the products of the step before, retired while the producer decoded);
+// - x by asynchronous copies (cp.async), AHEAD = STAGES - 2 steps ahead;
 // - w's packed words and scales by loads into the producer's registers, two steps ahead where a
 //   thread's rows take at most 8 words a chunk (WORDS_AHEAD; else the step after the one decoding),
 //   each thread BN / (128 * PRODUCERS) weight rows, decoded (scale · code + bias, or the floating-point
@@ -51,7 +50,7 @@
 #define ROW_BYTES 128                              // a tile row: BK 16-bit elements
 #define X_BYTES (BM * ROW_BYTES)                   // a buffer's x tile, then ...
 #define STAGE_BYTES (X_BYTES + BN * ROW_BYTES)     // ... its w tile
-#define AHEAD (STAGES - 1)                         // steps whose x copies are in flight
+#define AHEAD (STAGES - 2)                         // steps whose x copies are in flight
 #define X_ROWS_A_PASS (PRODUCER_THREADS / 8)       // x rows copied at once (8 pieces a row)
 #define X_COPIES (BM / X_ROWS_A_PASS)
 #define W_ROWS (BN / PRODUCER_THREADS)             // weight rows a producer thread decodes
@@ -182,47 +181,45 @@ struct StepWords {
         if (ahead < steps) COPY_X(g + ahead, ahead)
         async_commit();
       }
-// Run step STEP (global step g) from the words and scales in WORDS: its x copies waited for, its
-// weights decoded into its buffer's w tile (row r's chunk c as four 16-byte pieces of 8 codes), the
-// buffer announced; then WORDS refilled with step STEP + WORDS_AHEAD's and step STEP + AHEAD's x
-// copies issued (so each load and copy has a step or more to land).
-#if MODE == 0
-#define PART_BIAS(WORDS, R, C, H) (row_in[R] ? to_float(WORDS.biases[R][C][H]) : 0.0f)
-#else
-#define PART_BIAS(WORDS, R, C, H) 0.0f
-#endif
-#define PRODUCE_STEP(WORDS, STEP)                                                                     \
-  {                                                                                                   \
-    async_wait(AHEAD - 1);                                                                            \
-    unsigned char* w_tile = stages + (g % STAGES) * STAGE_BYTES + X_BYTES;                            \
-    _Pragma("unroll") for (int r = 0; r < W_ROWS; r++)                                                \
-      _Pragma("unroll") for (int c = 0; c < 2; c++)                                                   \
-        _Pragma("unroll") for (int part = 0; part < 4; part++) {                                      \
-          const int h = part * SCALES_PER_CHUNK / 4;  /* the part's group of the chunk */             \
-          store_tile_part<TX>(WORDS.words[r][c], part, row_in[r] ? group_scale(WORDS.scales[r][c][h]) : 0.0f, \
-                              PART_BIAS(WORDS, r, c, h), w_tile, producer + PRODUCER_THREADS * r, 4 * c + part); \
-        }                                                                                             \
-    async_proxy_fence();  /* the copies and the stores visible to the tensor cores */                 \
-    stage_arrive(&full[g % STAGES]);                                                                  \
-    if ((STEP) + WORDS_AHEAD < steps) LOAD_STEP(WORDS, (STEP) + WORDS_AHEAD)                          \
-    if ((STEP) + AHEAD < steps) COPY_X(g + AHEAD, (STEP) + AHEAD)                                     \
-    async_commit();                                                                                   \
-    g++;                                                                                              \
-  }
-
-      StepWords words_a;
-      LOAD_STEP(words_a, 0)
+      StepWords now;
+      LOAD_STEP(now, 0)
 #if WORDS_AHEAD == 2
-      // Two sets of words in turn, so that neither is copied: steps in pairs.
-      StepWords words_b;
-      if (steps > 1) LOAD_STEP(words_b, 1)
-      for (int step = 0; step < steps; step += 2) {
-        PRODUCE_STEP(words_a, step)
-        if (step + 1 < steps) PRODUCE_STEP(words_b, step + 1)
-      }
-#else
-      for (int step = 0; step < steps; step++) PRODUCE_STEP(words_a, step)
+      StepWords next;
+      if (steps > 1) LOAD_STEP(next, 1)
 #endif
+      for (int step = 0; step < steps; step++, g++) {
+        async_wait(AHEAD - 1);  // this thread's copies of the step are done
+        unsigned char* w_tile = stages + (g % STAGES) * STAGE_BYTES + X_BYTES;
+        // The step's weights into the w tile: row r's chunk c as four 16-byte pieces of 8 codes.
+#pragma unroll
+        for (int r = 0; r < W_ROWS; r++) {
+          const int row = producer + PRODUCER_THREADS * r;
+#pragma unroll
+          for (int c = 0; c < 2; c++) {
+#pragma unroll
+            for (int part = 0; part < 4; part++) {
+              const int h = part * SCALES_PER_CHUNK / 4;  // the part's group of the chunk
+#if MODE == 0
+              const float bias = row_in[r] ? to_float(now.biases[r][c][h]) : 0.0f;
+#else
+              const float bias = 0.0f;
+#endif
+              store_tile_part<TX>(now.words[r][c], part, row_in[r] ? group_scale(now.scales[r][c][h]) : 0.0f, bias, w_tile, row,
+                                  4 * c + part);
+            }
+          }
+        }
+        async_proxy_fence();  // the copies and the stores visible to the tensor cores
+        stage_arrive(&full[g % STAGES]);
+#if WORDS_AHEAD == 2
+        now = next;
+        if (step + 2 < steps) LOAD_STEP(next, step + 2)
+#else
+        if (step + 1 < steps) LOAD_STEP(now, step + 1)
+#endif
+        if (step + AHEAD < steps) COPY_X(g + AHEAD, step + AHEAD)
+        async_commit();
+      }
       async_wait(0);  // only empty groups are left: none outlives the run
       run_start = run_end;
     }
