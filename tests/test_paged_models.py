@@ -28,16 +28,18 @@ def served(engine: models.Engine, *made: list[tuple[int, int]]) -> dict[int, lis
 
 @pytest.mark.parametrize("name", ["qwen3", "qwen3_5", "gpt_oss"])
 def test_interleaved_prefills_and_batched_decode_give_transformers_tokens_and_logits(name):
-    """Prompts of 5 and 11 tokens in chunks of 4: the second's prefill runs between the first's
-    decode steps, then both decode in one batch; each token and its logits are transformers'
-    (`sequence_logits_1` is the 11-token prompt followed by its greedy tokens)."""
+    """Prompts of 5 and 11 tokens in chunks of 4 (the remainders in powers of two: 4 + 1, and 4 + 4 +
+    2 + 1): the second's prefill runs between the first's decode steps, then both decode in one
+    batch; each token and its logits are transformers' (`sequence_logits_1` is the 11-token prompt
+    followed by its greedy tokens)."""
     ref, m = reference(name), model(name)
     engine = models.Engine(m, max_sequences=4, max_length=64, prefill_chunk=4)
     short = engine.submit(ref["prompt_0"].tolist(), max_tokens=8, stop_tokens=())
     long = engine.submit(ref["prompt_1"].tolist(), max_tokens=8, stop_tokens=(), keep_logits=True)
-    first_steps = [engine.step() for _ in range(5)]
-    # the short prompt is in after two chunks and decodes while the long one's three chunks run
-    assert [[r for r, _ in made] for made in first_steps] == [[], [short], [short], [short], [short, long]]
+    first_steps = [engine.step() for _ in range(6)]
+    # the short prompt is in after two chunks and decodes while the long one's four chunks run
+    assert [[r for r, _ in made] for made in first_steps] == [[], [short], [short], [short], [short], [short, long]]
+    assert sorted(engine.prefills) == [(1, True), (2, False), (4, False)]
     tokens = served(engine, *first_steps)
     np.testing.assert_array_equal(tokens[short], ref["greedy_0"])
     np.testing.assert_array_equal(tokens[long], ref["greedy_1"])
@@ -48,15 +50,15 @@ def test_interleaved_prefills_and_batched_decode_give_transformers_tokens_and_lo
 
 
 def test_requests_wait_for_blocks_and_slots_and_join_a_running_batch():
-    """Blocks for three of four requests (of 4 positions, 10 in all): the fourth waits with a slot
-    free until two finish and give their blocks back, then joins the one still decoding; three
+    """Blocks for three of four requests (of 4 positions, 9 in all): the fourth waits with a slot
+    free until one finishes and gives its blocks back, then joins those still decoding; three
     decode at once in a bucket of four (an idle row). With one slot, a second request waits for
     it. Every request's tokens are transformers' for its prompt alone; a request that could never
     fit is refused at submit."""
     ref, m = reference("qwen3"), model("qwen3")
     p0, p1, g0, g1 = ref["prompt_0"].tolist(), ref["prompt_1"].tolist(), ref["greedy_0"], ref["greedy_1"]
-    wants = [(p0, g0[:4]), (p1, g1), (p1, g1[:2]), (p0, g0)]              # 2, 5, 3 and 3 blocks
-    engine = models.Engine(m, max_sequences=4, max_length=32, block_size=4, blocks=10, prefill_chunk=16)
+    wants = [(p0, g0), (p0, g0), (p1, g1[:2]), (p0, g0[:4])]              # 3, 3, 3 and 2 blocks
+    engine = models.Engine(m, max_sequences=4, max_length=32, block_size=4, blocks=9, prefill_chunk=16)
     ids = [engine.submit(p, max_tokens=len(w), stop_tokens=()) for p, w in wants]
     made = engine.step()
     assert [r.id for r in engine.waiting] == ids[3:] and engine.cache.free_slots and not engine.cache.free_blocks
@@ -99,6 +101,27 @@ def test_sampled_requests_repeat_their_seed_and_greedy_ones_stay_greedy():
         runs.append(tokens[sampled])
         assert (2, False) in engine.steps
     assert runs[0] == runs[1] and len(runs[0]) == 6
+
+
+def test_prompts_of_any_length_prefill_through_a_few_fixed_chunk_lengths():
+    """A serving engine meets a new prompt length with nearly every request: its prefill chunks
+    take `prefill_chunk` rows or a power of two below it, so the jitted prefills are at most two
+    per length of that set (last chunk or not) and every one is kept: prompts of 1 to 12 tokens
+    in chunks of 8 make no jit beyond them, and a second round over the same lengths none at all."""
+    assert [models.paged.chunk_rows(r, 8) for r in (1, 2, 3, 7, 8, 9, 300)] == [1, 2, 2, 4, 8, 8, 8]
+    assert [models.paged.chunk_rows(r, 300) for r in (299, 300, 301)] == [256, 300, 300]
+    ref, m = reference("qwen3"), model("qwen3")
+    engine = models.Engine(m, max_sequences=2, max_length=32, prefill_chunk=8)
+    prompt = ref["prompt_1"].tolist() + ref["prompt_0"].tolist()
+    for length in range(1, 13):
+        engine.submit(prompt[:length], max_tokens=1, stop_tokens=())
+    served(engine)
+    made = dict(engine.prefills)
+    assert set(made) <= {(rows, last) for rows in (1, 2, 4, 8) for last in (True, False)}
+    for length in range(1, 13):
+        engine.submit(prompt[:length], max_tokens=1, stop_tokens=())
+    served(engine)
+    assert all(engine.prefills[key] is jit for key, jit in made.items()) and set(engine.prefills) == set(made)
 
 
 def test_engine_arguments_are_checked():

@@ -361,15 +361,15 @@ class Model:
         return cache
 
 
-def recent_jit(jits: dict, key: tuple, make: Callable[[], Callable]) -> TinyJit:
+def recent_jit(jits: dict, key: tuple, make: Callable[[], Callable], keep: int = PREFILL_JITS) -> TinyJit:
     """`jits[key]`, else a TinyJit of `make()` captured on its first call (a prefill's: run eagerly,
     tinygrad schedules its hundreds of kernels again every call, which bounds it by the host,
-    `benchmarks/models_h200.md`). `jits` keeps the PREFILL_JITS most recently used: each holds its
+    `benchmarks/models_h200.md`). `jits` keeps the `keep` most recently used: each holds its
     intermediate buffers."""
     if (jit := jits.pop(key, None)) is None:
         jit = TinyJit(make())
         jit.cnt = 1   # TinyJit runs a first call eagerly and captures the second
-        for old in list(jits)[:max(0, len(jits) - PREFILL_JITS + 1)]: del jits[old]
+        for old in list(jits)[:max(0, len(jits) - keep + 1)]: del jits[old]
     jits[key] = jit   # most recent last
     return jit
 

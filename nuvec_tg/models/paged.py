@@ -22,7 +22,11 @@ while slots and blocks last; runs one decode step for every sequence whose promp
 token each, batched, at each sequence's own position and length); then one chunk of at most
 `prefill_chunk` prompt tokens of the oldest admitted request still prefilling (whose last chunk
 gives its first token, after which it decodes with the others). A long prompt thus delays the
-running sequences by one chunk a step, not by its whole prefill. The decode step is jitted once
+running sequences by one chunk a step, not by its whole prefill. A chunk is `prefill_chunk`
+tokens, or a prompt's remainder in powers of two (300 tokens: 256, 32, 8 and 4), so that the
+jitted prefills are a fixed few whatever the prompts' lengths: one jit per chunk length would
+compile again for every new length (about 2 s on an H100 for Qwen3-8B; requests of 8 different
+lengths waited 13 s for their first tokens). The decode step is jitted once
 per batch bucket (1, 2, 4, ... up to `max_sequences`): a bucket's idle rows write nowhere (slot
 -1) and read a zero state, and no row's result depends on another's. Greedy requests take their
 argmax on the device; if any running request samples, the step returns logits and each request
@@ -129,6 +133,13 @@ class Request:
         return self.prefilled + max(len(self.tokens) - 1, 0)
 
 
+def chunk_rows(remaining: int, chunk: int) -> int:
+    """The rows of a prompt's next prefill chunk, `remaining` tokens left: `chunk`, or the largest
+    power of two up to `remaining` below it, so that a prompt of any length prefills in chunks of
+    a few fixed lengths (each a jit)."""
+    return chunk if remaining >= chunk else 1 << (remaining.bit_length() - 1)
+
+
 class Engine:
     """Continuous batching over a `PagedCache` (see the module's docstring).
 
@@ -206,8 +217,8 @@ class Engine:
     def _prefill(self, request: Request) -> list[tuple[int, int]]:
         """One chunk of `request`'s prompt; the last gives its first token."""
         start = request.prefilled
-        chunk = request.prompt[start:start + self.prefill_chunk]
-        rows = len(chunk)
+        rows = chunk_rows(len(request.prompt) - start, self.prefill_chunk)
+        chunk = request.prompt[start:start + rows]
         cache = self.cache
         meta = np.zeros((1, 3 + rows + cache.table_blocks), np.int32)
         meta[0, :3] = (start, start + rows, request.slot)
@@ -261,7 +272,7 @@ class Engine:
         meta [1, 3 + rows + M])` to the last row's logits `[1, 1, vocab]` (`last`: the prompt's last
         chunk) or its hidden state; meta's columns are the chunk's start, the length after it and
         the request's state row, then each row's pool slot, then its block table (`recent_jit`: one
-        per chunk length, the full chunk's and the prompts' remainders)."""
+        per chunk length, the full chunk's and the powers of two below it, `chunk_rows`, each kept)."""
         def make() -> Callable[[Tensor, Tensor], Tensor]:
             def step(tokens: Tensor, meta: Tensor) -> Tensor:
                 start, length, sequence = (meta[:, i].contiguous() for i in range(3))
@@ -272,7 +283,7 @@ class Engine:
                 out = self.model._logits(hidden[:, -1:]) if last else hidden[:, -1:]
                 return out.realize(*self.cache.buffers())
             return step
-        return recent_jit(self.prefills, (rows, last), make)
+        return recent_jit(self.prefills, (rows, last), make, keep=2 * (self.prefill_chunk.bit_length() + 1))
 
     def _step(self, bucket: int, greedy: bool) -> TinyJit:
         """The jitted decode step of `bucket` rows: `(tokens [bucket, 1], meta [bucket, 4 + M])`
