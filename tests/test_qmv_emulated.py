@@ -370,40 +370,37 @@ QMM_WGMMA_RS_CASES = [("affine", 64, 4, dtypes.bfloat16), ("affine", 32, 2, dtyp
                       ("mxfp4", 32, 4, dtypes.bfloat16), ("mxfp8", 32, 8, dtypes.float16), ("nvfp4", 16, 4, dtypes.bfloat16)]
 
 
-@pytest.mark.parametrize("mode, group, bits, dtype", QMM_WGMMA_RS_CASES, ids=str)
-def test_emulated_qmm_wgmma_rs_equals_qmm_wgmma(mode, group, bits, dtype):
-    """qmm_wgmma_rs (weights dequantized into the A registers, the product as its transpose) at M = 70
-    (past a 64-row tile of x), N = 267 (past two 128-row tiles of weights, odd), K = 192 (three
-    steps; 256 for groups of 128): within tolerance of the composition and, the same rounded weights
-    summed in the same order, qmm_wgmma's bits in both of its tile shapes."""
-    rng = np.random.default_rng(0x9BF)
+def check_the_other_forms_give_qmm_wgmmas_bits(seed: int, mode: str, group: int, bits: int, dtype, name: str, tiles) -> None:
+    """M = 70 (past a 64-row tile), N = 267 (past 128- and 256-wide tiles, odd), K = 192 (three
+    steps; 256 for groups of 128): the first of `tiles` (kernel `name`) within tolerance of the
+    composition, and every one of them, the same rounded weights summed in the same order, with
+    qmm_wgmma's bits."""
+    rng = np.random.default_rng(seed)
     n, k = 267, 256 if group == 128 else 192
     qw = quantized(random(rng, (n, k), dtype, "CPU")[0], mode, group, bits)
     x_tensor = random(rng, (70, k), dtype, "CPU")[0].realize()
     want = quant.quantized_matmul(x_tensor, qw).cast(dtypes.float32).numpy().astype(np.float64)
-    got = emulated_qmm_wgmma(raw(x_tensor), qw, dtype, qmv.QMM_WGMMA_RS_SMALL)
-    check_rows("qmm_wgmma_rs", got, want, dtype)
+    got = emulated_qmm_wgmma(raw(x_tensor), qw, dtype, tiles[0])
+    check_rows(name, got, want, dtype)
     np.testing.assert_array_equal(got, emulated_qmm_wgmma(raw(x_tensor), qw, dtype, qmv.QMM_WGMMA_SMALL))
-    np.testing.assert_array_equal(got, emulated_qmm_wgmma(raw(x_tensor), qw, dtype, qmv.RegisterTiles(128, 1, 3)))
+    for other in tiles[1:]: np.testing.assert_array_equal(got, emulated_qmm_wgmma(raw(x_tensor), qw, dtype, other), err_msg=str(other))
+
+
+@pytest.mark.parametrize("mode, group, bits, dtype", QMM_WGMMA_RS_CASES, ids=str)
+def test_emulated_qmm_wgmma_rs_equals_qmm_wgmma(mode, group, bits, dtype):
+    """qmm_wgmma_rs (weights dequantized into the A registers, the product as its transpose), one
+    warpgroup of 64 weight rows or two."""
+    check_the_other_forms_give_qmm_wgmmas_bits(0x9BF, mode, group, bits, dtype, "qmm_wgmma_rs",
+                                               (qmv.QMM_WGMMA_RS_SMALL, qmv.RegisterTiles(128, 1, 3)))
 
 
 @pytest.mark.parametrize("mode, group, bits, dtype", QMM_WGMMA_CASES, ids=str)
 def test_emulated_qmm_wgmma_ws_equals_qmm_wgmma(mode, group, bits, dtype):
-    """qmm_wgmma_ws (a producer warpgroup decodes, the consumers only multiply) at M = 70, N = 267
-    (a partial 256-column tile, and two 128-column tiles and a partial one), K = 192 (three steps,
-    past the 3 buffers of the 128 x 128 shape: its buffers wrap; 256 for groups of 128), every width
-    and mode (words two steps ahead and one), one producer warpgroup and two: within tolerance of the
-    composition and qmm_wgmma's bits in every tile shape."""
-    rng = np.random.default_rng(0x9C0)
-    n, k = 267, 256 if group == 128 else 192
-    qw = quantized(random(rng, (n, k), dtype, "CPU")[0], mode, group, bits)
-    x_tensor = random(rng, (70, k), dtype, "CPU")[0].realize()
-    want = quant.quantized_matmul(x_tensor, qw).cast(dtypes.float32).numpy().astype(np.float64)
-    got = emulated_qmm_wgmma(raw(x_tensor), qw, dtype, qmv.QMM_WGMMA_WS_LARGE)
-    check_rows("qmm_wgmma_ws", got, want, dtype)
-    np.testing.assert_array_equal(got, emulated_qmm_wgmma(raw(x_tensor), qw, dtype, qmv.QMM_WGMMA_SMALL))
-    np.testing.assert_array_equal(got, emulated_qmm_wgmma(raw(x_tensor), qw, dtype, qmv.ProducerTiles(1, 128, 3)))
-    np.testing.assert_array_equal(got, emulated_qmm_wgmma(raw(x_tensor), qw, dtype, qmv.ProducerTiles(1, 256, 4, producers=2)))
+    """qmm_wgmma_ws (a producer warpgroup decodes, the consumers only multiply), every width and
+    mode (words two steps ahead and one), one producer warpgroup and two, 3 buffers over 3 steps
+    (128 x 128: the buffers wrap)."""
+    check_the_other_forms_give_qmm_wgmmas_bits(0x9C0, mode, group, bits, dtype, "qmm_wgmma_ws",
+                                               (qmv.QMM_WGMMA_WS_LARGE, qmv.ProducerTiles(1, 128, 3), qmv.QMM_WGMMA_WS_SMALL))
 
 
 def emulated_gathered_check(tiles, unsorted: bool = True) -> np.ndarray:

@@ -113,12 +113,7 @@ INLINE void stage_chunk_words(const unsigned char* at, THREAD uint* words) {
     QUANT_RUN(run_start, tile_end, n_size)  // the tile's rows in runs of one weight batch
     const DEVICE TX* x_from[X_COPIES];
     bool x_in[X_COPIES];
-#pragma unroll
-    for (int c = 0; c < X_COPIES; c++) {
-      const int row = m_first + first_row + X_ROWS_A_PASS * c;
-      x_in[c] = row >= run_start && row < run_end;
-      x_from[c] = x + (size_t)(x_in[c] ? row : 0) * k_size + 8 * piece;
-    }
+    x_copy_sources<X_COPIES>(x, m_first, first_row, X_ROWS_A_PASS, piece, run_start, run_end, k_size, x_from, x_in);
     const DEVICE uint* w_from[WORD_COPIES];
     bool w_in[WORD_COPIES];
     int w_to[WORD_COPIES];

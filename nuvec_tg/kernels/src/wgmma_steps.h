@@ -1,4 +1,4 @@
-// Helpers of the kernels on Hopper's warpgroup products (gemm_wgmma.h, qmm_wgmma.h, qmm_wgmma_rs.h), over the
+// Helpers of the kernels on Hopper's warpgroup products (gemm_wgmma.h, qmm_wgmma.h, qmm_wgmma_rs.h, qmm_wgmma_ws.h), over the
 // prelude's wgmma vocabulary: a warpgroup's steps of 64 k, and its accumulators written out.
 
 // The head of a pipelined step: this thread's copies of the step are done (at most PENDING later
@@ -9,6 +9,20 @@ template <int PENDING> INLINE void wgmma_stage_ready() {
   async_wait(PENDING);
   async_proxy_fence();
   threadgroup_barrier();
+}
+
+// Where a thread's x copies of a run come from (qmm_wgmma.h, qmm_wgmma_ws.h): tile rows first_row +
+// rows_a_pass * c of the tile starting at m_first, piece `piece` (8 elements) of each, `in[c]`
+// where the row is in the run (else row 0, read by nothing: its copies write zeros).
+template <int COPIES, typename T>
+INLINE void x_copy_sources(const DEVICE T* x, int m_first, int first_row, int rows_a_pass, int piece, int run_start, int run_end,
+                           int k_size, const DEVICE T** from, bool* in) {
+#pragma unroll
+  for (int c = 0; c < COPIES; c++) {
+    const int row = m_first + first_row + rows_a_pass * c;
+    in[c] = row >= run_start && row < run_end;
+    from[c] = x + (size_t)(in[c] ? row : 0) * k_size + 8 * piece;
+  }
 }
 
 // One step: A (the warpgroup's 64 rows of 64 k at `a_tile`) times B (N rows of 64 k at `b_tile`,
