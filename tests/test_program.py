@@ -116,7 +116,7 @@ def test_a_family_of_its_own_architecture_says_so_in_its_cuda_programs():
     finally:
         FAMILIES.pop()   # the test's own family
     wgmma = {f.stem: f for f in FAMILIES if f.arch == "sm_90a"}
-    assert set(wgmma) == {"nuvec_gemm_wgmma", "nuvec_qmm_wgmma", "nuvec_qmm_wgmma_rs", "nuvec_sdpa_prefill_wgmma"} and all(f.backends == ("cuda",) for f in wgmma.values())
+    assert set(wgmma) == {"nuvec_gemm_wgmma", "nuvec_qmm_wgmma", "nuvec_qmm_wgmma_rs", "nuvec_qmm_wgmma_ws", "nuvec_sdpa_prefill_wgmma"} and all(f.backends == ("cuda",) for f in wgmma.values())
 
 
 def test_every_family_is_registered_once():

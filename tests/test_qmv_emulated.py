@@ -394,10 +394,14 @@ def test_emulated_qmm_wgmma_rs_equals_qmm_wgmma(mode, group, bits, dtype):
                                                (qmv.QMM_WGMMA_RS_SMALL, qmv.RegisterTiles(128, 1, 3)))
 
 
-@pytest.mark.parametrize("mode, group, bits, dtype", QMM_WGMMA_CASES, ids=str)
+# qmm_wgmma_ws's cases: words two steps ahead (4 bits) and one (8), odd words (3 bits), each mode
+QMM_WGMMA_WS_CASES = [case for case in QMM_WGMMA_CASES if case[:3] not in (("affine", 128, 8), ("affine", 32, 6))]
+
+
+@pytest.mark.parametrize("mode, group, bits, dtype", QMM_WGMMA_WS_CASES, ids=str)
 def test_emulated_qmm_wgmma_ws_equals_qmm_wgmma(mode, group, bits, dtype):
-    """qmm_wgmma_ws (a producer warpgroup decodes, the consumers only multiply), every width and
-    mode (words two steps ahead and one), one producer warpgroup and two, 3 buffers over 3 steps
+    """qmm_wgmma_ws (a producer warpgroup decodes, the consumers only multiply), words two steps
+    ahead and one, odd widths, each mode, one producer warpgroup and two, 3 buffers over 3 steps
     (128 x 128: the buffers wrap)."""
     check_the_other_forms_give_qmm_wgmmas_bits(0x9C0, mode, group, bits, dtype, "qmm_wgmma_ws",
                                                (qmv.QMM_WGMMA_WS_LARGE, qmv.ProducerTiles(1, 128, 3), qmv.QMM_WGMMA_WS_SMALL))
