@@ -9,8 +9,10 @@
 // feeds them through STAGES buffers, each the step's x tile (BM x 64) and its dequantized w tile (BN
 // x 64), both swizzled 128-byte rows as the tensor cores read them (the prelude's layout):
 // - x by asynchronous copies (cp.async), AHEAD = STAGES - 2 steps ahead;
-// - w's packed words and scales by loads into the producer's registers, two steps ahead where a
-//   thread's rows take at most 8 words a chunk (WORDS_AHEAD; else the step after the one decoding),
+// - w's packed words and scales by loads into the producer's registers, issued two steps ahead where
+//   a thread's rows take at most 8 words a chunk (WORDS_AHEAD; else the step after the one
+//   decoding) and copied forward a step later, so each load has about a step to land (a form in
+//   which two sets took the steps in turn, each load two steps, measured slower: quant_h200.md),
 //   each thread BN / (128 * PRODUCERS) weight rows, decoded (scale · code + bias, or the floating-point
 //   modes' code · scale; MLX's rounding, as qmm_wgmma.h) into the buffer's w tile in x's type.
 // Two staging barriers a buffer (the prelude's mbarrier) order them: `full` completes when every
