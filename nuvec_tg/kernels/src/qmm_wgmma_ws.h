@@ -96,11 +96,7 @@ struct StepWords {
 #endif
     const int lane = thread_id % 32, warpgroup = thread_id / 128, warp = (thread_id / 32) % 4;
     for (int run_start = m_first; run_start < tile_end;) {
-#if GATHER
-      const int run_end = pick_run_end(picks, run_start, tile_end);
-#else
-      const int run_end = tile_end;
-#endif
+      const int run_end = RUN_END(run_start, tile_end);
       float acc[ACCUMULATORS];
 #pragma unroll
       for (int i = 0; i < ACCUMULATORS; i++) acc[i] = 0.0f;

@@ -14,12 +14,18 @@
 #endif
 
 // The end of the run of rows from `start` (before `end`) whose picks are start's: the gathered
-// products' runs of one weight batch (GATHER in qmm.h, qmm_wgmma.h, gemm.h, gemm_wgmma.h).
+// products' runs of one weight batch (GATHER in the kernels above).
 INLINE int pick_run_end(const DEVICE int* picks, int start, int end) {
   int stop = start + 1;
   while (stop < end && picks[stop] == picks[start]) stop++;
   return stop;
 }
+// The end of the run from RUN_START: gathered, its picks' run; else the whole tile.
+#if GATHER
+#define RUN_END(RUN_START, TILE_END) pick_run_end(picks, RUN_START, TILE_END)
+#else
+#define RUN_END(RUN_START, TILE_END) (TILE_END)
+#endif
 
 // The quantized tiled products' run of rows from RUN_START (before TILE_END; qmm.h, qmm_wgmma.h,
 // qmm_wgmma_rs.h, qmm_wgmma_ws.h): `run_end`, whether its weight batch is one of the ints[3]
@@ -27,12 +33,12 @@ INLINE int pick_run_end(const DEVICE int* picks, int start, int end) {
 // (`first_w_row`, N_SIZE rows a batch). Without GATHER the run is the whole tile of batch 0.
 #if GATHER
 #define QUANT_RUN(RUN_START, TILE_END, N_SIZE)                                               \
-  const int batch = picks[RUN_START], run_end = pick_run_end(picks, RUN_START, TILE_END);     \
+  const int batch = picks[RUN_START], run_end = RUN_END(RUN_START, TILE_END);                \
   const bool batch_real = 0 <= batch && batch < ints[3];                                     \
   const size_t first_w_row = (size_t)(batch_real ? batch : 0) * (N_SIZE);
 #else
 #define QUANT_RUN(RUN_START, TILE_END, N_SIZE)                                               \
-  const int run_end = TILE_END;                                                              \
+  const int run_end = RUN_END(RUN_START, TILE_END);                                          \
   const bool batch_real = true;                                                              \
   const size_t first_w_row = 0;
 #endif
