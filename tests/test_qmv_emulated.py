@@ -501,6 +501,12 @@ def test_qmm_wgmma_routes_and_plans():
     assert qmv.qmm_hopper_tiles(4096, 1536, 4, 132, batches=128) == (qmv.QMM_WGMMA_RS_SMALL if routed else qmv.QMM_WGMMA_SMALL)
     assert qmv.qmm_hopper_tiles(2048, 5760, 4, 132, batches=32) == qmv.QMM_WGMMA_LARGE
     assert qmv.qmm_hopper_tiles(4096, 1536, 3, 132, batches=128) == qmv.QMM_WGMMA_SMALL
+    # not gathered: qmm_wgmma_ws past 64 rows while routed (its plan's tiles), qmm_wgmma up to 64
+    ws = qmv.QMM_WGMMA_WS_ROUTED
+    assert qmv.qmm_hopper_tiles(65, 14336, 4, 132) == (qmv.qmm_wgmma_ws_plan(65, 14336, 132) if ws else qmv.qmm_wgmma_plan(65, 14336, 132))
+    assert qmv.qmm_hopper_family(256, 14336, 3, 132) == ("nuvec_qmm_wgmma_ws" if ws else "nuvec_qmm_wgmma")
+    assert qmv.qmm_hopper_tiles(64, 14336, 4, 132) == (qmv.QMM_WGMMA_RS_SMALL if routed else qmv.QMM_WGMMA_SMALL)
+    assert qmv.qmm_hopper_family(4096, 1536, 4, 132, batches=128) in ("nuvec_qmm_wgmma", "nuvec_qmm_wgmma_rs")
     assert all(qmv.qmm_wgmma_rs_bytes(t, bits) <= qmv.WGMMA_MAX_DYNAMIC for t in qmv.QMM_WGMMA_RS_SHAPES for bits in (2, 4, 8))
     with pytest.raises(ValueError, match="qmm_wgmma_rs: 3-bit"):
         qmv.qmm_wgmma_rs_program(dtypes.bfloat16, dtypes.bfloat16, dtypes.bfloat16, mode="affine", group_size=64, bits=3,

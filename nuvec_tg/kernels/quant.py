@@ -15,14 +15,15 @@ with the device's `kernels.Target`, anything else is the composition):
   MAX_ROWS rows per entry, `gather_qmv`.
 - On every route: bfloat16 anywhere needs a target with bfloat, qmm a target with matrix units,
   and on Metal a kernel's threadgroup (`*_metal_resources`) must fit an Apple GPU's limits.
-- qmm on a target with Hopper's warpgroup products (CUDA sm_90) and K a multiple of 64 runs
-  `qmm_wgmma` (`src/qmm_wgmma.h`) in its place, or for 2, 4 and 8 bits once routed
-  (`takes_qmm_wgmma_rs`) `qmm_wgmma_rs` (`src/qmm_wgmma_rs.h`, w dequantized into the products'
-  registers) (`takes_qmm_wgmma`: K and the device decide, never M; both give the same bits, so a
-  row's bits still never depend on the row count); from DEQUANTIZED_ROWS rows (fewer
-  where N is small) `quantized_matmul` dequantizes w once (`dequantize`, `src/dequantize.h`) and runs
-  `linear.gemm_wgmma` (`takes_dequantized`): the same rounded weights summed in the same order,
-  so the same bits.
+- qmm on a target with Hopper's warpgroup products (CUDA sm_90) and K a multiple of 64
+  (`takes_qmm_wgmma`: K and the device decide) runs a warpgroup kernel in its place
+  (`qmm_hopper_tiles`): `qmm_wgmma_ws` (`src/qmm_wgmma_ws.h`, a producer warpgroup decodes while
+  the others multiply) for more than 64 rows, not gathered; else `qmm_wgmma` (`src/qmm_wgmma.h`),
+  or for 2, 4 and 8 bits once routed (`takes_qmm_wgmma_rs`) `qmm_wgmma_rs` (`src/qmm_wgmma_rs.h`,
+  w dequantized into the products' registers). From DEQUANTIZED_ROWS rows (fewer where N is
+  small) `quantized_matmul` dequantizes w once (`dequantize`, `src/dequantize.h`) and runs
+  `linear.gemm_wgmma` (`takes_dequantized`). All sum the same rounded weights in the same order:
+  the same bits, so a row's bits never depend on the row count that picks the kernel.
 
 `plan` picks qmv's launch shape (`QmvPlan`); its defaults are the module constants below, read off
 `tools/tune_qmv.py` on the device. Only `k_split` changes a row's arithmetic order, so
@@ -751,19 +752,25 @@ def qmm_wgmma_rs_plan(rows: int, n: int, multiprocessors: int | None = None) -> 
 
 def qmm_hopper_tiles(rows: int, n: int, bits: int, multiprocessors: int | None = None, batches: int = 0):
     """qmm's tiles on Hopper (`takes_qmm_wgmma`), whose kind picks the kernel: ProducerTiles
-    (qmm_wgmma_ws) once QMM_WGMMA_WS_ROUTED, else RegisterTiles (qmm_wgmma_rs) where
-    `takes_qmm_wgmma_rs`, else WgmmaTiles (qmm_wgmma), by their plans. Gathered
-    over `batches` weight batches: tiles of `gathered_tile_rows` rows, 64 as QMM_WGMMA_RS_SMALL (or
-    QMM_WGMMA_SMALL), 128 as QMM_WGMMA_LARGE (the register kernel's gathered 128-row tiles are not
-    yet timed: `tools/dequantize_probe.py --moe`). All give the same bits."""
-    if QMM_WGMMA_WS_ROUTED:
-        if batches: return QMM_WGMMA_WS_LARGE if gathered_tile_rows(rows, batches) == 128 else QMM_WGMMA_WS_SMALL
+    (qmm_wgmma_ws) for more than QMM_WGMMA_WS_SMALL's 64 rows, not gathered, while
+    QMM_WGMMA_WS_ROUTED; else RegisterTiles (qmm_wgmma_rs) where `takes_qmm_wgmma_rs`, else
+    WgmmaTiles (qmm_wgmma), by their plans. Gathered over `batches` weight batches: tiles of
+    `gathered_tile_rows` rows, 64 as QMM_WGMMA_RS_SMALL (or QMM_WGMMA_SMALL), 128 as
+    QMM_WGMMA_LARGE (qmm_wgmma_ws's gathered tiles lose 3 of the 4 MoE rows of
+    `tools/dequantize_probe.py --moe`, `quant_h200.md`). All give the same bits."""
+    if QMM_WGMMA_WS_ROUTED and not batches and rows > QMM_WGMMA_WS_SMALL.rows:
         return qmm_wgmma_ws_plan(rows, n, multiprocessors)
     register = takes_qmm_wgmma_rs(bits)
     if batches:
         if gathered_tile_rows(rows, batches) == 128: return QMM_WGMMA_LARGE
         return QMM_WGMMA_RS_SMALL if register else QMM_WGMMA_SMALL
     return qmm_wgmma_rs_plan(rows, n, multiprocessors) if register else qmm_wgmma_plan(rows, n, multiprocessors)
+
+
+def qmm_hopper_family(rows: int, n: int, bits: int, multiprocessors: int | None = None, batches: int = 0) -> str:
+    """The kernel family (its name) of `qmm_hopper_tiles`' plan: what the tests expect to launch."""
+    tiles = qmm_hopper_tiles(rows, n, bits, multiprocessors, batches)
+    return {RegisterTiles: "nuvec_qmm_wgmma_rs", ProducerTiles: "nuvec_qmm_wgmma_ws", WgmmaTiles: "nuvec_qmm_wgmma"}[type(tiles)]
 
 
 def qmm_wgmma_rs_bytes(tiles: RegisterTiles, bits: int) -> int:
@@ -795,8 +802,11 @@ def qmm_wgmma_rs_program(x_dtype: DType, scales_dtype: DType, out_dtype: DType, 
 # qmm on Hopper's warpgroup products, warp-specialised (`src/qmm_wgmma_ws.h`): a producer warpgroup
 # copies x and decodes w into the stage buffers while the consumer warpgroups only issue the
 # products, so the decoding runs under the tensor cores' work. Every width and mode; the same bits
-# as qmm_wgmma. Not routed until timed (`tools/dequantize_probe.py --ws-sweep`).
-QMM_WGMMA_WS_ROUTED = False
+# as qmm_wgmma. Routed for more than 64 rows, not gathered (`qmm_hopper_tiles`): faster than
+# qmm_wgmma at every such shape timed, by 6-29% (M 128-2048, the three shapes of
+# `tools/dequantize_probe.py`, an H100: `quant_h200.md`); from DEQUANTIZED_ROWS the dequantized
+# route still runs, and the gathered tiles and up to 64 rows stay qmm_wgmma's.
+QMM_WGMMA_WS_ROUTED = True
 QMM_WGMMA_WS_SMALL = ProducerTiles(1, 256, 4, producers=2)
 QMM_WGMMA_WS_LARGE = ProducerTiles(2, 256, 4)
 QMM_WGMMA_WS_NARROW = ProducerTiles(2, 128, 4)  # where 128 x 256 tiles' waves cost more (`wgmma_tiles`)
@@ -861,8 +871,9 @@ def qmm(x: Tensor, weight: Tensor, scales: Tensor, biases: Tensor | None, *, mod
     (and `biases`) `[E, N, ...]`, zeros for a pick outside 0..E-1; rows grouped by batch (sorted
     picks) run as one product per batch and row tile (a mixture of experts' prefill).
     composition: `(x, weight, scales, biases[, picks]) -> y`, whose gradient is the backward.
-    On Hopper with K a multiple of 64 the kernel is qmm_wgmma, or qmm_wgmma_rs where
-    `takes_qmm_wgmma_rs` (`tiles` overrides the plan and, by its kind, the kernel: tuning)."""
+    On Hopper with K a multiple of 64 the kernel is `qmm_hopper_tiles`' (qmm_wgmma_ws for more than
+    64 rows, qmm_wgmma, or qmm_wgmma_rs where `takes_qmm_wgmma_rs`; `tiles` overrides the plan and,
+    by its kind, the kernel: tuning)."""
     rows, k = x.shape
     n = weight.shape[-2]
     gather = picks is not None

@@ -10,11 +10,14 @@
 // x 64), both swizzled 128-byte rows as the tensor cores read them (the prelude's layout):
 // - x by asynchronous copies (cp.async), AHEAD = STAGES - 2 steps ahead;
 // - w's packed words and scales by loads into the producer's registers, issued two steps ahead where
-//   a thread's rows take at most 8 words a chunk (WORDS_AHEAD; else the step after the one
+//   a thread's chunks of a step take at most 16 words (WORDS_AHEAD; else the step after the one
 //   decoding) and copied forward a step later, so each load has about a step to land (a form in
 //   which two sets took the steps in turn, each load two steps, measured slower: quant_h200.md),
-//   each thread BN / (128 * PRODUCERS) weight rows, decoded (scale · code + bias, or the floating-point
-//   modes' code · scale; MLX's rounding, as qmm_wgmma.h) into the buffer's w tile in x's type.
+//   each thread one chunk (32 codes) of ROWS weight rows, the two threads of a lane pair the two
+//   chunks of the same rows: a warp's loads of a step then touch 16 rows' lines, not 32 (the
+//   producer's loads queue behind the L1's tag lookups, one a line an instruction: quant_h200.md),
+//   decoded (scale · code + bias, or the floating-point modes' code · scale; MLX's rounding, as
+//   qmm_wgmma.h) into the buffer's w tile in x's type.
 // Two staging barriers a buffer (the prelude's mbarrier) order them: `full` completes when every
 // producer thread has written the step (its copies waited for, then the async-proxy fence, so that
 // the tensor cores see them) and `empty` when every consumer thread has waited for the step's
@@ -45,7 +48,7 @@
 // bytes of dynamic threadgroup memory over the grid (row tiles, column tiles).
 
 #if BK != 64 || BM != 64 * WARPGROUPS || (BN != 128 && BN != 256) || STAGES < 3 || BN % (128 * PRODUCERS) != 0
-#error "qmm_wgmma_ws.h: BK 64, BM 64 per warpgroup, BN 128 or 256 (whole rows a producer thread), at least 3 stages"
+#error "qmm_wgmma_ws.h: BK 64, BM 64 per warpgroup, BN 128 or 256 (two chunks a row, a multiple of the producers), at least 3 stages"
 #endif
 #define CONSUMER_THREADS (128 * WARPGROUPS)
 #define PRODUCER_THREADS (128 * PRODUCERS)
@@ -55,16 +58,18 @@
 #define AHEAD (STAGES - 2)                         // steps whose x copies are in flight
 #define X_ROWS_A_PASS (PRODUCER_THREADS / 8)       // x rows copied at once (8 pieces a row)
 #define X_COPIES (BM / X_ROWS_A_PASS)
-#define W_ROWS (BN / PRODUCER_THREADS)             // weight rows a producer thread decodes
-#define WORDS_AHEAD (W_ROWS * BITS <= 8 ? 2 : 1)   // steps of words in a producer's registers (within its registers)
+#define ROWS (2 * BN / PRODUCER_THREADS)           // weight rows of which a producer thread decodes one chunk
+#define ROWS_APART (PRODUCER_THREADS / 2)          // between a producer thread's rows
+#define WORDS_AHEAD (ROWS * BITS <= 16 ? 2 : 1)    // steps of words in a producer's registers (within its registers)
 #define ACCUMULATORS (BN / 2)
 
-// A weight row's step of packed codes (two chunks) and its scales (and biases), in registers.
+// A producer thread's chunk of a step of each of its weight rows and the chunk's scales (and
+// biases), in registers.
 struct StepWords {
-  uint words[W_ROWS][2][BITS];
-  TS scales[W_ROWS][2][SCALES_PER_CHUNK];
+  uint words[ROWS][BITS];
+  TS scales[ROWS][SCALES_PER_CHUNK];
 #if MODE == 0
-  TS biases[W_ROWS][2][SCALES_PER_CHUNK];
+  TS biases[ROWS][SCALES_PER_CHUNK];
 #endif
 };
 
@@ -120,24 +125,21 @@ struct StepWords {
 #endif
     const int producer = thread_id - CONSUMER_THREADS;
     // Its x copies: piece `piece` of tile rows producer / 8 + X_ROWS_A_PASS * c, stored at piece
-    // piece ^ (row % 8) (row % 8 the same for all). Its weight rows: producer + PRODUCER_THREADS * r.
-    const int piece = producer % 8, first_row = producer / 8;
+    // piece ^ (row % 8) (row % 8 the same for all). Its weights: chunk `chunk` of tile rows
+    // producer / 2 + ROWS_APART * r.
+    const int piece = producer % 8, first_row = producer / 8, chunk = producer % 2;
     const int swizzled_piece = 16 * (piece ^ (first_row % 8));
     for (int run_start = m_first; run_start < tile_end;) {
       QUANT_RUN(run_start, tile_end, n_size)  // the tile's rows in runs of one weight batch
       const DEVICE TX* x_from[X_COPIES];
       bool x_in[X_COPIES];
       x_copy_sources<X_COPIES>(x, m_first, first_row, X_ROWS_A_PASS, piece, run_start, run_end, k_size, x_from, x_in);
-      bool row_in[W_ROWS];
-      const DEVICE uint* row_words[W_ROWS];
-      size_t row_groups[W_ROWS];  // the row's first group
+      // Its row r is row first_w + ROWS_APART * r of w (batches one after another), read only where
+      // row_in[r]; the addresses are made at each load, fewer registers than keeping them.
+      const size_t first_w = first_w_row + n_first + producer / 2;
+      bool row_in[ROWS];
 #pragma unroll
-      for (int r = 0; r < W_ROWS; r++) {
-        row_in[r] = batch_real && n_first + producer + PRODUCER_THREADS * r < n_size;
-        const size_t row = first_w_row + (row_in[r] ? n_first + producer + PRODUCER_THREADS * r : 0);
-        row_words[r] = w + row * words_per_row;
-        row_groups[r] = row * groups_per_row;
-      }
+      for (int r = 0; r < ROWS; r++) row_in[r] = batch_real && n_first + producer / 2 + ROWS_APART * r < n_size;
 // The x copies of run step STEP (global step G) into its buffer, as one group, once the products
 // of step G - STAGES, the buffer's last, are done.
 #define COPY_X(G, STEP)                                                                               \
@@ -148,26 +150,27 @@ struct StepWords {
       async_copy16(stage + swizzled_piece + (first_row + X_ROWS_A_PASS * c) * ROW_BYTES,              \
                    x_in[c] ? x_from[c] + (STEP) * BK : x_from[c], x_in[c]);                           \
   }
-// Run step STEP's words and scales of this thread's rows into `into` (zeros for a row that is out).
+// Run step STEP's words and scales of this thread's chunk of its rows into `into` (zeros for a row
+// that is out).
 #if MODE == 0
-#define LOAD_BIAS(INTO, R, C, H, INDEX) INTO.biases[R][C][H] = biases[INDEX];
+#define LOAD_BIAS(INTO, R, H, INDEX) INTO.biases[R][H] = biases[INDEX];
 #else
-#define LOAD_BIAS(INTO, R, C, H, INDEX)
+#define LOAD_BIAS(INTO, R, H, INDEX)
 #endif
 #define LOAD_STEP(INTO, STEP)                                                                         \
-  _Pragma("unroll") for (int r = 0; r < W_ROWS; r++)                                                  \
-    _Pragma("unroll") for (int c = 0; c < 2; c++) {                                                   \
-      if (row_in[r]) {                                                                                \
-        load_chunk_words(row_words[r] + (size_t)(STEP) * 2 * BITS + c * BITS, false, INTO.words[r][c]); \
-        _Pragma("unroll") for (int h = 0; h < SCALES_PER_CHUNK; h++) {                                \
-          const size_t index = row_groups[r] + ((STEP) * BK + 32 * c + CHUNK_GROUP * h) / GROUP;      \
-          INTO.scales[r][c][h] = scales[index];                                                       \
-          LOAD_BIAS(INTO, r, c, h, index)                                                             \
-        }                                                                                             \
-      } else {                                                                                        \
-        _Pragma("unroll") for (int i = 0; i < BITS; i++) INTO.words[r][c][i] = 0u;                    \
+  _Pragma("unroll") for (int r = 0; r < ROWS; r++) {                                                  \
+    if (row_in[r]) {                                                                                  \
+      const size_t row = first_w + ROWS_APART * r;                                                    \
+      load_chunk_words(w + row * words_per_row + (size_t)(STEP) * 2 * BITS + chunk * BITS, false, INTO.words[r]); \
+      _Pragma("unroll") for (int h = 0; h < SCALES_PER_CHUNK; h++) {                                  \
+        const size_t index = row * groups_per_row + ((STEP) * BK + 32 * chunk + CHUNK_GROUP * h) / GROUP; \
+        INTO.scales[r][h] = scales[index];                                                            \
+        LOAD_BIAS(INTO, r, h, index)                                                                  \
       }                                                                                               \
-    }
+    } else {                                                                                          \
+      _Pragma("unroll") for (int i = 0; i < BITS; i++) INTO.words[r][i] = 0u;                         \
+    }                                                                                                 \
+  }
 
 #pragma unroll
       for (int ahead = 0; ahead < AHEAD; ahead++) {
@@ -183,23 +186,20 @@ struct StepWords {
       for (int step = 0; step < steps; step++, g++) {
         async_wait(AHEAD - 1);  // this thread's copies of the step are done
         unsigned char* w_tile = stages + (g % STAGES) * STAGE_BYTES + X_BYTES;
-        // The step's weights into the w tile: row r's chunk c as four 16-byte pieces of 8 codes.
+        // The step's weights into the w tile: chunk `chunk` of row r as four 16-byte pieces of 8 codes.
 #pragma unroll
-        for (int r = 0; r < W_ROWS; r++) {
-          const int row = producer + PRODUCER_THREADS * r;
+        for (int r = 0; r < ROWS; r++) {
+          const int row = producer / 2 + ROWS_APART * r;
 #pragma unroll
-          for (int c = 0; c < 2; c++) {
-#pragma unroll
-            for (int part = 0; part < 4; part++) {
-              const int h = part * SCALES_PER_CHUNK / 4;  // the part's group of the chunk
+          for (int part = 0; part < 4; part++) {
+            const int h = part * SCALES_PER_CHUNK / 4;  // the part's group of the chunk
 #if MODE == 0
-              const float bias = row_in[r] ? to_float(now.biases[r][c][h]) : 0.0f;
+            const float bias = row_in[r] ? to_float(now.biases[r][h]) : 0.0f;
 #else
-              const float bias = 0.0f;
+            const float bias = 0.0f;
 #endif
-              store_tile_part<TX>(now.words[r][c], part, row_in[r] ? group_scale(now.scales[r][c][h]) : 0.0f, bias, w_tile, row,
-                                  4 * c + part);
-            }
+            store_tile_part<TX>(now.words[r], part, row_in[r] ? group_scale(now.scales[r][h]) : 0.0f, bias, w_tile, row,
+                                4 * chunk + part);
           }
         }
         async_proxy_fence();  // the copies and the stores visible to the tensor cores
