@@ -128,5 +128,12 @@ def test_the_route_dequantizes_from_its_rows_on_hopper_only():
     assert route(kernel.DEQUANTIZED_NARROW_ROWS, 4096, hopper, n=kernel.DEQUANTIZED_NARROW_N + 1) == ("qmm", None)
     assert route(4096, 4096 + 32, hopper) == ("qmm", None)  # K not whole steps of 64: qmm.h, as qmm_wgmma's rule
     assert route(4096, 4096, ampere) == ("qmm", None)
+    # untransposed w [K, N]: past qvm's rows, dequantized on Hopper (no other kernel takes them)
+    untransposed = lambda rows, target, x=bf16: kernel.product_route(x, bf16, x, rows, 4096, 14336, bits=4,  # noqa: E731
+                                                                    transpose=False, batched=False, target=target)
+    assert untransposed(kernel.MAX_ROWS, hopper) == ("qvm", None)
+    assert untransposed(kernel.MAX_ROWS + 1, hopper) == ("qmm_dequantized", None)
+    assert untransposed(kernel.MAX_ROWS + 1, ampere)[0] == "qmm" and untransposed(kernel.MAX_ROWS + 1, ampere)[1] is not None
+    assert untransposed(kernel.MAX_ROWS + 1, hopper, dtypes.float32)[1] is not None   # 16-bit rows only, as qmm
     assert kernel.dequantize_unsupported(bf16, dtypes.float64, 4, 64, hopper) is not None
     assert kernel.dequantize_unsupported(bf16, bf16, 0, 64, hopper) == "an empty weight"

@@ -177,6 +177,21 @@ def test_the_grouped_gather_rule():
     assert grouped_gather(16, 1, 1)
 
 
+def test_the_quantized_gathered_route():
+    """gather_qmm's kernels: sorted single-row entries averaging more than 8 rows a batch, and
+    entries of more than 8 rows sorted or not (a batched quantized_matmul's), the gathered qmm;
+    other entries of up to 8 rows, gather_qmv."""
+    from nuvec_tg.kernels import Target
+    from nuvec_tg.kernels.quant import gather_route
+    bf16, hopper = dtypes.bfloat16, Target("cuda", warpgroups=True)
+    route = lambda entries, rows, sorted_indices: gather_route(bf16, bf16, bf16, entries, rows, 256, 64, 4, bits=4,  # noqa: E731
+                                                               transpose=True, sorted_indices=sorted_indices, global_scale=False,
+                                                               target=hopper)
+    assert route(40, 1, True) == ("qmm", None) and route(40, 1, False) == ("gather_qmv", None)
+    assert route(3, 9, False) == ("qmm", None) and route(3, 9, True) == ("qmm", None)
+    assert route(3, 8, False) == ("gather_qmv", None)
+
+
 def test_the_dense_gathered_route():
     """gather_mm's kernels read the bank as rows. Sorted single-row entries averaging more than 8
     rows an expert, in 16-bit dtypes: gemm_wgmma on Hopper where K is a multiple of 8, else gemm;

@@ -7,6 +7,8 @@ product's rows equal to one-row products bit for bit, gradients. Products are co
 numpy (quant_reference.py) and with the composition; every call meant for a kernel asserts that it
 launched (`expect_launches`). On Hopper (CUDA sm_90) qmm with K a multiple of 64 is qmm_wgmma, every
 tile shape of which gives the same bits (and qmm_wgmma_rs's, at 2, 4 and 8 bits, and qmm_wgmma_ws's)."""
+import itertools
+
 import numpy as np
 import pytest
 from tinygrad import Tensor, dtypes
@@ -275,6 +277,43 @@ def test_qmm_gradients_equal_the_compositions():
     upstream = random(rng, (40, 96), dtypes.bfloat16, gpu)[0].realize()
     assert_gradients_equal_the_composition(lambda: quant.quantized_matmul(x, qw), upstream, [x, qw.scales, qw.biases],
                                            "nuvec_qmm")
+
+
+@pytest.mark.parametrize("rows, kernel", [(1, "nuvec_qmv"), (5, "nuvec_qmv"), (40, "nuvec_qmm")], ids=str)
+def test_batched_weights_run_the_gathered_kernels(rows, kernel):
+    """quantized_matmul over weights with batch axes (x's batches broadcast against them) runs
+    gather_qmm's kernels: up to 8 rows a batch gather_qmv (each row with the bits of its batch's
+    one-row product), more the gathered qmm (each batch's rows with the bits of its batch's own
+    product), one launch over every batch."""
+    rng = np.random.default_rng(0x9BF)
+    batches, n, k = 3, 96, 256
+    qw = quant.quantize(random(rng, (batches, 1, n, k), dtypes.bfloat16, gpu)[0], 64, 4)
+    x, xv = random(rng, (2, rows, k), dtypes.bfloat16, gpu)
+    x = x.realize()
+    dense = dequantized(qw)
+    want = np.einsum("bmk,enk->ebmn", xv, dense[:, 0])
+    y = assert_matches(f"{rows} rows", lambda: quant.quantized_matmul(x, qw), kernel, want)
+    assert y.shape == (batches, 2, rows, n)
+    for batch, item in itertools.product(range(batches), range(2)):
+        one = quant.QuantizedWeight(*(t[batch, 0].clone() for t in (qw.weight, qw.scales, qw.biases)), "affine", 64, 4)
+        for part in ([slice(r, r + 1) for r in range(rows)] if rows <= qmv.MAX_ROWS else [slice(0, rows)]):
+            alone = bits_of(quant.quantized_matmul(x[item, part].clone(), one))
+            np.testing.assert_array_equal(alone, bits_of(y[batch, item, part].clone()), err_msg=f"{batch} {item} {part}")
+
+
+@pytest.mark.skipif(not WARPGROUPS, reason="no warpgroup products (CUDA sm_90)")
+@pytest.mark.parametrize("mode, group, width", [("affine", 64, 4), ("mxfp4", 32, 4)], ids=str)
+def test_many_rows_of_untransposed_weights_dequantize_then_run_gemm_wgmma(mode, group, width):
+    """`x · w` for untransposed w [K, N] past qvm's 8 rows on Hopper: the dense rows dequantized,
+    then gemm_wgmma over their transpose, within tolerance of numpy and the composition."""
+    rng = np.random.default_rng(0x9C2)
+    k, n, rows = 320, 192, 40
+    qw = quant.quantize(random(rng, (k, n), dtypes.bfloat16, gpu)[0], group, width, mode=mode)
+    x, xv = random(rng, (rows, k), dtypes.bfloat16, gpu)
+    x = x.realize()
+    with expect_launches(gpu, "nuvec_dequantize"):
+        assert_matches(f"{mode} untransposed", lambda: quant.quantized_matmul(x, qw, transpose=False), "nuvec_gemm_wgmma",
+                       xv @ dequantized(qw))
 
 
 @pytest.mark.parametrize("mode, group, width", [("affine", 64, 4), ("mxfp4", 32, 4), ("nvfp4", 16, 4)], ids=str)

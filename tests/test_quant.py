@@ -104,6 +104,33 @@ def test_batched_weights_broadcast_and_half_precision_promotes():
     assert_close("batched", values(got), xv @ np.swapaxes(dense, -1, -2), 1e-5)
 
 
+def test_batched_weights_broadcast_like_matmul_through_gather_qmm():
+    """Weights with batch axes run as gather_qmm's entries: x with fewer batch axes, x of one row
+    `[K]`, untransposed weights, and gradients, against numpy's matmul of the dense weights; batch
+    shapes that do not broadcast raise naming quantized_matmul."""
+    rng = np.random.default_rng(0x5A)
+    qw = quant.quantize(random(rng, (3, 16, 64), dtypes.float32, "CPU")[0], 32, 4)
+    dense = values(quant.dequantize(qw, dtypes.float32))
+    for shape in ((64,), (5, 64), (1, 5, 64), (3, 2, 64)):
+        x, xv = random(rng, shape, dtypes.float32, "CPU")
+        got = quant.quantized_matmul(x, qw)
+        want = xv @ np.swapaxes(dense, -1, -2)
+        assert got.shape == want.shape, shape
+        assert_close(f"{shape}", values(got), want, 1e-5)
+    untransposed = quant.quantize(random(rng, (2, 64, 32), dtypes.float32, "CPU")[0], 32, 4)
+    x, xv = random(rng, (2, 4, 64), dtypes.float32, "CPU")
+    assert_close("not transposed", values(quant.quantized_matmul(x, untransposed, transpose=False)),
+                 xv @ values(quant.dequantize(untransposed, dtypes.float32)), 1e-5)
+    with pytest.raises(ValueError, match="quantized_matmul"):
+        quant.quantized_matmul(random(rng, (2, 5, 64), dtypes.float32, "CPU")[0], qw)
+    scales, biases = qw.scales.realize(), qw.biases.realize()
+    x, xv = random(rng, (3, 2, 64), dtypes.float32, "CPU")
+    g, gv = random(rng, (3, 2, 16), dtypes.float32, "CPU")
+    weight = quant.QuantizedWeight(qw.weight, scales, biases, "affine", 32, 4)
+    dx, = (quant.quantized_matmul(x, weight) * g).sum().gradient(x)
+    assert_close("dx", values(dx), np.einsum("bmn,bnk->bmk", gv, dense), 1e-5)
+
+
 def test_gradients_reach_x_scales_and_biases():
     rng = np.random.default_rng(0x54)
     w, _ = random(rng, (6, 64), dtypes.float32, "CPU")

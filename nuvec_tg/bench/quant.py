@@ -1,7 +1,8 @@
 """Quantized matrix products (`python -m nuvec_tg.bench quant`), two tables.
 
 Products: decode products (M = 1 and 4) at (K, N) in {(4096, 4096), (4096, 14336), (14336, 4096)}
-for affine 4-bit and 8-bit weights (groups of 64) and mxfp4, and prefill products (M = 512):
+for affine 4-bit and 8-bit weights (groups of 64) and mxfp4, and products of more rows (M = 16,
+64, 512 and 2048, affine 4-bit and mxfp4):
 nuvec_tg's `quantized_matmul`, tinygrad's composition (dequantize, then matmul) and PyTorch's
 bfloat16 matmul of the dense weights, timed on the device; weight bytes per second and the share
 of peak bandwidth (decode), TFLOP/s (prefill).
@@ -29,6 +30,8 @@ FORMATS = {"affine4": ("affine", 64, 4), "affine8": ("affine", 64, 8), "mxfp4": 
 MOE_MODELS = {"qwen3_30b_a3b": (128, 8, 2048, 768, "affine4"), "gpt_oss_20b": (32, 4, 2880, 2880, "mxfp4")}
 DENSE = "bfloat16"   # the MoE rows' dense experts (Qwen3-30B-A3B's checkpoint), through gather_mm
 MOE_TOKENS = 512
+PREFILL_ROWS = (16, 64, 512, 2048)          # qmm's rows (issue 23's table): few-row products to a long prompt's
+PREFILL_FORMATS = ("affine4", "mxfp4")
 
 
 def weight_bytes(fmt: str, k: int, n: int) -> int:
@@ -164,9 +167,9 @@ def moe_table(args, rng, routes: dict, torch_seconds: dict) -> list[str]:
 def run(args) -> list[str]:
     shapes = [(4096, 4096), (4096, 14336), (14336, 4096)]
     grid = [(m, k, n, fmt) for fmt in FORMATS for m in (1, 4) for k, n in shapes]
-    grid += [(512, k, n, "affine4") for k, n in shapes]
+    grid += [(m, k, n, fmt) for fmt in PREFILL_FORMATS for m in PREFILL_ROWS for k, n in shapes]
     if args.quick: grid = [(1, 4096, 4096, fmt) for fmt in FORMATS] + [(512, 4096, 4096, "affine4")]
-    if args.small: grid = [(1, 256, 128, "affine4"), (2, 256, 128, "mxfp4")]
+    if args.small: grid = [(1, 256, 128, "affine4"), (2, 256, 128, "mxfp4"), (16, 256, 128, "mxfp4")]
     grid = part_of(grid, args.part, args.batches)
     max_calls = COPIES if args.small else MAX_CALLS  # tiny shapes check the benchmark, not the cache
     torch_seconds = {(m, k, n): time_torch(m, k, n, args.repeats, max_calls) for m, k, n, _ in grid}
@@ -175,7 +178,7 @@ def run(args) -> list[str]:
     lines, peak = start_table(
         "Quantized products y = x · wᵀ (x bfloat16)",
         f"µs per call (best of {args.repeats} replays of the calls over rotated weights: TinyJit for ours, a CUDA "
-        "graph for PyTorch's dense bfloat16 matmul), weight bytes per second and share of peak; TFLOP/s for M = 512",
+        "graph for PyTorch's dense bfloat16 matmul), weight bytes per second and share of peak, and TFLOP/s",
         ["M", "K", "N", "format", "nuvec µs", "TB/s", "% peak", "TFLOP/s", "composition µs", "torch bf16 µs", "vs torch"],
         max_calls)
     rng = np.random.default_rng(0)

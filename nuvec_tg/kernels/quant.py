@@ -629,13 +629,18 @@ def product_route(x_dtype: DType, scales_dtype: DType, out_dtype: DType, rows: i
     None)`. Up to MAX_ROWS rows, qmv (transposed) or qvm (not); more, qmm (transposed only), or
     from DEQUANTIZED_ROWS rows (DEQUANTIZED_NARROW_ROWS at N up to DEQUANTIZED_NARROW_N) on Hopper
     `dequantize` then gemm_wgmma (`takes_dequantized`, the same bits); QMV_MMA_MIN_ROWS to
-    MAX_ROWS rows of 16-bit x on CUDA, qmv_mma (`takes_qmv_mma`: "qmv_mma"); `batched` (weights
-    with batch axes) has no kernel."""
+    MAX_ROWS rows of 16-bit x on CUDA, qmv_mma (`takes_qmv_mma`: "qmv_mma"); more rows of
+    untransposed weights on Hopper, `dequantize` then gemm_wgmma over the dense rows' transpose
+    (`takes_qmm_wgmma`: "qmm_dequantized"; elsewhere no kernel); `batched` (weights with batch axes:
+    `quantized_matmul` takes them to `gather_route`) has no kernel here."""
     kernel = ("qmv" if transpose else "qvm") if rows <= MAX_ROWS else "qmm"
     if batched: return kernel, "weights with batch axes"
     if transpose and takes_qmv_mma(x_dtype, scales_dtype, out_dtype, rows, k, n, target): return "qmv_mma", None
     if kernel == "qmm":
-        if not transpose: return kernel, f"{rows} rows of untransposed weights (qvm takes at most {MAX_ROWS})"
+        if not transpose:
+            if takes_qmm_wgmma(k, target) and not qmm_unsupported(x_dtype, scales_dtype, out_dtype, rows, k, n, bits, target):
+                return "qmm_dequantized", dequantize_unsupported(scales_dtype, x_dtype, k, n, target)   # w [K, N]: rows of N codes
+            return kernel, f"{rows} rows of untransposed weights (qvm takes at most {MAX_ROWS}; dequantized on Hopper)"
         reason = qmm_unsupported(x_dtype, scales_dtype, out_dtype, rows, k, n, bits, target)
         if reason is None and takes_dequantized(rows, k, n, target):
             return "qmm_dequantized", dequantize_unsupported(scales_dtype, x_dtype, n, k, target)
@@ -657,10 +662,11 @@ def gather_route(x_dtype: DType, scales_dtype: DType, out_dtype: DType, entries:
                  target: Target) -> tuple[str, str | None]:
     """`gather_qmm`'s kernel on `target` for `entries` entries of `rows` rows each over `batches`
     batches of `bits`-bit weights: `("qmm" | "gather_qmv", reason it cannot run or None)`. Sorted
-    single-row entries averaging more than MAX_ROWS rows a batch (`grouped_gather`), the gathered
-    qmm; otherwise gather_qmv, up to MAX_ROWS rows an entry. Both take transposed weights without a
+    single-row entries averaging more than MAX_ROWS rows a batch (`grouped_gather`), and entries of
+    more than MAX_ROWS rows (each a run of its batch's rows, sorted or not), the gathered qmm;
+    otherwise gather_qmv, up to MAX_ROWS rows an entry. Both take transposed weights without a
     global scale."""
-    grouped = sorted_indices and grouped_gather(entries, rows, batches)
+    grouped = (sorted_indices and grouped_gather(entries, rows, batches)) or rows > MAX_ROWS
     kernel = "qmm" if grouped else "gather_qmv"
     if not transpose: return kernel, "untransposed weights"
     if global_scale: return kernel, "a global scale"

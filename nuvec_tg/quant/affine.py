@@ -225,8 +225,9 @@ def _dequantize_unsupported(qw: QuantizedWeight, dtype: DType, rows: int, k: int
 def quantized_matmul(x: Tensor, qw: QuantizedWeight, transpose: bool = True) -> Tensor:
     """`x · wᵀ` (`transpose`, w `[..., N, K]`) or `x · w` (w `[..., K, N]`) for quantized `w`.
 
-    x: `[..., M, K]` or `[K]`; batch axes broadcast. Returns `promote(x, scales)` (affine) or x's
-    dtype (floating-point modes). Gradients reach x and, for affine weights, the scales and the
+    x: `[..., M, K]` or `[K]`; batch axes broadcast (weights with batch axes run as `gather_qmm`'s
+    entries, one a pair of batches). Returns `promote(x, scales)` (affine) or x's dtype
+    (floating-point modes). Gradients reach x and, for affine weights, the scales and the
     biases (codes, uint8 scales and the global scale are not differentiable). As in MLX, weights
     with a global scale are for `dequantize` only.
     """
@@ -242,17 +243,20 @@ def quantized_matmul(x: Tensor, qw: QuantizedWeight, transpose: bool = True) -> 
     check(x.ndim >= 1 and x.shape[-1] == inner, op,
           f"x's last dimension must be {inner} for weights of {rows} x {columns} "
           f"({'transposed' if transpose else 'not transposed'}), got shape {tuple(x.shape)}")
+    if qw.weight.ndim > 2:   # weight batches: each pair of batches one of gather_qmm's entries (its kernels)
+        from .gather import batched_quantized_matmul   # gather.py builds on this module
+        return batched_quantized_matmul(x, qw, transpose)
     dtype = promote_types(x.dtype, qw.scales.dtype) if qw.mode == "affine" else x.dtype
     rows_of_x = math.prod(x.shape[:-1])
     outputs = rows if transpose else columns
     kernel, reason = qmv_kernel.product_route(dtype, qw.scales.dtype, dtype, rows_of_x, inner, outputs, bits=qw.bits,
-                                              transpose=transpose, batched=qw.weight.ndim != 2, target=kernels.target(x.device))
+                                              transpose=transpose, batched=False, target=kernels.target(x.device))
     backend = kernels.choose(op, f"{tuple(x.shape)} x {qw.mode} {qw.bits}-bit {tuple(qw.weight.shape)} on {x.device}",
                              x.device, kernel, lambda backend: reason)
     if backend is not None and kernel == "qmm_dequantized":   # fast.linear's gemm_wgmma over the dequantized rows
         dense = qmv_kernel.dequantize(qw.weight, qw.scales, qw.biases, mode=qw.mode, group_size=qw.group_size, bits=qw.bits,
                                       out_dtype=dtype, backend=backend, composition=_dense_rows(qw, dtype))
-        return linear(x.cast(dtype), dense)
+        return linear(x.cast(dtype), dense if transpose else dense.T)   # untransposed: w [K, N], linear's w [N, K]
     if backend is not None:
         launch = {"qmv": qmv_kernel.qmv, "qmv_mma": qmv_kernel.qmv_mma, "qvm": qmv_kernel.qvm, "qmm": qmv_kernel.qmm}[kernel]
         out = launch(x.cast(dtype).reshape(rows_of_x, inner), qw.weight, qw.scales, qw.biases, mode=qw.mode,

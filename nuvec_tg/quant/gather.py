@@ -9,7 +9,8 @@ one too) selects a batch of zeros (nothing is read out of bounds). `sorted_indic
 kernels (rows sorted by expert) and changes no value. On METAL and CUDA, transposed products of at
 most 8 rows per entry run the `gather_qmv` kernel (`kernels/quant.py`), each row with the bits of a
 one-row `quantized_matmul` of its expert; sorted single-row entries averaging more than 8 rows per
-expert run the gathered `qmm` kernel, an expert's rows as one product (`grouped_gather`). Dense
+expert, and entries of more than 8 rows, run the gathered `qmm` kernel, an expert's (an entry's)
+rows as one product (`grouped_gather`). `quantized_matmul` runs weights with batch axes here. Dense
 `gather_mm` takes the same rule where b is the transpose of a `[..., N, K]` weight bank, as a
 model's experts are: the gathered tiled kernels (`gemm`, `gemm_wgmma` with GATHER) for the
 grouped entries, `gather_gemv` (gemv with GATHER) for up to 8 rows an entry, each row with the
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 from tinygrad import Tensor, dtypes
 from tinygrad.uop.ops import Ops
 
@@ -51,6 +53,19 @@ def _gather(op: str, a: Tensor, b_batch: tuple[int, ...], lhs_indices, rhs_indic
         return (indices >= 0).where(indices, batches).expand(shape).reshape(math.prod(shape))
     out = product(take_rows(a.reshape(-1, *a.shape[-2:]), flat(lhs, math.prod(a_batch))), flat(rhs, math.prod(b_batch)))
     return out.reshape(*shape, *out.shape[-2:])
+
+
+def batched_quantized_matmul(x: Tensor, qw: QuantizedWeight, transpose: bool) -> Tensor:
+    """`quantized_matmul` (already checked) of weights with batch axes: x's batches and w's
+    broadcast as a matmul's, each pair of batches one of `gather_qmm`'s entries in order, so that
+    its kernels take them (the gathered qmm for more than 8 rows an entry, one launch over every
+    batch). Returns `broadcast(x batches, w batches) + [M, N]`, or `[..., N]` for x `[K]`."""
+    rows = x.reshape(1, -1) if x.ndim == 1 else x
+    shape = broadcast_shape("quantized_matmul", tuple(rows.shape[:-2]), tuple(qw.weight.shape[:-2]))
+    batches = tuple(qw.weight.shape[:-2])
+    picks = np.broadcast_to(np.arange(math.prod(batches)).reshape(batches), shape).reshape(-1)
+    out = gather_qmm(rows, qw, transpose=transpose, sorted_indices=bool((picks[1:] >= picks[:-1]).all()))
+    return out.reshape(*shape, out.shape[-1]) if x.ndim == 1 else out
 
 
 def gather_mm(a: Tensor, b: Tensor, lhs_indices: Tensor | None = None, rhs_indices: Tensor | None = None, *,
