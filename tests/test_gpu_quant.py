@@ -351,7 +351,7 @@ def test_qmm_wgmma_matches_the_composition_in_every_tile_shape(mode, group, widt
     x = x.realize()
     want = xv @ dequantized(qw).T
     planned = bits_of(assert_matches(f"{mode} {width}-bit", lambda: quant.quantized_matmul(x, qw),
-                                     qmv.qmm_hopper_family(130, n, width, kernels.target(gpu).multiprocessors), want))
+                                     qmv.qmm_hopper_family(130, n, width, kernels.target(gpu).multiprocessors, mode=mode), want))
     for tiles in qmv.QMM_WGMMA_SHAPES + qmv.QMM_WGMMA_WS_SHAPES + (qmv.QMM_WGMMA_RS_SHAPES if width in qmv.QMM_WGMMA_RS_BITS else ()):
         family, needed = {qmv.RegisterTiles: ("nuvec_qmm_wgmma_rs", qmv.qmm_wgmma_rs_bytes),
                           qmv.ProducerTiles: ("nuvec_qmm_wgmma_ws", qmv.qmm_wgmma_ws_bytes),
@@ -432,7 +432,7 @@ def test_dequantize_runs_its_kernel(mode, group, width, dtype):
 def test_many_rows_dequantize_then_run_gemm_wgmma_with_qmm_wgmmas_bits(mode, group, width):
     """From DEQUANTIZED_ROWS rows on Hopper the product dequantizes w, then runs gemm_wgmma: within
     tolerance of numpy and the composition, and bit for bit the product of the same rows by qmm's
-    own plan (qmm_wgmma_ws there; the route may follow the row count), here at M = DEQUANTIZED_ROWS + 8 (past the threshold
+    own plan (qmm_wgmma_ws there for affine 4-bit; the route may follow the row count), here at M = DEQUANTIZED_ROWS + 8 (past the threshold
     and a 128-row tile), N = 300, K = 1152."""
     rng = np.random.default_rng(0x9BE)
     n, k, rows = 300, 1152, qmv.DEQUANTIZED_ROWS + 8
@@ -442,7 +442,7 @@ def test_many_rows_dequantize_then_run_gemm_wgmma_with_qmm_wgmmas_bits(mode, gro
     with expect_launches(gpu, "nuvec_dequantize"):
         routed = assert_matches(f"{mode} {width}-bit", lambda: quant.quantized_matmul(x, qw), "nuvec_gemm_wgmma",
                                 xv @ dequantized(qw).T)
-    with expect_launches(gpu, qmv.qmm_hopper_family(rows, n, width, kernels.target(gpu).multiprocessors)):
+    with expect_launches(gpu, qmv.qmm_hopper_family(rows, n, width, kernels.target(gpu).multiprocessors, mode=mode)):
         tiled = qmv.qmm(x, qw.weight, qw.scales, qw.biases, mode=mode, group_size=group, bits=width, out_dtype=dtypes.bfloat16,
                         backend="cuda").realize()
     np.testing.assert_array_equal(bits_of(routed), bits_of(tiled))

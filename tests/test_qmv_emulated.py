@@ -501,10 +501,12 @@ def test_qmm_wgmma_routes_and_plans():
     assert qmv.qmm_hopper_tiles(4096, 1536, 4, 132, batches=128) == (qmv.QMM_WGMMA_RS_SMALL if routed else qmv.QMM_WGMMA_SMALL)
     assert qmv.qmm_hopper_tiles(2048, 5760, 4, 132, batches=32) == qmv.QMM_WGMMA_LARGE
     assert qmv.qmm_hopper_tiles(4096, 1536, 3, 132, batches=128) == qmv.QMM_WGMMA_SMALL
-    # not gathered: qmm_wgmma_ws past 64 rows while routed (its plan's tiles), qmm_wgmma up to 64
+    # not gathered: qmm_wgmma_ws past 64 rows of affine 4-bit weights while routed (its plan's
+    # tiles); other formats (not yet timed) and up to 64 rows qmm_wgmma's
     ws = qmv.QMM_WGMMA_WS_ROUTED
     assert qmv.qmm_hopper_tiles(65, 14336, 4, 132) == (qmv.qmm_wgmma_ws_plan(65, 14336, 132) if ws else qmv.qmm_wgmma_plan(65, 14336, 132))
-    assert qmv.qmm_hopper_family(256, 14336, 3, 132) == ("nuvec_qmm_wgmma_ws" if ws else "nuvec_qmm_wgmma")
+    assert qmv.qmm_hopper_family(256, 14336, 4, 132) == ("nuvec_qmm_wgmma_ws" if ws else "nuvec_qmm_wgmma")
+    assert qmv.qmm_hopper_family(256, 14336, 3, 132) == qmv.qmm_hopper_family(256, 14336, 4, 132, mode="mxfp4") == "nuvec_qmm_wgmma"
     assert qmv.qmm_hopper_tiles(64, 14336, 4, 132) == (qmv.QMM_WGMMA_RS_SMALL if routed else qmv.QMM_WGMMA_SMALL)
     assert qmv.qmm_hopper_family(4096, 1536, 4, 132, batches=128) in ("nuvec_qmm_wgmma", "nuvec_qmm_wgmma_rs")
     assert all(qmv.qmm_wgmma_rs_bytes(t, bits) <= qmv.WGMMA_MAX_DYNAMIC for t in qmv.QMM_WGMMA_RS_SHAPES for bits in (2, 4, 8))

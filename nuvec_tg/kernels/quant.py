@@ -18,9 +18,10 @@ with the device's `kernels.Target`, anything else is the composition):
 - qmm on a target with Hopper's warpgroup products (CUDA sm_90) and K a multiple of 64
   (`takes_qmm_wgmma`: K and the device decide) runs a warpgroup kernel in its place
   (`qmm_hopper_tiles`): `qmm_wgmma_ws` (`src/qmm_wgmma_ws.h`, a producer warpgroup decodes while
-  the others multiply) for more than 64 rows, not gathered; else `qmm_wgmma` (`src/qmm_wgmma.h`),
-  or for 2, 4 and 8 bits once routed (`takes_qmm_wgmma_rs`) `qmm_wgmma_rs` (`src/qmm_wgmma_rs.h`,
-  w dequantized into the products' registers). From DEQUANTIZED_ROWS rows (fewer where N is
+  the others multiply) for more than 64 rows of affine 4-bit weights, not gathered
+  (`takes_qmm_wgmma_ws`); else `qmm_wgmma` (`src/qmm_wgmma.h`), or for 2, 4 and 8 bits once
+  routed (`takes_qmm_wgmma_rs`) `qmm_wgmma_rs` (`src/qmm_wgmma_rs.h`, w dequantized into the
+  products' registers). From DEQUANTIZED_ROWS rows (fewer where N is
   small) `quantized_matmul` dequantizes w once (`dequantize`, `src/dequantize.h`) and runs
   `linear.gemm_wgmma` (`takes_dequantized`). All sum the same rounded weights in the same order:
   the same bits, so a row's bits never depend on the row count that picks the kernel.
@@ -756,15 +757,15 @@ def qmm_wgmma_rs_plan(rows: int, n: int, multiprocessors: int | None = None) -> 
     return wgmma_tiles(rows, n, multiprocessors, QMM_WGMMA_RS_SMALL, QMM_WGMMA_RS_WIDE, QMM_WGMMA_RS_SMALL.rows)
 
 
-def qmm_hopper_tiles(rows: int, n: int, bits: int, multiprocessors: int | None = None, batches: int = 0):
+def qmm_hopper_tiles(rows: int, n: int, bits: int, multiprocessors: int | None = None, batches: int = 0, mode: str = "affine"):
     """qmm's tiles on Hopper (`takes_qmm_wgmma`), whose kind picks the kernel: ProducerTiles
-    (qmm_wgmma_ws) for more than QMM_WGMMA_WS_SMALL's 64 rows, not gathered, while
-    QMM_WGMMA_WS_ROUTED; else RegisterTiles (qmm_wgmma_rs) where `takes_qmm_wgmma_rs`, else
-    WgmmaTiles (qmm_wgmma), by their plans. Gathered over `batches` weight batches: tiles of
-    `gathered_tile_rows` rows, 64 as QMM_WGMMA_RS_SMALL (or QMM_WGMMA_SMALL), 128 as
-    QMM_WGMMA_LARGE (qmm_wgmma_ws's gathered tiles lose 3 of the 4 MoE rows of
-    `tools/dequantize_probe.py --moe`, `quant_h200.md`). All give the same bits."""
-    if QMM_WGMMA_WS_ROUTED and not batches and rows > QMM_WGMMA_WS_SMALL.rows:
+    (qmm_wgmma_ws) for more than QMM_WGMMA_WS_SMALL's 64 rows of a format of
+    QMM_WGMMA_WS_FORMATS, not gathered (`takes_qmm_wgmma_ws`); else RegisterTiles (qmm_wgmma_rs)
+    where `takes_qmm_wgmma_rs`, else WgmmaTiles (qmm_wgmma), by their plans. Gathered over
+    `batches` weight batches: tiles of `gathered_tile_rows` rows, 64 as QMM_WGMMA_RS_SMALL (or
+    QMM_WGMMA_SMALL), 128 as QMM_WGMMA_LARGE (qmm_wgmma_ws's gathered tiles lose 3 of the 4 MoE rows
+    of `tools/dequantize_probe.py --moe`, `quant_h200.md`). All give the same bits."""
+    if not batches and rows > QMM_WGMMA_WS_SMALL.rows and takes_qmm_wgmma_ws(mode, bits):
         return qmm_wgmma_ws_plan(rows, n, multiprocessors)
     register = takes_qmm_wgmma_rs(bits)
     if batches:
@@ -773,9 +774,10 @@ def qmm_hopper_tiles(rows: int, n: int, bits: int, multiprocessors: int | None =
     return qmm_wgmma_rs_plan(rows, n, multiprocessors) if register else qmm_wgmma_plan(rows, n, multiprocessors)
 
 
-def qmm_hopper_family(rows: int, n: int, bits: int, multiprocessors: int | None = None, batches: int = 0) -> str:
+def qmm_hopper_family(rows: int, n: int, bits: int, multiprocessors: int | None = None, batches: int = 0,
+                      mode: str = "affine") -> str:
     """The kernel family (its name) of `qmm_hopper_tiles`' plan: what the tests expect to launch."""
-    tiles = qmm_hopper_tiles(rows, n, bits, multiprocessors, batches)
+    tiles = qmm_hopper_tiles(rows, n, bits, multiprocessors, batches, mode)
     return {RegisterTiles: "nuvec_qmm_wgmma_rs", ProducerTiles: "nuvec_qmm_wgmma_ws", WgmmaTiles: "nuvec_qmm_wgmma"}[type(tiles)]
 
 
@@ -808,10 +810,13 @@ def qmm_wgmma_rs_program(x_dtype: DType, scales_dtype: DType, out_dtype: DType, 
 # qmm on Hopper's warpgroup products, warp-specialised (`src/qmm_wgmma_ws.h`): a producer warpgroup
 # copies x and decodes w into the stage buffers while the consumer warpgroups only issue the
 # products, so the decoding runs under the tensor cores' work. Every width and mode; the same bits
-# as qmm_wgmma. Routed for more than 64 rows, not gathered (`qmm_hopper_tiles`): faster than
-# qmm_wgmma at every such shape timed, by 6-29% (M 128-2048, the three shapes of
-# `tools/dequantize_probe.py`, an H100: `quant_h200.md`); from DEQUANTIZED_ROWS the dequantized
-# route still runs, and the gathered tiles and up to 64 rows stay qmm_wgmma's.
+# as qmm_wgmma. Routed for more than 64 rows, not gathered, in the formats timed
+# (`qmm_hopper_tiles`): affine 4-bit beats qmm_wgmma at every such shape timed, by 6-29% (M
+# 128-2048, the three shapes of `tools/dequantize_probe.py`, an H100: `quant_h200.md`). The other
+# formats stay qmm_wgmma's until timed (their plan's tiles spill at 3, 5 and 6 bits and nvfp4: 8-52
+# bytes); from DEQUANTIZED_ROWS the dequantized route still runs, and the gathered tiles and up to
+# 64 rows stay qmm_wgmma's.
+QMM_WGMMA_WS_FORMATS = (("affine", 4),)
 QMM_WGMMA_WS_ROUTED = True
 QMM_WGMMA_WS_SMALL = ProducerTiles(1, 256, 4, producers=2)
 QMM_WGMMA_WS_LARGE = ProducerTiles(2, 256, 4)
@@ -831,6 +836,12 @@ def qmm_wgmma_ws_plan(rows: int, n: int, multiprocessors: int | None = None) -> 
     QMM_WGMMA_WS_LARGE or QMM_WGMMA_WS_NARROW, whichever's waves cost less (`wgmma_tiles`, as
     qmm_wgmma's plan). Any shape gives the same bits."""
     return wgmma_tiles(rows, n, multiprocessors, QMM_WGMMA_WS_SMALL, (QMM_WGMMA_WS_LARGE, QMM_WGMMA_WS_NARROW), 64)
+
+
+def takes_qmm_wgmma_ws(mode: str, bits: int) -> bool:
+    """Whether qmm's plan runs qmm_wgmma_ws (rather than qmm_wgmma) for more than 64 rows, not
+    gathered: a format of QMM_WGMMA_WS_FORMATS, while QMM_WGMMA_WS_ROUTED."""
+    return QMM_WGMMA_WS_ROUTED and (mode, bits) in QMM_WGMMA_WS_FORMATS
 
 
 QMM_WGMMA_WS = Family("nuvec_qmm_wgmma_ws", ("tile_rows.h", "quant_codes.h", "wgmma_steps.h", "qmm_wgmma_ws.h"), qmm_unsupported,
@@ -878,8 +889,8 @@ def qmm(x: Tensor, weight: Tensor, scales: Tensor, biases: Tensor | None, *, mod
     picks) run as one product per batch and row tile (a mixture of experts' prefill).
     composition: `(x, weight, scales, biases[, picks]) -> y`, whose gradient is the backward.
     On Hopper with K a multiple of 64 the kernel is `qmm_hopper_tiles`' (qmm_wgmma_ws for more than
-    64 rows, qmm_wgmma, or qmm_wgmma_rs where `takes_qmm_wgmma_rs`; `tiles` overrides the plan and,
-    by its kind, the kernel: tuning)."""
+    64 rows where `takes_qmm_wgmma_ws`, qmm_wgmma, or qmm_wgmma_rs where `takes_qmm_wgmma_rs`; `tiles`
+    overrides the plan and, by its kind, the kernel: tuning)."""
     rows, k = x.shape
     n = weight.shape[-2]
     gather = picks is not None
@@ -887,7 +898,7 @@ def qmm(x: Tensor, weight: Tensor, scales: Tensor, biases: Tensor | None, *, mod
     wgmma = backend == "cuda" and takes_qmm_wgmma(k, target)
     if wgmma:
         batches = weight.shape[0] if gather else 0
-        tiles = tiles or qmm_hopper_tiles(rows, n, bits, target.multiprocessors, batches)
+        tiles = tiles or qmm_hopper_tiles(rows, n, bits, target.multiprocessors, batches, mode)
         make = (qmm_wgmma_rs_program if isinstance(tiles, RegisterTiles) else
                 qmm_wgmma_ws_program if isinstance(tiles, ProducerTiles) else qmm_wgmma_program)
         kernel = make(x.dtype, scales.dtype, out_dtype, mode=mode, group_size=group_size, bits=bits, tiles=tiles, gather=gather)
