@@ -135,8 +135,12 @@ struct StepWords {
       bool x_in[X_COPIES];
       x_copy_sources<X_COPIES>(x, m_first, first_row, X_ROWS_A_PASS, piece, run_start, run_end, k_size, x_from, x_in);
       // Its row r is row first_w + ROWS_APART * r of w (batches one after another), read only where
-      // row_in[r]; the addresses are made at each load, fewer registers than keeping them.
+      // row_in[r]; each load's address is made from row 0's and the rows' distance, which keeps
+      // fewer registers than an address a row (those spilled at 3, 5 and 6 bits and nvfp4).
       const size_t first_w = first_w_row + n_first + producer / 2;
+      const DEVICE uint* words_at = w + first_w * words_per_row + chunk * BITS;  // row 0's chunk
+      const size_t words_apart = (size_t)ROWS_APART * words_per_row, groups_at = first_w * groups_per_row;
+      const size_t groups_apart = (size_t)ROWS_APART * groups_per_row;
       bool row_in[ROWS];
 #pragma unroll
       for (int r = 0; r < ROWS; r++) row_in[r] = batch_real && n_first + producer / 2 + ROWS_APART * r < n_size;
@@ -160,10 +164,9 @@ struct StepWords {
 #define LOAD_STEP(INTO, STEP)                                                                         \
   _Pragma("unroll") for (int r = 0; r < ROWS; r++) {                                                  \
     if (row_in[r]) {                                                                                  \
-      const size_t row = first_w + ROWS_APART * r;                                                    \
-      load_chunk_words(w + row * words_per_row + (size_t)(STEP) * 2 * BITS + chunk * BITS, false, INTO.words[r]); \
+      load_chunk_words(words_at + r * words_apart + (size_t)(STEP) * 2 * BITS, false, INTO.words[r]); \
       _Pragma("unroll") for (int h = 0; h < SCALES_PER_CHUNK; h++) {                                  \
-        const size_t index = row * groups_per_row + ((STEP) * BK + 32 * chunk + CHUNK_GROUP * h) / GROUP; \
+        const size_t index = groups_at + r * groups_apart + ((STEP) * BK + 32 * chunk + CHUNK_GROUP * h) / GROUP; \
         INTO.scales[r][h] = scales[index];                                                            \
         LOAD_BIAS(INTO, r, h, index)                                                                  \
       }                                                                                               \
