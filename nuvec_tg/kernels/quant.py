@@ -813,9 +813,8 @@ def qmm_wgmma_rs_program(x_dtype: DType, scales_dtype: DType, out_dtype: DType, 
 # as qmm_wgmma. Routed for more than 64 rows, not gathered, in the formats timed
 # (`qmm_hopper_tiles`): affine 4-bit beats qmm_wgmma at every such shape timed, by 6-29% (M
 # 128-2048, the three shapes of `tools/dequantize_probe.py`, an H100: `quant_h200.md`). The other
-# formats stay qmm_wgmma's until timed (their plan's tiles spill at 3, 5 and 6 bits and nvfp4: 8-52
-# bytes); from DEQUANTIZED_ROWS the dequantized route still runs, and the gathered tiles and up to
-# 64 rows stay qmm_wgmma's.
+# formats stay qmm_wgmma's until timed; from DEQUANTIZED_ROWS the dequantized route still runs, and
+# the gathered tiles and up to 64 rows stay qmm_wgmma's.
 QMM_WGMMA_WS_FORMATS = (("affine", 4),)
 QMM_WGMMA_WS_ROUTED = True
 QMM_WGMMA_WS_SMALL = ProducerTiles(1, 256, 4, producers=2)
