@@ -270,6 +270,27 @@ def test_qmm_matches_the_composition(mode, group, width, dtype):
     assert y.shape == (2, 50, n)
 
 
+@pytest.mark.parametrize("mode, group, width", [("affine", 64, 4), ("mxfp4", 32, 4), ("affine", 32, 3)], ids=str)
+def test_qmm_rows_keep_their_bits_in_every_row_count(mode, group, width):
+    """A row's bits never depend on the row count that picks the kernel: the last rows of M = 9
+    (qmm's boundary), 13, 100 and 257 equal those rows of the DEQUANTIZED_ROWS + 8 row product bit
+    for bit (on Hopper, N past DEQUANTIZED_NARROW_N: qmm_wgmma up to 64 rows, qmm_wgmma_ws from 65
+    in affine 4-bit, the dequantized route at the most), each within tolerance of numpy."""
+    rng = np.random.default_rng(0x9C3)
+    n, k, most = qmv.DEQUANTIZED_NARROW_N + 300, 1152, qmv.DEQUANTIZED_ROWS + 8
+    qw = quant.quantize(random(rng, (n, k), dtypes.bfloat16, gpu)[0], group, width, mode=mode)
+    x, xv = random(rng, (most, k), dtypes.bfloat16, gpu)
+    x = x.realize()
+    want = xv @ dequantized(qw).T
+    with expect_launches(gpu, "nuvec_"):
+        full = quant.quantized_matmul(x, qw).realize()
+    assert_rows_close("all rows", values(full), want, KERNEL_TOLERANCE[dtypes.bfloat16])
+    for rows in (9, 13, 100, 257):
+        with expect_launches(gpu, "nuvec_qmm"):
+            part = quant.quantized_matmul(x[most - rows:].contiguous(), qw).realize()
+        np.testing.assert_array_equal(bits_of(part), bits_of(full)[most - rows:], err_msg=f"M {rows}")
+
+
 def test_qmm_gradients_equal_the_compositions():
     rng = np.random.default_rng(0x9B7)
     qw = quant.quantize(random(rng, (96, 256), dtypes.bfloat16, gpu)[0], 64, 4)
