@@ -401,10 +401,11 @@ QMM_WGMMA_WS_CASES = [case for case in QMM_WGMMA_CASES if case[:3] not in (("aff
 @pytest.mark.parametrize("mode, group, bits, dtype", QMM_WGMMA_WS_CASES, ids=str)
 def test_emulated_qmm_wgmma_ws_equals_qmm_wgmma(mode, group, bits, dtype):
     """qmm_wgmma_ws (a producer warpgroup decodes, the consumers only multiply), words two steps
-    ahead and one, odd widths, each mode, one producer warpgroup and two, 3 buffers over 3 steps
-    (128 x 128: the buffers wrap)."""
+    ahead and one, odd widths, each mode, one producer warpgroup and two (for one consumer, and for
+    two over 128 columns: 512 threads), 3 buffers over 3 steps (128 x 128: the buffers wrap)."""
     check_the_other_forms_give_qmm_wgmmas_bits(0x9C0, mode, group, bits, dtype, "qmm_wgmma_ws",
-                                               (qmv.QMM_WGMMA_WS_LARGE, qmv.ProducerTiles(1, 128, 3), qmv.QMM_WGMMA_WS_SMALL))
+                                               (qmv.QMM_WGMMA_WS_LARGE, qmv.ProducerTiles(1, 128, 3), qmv.QMM_WGMMA_WS_SMALL,
+                                                qmv.ProducerTiles(2, 128, 3, producers=2)))
 
 
 def emulated_gathered_check(tiles, unsorted: bool = True) -> np.ndarray:

@@ -821,7 +821,8 @@ QMM_WGMMA_WS_SMALL = ProducerTiles(1, 256, 4, producers=2)
 QMM_WGMMA_WS_LARGE = ProducerTiles(2, 256, 4)
 QMM_WGMMA_WS_NARROW = ProducerTiles(2, 128, 4)  # where 128 x 256 tiles' waves cost more (`wgmma_tiles`)
 QMM_WGMMA_WS_SHAPES = (QMM_WGMMA_WS_LARGE, ProducerTiles(2, 256, 3), QMM_WGMMA_WS_NARROW,
-                       ProducerTiles(2, 128, 6), ProducerTiles(1, 256, 4), QMM_WGMMA_WS_SMALL, ProducerTiles(1, 128, 6))
+                       ProducerTiles(2, 128, 6), ProducerTiles(1, 256, 4), QMM_WGMMA_WS_SMALL, ProducerTiles(1, 128, 6),
+                       ProducerTiles(2, 128, 4, producers=2))  # two producers for two consumers: not yet timed
 
 
 def qmm_wgmma_ws_bytes(tiles: ProducerTiles, bits: int = 0) -> int:
@@ -849,10 +850,12 @@ QMM_WGMMA_WS = Family("nuvec_qmm_wgmma_ws", ("tile_rows.h", "quant_codes.h", "wg
 
 def qmm_wgmma_ws_program(x_dtype: DType, scales_dtype: DType, out_dtype: DType, *, mode: str, group_size: int, bits: int,
                          tiles: ProducerTiles, gather: bool = False) -> Program:
-    """The qmm_wgmma_ws specialisation (CUDA sm_90a): parameters as qmm's. At most 384 threads: ptxas
-    compiles a warpgroup product within the registers a thread has at entry whatever `setmaxnreg`
-    gives it later, and 512 threads leave 128, below a 64 x 256 product's 154."""
-    if tiles.threads > 384: raise ValueError(f"qmm_wgmma_ws: {tiles} takes {tiles.threads} threads (at most 384)")
+    """The qmm_wgmma_ws specialisation (CUDA sm_90a): parameters as qmm's. At most 384 threads, or
+    512 for 128 columns: ptxas compiles a warpgroup product within the registers a thread has at
+    entry whatever `setmaxnreg` gives it later, and 512 threads leave 128, below a 64 x 256
+    product's 154 but enough for a 64 x 128 one's."""
+    if tiles.threads > (512 if tiles.columns == 128 else 384):
+        raise ValueError(f"qmm_wgmma_ws: {tiles} takes {tiles.threads} threads (at most 384; 512 for 128 columns)")
     if (needed := qmm_wgmma_ws_bytes(tiles)) > WGMMA_MAX_DYNAMIC:
         raise ValueError(f"qmm_wgmma_ws: {tiles} takes {needed} bytes of threadgroup memory (at most {WGMMA_MAX_DYNAMIC})")
     defines = dict(TX=ctype(x_dtype), TS=ctype(scales_dtype), TY=ctype(out_dtype), BITS=bits, GROUP=group_size,

@@ -47,7 +47,7 @@
 // which launches 128 * (WARPGROUPS + PRODUCERS) threads with STAGES * ((BM + BN) * 128 + 16) + 1024
 // bytes of dynamic threadgroup memory over the grid (row tiles, column tiles).
 
-#if BK != 64 || BM != 64 * WARPGROUPS || (BN != 128 && BN != 256) || STAGES < 3 || BN % (128 * PRODUCERS) != 0
+#if BK != 64 || BM != 64 * WARPGROUPS || (BN != 128 && BN != 256) || STAGES < 3 || (2 * BN) % (128 * PRODUCERS) != 0
 #error "qmm_wgmma_ws.h: BK 64, BM 64 per warpgroup, BN 128 or 256 (two chunks a row, a multiple of the producers), at least 3 stages"
 #endif
 #define CONSUMER_THREADS (128 * WARPGROUPS)
