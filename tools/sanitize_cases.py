@@ -606,7 +606,8 @@ if WARPGROUPS:
                   ("affine", 64, 4, dtypes.bfloat16, 300, nuvec_quant.QMM_WGMMA_WS_LARGE),
                   ("affine", 32, 3, dtypes.float16, 70, nuvec_quant.ProducerTiles(1, 128, 3)),
                   ("mxfp8", 32, 8, dtypes.bfloat16, 130, nuvec_quant.ProducerTiles(2, 128, 4)),
-                  ("nvfp4", 16, 4, dtypes.bfloat16, 70, nuvec_quant.ProducerTiles(1, 256, 4)))]
+                  ("nvfp4", 16, 4, dtypes.bfloat16, 70, nuvec_quant.ProducerTiles(1, 256, 4)),
+                  ("affine", 64, 4, dtypes.bfloat16, 130, nuvec_quant.ProducerTiles(2, 128, 4, producers=2)))]
 
 QUANT += [Case(f"gathered qmm {fmt(mode, group, bits)} {SHORT[dtype]} 40 sorted entries E3, experts out of range, K{k} N100",
                qmm_of(k, bits), sorted_gather(mode, group, bits, k, dtype))
