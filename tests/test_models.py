@@ -18,11 +18,12 @@ import shutil
 
 import numpy as np
 import pytest
-from tinygrad import Tensor, dtypes
+from tinygrad import Tensor, TinyJit, dtypes
 from tinygrad.nn.state import safe_load, safe_save
 
 from nuvec_tg import models, quant
 from nuvec_tg.models import layers
+from nuvec_tg.models.model import StepInput
 from nuvec_tg.models.sampling import Sampler
 from nuvec_tg.quant import QuantizedWeight
 from reference import assert_rows_close
@@ -570,3 +571,16 @@ def test_gpt_oss_mxfp4_blocks_of_the_wrong_shape_are_named(tmp_path):
     safe_save(tensors, str(directory / "model.safetensors"))
     with pytest.raises(ValueError, match=rf"tensor {name}_blocks has shape \(4, 64, 4, 8\), expected \(4, 64, 2, 16\)"):
         models.load(directory)
+
+
+def test_step_inputs_refresh_a_jitted_steps_buffer_in_place():
+    """StepInput: each write lands in the one realized buffer a TinyJit replays over, so the step
+    sees every step's values without a new tensor (and its schedule) a step."""
+    host = StepInput((2, 3), "CPU")
+    step = TinyJit(lambda t: (t * 2).realize())
+    seen = []
+    for i in range(4):
+        t = host.write(np.arange(6).reshape(2, 3) + i)
+        assert t is host.tensor
+        seen.append(step(t).numpy().copy())
+    np.testing.assert_array_equal(np.stack(seen), 2 * (np.arange(6).reshape(1, 2, 3) + np.arange(4).reshape(4, 1, 1)))

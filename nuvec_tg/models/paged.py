@@ -45,7 +45,7 @@ from tinygrad import Tensor, TinyJit, dtypes
 from tinygrad.helpers import Context
 
 from .cache import Pages, Positions
-from .model import recent_jit
+from .model import StepInput, recent_jit
 from .sampling import Sampler, greedy_tokens
 
 DEFAULT_BLOCK_SIZE = 16   # positions a block (vLLM's default): a power of two, which the paged decode kernels read
@@ -157,6 +157,7 @@ class Engine:
         self.prefilling: deque[Request] = deque()
         self.running: list[Request] = []
         self.steps: dict[tuple[int, bool], TinyJit] = {}
+        self.step_inputs: dict[int, tuple[StepInput, StepInput]] = {}   # a decode bucket's tokens and meta
         self.prefills: dict[tuple[int, bool], TinyJit] = {}
         self.requests: dict[int, Request] = {}   # every request submitted, by id (its tokens and state)
         self._ids = itertools.count()
@@ -252,8 +253,11 @@ class Engine:
             meta[row, :4] = (position, cache.pool_slot(r.slot, position), position + 1, r.slot)
             meta[row, 4:] = cache.tables[r.slot]
         step = self._step(bucket, greedy)
-        with Context(JIT_BATCH_SIZE=0):   # one graph a step
-            out = step(Tensor(tokens, device=self.model.device), Tensor(meta, device=self.model.device))
+        if bucket not in self.step_inputs:
+            self.step_inputs[bucket] = (StepInput(tokens.shape, self.model.device), StepInput(meta.shape, self.model.device))
+        tokens_in, meta_in = self.step_inputs[bucket]
+        with Context(JIT_BATCH_SIZE=0):   # one graph a step; the last step's tokens were read back
+            out = step(tokens_in.write(tokens), meta_in.write(meta))
         if greedy:
             chosen = out.numpy()[:len(running)].tolist()
         else:
