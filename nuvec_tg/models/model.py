@@ -364,8 +364,8 @@ class Model:
 class StepInput:
     """A jitted step's int32 input `[shape]` from the host, kept in one realized buffer into which
     each step's values are copied (the device allocator's copy-in). A new tensor a step costs
-    tinygrad a schedule and a realize on the host, about 1.7 ms (measured on the CPU; a decode
-    step of the Engine made two), where the copy is a memcpy and an asynchronous transfer. Write
+    tinygrad a schedule and a realize on the host (`tools/engine_host.py`; the Engine's decode
+    step made two), where the copy is a memcpy and an asynchronous transfer. Write
     only between steps whose outputs were read back: nothing on the device may still be reading
     the buffer (on CUDA the transfer is ordered on the stream anyway; Metal's is a plain memcpy).
     Several devices (a sharded model): a new tensor each write, as before."""
