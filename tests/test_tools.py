@@ -1,5 +1,5 @@
-"""The measuring tools that run without a GPU: `tools/ncu_stalls.py` reading ncu's source page,
-`tools/ab_sources.py` extracting a revision's kernel sources."""
+"""The measuring tools that run without a GPU: `tools/ncu_stalls.py` reading ncu's source page
+(stalls, warp roles, tag lookups), `tools/ab_sources.py` extracting a revision's kernel sources."""
 from __future__ import annotations
 
 import importlib.util
@@ -41,6 +41,32 @@ def test_ncu_stalls_reads_the_source_page(tmp_path):
     assert lines[1].split() == ["long_sb", "58.0%"] and lines[2].split() == ["barrier", "28.0%"]
     assert "IMAD.U32" in lines[5] and "long_sb 97%" in lines[5]   # the most samples first
     assert "BAR.SYNC" in lines[6] and len(lines) == 7
+
+
+ROLES_PAGE = '''"Kernel Name","nuvec_ws_0123",
+"Address","Source","Warp Stall Sampling (All Samples)","Instructions Executed","L1 Tag Requests Global","stall_long_sb","stall_selected"
+"0x10","@!P4 LDG.E.U16.CONSTANT R2, desc[UR8][R4.64]","2","64","2048","0","2"
+"0x20","LDG.E.128.CONSTANT R8, desc[UR8][R6.64]","8","64","1024","6","2"
+"0x30","HGMMA.64x256x16.F32.BF16 R24, gdesc[UR16], R24","10","128","0","0","10"
+"0x40","@!P0 BRA 0x7f25","80","128","0","80","0"
+'''
+
+
+def test_ncu_stalls_splits_a_kernel_by_role_and_counts_tag_lookups(tmp_path):
+    """Instructions executed equally often (a warp-specialised kernel's loops) as one set each,
+    and the L1 tag lookups by opcode, a predicate skipped."""
+    ncu = tool("ncu_stalls")
+    path = tmp_path / "source.csv"
+    path.write_text(ROLES_PAGE)
+    _, instructions = ncu.read(str(path))
+    assert [i.opcode for i in instructions][:2] == ["LDG.E.U16.CONSTANT", "LDG.E.128.CONSTANT"]
+    lines = ncu.roles(instructions, 2)
+    assert lines[1].split()[:5] == ["2", "instructions", "x", "128:", "90.0%"] and "long_sb 89%" in lines[1]
+    assert lines[2].split()[:5] == ["2", "instructions", "x", "64:", "10.0%"]
+    tags = ncu.tag_lookups(instructions)
+    assert tags[0] == "L1 tag lookups of global memory: 3072" and tags[1].split() == ["LDG.E.U16.CONSTANT", "2048", "66.7%"]
+    path.write_text(SOURCE_PAGE)
+    assert ncu.tag_lookups(ncu.read(str(path))[1]) == []   # a page without them
 
 
 def test_ncu_stalls_refuses_other_files(tmp_path):

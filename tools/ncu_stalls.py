@@ -6,9 +6,13 @@ On the GPU machine (ncu is there; see the device tool's H200.md):
         --section WarpStateStats -o report python3 script.py
     ncu --import report.ncu-rep --page source --csv --print-source sass -k regex:NAME > source.csv
 
-then, anywhere: `python3 tools/ncu_stalls.py source.csv [--top 25]`. It prints the share of every
-stall reason over the kernel's samples and the instructions that hold the most samples, each with
-its two largest reasons. This is how the chunked gated delta pass's u widening was found
+then, anywhere: `python3 tools/ncu_stalls.py source.csv [--top 25] [--roles 4]`. It prints the
+share of every stall reason over the kernel's samples and the instructions that hold the most
+samples, each with its two largest reasons; `--roles N`, the N sets of instructions executed the
+same number of times that hold the most samples, each with its own reasons (a warp-specialised
+kernel's producer and consumer loops fall apart so: `quant_h200.md`, qmm_wgmma_ws); and, where
+the page has them (`--section MemoryWorkloadAnalysis` too), the L1 tag lookups of global memory
+by opcode: one a 128-byte line an instruction touches. This is how the chunked gated delta pass's u widening was found
 (`benchmarks/gated_delta_h200.md`): 41% of its samples on three instructions waiting on loads
 ("long scoreboard") meant to be a chunk ahead.
 """
@@ -28,6 +32,14 @@ class Instruction:
     source: str
     samples: float
     stalls: dict[str, float]   # reason (without "stall_") -> samples
+    executed: float = 0.0      # warp-level executions ("Instructions Executed")
+    tags: float = 0.0          # L1 tag lookups of global memory ("L1 Tag Requests Global")
+
+    @property
+    def opcode(self) -> str:
+        words = self.source.split()
+        words = words[1:] if words and words[0].startswith("@") else words   # a predicate
+        return words[0] if words else "?"
 
 
 def number(text: str) -> float:
@@ -53,7 +65,9 @@ def read(path: str) -> tuple[str, list[Instruction]]:
         if len(row) < len(header): continue
         stalls = {r[len("stall_"):]: number(row[column[r]]) for r in reasons}
         samples = number(row[column[SAMPLES]]) if SAMPLES in column else sum(stalls.values())
-        instructions.append(Instruction(row[column["Address"]], row[column["Source"]].strip(), samples, stalls))
+        optional = lambda title: number(row[column[title]]) if title in column else 0.0  # noqa: E731
+        instructions.append(Instruction(row[column["Address"]], row[column["Source"]].strip(), samples, stalls,
+                                        optional("Instructions Executed"), optional("L1 Tag Requests Global")))
     return name, instructions
 
 
@@ -73,12 +87,44 @@ def report(name: str, instructions: list[Instruction], top: int) -> list[str]:
     return lines
 
 
+def roles(instructions: list[Instruction], count: int) -> list[str]:
+    """The `count` sets of instructions executed equally often with the most samples: a loop of
+    one kind of warp each (its instructions, executions, share of the samples, top reasons)."""
+    groups: dict[float, list[Instruction]] = {}
+    for ins in instructions:
+        if ins.executed: groups.setdefault(ins.executed, []).append(ins)
+    total = sum(ins.samples for ins in instructions) or 1.0
+    lines = [f"the {count} sets of instructions executed equally often with the most samples:"]
+    for executed, members in sorted(groups.items(), key=lambda kv: -sum(i.samples for i in kv[1]))[:count]:
+        stalls: Counter[str] = Counter()
+        for ins in members: stalls.update(ins.stalls)
+        samples = sum(stalls.values()) or 1.0
+        said = ", ".join(f"{r} {v / samples:.0%}" for r, v in stalls.most_common(4) if v > 0)
+        lines.append(f"  {len(members):5d} instructions x {executed:.0f}: {sum(i.samples for i in members) / total:6.1%}  {said}")
+    return lines
+
+
+def tag_lookups(instructions: list[Instruction]) -> list[str]:
+    """The L1 tag lookups of global memory by opcode, most first (none: the page lacks them)."""
+    by_opcode: Counter[str] = Counter()
+    for ins in instructions:
+        if ins.tags: by_opcode[ins.opcode] += ins.tags
+    total = sum(by_opcode.values())
+    if not total: return []
+    return [f"L1 tag lookups of global memory: {total:.0f}"] + \
+        [f"  {opcode:28s} {lookups:14.0f} {lookups / total:6.1%}" for opcode, lookups in by_opcode.most_common()]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("csv", help="ncu --page source --csv --print-source sass output")
     parser.add_argument("--top", type=int, default=25, help="instructions to list")
+    parser.add_argument("--roles", type=int, default=0, help="sets of equally often executed instructions to list")
     args = parser.parse_args()
-    print("\n".join(report(*read(args.csv), args.top)))
+    name, instructions = read(args.csv)
+    lines = report(name, instructions, args.top)
+    if args.roles: lines += roles(instructions, args.roles)
+    print("\n".join(lines + tag_lookups(instructions)))
 
 
 if __name__ == "__main__":
