@@ -150,6 +150,27 @@ def test_a_second_generation_reuses_the_cache_and_its_jitted_step(name):
     assert rest.tolist() == [w.tolist() for w in wants[1]]
 
 
+@pytest.mark.parametrize("name", ["qwen3", "qwen3_5"])
+def test_prompts_of_one_bucket_share_a_prefill(name):
+    """An attention-only model prefills a generation's last prompt chunk as a multiple of
+    PREFILL_BUCKET rows (junk after the prompt), so prompts of different lengths replay one jitted
+    prefill, with the tokens of each prompt prefilled alone at its own length (`model(tokens,
+    cache)`, every row exact); a hybrid (qwen3_5: a recurrent state the junk would enter) keeps
+    one prefill a length."""
+    from nuvec_tg.models.model import PREFILL_BUCKET
+    m = model(name)
+    rng = np.random.default_rng(0x5B)
+    for length in (3, 17, 40):
+        prompt = rng.integers(0, 200, length).tolist()
+        got = [step[0] for step in m.generate_tokens([prompt], max_tokens=4, stop_tokens=())]
+        cache = m.make_cache(1, 64)
+        want = [int(m(np.array([prompt]), cache)[0, -1].argmax().item())]
+        for _ in range(3): want.append(int(m(np.array([[want[-1]]]), cache)[0, -1].argmax().item()))
+        assert got == want, length
+    keys = sorted(m._generation_cache.prefills)
+    assert keys == ([(0, PREFILL_BUCKET, "last")] if name == "qwen3" else [(0, n, "last") for n in (3, 17, 40)]), keys
+
+
 @pytest.mark.parametrize("name", ["qwen3", "gemma3", "gpt_oss", "qwen3_5"])   # qwen3_5: one hybrid, its 25-token prompt compiles anew
 def test_a_stop_token_stops_generation(name):
     ref = reference(name)

@@ -32,6 +32,9 @@ from .sampling import Sampler, greedy_tokens
 # drains the queue, so a group pays one launch's host time with the device idle).
 READ_BACK_GROUP = 16
 PREFILL_JITS = 4   # jitted prefills a cache or an engine keeps (`recent_jit`)
+# A generation's last prompt chunk runs as a multiple of this many rows (junk rows after the prompt,
+# in attention-only models): one prefill jit for every prompt length of a bucket, not one a length.
+PREFILL_BUCKET = 64
 
 
 @dataclass
@@ -134,7 +137,7 @@ class Model:
             return logits.reshape(batch, 1, -1)
         chunks = []
         for start in range(0, length, self.prefill_chunk):   # cloned: each is a jit's output buffer
-            chunks.append(self._prefill_chunk(cache, tokens[:, start:start + self.prefill_chunk], last_only=False).clone())
+            chunks.append(self._prefill_chunk(cache, tokens[:, start:start + self.prefill_chunk], "all").clone())
         return (chunks[0] if len(chunks) == 1 else chunks[0].cat(*chunks[1:], dim=1)).realize()
 
     def _check_cache(self, cache: KVCache, batch: int, length: int) -> None:
@@ -155,25 +158,42 @@ class Model:
         offset = start if cache.pads is None else (Tensor(start, dtype=dtypes.int32, device=self.device) - cache.pads)
         return Positions(start, rows, offset, cached=True, key_count=start + rows, pads=cache.pads, capacity=cache.max_length)
 
-    def _prefill_chunk(self, cache: KVCache, tokens: Tensor, last_only: bool) -> Tensor:
-        """Logits of a chunk continuing from `cache.position` (only the last row's with `last_only`),
-        through the cache's jitted prefill of this position, length and output (`_prefill_jit`).
-        The logits are the jit's output buffer: the next replay of that jit overwrites them."""
-        rows = tokens.shape[1]
-        logits = self._prefill_jit(cache, cache.position, rows, last_only)(tokens.contiguous())
+    def _prefill_chunk(self, cache: KVCache, tokens: Tensor, output: str, rows: int | None = None) -> Tensor:
+        """A chunk continuing from `cache.position`, through the cache's jitted prefill of this
+        position, length and output (`_prefill_jit`); the cache then moves on by `rows` (default
+        the chunk's length). output: "all" (every row's logits), "last" (row `rows - 1`'s logits:
+        the rows after it are junk, written into cache rows that no query reads before a decode
+        step overwrites them) or "none" (the last row's hidden state: the cache's writes are the
+        point). The result is the jit's output buffer: its next replay overwrites it."""
+        length = tokens.shape[1]
+        rows = length if rows is None else rows
+        jit = self._prefill_jit(cache, cache.position, length, output)
+        out = jit(tokens.contiguous(), Tensor([rows - 1], dtype=dtypes.int32, device=self.device))
         cache.position += rows
-        return logits
+        return out
 
-    def _prefill_jit(self, cache: KVCache, start: int, rows: int, last_only: bool) -> TinyJit:
-        """The cache's jitted prefill of `rows` tokens from cache row `start` (`recent_jit`). A
-        generation's prompt is one chunk from row 0, so a prompt of a length prefilled before
-        replays; a change of padding kind drops the cache's prefills with its decode steps."""
-        def make() -> Callable[[Tensor], Tensor]:
-            def prefill(tokens: Tensor) -> Tensor:
+    def _prefill_jit(self, cache: KVCache, start: int, rows: int, output: str) -> TinyJit:
+        """The cache's jitted prefill of `rows` tokens from cache row `start` (`recent_jit`), whose
+        second input is the row whose logits "last" gives. A generation's prompt is one chunk
+        from row 0 (its last chunk a multiple of PREFILL_BUCKET rows where the model allows), so
+        a prompt of a length prefilled before replays; a change of padding kind drops the cache's
+        prefills with its decode steps."""
+        def make() -> Callable[[Tensor, Tensor], Tensor]:
+            def prefill(tokens: Tensor, last_row: Tensor) -> Tensor:
                 hidden = self._hidden(tokens, self._positions(cache, start, rows), cache)
-                return self._logits(hidden[:, -1:] if last_only else hidden).realize(*cache.buffers())
+                if output == "all": out = self._logits(hidden)
+                elif output == "none": out = hidden[:, -1:]
+                else:   # the row by value, so that one jit serves every prompt length of its rows
+                    chosen = Tensor.arange(rows, dtype=dtypes.int32).to(last_row.device).reshape(1, rows, 1) == last_row.reshape(1, 1, 1)
+                    out = self._logits(chosen.where(hidden, 0).sum(1, keepdim=True))   # one row and zeros: exact
+                return out.realize(*cache.buffers())
             return prefill
-        return recent_jit(cache.prefills, (start, rows, last_only), make)
+        return recent_jit(cache.prefills, (start, rows, output), make)
+
+    def _right_pads_prompts(self) -> bool:
+        """Whether a prompt's last chunk may carry junk rows after it: every layer's cache is
+        attention's (rows no earlier query reads), none a recurrent state the junk would enter."""
+        return all(isinstance(getattr(layer, "attention", None), Attention) for layer in self.layers)
 
     # ---- the jitted decode step ---------------------------------------------------------------
 
@@ -296,9 +316,14 @@ class Model:
         began = time.perf_counter()
         logits = None
         for start in range(0, longest, self.prefill_chunk):
-            chunk = Tensor(padded[:, start:start + self.prefill_chunk], device=self.device)
-            last = start + self.prefill_chunk >= longest
-            logits = self._prefill_chunk(cache, chunk, last_only=last)
+            rows = min(self.prefill_chunk, longest - start)
+            chunk = padded[:, start:start + rows]
+            if start + rows < longest:
+                self._prefill_chunk(cache, Tensor(chunk, device=self.device), "none")
+                continue
+            if self._right_pads_prompts():   # one jit for every length of its bucket (the cache's rows are whole 256s)
+                chunk = np.pad(chunk, ((0, 0), (0, min(_round_up(rows, PREFILL_BUCKET), self.prefill_chunk) - rows)))
+            logits = self._prefill_chunk(cache, Tensor(chunk, device=self.device), "last", rows)
         next_tokens = sampler(logits[:, -1].cast(dtypes.float32))
         stats.prompt_seconds = time.perf_counter() - began
 
