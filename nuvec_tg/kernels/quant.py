@@ -777,8 +777,7 @@ def qmm_hopper_tiles(rows: int, n: int, bits: int, multiprocessors: int | None =
 def qmm_hopper_family(rows: int, n: int, bits: int, multiprocessors: int | None = None, batches: int = 0,
                       mode: str = "affine") -> str:
     """The kernel family (its name) of `qmm_hopper_tiles`' plan: what the tests expect to launch."""
-    tiles = qmm_hopper_tiles(rows, n, bits, multiprocessors, batches, mode)
-    return {RegisterTiles: "nuvec_qmm_wgmma_rs", ProducerTiles: "nuvec_qmm_wgmma_ws", WgmmaTiles: "nuvec_qmm_wgmma"}[type(tiles)]
+    return HOPPER_QMM[type(qmm_hopper_tiles(rows, n, bits, multiprocessors, batches, mode))][0].stem
 
 
 def qmm_wgmma_rs_bytes(tiles: RegisterTiles, bits: int) -> int:
@@ -867,6 +866,11 @@ def qmm_wgmma_ws_program(x_dtype: DType, scales_dtype: DType, out_dtype: DType, 
                                 occupancy=(tiles.threads, 1))
 
 
+# qmm's Hopper kernels by the kind of their tiles (`qmm_hopper_tiles`): family and specialisation.
+HOPPER_QMM = {WgmmaTiles: (QMM_WGMMA, qmm_wgmma_program), RegisterTiles: (QMM_WGMMA_RS, qmm_wgmma_rs_program),
+              ProducerTiles: (QMM_WGMMA_WS, qmm_wgmma_ws_program)}
+
+
 def qmm_program(backend: str, x_dtype: DType, scales_dtype: DType, out_dtype: DType, *, mode: str, group_size: int,
                 bits: int, k: int, gather: bool = False) -> Program:
     """The qmm specialisation: parameters y, x, w, scales (, biases) (, picks, tile_starts), ints (M, N, K (,
@@ -901,9 +905,7 @@ def qmm(x: Tensor, weight: Tensor, scales: Tensor, biases: Tensor | None, *, mod
     if wgmma:
         batches = weight.shape[0] if gather else 0
         tiles = tiles or qmm_hopper_tiles(rows, n, bits, target.multiprocessors, batches, mode)
-        make = (qmm_wgmma_rs_program if isinstance(tiles, RegisterTiles) else
-                qmm_wgmma_ws_program if isinstance(tiles, ProducerTiles) else qmm_wgmma_program)
-        kernel = make(x.dtype, scales.dtype, out_dtype, mode=mode, group_size=group_size, bits=bits, tiles=tiles, gather=gather)
+        kernel = HOPPER_QMM[type(tiles)][1](x.dtype, scales.dtype, out_dtype, mode=mode, group_size=group_size, bits=bits, tiles=tiles, gather=gather)
         grid, threads = tiles.grid(rows, n), tiles.threads
         if gather: grid = (gather_tile_slots(rows, tiles.rows, batches), grid[1], 1)
     else:

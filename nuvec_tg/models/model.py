@@ -168,18 +168,19 @@ class Model:
         length = tokens.shape[1]
         rows = length if rows is None else rows
         jit = self._prefill_jit(cache, cache.position, length, output)
-        out = jit(tokens.contiguous(), Tensor([rows - 1], dtype=dtypes.int32, device=self.device))
+        last_row = (Tensor([rows - 1], dtype=dtypes.int32, device=self.device),) if output == "last" else ()
+        out = jit(tokens.contiguous(), *last_row)
         cache.position += rows
         return out
 
     def _prefill_jit(self, cache: KVCache, start: int, rows: int, output: str) -> TinyJit:
-        """The cache's jitted prefill of `rows` tokens from cache row `start` (`recent_jit`), whose
-        second input is the row whose logits "last" gives. A generation's prompt is one chunk
+        """The cache's jitted prefill of `rows` tokens from cache row `start` (`recent_jit`); "last"
+        takes a second input, the row whose logits it gives. A generation's prompt is one chunk
         from row 0 (its last chunk a multiple of PREFILL_BUCKET rows where the model allows), so
         a prompt of a length prefilled before replays; a change of padding kind drops the cache's
         prefills with its decode steps."""
-        def make() -> Callable[[Tensor, Tensor], Tensor]:
-            def prefill(tokens: Tensor, last_row: Tensor) -> Tensor:
+        def make() -> Callable[..., Tensor]:
+            def prefill(tokens: Tensor, last_row: Tensor | None = None) -> Tensor:
                 hidden = self._hidden(tokens, self._positions(cache, start, rows), cache)
                 if output == "all": out = self._logits(hidden)
                 elif output == "none": out = hidden[:, -1:]

@@ -61,8 +61,8 @@ def batched_quantized_matmul(x: Tensor, qw: QuantizedWeight, transpose: bool) ->
     its kernels take them (the gathered qmm for more than 8 rows an entry, one launch over every
     batch). Returns `broadcast(x batches, w batches) + [M, N]`, or `[..., N]` for x `[K]`."""
     rows = x.reshape(1, -1) if x.ndim == 1 else x
-    shape = broadcast_shape("quantized_matmul", tuple(rows.shape[:-2]), tuple(qw.weight.shape[:-2]))
     batches = tuple(qw.weight.shape[:-2])
+    shape = broadcast_shape("quantized_matmul", tuple(rows.shape[:-2]), batches)
     picks = np.broadcast_to(np.arange(math.prod(batches)).reshape(batches), shape).reshape(-1)
     out = gather_qmm(rows, qw, transpose=transpose, sorted_indices=bool((picks[1:] >= picks[:-1]).all()))
     return out.reshape(*shape, out.shape[-1]) if x.ndim == 1 else out
