@@ -118,10 +118,15 @@ def test_dequantized_rows_through_gemm_wgmma_give_qmm_wgmmas_bits(mode, group, b
 def test_the_route_dequantizes_from_its_rows_on_hopper_only():
     hopper, ampere = Target("cuda", warpgroups=True), Target("cuda")
     bf16 = dtypes.bfloat16
-    route = lambda rows, k, target, n=14336: kernel.product_route(bf16, bf16, bf16, rows, k, n, bits=4,  # noqa: E731
-                                                                  transpose=True, batched=False, target=target)
-    assert route(kernel.DEQUANTIZED_ROWS, 4096, hopper) == ("qmm_dequantized", None)
-    assert route(kernel.DEQUANTIZED_ROWS - 1, 4096, hopper) == ("qmm", None)
+    route = lambda rows, k, target, n=14336, bits=4: kernel.product_route(bf16, bf16, bf16, rows, k, n, bits=bits, mode="affine",  # noqa: E731
+                                                                          transpose=True, batched=False, target=target)
+    assert route(kernel.DEQUANTIZED_ROWS, 4096, hopper, bits=3) == ("qmm_dequantized", None)
+    assert route(kernel.DEQUANTIZED_ROWS - 1, 4096, hopper, bits=3) == ("qmm", None)
+    # where qmm_wgmma_ws takes the format, from its own rows
+    assert kernel.takes_qmm_wgmma_ws("affine", 4) == kernel.QMM_WGMMA_WS_ROUTED
+    ws_rows = kernel.DEQUANTIZED_WS_ROWS if kernel.QMM_WGMMA_WS_ROUTED else kernel.DEQUANTIZED_ROWS
+    assert route(ws_rows, 4096, hopper) == ("qmm_dequantized", None)
+    assert route(ws_rows - 1, 4096, hopper) == ("qmm", None)
     # at N up to DEQUANTIZED_NARROW_N from fewer rows
     assert route(kernel.DEQUANTIZED_NARROW_ROWS, 4096, hopper, n=kernel.DEQUANTIZED_NARROW_N) == ("qmm_dequantized", None)
     assert route(kernel.DEQUANTIZED_NARROW_ROWS - 1, 4096, hopper, n=kernel.DEQUANTIZED_NARROW_N) == ("qmm", None)
@@ -129,7 +134,7 @@ def test_the_route_dequantizes_from_its_rows_on_hopper_only():
     assert route(4096, 4096 + 32, hopper) == ("qmm", None)  # K not whole steps of 64: qmm.h, as qmm_wgmma's rule
     assert route(4096, 4096, ampere) == ("qmm", None)
     # untransposed w [K, N]: past qvm's rows, dequantized on Hopper (no other kernel takes them)
-    untransposed = lambda rows, target, x=bf16: kernel.product_route(x, bf16, x, rows, 4096, 14336, bits=4,  # noqa: E731
+    untransposed = lambda rows, target, x=bf16: kernel.product_route(x, bf16, x, rows, 4096, 14336, bits=4, mode="affine",  # noqa: E731
                                                                     transpose=False, batched=False, target=target)
     assert untransposed(kernel.MAX_ROWS, hopper) == ("qvm", None)
     assert untransposed(kernel.MAX_ROWS + 1, hopper) == ("qmm_dequantized", None)

@@ -344,7 +344,7 @@ def test_every_qvm_metal_specialisation_compiles(tmp_path):
     for (mode, group, bits), x, rows, k in itertools.product(FORMATS, ("float", "half", "bfloat"), (1, 3, 8), (4096, 100)):
         n = 4096 if k == 4096 else 3 * group   # nvfp4: 48, a half chunk
         scales = DTYPES[x if mode == "affine" else "uchar"]
-        assert qmv.product_route(DTYPES[x], scales, DTYPES[x], rows, k, n, bits=bits, transpose=False, batched=False,
+        assert qmv.product_route(DTYPES[x], scales, DTYPES[x], rows, k, n, bits=bits, mode=mode, transpose=False, batched=False,
                                  target=PlanTarget("metal")) == ("qvm", None)
         cases.append((qmv.qvm_program("metal", DTYPES[x], scales, DTYPES[x], mode=mode, group_size=group, bits=bits,
                                       rows=rows, k=k, n=n), qmv.qvm_metal_resources(rows, k)))
@@ -360,7 +360,7 @@ def test_every_qmm_metal_specialisation_compiles(tmp_path):
         if k % group: continue
         for scales in ((x, "float") if mode == "affine" else ("uchar",)):
             if scales != "float":
-                assert qmv.product_route(DTYPES[x], DTYPES[scales], DTYPES[x], 64, k, 4096, bits=bits, transpose=True,
+                assert qmv.product_route(DTYPES[x], DTYPES[scales], DTYPES[x], 64, k, 4096, bits=bits, mode=mode, transpose=True,
                                          batched=False, target=PlanTarget("metal")) == ("qmm", None)
             cases.append((qmv.qmm_program("metal", DTYPES[x], DTYPES[scales], DTYPES[x], mode=mode, group_size=group,
                                           bits=bits, k=k, gather=gather), qmv.qmm_metal_resources(bits)))

@@ -27,9 +27,9 @@ def decode(dtype, target):
     return fast.plan_attention((1, 8, 1, 128), (1, 2, 4096, 128), (1, 2, 4096, 128), dtype, device=target)
 
 
-def product(dtype, rows, target, bits=4, transpose=True):
+def product(dtype, rows, target, bits=4, mode="affine", transpose=True):
     """quantized_matmul's route for `rows` rows of x against a 4096 x 4096 weight."""
-    return qmv.product_route(dtype, dtype, dtype, rows, 4096, 4096, bits=bits, transpose=transpose, batched=False,
+    return qmv.product_route(dtype, dtype, dtype, rows, 4096, 4096, bits=bits, mode=mode, transpose=transpose, batched=False,
                              target=target)
 
 
@@ -53,7 +53,7 @@ def test_bfloat16_products_take_kernels_only_where_metal_has_bfloat():
         assert product(bf16, rows, METAL_3_0, transpose=transpose) == (kernel, NO_BFLOAT)
         assert product(f16, rows, METAL_3_0, transpose=transpose) == (kernel, None)
     # bfloat16 scales under float32 activations: the kernel still reads bfloat.
-    assert qmv.product_route(f32, bf16, f32, 1, 4096, 4096, bits=4, transpose=True, batched=False,
+    assert qmv.product_route(f32, bf16, f32, 1, 4096, 4096, bits=4, mode="affine", transpose=True, batched=False,
                              target=METAL_3_0) == ("qmv", NO_BFLOAT)
     assert gathered(bf16, 4, 8, METAL_3_0, False) == ("gather_qmv", NO_BFLOAT)
     assert gathered(f16, 4, 8, METAL_3_0, False) == ("gather_qmv", None)

@@ -2,6 +2,8 @@
 every affine width and floating-point mode, x dtypes and scale dtypes, 1-8 rows, N and K at the
 kernel's boundaries (N not a multiple of a SIMD group's columns, K not a multiple of a SIMD step,
 nvfp4's K = 16 mod 32, K split across SIMD groups); each row's bits equal to a one-row launch's."""
+import functools
+
 import numpy as np
 import pytest
 from tinygrad import Tensor, dtypes
@@ -330,7 +332,7 @@ def emulated_qmm_wgmma(x: np.ndarray, qw, dtype, tiles, picks: np.ndarray | None
     rows, k = x.shape
     n = qw.weight.shape[-2]
     make = (qmv.qmm_wgmma_rs_program if isinstance(tiles, qmv.RegisterTiles) else
-            qmv.qmm_wgmma_ws_program if isinstance(tiles, qmv.ProducerTiles) else qmv.qmm_wgmma_program)
+            functools.partial(qmv.qmm_wgmma_ws_program, k=k) if isinstance(tiles, qmv.ProducerTiles) else qmv.qmm_wgmma_program)
     kernel = edited(make(dtype, qw.scales.dtype, dtype, mode=qw.mode, group_size=qw.group_size, bits=qw.bits, tiles=tiles,
                          gather=picks is not None), edit)
     y = np.full((rows, n), 0xFFFF, dtype=x.dtype)  # NaN patterns: an output the kernel misses shows
@@ -370,14 +372,16 @@ QMM_WGMMA_RS_CASES = [("affine", 64, 4, dtypes.bfloat16), ("affine", 32, 2, dtyp
                       ("mxfp4", 32, 4, dtypes.bfloat16), ("mxfp8", 32, 8, dtypes.float16), ("nvfp4", 16, 4, dtypes.bfloat16)]
 
 
-def check_the_other_forms_give_qmm_wgmmas_bits(seed: int, mode: str, group: int, bits: int, dtype, name: str, tiles) -> None:
+def check_the_other_forms_give_qmm_wgmmas_bits(seed: int, mode: str, group: int, bits: int, dtype, name: str, tiles,
+                                               k: int | None = None, scales_dtype=None) -> None:
     """M = 70 (past a 64-row tile), N = 267 (past 128- and 256-wide tiles, odd), K = 192 (three
-    steps; 256 for groups of 128): the first of `tiles` (kernel `name`) within tolerance of the
-    composition, and every one of them, the same rounded weights summed in the same order, with
-    qmm_wgmma's bits."""
+    steps; 256 for groups of 128) unless given: the first of `tiles` (kernel `name`) within
+    tolerance of the composition, and every one of them, the same rounded weights summed in the
+    same order, with qmm_wgmma's bits. scales_dtype: the weights' (and so the scales') dtype, x's
+    unless given."""
     rng = np.random.default_rng(seed)
-    n, k = 267, 256 if group == 128 else 192
-    qw = quantized(random(rng, (n, k), dtype, "CPU")[0], mode, group, bits)
+    n, k = 267, k or (256 if group == 128 else 192)
+    qw = quantized(random(rng, (n, k), scales_dtype or dtype, "CPU")[0], mode, group, bits)
     x_tensor = random(rng, (70, k), dtype, "CPU")[0].realize()
     want = quant.quantized_matmul(x_tensor, qw).cast(dtypes.float32).numpy().astype(np.float64)
     got = emulated_qmm_wgmma(raw(x_tensor), qw, dtype, tiles[0])
@@ -406,6 +410,22 @@ def test_emulated_qmm_wgmma_ws_equals_qmm_wgmma(mode, group, bits, dtype):
     check_the_other_forms_give_qmm_wgmmas_bits(0x9C0, mode, group, bits, dtype, "qmm_wgmma_ws",
                                                (qmv.QMM_WGMMA_WS_LARGE, qmv.ProducerTiles(1, 128, 3), qmv.QMM_WGMMA_WS_SMALL,
                                                 qmv.ProducerTiles(2, 128, 3, producers=2)))
+
+
+# K 512 and 1024: a row's groups in whole fours (twos of float32 scales), so qmm_wgmma_ws loads its
+# scales a vector at a time (SCALE_VECTORS), over one step a vector (nvfp4) to eight (groups of 128)
+QMM_WGMMA_WS_VECTOR_CASES = [("affine", 64, 4, dtypes.bfloat16, None, 512), ("affine", 64, 4, dtypes.bfloat16, dtypes.float32, 512),
+                             ("affine", 32, 3, dtypes.float16, None, 512), ("affine", 128, 8, dtypes.bfloat16, None, 1024),
+                             ("mxfp4", 32, 4, dtypes.bfloat16, None, 512), ("nvfp4", 16, 4, dtypes.bfloat16, None, 512)]
+
+
+@pytest.mark.parametrize("mode, group, bits, dtype, scales_dtype, k", QMM_WGMMA_WS_VECTOR_CASES, ids=str)
+def test_emulated_qmm_wgmma_ws_loads_scales_in_vectors_with_qmm_wgmmas_bits(mode, group, bits, dtype, scales_dtype, k):
+    """Where K / group is a multiple of 4, qmm_wgmma_ws's producer loads four groups' scales at once
+    and shifts them down as its chunk moves on: the same weights, so qmm_wgmma's bits."""
+    assert qmv.whole_scale_vectors(k, group)
+    check_the_other_forms_give_qmm_wgmmas_bits(0x9C2, mode, group, bits, dtype, "qmm_wgmma_ws", (qmv.QMM_WGMMA_WS_LARGE,),
+                                               k=k, scales_dtype=scales_dtype)
 
 
 def emulated_gathered_check(tiles, unsorted: bool = True) -> np.ndarray:

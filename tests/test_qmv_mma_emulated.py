@@ -97,7 +97,7 @@ def test_qmv_mma_plan_and_route():
     cuda, metal = Target("cuda", multiprocessors=132), Target("metal", "g")
 
     def route(rows, x=bf16, n=4096, target=cuda):
-        return qmv.product_route(x, x, x, rows, 4096, n, bits=4, transpose=True, batched=False, target=target)[0]
+        return qmv.product_route(x, x, x, rows, 4096, n, bits=4, mode="affine", transpose=True, batched=False, target=target)[0]
     routed = qmv.QMV_MMA_ROUTED
     try:
         qmv.QMV_MMA_ROUTED = True

@@ -110,14 +110,15 @@ QMV, QVM, QMM, QMV_MMA = ("nuvec_qmv",), ("nuvec_qvm",), ("nuvec_qmm",), ("nuvec
 GEMV, GEMM = ("nuvec_gemv",), ("nuvec_gemm",)
 
 
-def qmm_of(k: int, bits: int, rows: int = 0, n: int = 0) -> tuple[str, ...]:
-    """The families of a qmm call of `rows` rows, depth K, N outputs over `bits`-bit weights: on
-    Hopper where K is a multiple of 64, qmm_wgmma (qmm_wgmma_rs where `takes_qmm_wgmma_rs`), or
+def qmm_of(k: int, bits: int, rows: int = 0, n: int = 0, mode: str = "affine") -> tuple[str, ...]:
+    """The families of a qmm call of `rows` rows, depth K, N outputs over `bits`-bit weights in
+    `mode`: on Hopper where K is a multiple of 64, the plan's tiled kernel (`qmm_hopper_family`), or
     where M and N take the dequantized route (`takes_dequantized`; gathered calls pass no rows),
     dequantize then gemm_wgmma."""
     if not (WARPGROUPS and k % 64 == 0): return QMM
-    if nuvec_quant.takes_dequantized(rows, k, n, nuvec_kernels.target(DEVICE)): return ("nuvec_dequantize", "nuvec_gemm_wgmma")
-    return ("nuvec_qmm_wgmma_rs",) if nuvec_quant.takes_qmm_wgmma_rs(bits) else ("nuvec_qmm_wgmma",)
+    target = nuvec_kernels.target(DEVICE)
+    if nuvec_quant.takes_dequantized(rows, k, n, target, mode, bits): return ("nuvec_dequantize", "nuvec_gemm_wgmma")
+    return (nuvec_quant.qmm_hopper_family(rows, n, bits, target.multiprocessors, mode=mode),)
 
 
 def prefill_of(d: int, dv: int | None = None) -> tuple[str, ...]:
@@ -546,13 +547,13 @@ QUANT = [Case(f"qmv {fmt(mode, group, bits)} {SHORT[dtype]} M{rows} K{1024 + 3 *
       for m in (9, 65, 130)],
     Case("qmm affine3 g32 f16 M65 K320 N100", qmm_of(320, 3), product("affine", 32, 3, (65, 320), 100, dtypes.float16)),
     Case("qmm affine8 g128 f16 M9 K384 N100", qmm_of(384, 8), product("affine", 128, 8, (9, 384), 100, dtypes.float16)),
-    Case("qmm mxfp8 bf16 M9 K320 N100", qmm_of(320, 8), product("mxfp8", 32, 8, (9, 320), 100, dtypes.bfloat16)),
-    Case("qmm mxfp4 bf16 batch 5x13 K320 N100", qmm_of(320, 4), product("mxfp4", 32, 4, (5, 13, 320), 100, dtypes.bfloat16)),
+    Case("qmm mxfp8 bf16 M9 K320 N100", qmm_of(320, 8, mode="mxfp8"), product("mxfp8", 32, 8, (9, 320), 100, dtypes.bfloat16)),
+    Case("qmm mxfp4 bf16 batch 5x13 K320 N100", qmm_of(320, 4, mode="mxfp4"), product("mxfp4", 32, 4, (5, 13, 320), 100, dtypes.bfloat16)),
     Case("qmm affine3 g64 bf16 M130 K192 N267 (odd width, past 128-row and 256-column tiles)", qmm_of(192, 3, 130, 267),
          product("affine", 64, 3, (130, 192), 267, dtypes.bfloat16)),
     Case("qmm affine2 g32 bf16 M120 K192 N267 (inside a 128-row tile of x, past 128-row tiles of w)", qmm_of(192, 2),
          product("affine", 32, 2, (120, 192), 267, dtypes.bfloat16)),
-    Case("qmm nvfp4 f16 M130 K272 (a half chunk) N100", qmm_of(272, 4, 130, 100), product("nvfp4", 16, 4, (130, 272), 100, dtypes.float16)),
+    Case("qmm nvfp4 f16 M130 K272 (a half chunk) N100", qmm_of(272, 4, 130, 100, "nvfp4"), product("nvfp4", 16, 4, (130, 272), 100, dtypes.float16)),
     # qmm's dequantized route on Hopper (from DEQUANTIZED_ROWS rows): dequantize, then gemm_wgmma
     Case("qmm affine4 g64 bf16 M520 K320 N100 (dequantized on Hopper)",
          ("nuvec_dequantize", "nuvec_gemm_wgmma") if WARPGROUPS else QMM, product("affine", 64, 4, (520, 320), 100, dtypes.bfloat16)),
@@ -608,6 +609,12 @@ if WARPGROUPS:
                   ("mxfp8", 32, 8, dtypes.bfloat16, 130, nuvec_quant.ProducerTiles(2, 128, 4)),
                   ("nvfp4", 16, 4, dtypes.bfloat16, 70, nuvec_quant.ProducerTiles(1, 256, 4)),
                   ("affine", 64, 4, dtypes.bfloat16, 130, nuvec_quant.ProducerTiles(2, 128, 4, producers=2)))]
+    # K 512: each row's groups in whole fours, so the producer loads its scales a vector at a time
+    QUANT += [Case(f"qmm_wgmma_ws {fmt(mode, group, bits)} {SHORT[dtype]} M{rows} K512 N267 {tiles} scale vectors", ("nuvec_qmm_wgmma_ws",),
+                   unrouted_product(mode, group, bits, rows, 512, 267, dtype, nuvec_quant.qmm, tiles=tiles))
+              for mode, group, bits, dtype, rows, tiles in (
+                  ("affine", 64, 4, dtypes.bfloat16, 300, nuvec_quant.QMM_WGMMA_WS_LARGE),
+                  ("mxfp4", 32, 4, dtypes.bfloat16, 130, nuvec_quant.ProducerTiles(2, 128, 4)))]
 
 QUANT += [Case(f"gathered qmm {fmt(mode, group, bits)} {SHORT[dtype]} 40 sorted entries E3, experts out of range, K{k} N100",
                qmm_of(k, bits), sorted_gather(mode, group, bits, k, dtype))

@@ -33,6 +33,7 @@ it depends on K and N alone: a row's bits never depend on how many rows share th
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Callable
@@ -624,11 +625,11 @@ QMM = Family("nuvec_qmm", ("tile_rows.h", "quant_codes.h", "qmm.h"), qmm_unsuppo
 
 
 def product_route(x_dtype: DType, scales_dtype: DType, out_dtype: DType, rows: int, k: int, n: int, *, bits: int,
-                  transpose: bool, batched: bool, target: Target) -> tuple[str, str | None]:
+                  mode: str, transpose: bool, batched: bool, target: Target) -> tuple[str, str | None]:
     """`quantized_matmul`'s kernel on `target` for `rows` rows of x against a `bits`-bit weight of
-    K inputs and N outputs: `("qmv" | "qvm" | "qmm" | "qmm_dequantized", reason it cannot run or
+    K inputs and N outputs in `mode`: `("qmv" | "qvm" | "qmm" | "qmm_dequantized", reason it cannot run or
     None)`. Up to MAX_ROWS rows, qmv (transposed) or qvm (not); more, qmm (transposed only), or
-    from DEQUANTIZED_ROWS rows (DEQUANTIZED_NARROW_ROWS at N up to DEQUANTIZED_NARROW_N) on Hopper
+    from DEQUANTIZED_ROWS rows (DEQUANTIZED_WS_ROWS in qmm_wgmma_ws's formats; DEQUANTIZED_NARROW_ROWS at N up to DEQUANTIZED_NARROW_N) on Hopper
     `dequantize` then gemm_wgmma (`takes_dequantized`, the same bits); QMV_MMA_MIN_ROWS to
     MAX_ROWS rows of 16-bit x on CUDA, qmv_mma (`takes_qmv_mma`: "qmv_mma"); more rows of
     untransposed weights on Hopper, `dequantize` then gemm_wgmma over the dense rows' transpose
@@ -643,7 +644,7 @@ def product_route(x_dtype: DType, scales_dtype: DType, out_dtype: DType, rows: i
                 return "qmm_dequantized", dequantize_unsupported(scales_dtype, x_dtype, k, n, target)   # w [K, N]: rows of N codes
             return kernel, f"{rows} rows of untransposed weights (qvm takes at most {MAX_ROWS}; dequantized on Hopper)"
         reason = qmm_unsupported(x_dtype, scales_dtype, out_dtype, rows, k, n, bits, target)
-        if reason is None and takes_dequantized(rows, k, n, target):
+        if reason is None and takes_dequantized(rows, k, n, target, mode, bits):
             return "qmm_dequantized", dequantize_unsupported(scales_dtype, x_dtype, n, k, target)
         return kernel, reason
     return kernel, qmv_unsupported(x_dtype, scales_dtype, out_dtype, rows, k, n, target, kernel)
@@ -812,7 +813,7 @@ def qmm_wgmma_rs_program(x_dtype: DType, scales_dtype: DType, out_dtype: DType, 
 # as qmm_wgmma. Routed for more than 64 rows, not gathered, in the formats timed
 # (`qmm_hopper_tiles`): affine 4-bit beats qmm_wgmma at every such shape timed, by 6-29% (M
 # 128-2048, the three shapes of `tools/dequantize_probe.py`, an H100: `quant_h200.md`). The other
-# formats stay qmm_wgmma's until timed; from DEQUANTIZED_ROWS the dequantized route still runs, and
+# formats stay qmm_wgmma's until timed; from DEQUANTIZED_WS_ROWS the dequantized route runs, and
 # the gathered tiles and up to 64 rows stay qmm_wgmma's.
 QMM_WGMMA_WS_FORMATS = (("affine", 4),)
 QMM_WGMMA_WS_ROUTED = True
@@ -847,12 +848,19 @@ QMM_WGMMA_WS = Family("nuvec_qmm_wgmma_ws", ("tile_rows.h", "quant_codes.h", "wg
                       qmm_wgmma_ws_plan, backends=("cuda",), arch="sm_90a")
 
 
+def whole_scale_vectors(k: int, group_size: int) -> bool:
+    """Whether a weight row of K codes has its groups in whole, aligned fours (qmm_wgmma_ws's scale
+    loads): K / group_size a multiple of 4."""
+    return k % group_size == 0 and k // group_size % 4 == 0
+
+
 def qmm_wgmma_ws_program(x_dtype: DType, scales_dtype: DType, out_dtype: DType, *, mode: str, group_size: int, bits: int,
-                         tiles: ProducerTiles, gather: bool = False) -> Program:
+                         tiles: ProducerTiles, gather: bool = False, k: int | None = None) -> Program:
     """The qmm_wgmma_ws specialisation (CUDA sm_90a): parameters as qmm's. At most 384 threads, or
     512 for 128 columns: ptxas compiles a warpgroup product within the registers a thread has at
     entry whatever `setmaxnreg` gives it later, and 512 threads leave 128, below a 64 x 256
-    product's 154 but enough for a 64 x 128 one's."""
+    product's 154 but enough for a 64 x 128 one's. k: the K it will run (`whole_scale_vectors`:
+    its producer loads four groups' scales at once where K allows); None: any K, group by group."""
     if tiles.threads > (512 if tiles.columns == 128 else 384):
         raise ValueError(f"qmm_wgmma_ws: {tiles} takes {tiles.threads} threads (at most 384; 512 for 128 columns)")
     if (needed := qmm_wgmma_ws_bytes(tiles)) > WGMMA_MAX_DYNAMIC:
@@ -860,7 +868,8 @@ def qmm_wgmma_ws_program(x_dtype: DType, scales_dtype: DType, out_dtype: DType, 
     defines = dict(TX=ctype(x_dtype), TS=ctype(scales_dtype), TY=ctype(out_dtype), BITS=bits, GROUP=group_size,
                    MODE=_MODES[mode], GATHER=int(gather), WARPGROUPS=tiles.warpgroups, PRODUCERS=tiles.producers, BM=tiles.rows,
                    BN=tiles.columns, BK=WGMMA_STEP, STAGES=tiles.stages, LOAD_WORDS=load_words(bits, bits),  # a chunk's words from a row's step
-                   PRODUCER_REGISTERS=tiles.registers[0], CONSUMER_REGISTERS=tiles.registers[1])
+                   PRODUCER_REGISTERS=tiles.registers[0], CONSUMER_REGISTERS=tiles.registers[1],
+                   SCALE_VECTORS=int(k is not None and whole_scale_vectors(k, group_size)))
     params = _params(defines["TY"], defines["TX"], defines["TS"], mode, gather, tile_table=gather) + [Param("ints", "in", "int")]
     return QMM_WGMMA_WS.program("cuda", defines, params, dynamic_bytes=qmm_wgmma_ws_bytes(tiles),
                                 occupancy=(tiles.threads, 1))
@@ -905,7 +914,9 @@ def qmm(x: Tensor, weight: Tensor, scales: Tensor, biases: Tensor | None, *, mod
     if wgmma:
         batches = weight.shape[0] if gather else 0
         tiles = tiles or qmm_hopper_tiles(rows, n, bits, target.multiprocessors, batches, mode)
-        kernel = HOPPER_QMM[type(tiles)][1](x.dtype, scales.dtype, out_dtype, mode=mode, group_size=group_size, bits=bits, tiles=tiles, gather=gather)
+        make = HOPPER_QMM[type(tiles)][1]
+        if make is qmm_wgmma_ws_program: make = functools.partial(make, k=k)  # its scale loads follow K
+        kernel = make(x.dtype, scales.dtype, out_dtype, mode=mode, group_size=group_size, bits=bits, tiles=tiles, gather=gather)
         grid, threads = tiles.grid(rows, n), tiles.threads
         if gather: grid = (gather_tile_slots(rows, tiles.rows, batches), grid[1], 1)
     else:
@@ -939,6 +950,10 @@ DEQUANTIZE_PIECES = 1
 # slower, 137.6 against 122.5).
 DEQUANTIZED_ROWS = 512
 DEQUANTIZED_NARROW_ROWS, DEQUANTIZED_NARROW_N = 128, 4096
+# The same where qmm_wgmma_ws runs instead of qmm_wgmma (`takes_qmm_wgmma_ws`), N past
+# DEQUANTIZED_NARROW_N: qmm_wgmma_ws is faster at 512 rows and slower at 1024 (H100, its scales in
+# vectors: 164.7 µs against the route's 180.1 at M 512 K 4096 N 14336; 353.9 against 278.8 at M 1024).
+DEQUANTIZED_WS_ROWS = 513
 
 
 def dequantize_unsupported(scales_dtype: DType, out_dtype: DType, rows: int, k: int, target: Target) -> str | None:
@@ -1000,11 +1015,13 @@ def dequantize(weight: Tensor, scales: Tensor, biases: Tensor | None, *, mode: s
     return out.reshape(*lead, k)
 
 
-def takes_dequantized(rows: int, k: int, n: int, target: Target) -> bool:
+def takes_dequantized(rows: int, k: int, n: int, target: Target, mode: str, bits: int) -> bool:
     """Whether a product that qmm would take runs as `dequantize`, then gemm_wgmma: where qmm_wgmma
-    would run (`takes_qmm_wgmma`), from DEQUANTIZED_ROWS rows, or from DEQUANTIZED_NARROW_ROWS
-    where N is at most DEQUANTIZED_NARROW_N. Both sum each output's products in steps of 16 k in
-    increasing order into one float32 accumulator over the same rounded weights, so the row count
-    and N may choose between them: a row's bits are the same either way."""
-    enough = rows >= (DEQUANTIZED_NARROW_ROWS if n <= DEQUANTIZED_NARROW_N else DEQUANTIZED_ROWS)
+    would run (`takes_qmm_wgmma`), from DEQUANTIZED_ROWS rows (DEQUANTIZED_WS_ROWS in the formats
+    qmm_wgmma_ws takes, `takes_qmm_wgmma_ws`), or from DEQUANTIZED_NARROW_ROWS where N is at most
+    DEQUANTIZED_NARROW_N. All sum each output's products in steps of 16 k in increasing order into
+    one float32 accumulator over the same rounded weights, so the row count, N and the format may
+    choose between them: a row's bits are the same either way."""
+    wide = DEQUANTIZED_WS_ROWS if takes_qmm_wgmma_ws(mode, bits) else DEQUANTIZED_ROWS
+    enough = rows >= (DEQUANTIZED_NARROW_ROWS if n <= DEQUANTIZED_NARROW_N else wide)
     return enough and takes_qmm_wgmma(k, target)

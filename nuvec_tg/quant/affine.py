@@ -249,7 +249,7 @@ def quantized_matmul(x: Tensor, qw: QuantizedWeight, transpose: bool = True) -> 
     dtype = promote_types(x.dtype, qw.scales.dtype) if qw.mode == "affine" else x.dtype
     rows_of_x = math.prod(x.shape[:-1])
     outputs = rows if transpose else columns
-    kernel, reason = qmv_kernel.product_route(dtype, qw.scales.dtype, dtype, rows_of_x, inner, outputs, bits=qw.bits,
+    kernel, reason = qmv_kernel.product_route(dtype, qw.scales.dtype, dtype, rows_of_x, inner, outputs, bits=qw.bits, mode=qw.mode,
                                               transpose=transpose, batched=False, target=kernels.target(x.device))
     backend = kernels.choose(op, f"{tuple(x.shape)} x {qw.mode} {qw.bits}-bit {tuple(qw.weight.shape)} on {x.device}",
                              x.device, kernel, lambda backend: reason)
@@ -296,7 +296,7 @@ def swiglu_matmul(gate_up: Tensor, qw: QuantizedWeight | Tensor) -> Tensor:
           f"gate_up's last dimension must be 2 x {k} (gate and up) for weights of {n} x {k}, got {tuple(gate_up.shape)}")
     dtype = promote_types(gate_up.dtype, qw.scales.dtype) if qw.mode == "affine" else gate_up.dtype
     rows = math.prod(gate_up.shape[:-1])
-    kernel, reason = qmv_kernel.product_route(dtype, qw.scales.dtype, dtype, rows, k, n, bits=qw.bits, transpose=True,
+    kernel, reason = qmv_kernel.product_route(dtype, qw.scales.dtype, dtype, rows, k, n, bits=qw.bits, mode=qw.mode, transpose=True,
                                               batched=qw.weight.ndim != 2, target=kernels.target(gate_up.device))
     if reason is None and kernel == "qmv_mma": reason = f"{rows} rows of 16-bit x (qmv_mma's, without the fused activation)"
     if reason is None and kernel != "qmv": reason = f"{rows} rows (the fused activation is qmv's, at most {qmv_kernel.MAX_ROWS})"

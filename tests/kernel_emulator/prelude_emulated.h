@@ -90,6 +90,9 @@ inline void from_float(float x, bfloat* out) {  // round to nearest even, as __f
   const ushort top = (ushort)(bits >> 16);
   std::memcpy(out, &top, 2);
 }
+// A value's bits in the low bits of a word, and back (the CUDA prelude's).
+template <typename T> inline uint to_bits(T x) { uint bits = 0u; std::memcpy(&bits, &x, sizeof(T)); return bits; }
+template <typename T> inline void from_bits(uint bits, T* out) { std::memcpy(out, &bits, sizeof(T)); }
 inline float round_half(float x) { return (float)(half)x; }
 inline float round_bfloat(float x) { bfloat b; from_float(x, &b); return to_float(b); }
 inline float bits_to_float(uint bits) { float f; std::memcpy(&f, &bits, 4); return f; }

@@ -51,6 +51,15 @@ INLINE float2 half2_bits_to_float2(uint bits) {  // the two halves of a word (lo
 INLINE void from_float(float x, float* out) { *out = x; }
 INLINE void from_float(float x, half* out) { *out = __float2half_rn(x); }
 INLINE void from_float(float x, bfloat* out) { *out = __float2bfloat16_rn(x); }
+// A value's bits in the low bits of a word, and back (the high bits ignored).
+INLINE uint to_bits(float x) { return __float_as_uint(x); }
+INLINE uint to_bits(half x) { return __half_as_ushort(x); }
+INLINE uint to_bits(bfloat x) { return __bfloat16_as_ushort(x); }
+INLINE uint to_bits(unsigned char x) { return x; }
+INLINE void from_bits(uint bits, float* out) { *out = __uint_as_float(bits); }
+INLINE void from_bits(uint bits, half* out) { *out = __ushort_as_half((ushort)bits); }
+INLINE void from_bits(uint bits, bfloat* out) { *out = __ushort_as_bfloat16((ushort)bits); }
+INLINE void from_bits(uint bits, unsigned char* out) { *out = (unsigned char)bits; }
 INLINE float round_half(float x) { return __half2float(__float2half_rn(x)); }
 INLINE float round_bfloat(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
 

@@ -43,12 +43,13 @@
 //
 // Runtime sizes (the `ints` buffer): M, N, K (, the batches). Defines: TX (x; 16-bit), TS, TY, BITS,
 // GROUP, MODE, GATHER, WARPGROUPS, PRODUCERS (1 or 2), BM, BN (128 or 256), BK (64), STAGES (at least
-// 3), LOAD_WORDS, PRODUCER_REGISTERS and CONSUMER_REGISTERS (0: unchanged), from `kernels/quant.py`,
+// 3), LOAD_WORDS, PRODUCER_REGISTERS and CONSUMER_REGISTERS (0: unchanged), SCALE_VECTORS (1: K / GROUP a
+// multiple of 4, scales a vector load), from `kernels/quant.py`,
 // which launches 128 * (WARPGROUPS + PRODUCERS) threads with STAGES * ((BM + BN) * 128 + 16) + 1024
 // bytes of dynamic threadgroup memory over the grid (row tiles, column tiles).
 
-#if BK != 64 || BM != 64 * WARPGROUPS || (BN != 128 && BN != 256) || STAGES < 3 || (2 * BN) % (128 * PRODUCERS) != 0
-#error "qmm_wgmma_ws.h: BK 64, BM 64 per warpgroup, BN 128 or 256 (two chunks a row, a multiple of the producers), at least 3 stages"
+#if BK != 64 || BM != 64 * WARPGROUPS || (BN != 128 && BN != 256) || STAGES < 3 || (2 * BN) % (128 * PRODUCERS) != 0 || GROUP % 16 != 0
+#error "qmm_wgmma_ws.h: BK 64, BM 64 per warpgroup, BN 128 or 256 (two chunks a row, a multiple of the producers), at least 3 stages, groups of 16s"
 #endif
 #define CONSUMER_THREADS (128 * WARPGROUPS)
 #define PRODUCER_THREADS (128 * PRODUCERS)
@@ -63,15 +64,46 @@
 #define WORDS_AHEAD (ROWS * BITS <= 16 ? 2 : 1)    // steps of words in a producer's registers (within its registers)
 #define ACCUMULATORS (BN / 2)
 
-// A producer thread's chunk of a step of each of its weight rows and the chunk's scales (and
-// biases), in registers.
+// A producer thread's chunk of a step of each of its weight rows, in registers (zeros for a row
+// that is out).
 struct StepWords {
   uint words[ROWS][BITS];
-  TS scales[ROWS][SCALES_PER_CHUNK];
-#if MODE == 0
-  TS biases[ROWS][SCALES_PER_CHUNK];
-#endif
 };
+
+// A vector: consecutive groups' scales (or biases) of a weight row in one 64-bit word, the first
+// lowest (VECTOR_GROUPS of them: 4, or 2 of 32-bit scales), one load where a row's groups are a
+// multiple of VECTOR_GROUPS (SCALE_VECTORS: every vector then whole and aligned), else group by
+// group. A vector serves STEPS_A_VECTOR steps of BK codes, so a producer thread loads a row's
+// scales once in that many steps, not once a step (the loads' L1 tag lookups pace the producer:
+// quant_h200.md). The thread shifts its vector down as its chunk moves on, so that the chunk's
+// group h is always the vector's group h: no register is picked by a runtime index (which the
+// compiler would put in local memory).
+typedef unsigned long long ScaleVector;
+#define SCALE_BITS (8 * (int)sizeof(TS))
+#define VECTOR_GROUPS (sizeof(TS) == 4 ? 2 : 4)
+#define STEPS_A_VECTOR (VECTOR_GROUPS * GROUP / BK)
+
+// Groups first_group .. first_group + VECTOR_GROUPS - 1 of a row (`row`: its first group; `groups`
+// a row), zeros past the row.
+INLINE ScaleVector load_scale_vector(const DEVICE TS* row, int first_group, int groups) {
+#if SCALE_VECTORS
+  if (sizeof(TS) == 1) return *(const DEVICE uint*)(row + first_group);
+  return *(const DEVICE ScaleVector*)(row + first_group);
+#else
+  ScaleVector vector = 0ull;
+#pragma unroll
+  for (int i = 0; i < VECTOR_GROUPS; i++)
+    if (first_group + i < groups) vector |= (ScaleVector)to_bits(row[first_group + i]) << (SCALE_BITS * i);
+  return vector;
+#endif
+}
+
+// Group `at` (a constant) of a vector.
+INLINE TS vector_group(ScaleVector vector, int at) {
+  TS value;
+  from_bits((uint)(vector >> (SCALE_BITS * at)), &value);
+  return value;
+}
 
 /* kernel */
   const int m_size = ints[0], n_size = ints[1], k_size = ints[2];
@@ -145,34 +177,47 @@ struct StepWords {
 #pragma unroll
       for (int r = 0; r < ROWS; r++) row_in[r] = batch_real && n_first + producer / 2 + ROWS_APART * r < n_size;
 // The x copies of run step STEP (global step G) into its buffer, as one group, once the products
-// of step G - STAGES, the buffer's last, are done.
+// of step G - STAGES, the buffer's last, are done. A row that is out copies nothing (zeros) from row 0's
+// address, which every step's stays within.
 #define COPY_X(G, STEP)                                                                               \
   {                                                                                                   \
     if ((G) >= STAGES) stage_wait(&empty[(G) % STAGES], ((G) / STAGES - 1) % 2);                      \
     unsigned char* stage = stages + ((G) % STAGES) * STAGE_BYTES;                                     \
     _Pragma("unroll") for (int c = 0; c < X_COPIES; c++)                                              \
       async_copy16(stage + swizzled_piece + (first_row + X_ROWS_A_PASS * c) * ROW_BYTES,              \
-                   x_in[c] ? x_from[c] + (STEP) * BK : x_from[c], x_in[c]);                           \
+                   x_from[c] + (STEP) * BK, x_in[c]);                                                 \
   }
-// Run step STEP's words and scales of this thread's chunk of its rows into `into` (zeros for a row
-// that is out).
-#if MODE == 0
-#define LOAD_BIAS(INTO, R, H, INDEX) INTO.biases[R][H] = biases[INDEX];
-#else
-#define LOAD_BIAS(INTO, R, H, INDEX)
-#endif
+// Run step STEP's words of this thread's chunk of its rows into `into` (zeros for a row that is out).
 #define LOAD_STEP(INTO, STEP)                                                                         \
   _Pragma("unroll") for (int r = 0; r < ROWS; r++) {                                                  \
     if (row_in[r]) {                                                                                  \
       load_chunk_words(words_at + r * words_apart + (size_t)(STEP) * 2 * BITS, false, INTO.words[r]); \
-      _Pragma("unroll") for (int h = 0; h < SCALES_PER_CHUNK; h++) {                                  \
-        const size_t index = groups_at + r * groups_apart + ((STEP) * BK + 32 * chunk + CHUNK_GROUP * h) / GROUP; \
-        INTO.scales[r][h] = scales[index];                                                            \
-        LOAD_BIAS(INTO, r, h, index)                                                                  \
-      }                                                                                               \
     } else {                                                                                          \
       _Pragma("unroll") for (int i = 0; i < BITS; i++) INTO.words[r][i] = 0u;                         \
     }                                                                                                 \
+  }
+// Vector VECTOR of its rows' scales (and biases) into SCALES (BIASES): zeros for a row that is out.
+#if MODE == 0
+#define LOAD_BIAS_VECTOR(BIASES, R, FIRST) BIASES[R] = row_in[R] ? load_scale_vector(biases + groups_at + R * groups_apart, FIRST, groups_per_row) : 0ull;
+#else
+#define LOAD_BIAS_VECTOR(BIASES, R, FIRST)
+#endif
+#if MODE == 0
+#define SHIFT_BIASES(R, GROUPS) biases_now[R] >>= SCALE_BITS * (GROUPS);
+#else
+#define SHIFT_BIASES(R, GROUPS)
+#endif
+// The current vectors shifted down by GROUPS groups.
+#define SHIFT_VECTORS(GROUPS)                        \
+  _Pragma("unroll") for (int r = 0; r < ROWS; r++) { \
+    scales_now[r] >>= SCALE_BITS * (GROUPS);         \
+    SHIFT_BIASES(r, GROUPS)                          \
+  }
+#define LOAD_VECTORS(SCALES, BIASES, VECTOR)                                                                                        \
+  _Pragma("unroll") for (int r = 0; r < ROWS; r++) {                                                                                 \
+    SCALES[r] = row_in[r] ? load_scale_vector(scales + groups_at + r * groups_apart, VECTOR_GROUPS * (VECTOR), groups_per_row) \
+                          : 0ull;                                                                                           \
+    LOAD_BIAS_VECTOR(BIASES, r, VECTOR_GROUPS * (VECTOR))                                                                                        \
   }
 
 #pragma unroll
@@ -186,7 +231,29 @@ struct StepWords {
       StepWords next;
       if (steps > 1) LOAD_STEP(next, 1)
 #endif
+      // The scales of vector v (steps STEPS_A_VECTOR * v ..) in scales_now, shifted down by the groups
+      // before the chunk's; the next vector's in flight in scales_next from the vector's first step on.
+      const int chunk_first_group = 32 * chunk / GROUP;  // in its step's groups
+      ScaleVector scales_now[ROWS], scales_next[ROWS];
+#if MODE == 0
+      ScaleVector biases_now[ROWS], biases_next[ROWS];
+#endif
+      LOAD_VECTORS(scales_now, biases_now, 0)
+      SHIFT_VECTORS(chunk_first_group)
       for (int step = 0; step < steps; step++, g++) {
+        if (step % STEPS_A_VECTOR == 0) {
+          if (step > 0) {
+#pragma unroll
+            for (int r = 0; r < ROWS; r++) {
+              scales_now[r] = scales_next[r];
+#if MODE == 0
+              biases_now[r] = biases_next[r];
+#endif
+            }
+            SHIFT_VECTORS(chunk_first_group)
+          }
+          if (step + STEPS_A_VECTOR < steps) LOAD_VECTORS(scales_next, biases_next, step / STEPS_A_VECTOR + 1)
+        }
         async_wait(AHEAD - 1);  // this thread's copies of the step are done
         unsigned char* w_tile = stages + (g % STAGES) * STAGE_BYTES + X_BYTES;
         // The step's weights into the w tile: chunk `chunk` of row r as four 16-byte pieces of 8 codes.
@@ -194,17 +261,20 @@ struct StepWords {
         for (int r = 0; r < ROWS; r++) {
           const int row = producer / 2 + ROWS_APART * r;
 #pragma unroll
-          for (int part = 0; part < 4; part++) {
-            const int h = part * SCALES_PER_CHUNK / 4;  // the part's group of the chunk
+          for (int h = 0; h < SCALES_PER_CHUNK; h++) {
+            const float scale = group_scale(vector_group(scales_now[r], h));
 #if MODE == 0
-            const float bias = row_in[r] ? to_float(now.biases[r][h]) : 0.0f;
+            const float bias = to_float(vector_group(biases_now[r], h));
 #else
             const float bias = 0.0f;
 #endif
-            store_tile_part<TX>(now.words[r], part, row_in[r] ? group_scale(now.scales[r][h]) : 0.0f, bias, w_tile, row,
-                                4 * chunk + part);
+#pragma unroll
+            for (int part = h * 4 / SCALES_PER_CHUNK; part < (h + 1) * 4 / SCALES_PER_CHUNK; part++)
+              store_tile_part<TX>(now.words[r], part, scale, bias, w_tile, row, 4 * chunk + part);
           }
         }
+        // The vectors on to the next step's groups (none after a vector's last step: it is replaced).
+        if ((step + 1) % STEPS_A_VECTOR != 0) SHIFT_VECTORS((step + 1) * BK / GROUP - step * BK / GROUP)
         async_proxy_fence();  // the copies and the stores visible to the tensor cores
         stage_arrive(&full[g % STAGES]);
 #if WORDS_AHEAD == 2
