@@ -822,7 +822,7 @@ QMM_WGMMA_WS_LARGE = ProducerTiles(2, 256, 4)
 QMM_WGMMA_WS_NARROW = ProducerTiles(2, 128, 4)  # where 128 x 256 tiles' waves cost more (`wgmma_tiles`)
 QMM_WGMMA_WS_SHAPES = (QMM_WGMMA_WS_LARGE, ProducerTiles(2, 256, 3), QMM_WGMMA_WS_NARROW,
                        ProducerTiles(2, 128, 6), ProducerTiles(1, 256, 4), QMM_WGMMA_WS_SMALL, ProducerTiles(1, 128, 6),
-                       ProducerTiles(2, 128, 4, producers=2))  # two producers for two consumers: not yet timed
+                       ProducerTiles(2, 128, 4, producers=2))  # two producers for two consumers: not routed
 
 
 def qmm_wgmma_ws_bytes(tiles: ProducerTiles, bits: int = 0) -> int:

@@ -231,29 +231,16 @@ INLINE TS vector_group(ScaleVector vector, int at) {
       StepWords next;
       if (steps > 1) LOAD_STEP(next, 1)
 #endif
-      // The scales of vector v (steps STEPS_A_VECTOR * v ..) in scales_now, shifted down by the groups
-      // before the chunk's; the next vector's in flight in scales_next from the vector's first step on.
+      // The scales of the step's vector (steps STEPS_A_VECTOR * v ..), shifted down by the groups of
+      // the vector's steps before; the next vector loaded into the same registers once the vector's
+      // last step is decoded, a step before its first use.
       const int chunk_first_group = 32 * chunk / GROUP;  // in its step's groups
-      ScaleVector scales_now[ROWS], scales_next[ROWS];
+      ScaleVector scales_now[ROWS];
 #if MODE == 0
-      ScaleVector biases_now[ROWS], biases_next[ROWS];
+      ScaleVector biases_now[ROWS];
 #endif
       LOAD_VECTORS(scales_now, biases_now, 0)
-      SHIFT_VECTORS(chunk_first_group)
       for (int step = 0; step < steps; step++, g++) {
-        if (step % STEPS_A_VECTOR == 0) {
-          if (step > 0) {
-#pragma unroll
-            for (int r = 0; r < ROWS; r++) {
-              scales_now[r] = scales_next[r];
-#if MODE == 0
-              biases_now[r] = biases_next[r];
-#endif
-            }
-            SHIFT_VECTORS(chunk_first_group)
-          }
-          if (step + STEPS_A_VECTOR < steps) LOAD_VECTORS(scales_next, biases_next, step / STEPS_A_VECTOR + 1)
-        }
         async_wait(AHEAD - 1);  // this thread's copies of the step are done
         unsigned char* w_tile = stages + (g % STAGES) * STAGE_BYTES + X_BYTES;
         // The step's weights into the w tile: chunk `chunk` of row r as four 16-byte pieces of 8 codes.
@@ -262,9 +249,9 @@ INLINE TS vector_group(ScaleVector vector, int at) {
           const int row = producer / 2 + ROWS_APART * r;
 #pragma unroll
           for (int h = 0; h < SCALES_PER_CHUNK; h++) {
-            const float scale = group_scale(vector_group(scales_now[r], h));
+            const float scale = group_scale(vector_group(scales_now[r], chunk_first_group + h));
 #if MODE == 0
-            const float bias = to_float(vector_group(biases_now[r], h));
+            const float bias = to_float(vector_group(biases_now[r], chunk_first_group + h));
 #else
             const float bias = 0.0f;
 #endif
@@ -273,8 +260,12 @@ INLINE TS vector_group(ScaleVector vector, int at) {
               store_tile_part<TX>(now.words[r], part, scale, bias, w_tile, row, 4 * chunk + part);
           }
         }
-        // The vectors on to the next step's groups (none after a vector's last step: it is replaced).
-        if ((step + 1) % STEPS_A_VECTOR != 0) SHIFT_VECTORS((step + 1) * BK / GROUP - step * BK / GROUP)
+        // The vectors on to the next step's groups, or the next vector after a vector's last step.
+        if ((step + 1) % STEPS_A_VECTOR != 0) {
+          SHIFT_VECTORS((step + 1) * BK / GROUP - step * BK / GROUP)
+        } else if (step + 1 < steps) {
+          LOAD_VECTORS(scales_now, biases_now, (step + 1) / STEPS_A_VECTOR)
+        }
         async_proxy_fence();  // the copies and the stores visible to the tensor cores
         stage_arrive(&full[g % STAGES]);
 #if WORDS_AHEAD == 2
