@@ -424,8 +424,7 @@ def test_emulated_qmm_wgmma_ws_loads_scales_in_vectors_with_qmm_wgmmas_bits(mode
     """Where K / group is a multiple of 4, qmm_wgmma_ws's producer loads four groups' scales at once
     and shifts them down as its chunk moves on: the same weights, so qmm_wgmma's bits."""
     assert qmv.whole_scale_vectors(k, group)
-    check_the_other_forms_give_qmm_wgmmas_bits(0x9C2, mode, group, bits, dtype, "qmm_wgmma_ws",
-                                               (qmv.QMM_WGMMA_WS_LARGE, qmv.ProducerTiles(2, 128, 4, producers=2)), k=k,
+    check_the_other_forms_give_qmm_wgmmas_bits(0x9C2, mode, group, bits, dtype, "qmm_wgmma_ws", (qmv.QMM_WGMMA_WS_LARGE,), k=k,
                                                scales_dtype=scales_dtype)
 
 
