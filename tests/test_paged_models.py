@@ -28,18 +28,21 @@ def served(engine: models.Engine, *made: list[tuple[int, int]]) -> dict[int, lis
 
 @pytest.mark.parametrize("name", ["qwen3", "qwen3_5", "gpt_oss"])
 def test_interleaved_prefills_and_batched_decode_give_transformers_tokens_and_logits(name):
-    """Prompts of 5 and 11 tokens in chunks of 4 (the remainders in powers of two: 4 + 1, and 4 + 4 +
-    2 + 1): the second's prefill runs between the first's decode steps, then both decode in one
-    batch; each token and its logits are transformers' (`sequence_logits_1` is the 11-token prompt
-    followed by its greedy tokens)."""
+    """Prompts of 5 and 11 tokens in chunks of 4: the remainders one chunk of 4 rows, junk rows after
+    the prompt (4 + 1, 4 + 4 + 3), where every layer is attention (Qwen3, gpt-oss), else in powers
+    of two (Qwen3.5's states: 4 + 1, 4 + 4 + 2 + 1); the second's prefill runs between the first's
+    decode steps, then both decode in one batch; each token and its logits are transformers'
+    (`sequence_logits_1` is the 11-token prompt followed by its greedy tokens)."""
     ref, m = reference(name), model(name)
     engine = models.Engine(m, max_sequences=4, max_length=64, prefill_chunk=4)
     short = engine.submit(ref["prompt_0"].tolist(), max_tokens=8, stop_tokens=())
     long = engine.submit(ref["prompt_1"].tolist(), max_tokens=8, stop_tokens=(), keep_logits=True)
-    first_steps = [engine.step() for _ in range(6)]
-    # the short prompt is in after two chunks and decodes while the long one's four chunks run
-    assert [[r for r, _ in made] for made in first_steps] == [[], [short], [short], [short], [short], [short, long]]
-    assert sorted(engine.prefills) == [(1, True), (2, False), (4, False)]
+    long_chunks = 3 if engine.pads_prompts else 4
+    assert engine.pads_prompts == (name != "qwen3_5")
+    first_steps = [engine.step() for _ in range(2 + long_chunks)]
+    # the short prompt is in after two chunks and decodes while the long one's chunks run
+    assert [[r for r, _ in made] for made in first_steps] == [[], [short]] + [[short]] * (long_chunks - 1) + [[short, long]]
+    assert sorted(engine.prefills) == ([(4, False), (4, True)] if engine.pads_prompts else [(1, True), (2, False), (4, False)])
     tokens = served(engine, *first_steps)
     np.testing.assert_array_equal(tokens[short], ref["greedy_0"])
     np.testing.assert_array_equal(tokens[long], ref["greedy_1"])
@@ -105,19 +108,28 @@ def test_sampled_requests_repeat_their_seed_and_greedy_ones_stay_greedy():
 
 def test_prompts_of_any_length_prefill_through_a_few_fixed_chunk_lengths():
     """A serving engine meets a new prompt length with nearly every request: its prefill chunks
-    take `prefill_chunk` rows or a power of two below it, so the jitted prefills are at most two
-    per length of that set (last chunk or not) and every one is kept: prompts of 1 to 12 tokens
-    in chunks of 8 make no jit beyond them, and a second round over the same lengths none at all."""
-    assert [models.paged.chunk_rows(r, 8) for r in (1, 2, 3, 7, 8, 9, 300)] == [1, 2, 2, 4, 8, 8, 8]
-    assert [models.paged.chunk_rows(r, 300) for r in (299, 300, 301)] == [256, 300, 300]
+    take `prefill_chunk` rows, or a prompt's remainder as one chunk of a multiple of
+    PREFILL_BUCKET rows (at most the chunk's; junk rows after it) where the model allows (Qwen3),
+    else a power of two below it (a recurrent state's: the interleaved test's Qwen3.5), so the
+    jitted prefills are at most two per length of that set (last chunk or not) and every one is
+    kept: Qwen3's prompts of 1 to 12 tokens in chunks of 8 make the two of 8 rows, and a second
+    round over the same lengths none at all; a request's first token is its prompt's greedy token
+    alone (`Model.generate_tokens`)."""
+    chunk_rows, bucket = models.paged.chunk_rows, models.model.PREFILL_BUCKET
+    assert [chunk_rows(r, 8, False) for r in (1, 2, 3, 7, 8, 9, 300)] == [(1, 1), (2, 2), (2, 2), (4, 4), (8, 8), (8, 8), (8, 8)]
+    assert [chunk_rows(r, 300, False) for r in (299, 300, 301)] == [(256, 256), (300, 300), (300, 300)]
+    assert [chunk_rows(r, 8, True) for r in (1, 7, 8, 9)] == [(1, 8), (7, 8), (8, 8), (8, 8)]
+    assert [chunk_rows(r, 512, True) for r in (1, bucket, bucket + 1, 300, 511, 513)] == \
+        [(1, bucket), (bucket, bucket), (bucket + 1, 2 * bucket), (300, 320), (511, 512), (512, 512)]
     ref, m = reference("qwen3"), model("qwen3")
     engine = models.Engine(m, max_sequences=2, max_length=32, prefill_chunk=8)
     prompt = ref["prompt_1"].tolist() + ref["prompt_0"].tolist()
-    for length in range(1, 13):
-        engine.submit(prompt[:length], max_tokens=1, stop_tokens=())
-    served(engine)
+    ids = [engine.submit(prompt[:length], max_tokens=1, stop_tokens=()) for length in range(1, 13)]
+    tokens = served(engine)
+    for length in (3, 12):
+        assert tokens[ids[length - 1]] == next(m.generate_tokens([prompt[:length]], max_tokens=1, stop_tokens=())), length
     made = dict(engine.prefills)
-    assert set(made) <= {(rows, last) for rows in (1, 2, 4, 8) for last in (True, False)}
+    assert set(made) == {(8, True), (8, False)}
     for length in range(1, 13):
         engine.submit(prompt[:length], max_tokens=1, stop_tokens=())
     served(engine)

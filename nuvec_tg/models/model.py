@@ -184,9 +184,7 @@ class Model:
                 hidden = self._hidden(tokens, self._positions(cache, start, rows), cache)
                 if output == "all": out = self._logits(hidden)
                 elif output == "none": out = hidden[:, -1:]
-                else:   # the row by value, so that one jit serves every prompt length of its rows
-                    chosen = Tensor.arange(rows, dtype=dtypes.int32).to(last_row.device).reshape(1, rows, 1) == last_row.reshape(1, 1, 1)
-                    out = self._logits(chosen.where(hidden, 0).sum(1, keepdim=True))   # one row and zeros: exact
+                else: out = self._logits(row_by_value(hidden, last_row))   # one jit serves every prompt length of its rows
                 return out.realize(*cache.buffers())
             return prefill
         return recent_jit(cache.prefills, (start, rows, output), make)
@@ -408,6 +406,15 @@ class StepInput:
         buffer = self.tensor.uop.buffer
         buffer.allocator._copyin(buffer._buf, memoryview(values).cast("B"))
         return self.tensor
+
+
+def row_by_value(hidden: Tensor, row: Tensor) -> Tensor:
+    """Row `row` (an int32 tensor of one element, read on the device) of `hidden [B, T, D]` as
+    `[B, 1, D]`, exact (the row and zeros summed; the other rows may hold anything, even NaN), so
+    that a jitted prefill of T rows serves prompts that end at any of them."""
+    rows = hidden.shape[1]
+    chosen = Tensor.arange(rows, dtype=dtypes.int32).to(row.device).reshape(1, rows, 1) == row.reshape(1, 1, 1)
+    return chosen.where(hidden, 0).sum(1, keepdim=True)
 
 
 def recent_jit(jits: dict, key: tuple, make: Callable[[], Callable], keep: int = PREFILL_JITS) -> TinyJit:

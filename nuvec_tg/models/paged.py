@@ -23,10 +23,13 @@ token each, batched, at each sequence's own position and length); then one chunk
 `prefill_chunk` prompt tokens of the oldest admitted request still prefilling (whose last chunk
 gives its first token, after which it decodes with the others). A long prompt thus delays the
 running sequences by one chunk a step, not by its whole prefill. A chunk is `prefill_chunk`
-tokens, or a prompt's remainder in powers of two (300 tokens: 256, 32, 8 and 4), so that the
-jitted prefills are a fixed few whatever the prompts' lengths: one jit per chunk length would
-compile again for every new length (about 2 s on an H100 for Qwen3-8B; requests of 8 different
-lengths waited 13 s for their first tokens). The decode step is jitted once
+tokens; a prompt's remainder is one chunk padded to a multiple of `PREFILL_BUCKET` rows (junk
+rows after the prompt, which write nowhere and whose outputs nothing reads) where every layer of
+the model is attention (`Model._right_pads_prompts`), else chunks of powers of two (300 tokens:
+256, 32, 8 and 4; a recurrent state would take the junk rows in). Either way the jitted
+prefills are a fixed few whatever the prompts' lengths: one jit per chunk length would compile
+again for every new length (about 2 s on an H100 for Qwen3-8B; requests of 8 different lengths
+waited 13 s for their first tokens), and padding runs a remainder as one pass over the weights. The decode step is jitted once
 per batch bucket (1, 2, 4, ... up to `max_sequences`): a bucket's idle rows write nowhere (slot
 -1) and read a zero state, and no row's result depends on another's. Greedy requests take their
 argmax on the device; if any running request samples, the step returns logits and each request
@@ -45,7 +48,7 @@ from tinygrad import Tensor, TinyJit, dtypes
 from tinygrad.helpers import Context
 
 from .cache import Pages, Positions
-from .model import StepInput, recent_jit
+from .model import PREFILL_BUCKET, StepInput, recent_jit, row_by_value
 from .sampling import Sampler, greedy_tokens
 
 DEFAULT_BLOCK_SIZE = 16   # positions a block (vLLM's default): a power of two, which the paged decode kernels read
@@ -133,11 +136,16 @@ class Request:
         return self.prefilled + max(len(self.tokens) - 1, 0)
 
 
-def chunk_rows(remaining: int, chunk: int) -> int:
-    """The rows of a prompt's next prefill chunk, `remaining` tokens left: `chunk`, or the largest
-    power of two up to `remaining` below it, so that a prompt of any length prefills in chunks of
-    a few fixed lengths (each a jit)."""
-    return chunk if remaining >= chunk else 1 << (remaining.bit_length() - 1)
+def chunk_rows(remaining: int, chunk: int, pads: bool) -> tuple[int, int]:
+    """A prompt's next prefill chunk, `remaining` tokens left, as (prompt rows, rows run): `chunk`
+    rows; where fewer remain, all of them run as a multiple of PREFILL_BUCKET rows (at most
+    `chunk`) where junk rows after the prompt are allowed (`pads`), else the largest power of two
+    up to `remaining`. A prompt of any length then prefills in chunks of a few fixed lengths
+    (each a jit)."""
+    if remaining >= chunk: return chunk, chunk
+    if pads: return remaining, min(-(-remaining // PREFILL_BUCKET) * PREFILL_BUCKET, chunk)
+    rows = 1 << (remaining.bit_length() - 1)
+    return rows, rows
 
 
 class Engine:
@@ -153,6 +161,7 @@ class Engine:
         self.cache = PagedCache(model, max_sequences, max_length, block_size, blocks)
         self.prefill_chunk = prefill_chunk or model.prefill_chunk
         if self.prefill_chunk < 1: raise ValueError(f"Engine: prefill_chunk must be positive, got {self.prefill_chunk}")
+        self.pads_prompts = model._right_pads_prompts()   # a prompt's remainder as one padded chunk (`chunk_rows`)
         self.waiting: deque[Request] = deque()
         self.prefilling: deque[Request] = deque()
         self.running: list[Request] = []
@@ -218,15 +227,16 @@ class Engine:
     def _prefill(self, request: Request) -> list[tuple[int, int]]:
         """One chunk of `request`'s prompt; the last gives its first token."""
         start = request.prefilled
-        rows = chunk_rows(len(request.prompt) - start, self.prefill_chunk)
-        chunk = request.prompt[start:start + rows]
         cache = self.cache
-        meta = np.zeros((1, 3 + rows + cache.table_blocks), np.int32)
-        meta[0, :3] = (start, start + rows, request.slot)
-        meta[0, 3:3 + rows] = [cache.pool_slot(request.slot, start + t) for t in range(rows)]
-        meta[0, 3 + rows:] = cache.tables[request.slot]
+        rows, width = chunk_rows(len(request.prompt) - start, self.prefill_chunk, self.pads_prompts)
+        width = min(width, cache.max_length - start)   # no more query rows than the table holds positions
+        chunk = request.prompt[start:start + rows] + [0] * (width - rows)
+        meta = np.full((1, 4 + width + cache.table_blocks), -1, np.int32)   # junk rows' slots: written nowhere
+        meta[0, :4] = (start, start + width, request.slot, rows - 1)
+        meta[0, 4:4 + rows] = [cache.pool_slot(request.slot, start + t) for t in range(rows)]
+        meta[0, 4 + width:] = cache.tables[request.slot]
         last = start + rows == len(request.prompt)
-        step = self._prefill_step(rows, last)
+        step = self._prefill_step(width, last)
         with Context(JIT_BATCH_SIZE=0):   # one graph a chunk
             logits = step(Tensor(np.asarray([chunk], np.int32), device=self.model.device), Tensor(meta, device=self.model.device))
         request.prefilled += rows
@@ -272,22 +282,24 @@ class Engine:
     # ---- the model over pages -----------------------------------------------------------------
 
     def _prefill_step(self, rows: int, last: bool) -> TinyJit:
-        """The jitted prefill of a chunk of `rows` prompt tokens of one request: `(tokens [1, rows],
-        meta [1, 3 + rows + M])` to the last row's logits `[1, 1, vocab]` (`last`: the prompt's last
-        chunk) or its hidden state; meta's columns are the chunk's start, the length after it and
-        the request's state row, then each row's pool slot, then its block table (`recent_jit`: one
-        per chunk length, the full chunk's and the powers of two below it, `chunk_rows`, each kept)."""
+        """The jitted prefill of a chunk of `rows` tokens of one request: `(tokens [1, rows], meta
+        [1, 4 + rows + M])` to the prompt's last row's logits `[1, 1, vocab]` (`last`: the prompt's
+        last chunk) or the chunk's last hidden state; meta's columns are the chunk's start, the
+        length after it (start + rows) and the request's state row, the prompt's last row in the
+        chunk, then each row's pool slot (-1 for junk rows after the prompt), then its block table
+        (`recent_jit`: one per chunk length of `chunk_rows`, each kept)."""
         def make() -> Callable[[Tensor, Tensor], Tensor]:
             def step(tokens: Tensor, meta: Tensor) -> Tensor:
-                start, length, sequence = (meta[:, i].contiguous() for i in range(3))
-                writes, tables = meta[:, 3:3 + rows].contiguous(), meta[:, 3 + rows:].contiguous()
-                Tensor.realize(start, length, sequence, writes, tables)
+                start, length, sequence, last_row = (meta[:, i].contiguous() for i in range(4))
+                writes, tables = meta[:, 4:4 + rows].contiguous(), meta[:, 4 + rows:].contiguous()
+                Tensor.realize(start, length, sequence, last_row, writes, tables)
                 pages = Pages(start, writes, tables, length, sequence)
                 hidden = self.model._hidden(tokens, Positions(0, rows, start, cached=True, pages=pages), self.cache)
-                out = self.model._logits(hidden[:, -1:]) if last else hidden[:, -1:]
+                out = self.model._logits(row_by_value(hidden, last_row)) if last else hidden[:, -1:]
                 return out.realize(*self.cache.buffers())
             return step
-        return recent_jit(self.prefills, (rows, last), make, keep=2 * (self.prefill_chunk.bit_length() + 1))
+        widths = self.prefill_chunk // PREFILL_BUCKET + self.prefill_chunk.bit_length() + 1
+        return recent_jit(self.prefills, (rows, last), make, keep=2 * widths)
 
     def _step(self, bucket: int, greedy: bool) -> TinyJit:
         """The jitted decode step of `bucket` rows: `(tokens [bucket, 1], meta [bucket, 4 + M])`
