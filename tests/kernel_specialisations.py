@@ -361,18 +361,19 @@ def _qmm_wgmma_rs_candidates(backend: str) -> Iterator[_Candidate]:
 
 def _qmm_wgmma_ws_candidates(backend: str) -> Iterator[_Candidate]:
     """qmm_wgmma_ws (CUDA only): every mode, width and group, 16-bit x, affine scales in x's type and
-    float32, plain and gathered, the plan's tiles at every width, the sweep's others at 4 bits; each
-    with its scales loaded a vector at once (K 4096: `whole_scale_vectors`) and group by group."""
+    float32, plain and gathered, the plan's tiles at every width, the sweep's others at 4 bits, the
+    scales loaded group by group; and each format's scales loaded a vector at once (K 4096:
+    `whole_scale_vectors`)."""
     if backend != "cuda": return
     for (mode, group, bits), x, gather in itertools.product(FORMATS, (dtypes.float16, dtypes.bfloat16), (False, True)):
         shapes = quant.QMM_WGMMA_WS_SHAPES if bits == 4 else (quant.QMM_WGMMA_WS_LARGE,)
-        for scales, tiles, k in itertools.product((x, dtypes.float32) if mode == "affine" else (dtypes.uint8,), shapes, (4096, None)):
+        for k, scales, tiles in itertools.product((None, 4096), (x, dtypes.float32) if mode == "affine" else (dtypes.uint8,), shapes):
             label = (f"{mode} {bits}-bit g{group} x {dtype_name(x)} scales {dtype_name(scales)} {tiles}"
                      + (" gathered" if gather else "") + (" scale vectors" if k else ""))
             make = functools.partial(_labelled, label, quant.qmm_wgmma_ws_program, x, scales, x, mode=mode, group_size=group,
                                      bits=bits, tiles=tiles, gather=gather, k=k)
             # assembled: each width's loads of words, each wgmma type and width, each way of loading scales
-            yield _Candidate(quant.QMM_WGMMA_WS.stem, make, ((mode, group, bits, x, gather, k), (mode, x, scales, gather, tiles, k)),
+            yield _Candidate(quant.QMM_WGMMA_WS.stem, make, ((mode, group, bits, x, gather, k), (mode, x, scales, gather, tiles)),
                              ((bits, mode, k), (x, tiles.columns, tiles.warpgroups)))
 
 
