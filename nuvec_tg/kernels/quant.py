@@ -21,8 +21,8 @@ with the device's `kernels.Target`, anything else is the composition):
   the others multiply) for more than 64 rows of affine 4-bit weights, not gathered
   (`takes_qmm_wgmma_ws`); else `qmm_wgmma` (`src/qmm_wgmma.h`), or for 2, 4 and 8 bits once
   routed (`takes_qmm_wgmma_rs`) `qmm_wgmma_rs` (`src/qmm_wgmma_rs.h`, w dequantized into the
-  products' registers). From DEQUANTIZED_ROWS rows (fewer where N is
-  small) `quantized_matmul` dequantizes w once (`dequantize`, `src/dequantize.h`) and runs
+  products' registers). From DEQUANTIZED_ROWS rows (DEQUANTIZED_WS_ROWS in qmm_wgmma_ws's formats,
+  fewer where N is small) `quantized_matmul` dequantizes w once (`dequantize`, `src/dequantize.h`) and runs
   `linear.gemm_wgmma` (`takes_dequantized`). All sum the same rounded weights in the same order:
   the same bits, so a row's bits never depend on the row count that picks the kernel.
 

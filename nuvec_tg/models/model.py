@@ -321,7 +321,7 @@ class Model:
                 self._prefill_chunk(cache, Tensor(chunk, device=self.device), "none")
                 continue
             if self._right_pads_prompts():   # one jit for every length of its bucket (the cache's rows are whole 256s)
-                chunk = np.pad(chunk, ((0, 0), (0, min(_round_up(rows, PREFILL_BUCKET), self.prefill_chunk) - rows)))
+                chunk = np.pad(chunk, ((0, 0), (0, bucket_rows(rows, self.prefill_chunk) - rows)))
             logits = self._prefill_chunk(cache, Tensor(chunk, device=self.device), "last", rows)
         next_tokens = sampler(logits[:, -1].cast(dtypes.float32))
         stats.prompt_seconds = time.perf_counter() - began
@@ -406,6 +406,12 @@ class StepInput:
         buffer = self.tensor.uop.buffer
         buffer.allocator._copyin(buffer._buf, memoryview(values).cast("B"))
         return self.tensor
+
+
+def bucket_rows(rows: int, chunk: int) -> int:
+    """The rows a prompt's last chunk of `rows` tokens runs as where junk rows after it are allowed
+    (`Model._right_pads_prompts`): a multiple of PREFILL_BUCKET, at most `chunk` (a full chunk)."""
+    return min(_round_up(rows, PREFILL_BUCKET), chunk)
 
 
 def row_by_value(hidden: Tensor, row: Tensor) -> Tensor:

@@ -48,7 +48,7 @@ from tinygrad import Tensor, TinyJit, dtypes
 from tinygrad.helpers import Context
 
 from .cache import Pages, Positions
-from .model import PREFILL_BUCKET, StepInput, recent_jit, row_by_value
+from .model import PREFILL_BUCKET, StepInput, bucket_rows, recent_jit, row_by_value
 from .sampling import Sampler, greedy_tokens
 
 DEFAULT_BLOCK_SIZE = 16   # positions a block (vLLM's default): a power of two, which the paged decode kernels read
@@ -143,7 +143,7 @@ def chunk_rows(remaining: int, chunk: int, pads: bool) -> tuple[int, int]:
     up to `remaining`. A prompt of any length then prefills in chunks of a few fixed lengths
     (each a jit)."""
     if remaining >= chunk: return chunk, chunk
-    if pads: return remaining, min(-(-remaining // PREFILL_BUCKET) * PREFILL_BUCKET, chunk)
+    if pads: return remaining, bucket_rows(remaining, chunk)
     rows = 1 << (remaining.bit_length() - 1)
     return rows, rows
 

@@ -9,8 +9,8 @@
 // feeds them through STAGES buffers, each the step's x tile (BM x 64) and its dequantized w tile (BN
 // x 64), both swizzled 128-byte rows as the tensor cores read them (the prelude's layout):
 // - x by asynchronous copies (cp.async), AHEAD = STAGES - 2 steps ahead;
-// - w's packed words and scales by loads into the producer's registers, issued two steps ahead where
-//   a thread's chunks of a step take at most 16 words (WORDS_AHEAD; else the step after the one
+// - w's packed words by loads into the producer's registers (their scales as vectors, below), issued
+//   two steps ahead where a thread's chunks of a step take at most 16 words (WORDS_AHEAD; else the step after the one
 //   decoding) and copied forward a step later, so each load has about a step to land (a form in
 //   which two sets took the steps in turn, each load two steps, measured slower: quant_h200.md),
 //   each thread one chunk (32 codes) of ROWS weight rows, the two threads of a lane pair the two
@@ -75,9 +75,9 @@ struct StepWords {
 // multiple of VECTOR_GROUPS (SCALE_VECTORS: every vector then whole and aligned), else group by
 // group. A vector serves STEPS_A_VECTOR steps of BK codes, so a producer thread loads a row's
 // scales once in that many steps, not once a step (the loads' L1 tag lookups pace the producer:
-// quant_h200.md). The thread shifts its vector down as its chunk moves on, so that the chunk's
-// group h is always the vector's group h: no register is picked by a runtime index (which the
-// compiler would put in local memory).
+// quant_h200.md). The thread shifts its vector down a step's groups at a time, so that the chunk's
+// group h is always the vector's group (the chunk's first) + h, a constant: no register is picked by
+// a runtime index (which the compiler would put in local memory).
 typedef unsigned long long ScaleVector;
 #define SCALE_BITS (8 * (int)sizeof(TS))
 #define VECTOR_GROUPS (sizeof(TS) == 4 ? 2 : 4)
@@ -196,28 +196,26 @@ INLINE TS vector_group(ScaleVector vector, int at) {
       _Pragma("unroll") for (int i = 0; i < BITS; i++) INTO.words[r][i] = 0u;                         \
     }                                                                                                 \
   }
-// Vector VECTOR of its rows' scales (and biases) into SCALES (BIASES): zeros for a row that is out.
+// Vector VECTOR of its rows' scales (and biases) into scales_now (biases_now), zeros for a row that
+// is out; or those vectors shifted down by GROUPS groups.
 #if MODE == 0
-#define LOAD_BIAS_VECTOR(BIASES, R, FIRST) BIASES[R] = row_in[R] ? load_scale_vector(biases + groups_at + R * groups_apart, FIRST, groups_per_row) : 0ull;
-#else
-#define LOAD_BIAS_VECTOR(BIASES, R, FIRST)
-#endif
-#if MODE == 0
+#define LOAD_BIAS_VECTOR(R, FIRST) \
+  biases_now[R] = row_in[R] ? load_scale_vector(biases + groups_at + R * groups_apart, FIRST, groups_per_row) : 0ull;
 #define SHIFT_BIASES(R, GROUPS) biases_now[R] >>= SCALE_BITS * (GROUPS);
 #else
+#define LOAD_BIAS_VECTOR(R, FIRST)
 #define SHIFT_BIASES(R, GROUPS)
 #endif
-// The current vectors shifted down by GROUPS groups.
+#define LOAD_VECTORS(VECTOR)                                                                                                         \
+  _Pragma("unroll") for (int r = 0; r < ROWS; r++) {                                                                                 \
+    scales_now[r] = row_in[r] ? load_scale_vector(scales + groups_at + r * groups_apart, VECTOR_GROUPS * (VECTOR), groups_per_row) \
+                              : 0ull;                                                                                                \
+    LOAD_BIAS_VECTOR(r, VECTOR_GROUPS * (VECTOR))                                                                                    \
+  }
 #define SHIFT_VECTORS(GROUPS)                        \
   _Pragma("unroll") for (int r = 0; r < ROWS; r++) { \
     scales_now[r] >>= SCALE_BITS * (GROUPS);         \
     SHIFT_BIASES(r, GROUPS)                          \
-  }
-#define LOAD_VECTORS(SCALES, BIASES, VECTOR)                                                                                        \
-  _Pragma("unroll") for (int r = 0; r < ROWS; r++) {                                                                                 \
-    SCALES[r] = row_in[r] ? load_scale_vector(scales + groups_at + r * groups_apart, VECTOR_GROUPS * (VECTOR), groups_per_row) \
-                          : 0ull;                                                                                           \
-    LOAD_BIAS_VECTOR(BIASES, r, VECTOR_GROUPS * (VECTOR))                                                                                        \
   }
 
 #pragma unroll
@@ -239,7 +237,7 @@ INLINE TS vector_group(ScaleVector vector, int at) {
 #if MODE == 0
       ScaleVector biases_now[ROWS];
 #endif
-      LOAD_VECTORS(scales_now, biases_now, 0)
+      LOAD_VECTORS(0)
       for (int step = 0; step < steps; step++, g++) {
         async_wait(AHEAD - 1);  // this thread's copies of the step are done
         unsigned char* w_tile = stages + (g % STAGES) * STAGE_BYTES + X_BYTES;
@@ -264,7 +262,7 @@ INLINE TS vector_group(ScaleVector vector, int at) {
         if ((step + 1) % STEPS_A_VECTOR != 0) {
           SHIFT_VECTORS((step + 1) * BK / GROUP - step * BK / GROUP)
         } else if (step + 1 < steps) {
-          LOAD_VECTORS(scales_now, biases_now, (step + 1) / STEPS_A_VECTOR)
+          LOAD_VECTORS((step + 1) / STEPS_A_VECTOR)
         }
         async_proxy_fence();  // the copies and the stores visible to the tensor cores
         stage_arrive(&full[g % STAGES]);
