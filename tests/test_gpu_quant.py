@@ -291,6 +291,30 @@ def test_qmm_rows_keep_their_bits_in_every_row_count(mode, group, width):
         np.testing.assert_array_equal(bits_of(part), bits_of(full)[most - rows:], err_msg=f"M {rows}")
 
 
+@pytest.mark.skipif(not WARPGROUPS, reason="no warpgroup products (CUDA sm_90)")
+@pytest.mark.parametrize("mode, group, width", [("affine", 64, 4), ("mxfp4", 32, 4), ("affine", 128, 8), ("affine", 32, 2)], ids=str)
+def test_few_rows_split_k_and_keep_each_rows_bits_over_9_to_64_rows(mode, group, width):
+    """9 to 64 rows on Hopper (`few_rows_tiles`: qmm_wgmma_rs with x's rows in 16, 32 or 64 and K
+    in 4 parts at K 4096 N 1000, the split K and N's): the 64-row product within tolerance of
+    numpy and the composition; the last rows of 9, 16, 17 and 33 (each width of x's rows) equal
+    those rows of it bit for bit; gradients (affine) are the composition's."""
+    rng = np.random.default_rng(0x9C4)
+    n, k, most = 1000, 4096, qmv.FEW_ROWS
+    assert qmv.few_rows_split(k, n) == 4
+    qw = quant.quantize(random(rng, (n, k), dtypes.bfloat16, gpu)[0], group, width, mode=mode)
+    x, xv = random(rng, (most, k), dtypes.bfloat16, gpu)
+    x = x.realize()
+    full = assert_matches(f"{mode} {width}-bit", lambda: quant.quantized_matmul(x, qw), "nuvec_qmm_wgmma_rs", xv @ dequantized(qw).T)
+    for rows in (9, 16, 17, 33):
+        with expect_launches(gpu, "nuvec_qmm_wgmma_rs"):
+            part = quant.quantized_matmul(x[most - rows:].contiguous(), qw).realize()
+        np.testing.assert_array_equal(bits_of(part), bits_of(full)[most - rows:], err_msg=f"M {rows}")
+    if mode == "affine":
+        upstream = random(rng, (most, n), dtypes.bfloat16, gpu)[0].realize()
+        assert_gradients_equal_the_composition(lambda: quant.quantized_matmul(x, qw), upstream, [x, qw.scales, qw.biases],
+                                               "nuvec_qmm_wgmma_rs")
+
+
 def test_qmm_gradients_equal_the_compositions():
     rng = np.random.default_rng(0x9B7)
     qw = quant.quantize(random(rng, (96, 256), dtypes.bfloat16, gpu)[0], 64, 4)
@@ -372,7 +396,7 @@ def test_qmm_wgmma_matches_the_composition_in_every_tile_shape(mode, group, widt
     x = x.realize()
     want = xv @ dequantized(qw).T
     planned = bits_of(assert_matches(f"{mode} {width}-bit", lambda: quant.quantized_matmul(x, qw),
-                                     qmv.qmm_hopper_family(130, n, width, kernels.target(gpu).multiprocessors, mode=mode), want))
+                                     qmv.qmm_hopper_family(130, n, width, kernels.target(gpu).multiprocessors, mode=mode, k=k), want))
     for tiles in qmv.QMM_WGMMA_SHAPES + qmv.QMM_WGMMA_WS_SHAPES + (qmv.QMM_WGMMA_RS_SHAPES if width in qmv.QMM_WGMMA_RS_BITS else ()):
         family, needed = {qmv.RegisterTiles: ("nuvec_qmm_wgmma_rs", qmv.qmm_wgmma_rs_bytes),
                           qmv.ProducerTiles: ("nuvec_qmm_wgmma_ws", qmv.qmm_wgmma_ws_bytes),
@@ -463,7 +487,7 @@ def test_many_rows_dequantize_then_run_gemm_wgmma_with_qmm_wgmmas_bits(mode, gro
     with expect_launches(gpu, "nuvec_dequantize"):
         routed = assert_matches(f"{mode} {width}-bit", lambda: quant.quantized_matmul(x, qw), "nuvec_gemm_wgmma",
                                 xv @ dequantized(qw).T)
-    with expect_launches(gpu, qmv.qmm_hopper_family(rows, n, width, kernels.target(gpu).multiprocessors, mode=mode)):
+    with expect_launches(gpu, qmv.qmm_hopper_family(rows, n, width, kernels.target(gpu).multiprocessors, mode=mode, k=k)):
         tiled = qmv.qmm(x, qw.weight, qw.scales, qw.biases, mode=mode, group_size=group, bits=width, out_dtype=dtypes.bfloat16,
                         backend="cuda").realize()
     np.testing.assert_array_equal(bits_of(routed), bits_of(tiled))

@@ -323,28 +323,33 @@ def test_emulated_gathered_qmm_takes_each_rows_batch(mode, group, bits, dtype, m
 
 
 def emulated_qmm_wgmma(x: np.ndarray, qw, dtype, tiles, picks: np.ndarray | None = None, edit=None,
-                       tile_starts: np.ndarray | None = None) -> np.ndarray:
+                       tile_starts: np.ndarray | None = None, out_dtype=None) -> np.ndarray:
     """y's raw values from the emulated qmm_wgmma (Hopper's warpgroup products computed by each
     thread from the swizzled tiles) for raw x `[M, K]` in `dtype` with `tiles` (RegisterTiles:
-    qmm_wgmma_rs; ProducerTiles: qmm_wgmma_ws); `picks`: gathered,
+    qmm_wgmma_rs, whose K split gives float32 parts `[k_split, M, N]`; ProducerTiles:
+    qmm_wgmma_ws); `out_dtype` float32: y in float32 (else x's dtype); `picks`: gathered,
     each row with its own weight batch of `qw` `[E, N, ...]`, over `tile_starts` where given (else
     `gather_tile_starts`'s table)."""
     rows, k = x.shape
     n = qw.weight.shape[-2]
     make = (qmv.qmm_wgmma_rs_program if isinstance(tiles, qmv.RegisterTiles) else
             functools.partial(qmv.qmm_wgmma_ws_program, k=k) if isinstance(tiles, qmv.ProducerTiles) else qmv.qmm_wgmma_program)
-    kernel = edited(make(dtype, qw.scales.dtype, dtype, mode=qw.mode, group_size=qw.group_size, bits=qw.bits, tiles=tiles,
+    parts = getattr(tiles, "k_split", 1)  # a K split: float32 parts [k_split, M, N] (`out_dtype` float32 too: one part)
+    out = dtypes.float32 if parts > 1 or out_dtype == dtypes.float32 else dtype
+    kernel = edited(make(dtype, qw.scales.dtype, out, mode=qw.mode, group_size=qw.group_size, bits=qw.bits, tiles=tiles,
                          gather=picks is not None), edit)
-    y = np.full((rows, n), 0xFFFF, dtype=x.dtype)  # NaN patterns: an output the kernel misses shows
+    # NaN patterns: an output the kernel misses shows
+    y = np.full((parts, rows, n) if parts > 1 else (rows, n), np.nan if out == dtypes.float32 else 0xFFFF,
+                dtype=np.float32 if out == dtypes.float32 else x.dtype)
     buffers = [y, x, raw(qw.weight), raw(qw.scales)] + ([raw(qw.biases)] if qw.biases is not None else [])
-    groups, groups_y, _ = tiles.grid(rows, n)
+    groups, groups_y, groups_z = tiles.grid(rows, n)
     if picks is not None:
         batches = qw.weight.shape[0]
         if tile_starts is None: tile_starts = qmv.gather_tile_starts(Tensor(picks), tiles.rows, batches).numpy()
         buffers += [picks, tile_starts]
         groups = len(tile_starts) - 1
     buffers.append(np.array([rows, n, k] + ([qw.weight.shape[0]] if picks is not None else []), dtype=np.int32))
-    build(kernel)(buffers, groups, tiles.threads, groups_y)
+    build(kernel)(buffers, groups, tiles.threads, groups_y, groups_z)
     return y
 
 
@@ -396,6 +401,47 @@ def test_emulated_qmm_wgmma_rs_equals_qmm_wgmma(mode, group, bits, dtype):
     warpgroup of 64 weight rows or two."""
     check_the_other_forms_give_qmm_wgmmas_bits(0x9BF, mode, group, bits, dtype, "qmm_wgmma_rs",
                                                (qmv.QMM_WGMMA_RS_SMALL, qmv.RegisterTiles(128, 1, 3)))
+
+
+# The few rows' K split: uneven parts (7 steps in 4: 1, 2, 2, 2; in 3: 2, 2, 3), even ones at groups of 128 (a part's
+# first k a multiple of the group), each width of x rows (16, 32, 64), 2 and 8 bits, each mode's scales
+FEW_ROWS_CASES = [("affine", 64, 4, dtypes.bfloat16, 13, 7, 4), ("affine", 128, 8, dtypes.bfloat16, 30, 8, 2),
+                  ("mxfp4", 32, 4, dtypes.float16, 64, 7, 3), ("affine", 32, 2, dtypes.float16, 9, 4, 4)]
+
+
+def k_slice(qw, first: int, end: int) -> quant.QuantizedWeight:
+    """The columns first .. end - 1 of quantized `qw` (whole groups; packed words whole at every width: multiples of 32)."""
+    words, groups = (lambda k: k * qw.bits // 32), (lambda k: k // qw.group_size)
+    parts = [qw.weight[:, words(first):words(end)], qw.scales[:, groups(first):groups(end)]]
+    parts.append(None if qw.biases is None else qw.biases[:, groups(first):groups(end)])
+    return quant.QuantizedWeight(*(None if p is None else p.contiguous().realize() for p in parts), qw.mode, qw.group_size, qw.bits)
+
+
+@pytest.mark.parametrize("mode, group, bits, dtype, rows, steps, split", FEW_ROWS_CASES, ids=str)
+def test_emulated_few_rows_split_k_into_parts_each_its_slices_product(mode, group, bits, dtype, rows, steps, split):
+    """qmm_wgmma_rs's few-row tiles (`few_rows_tiles`) with K split in parts: part z is, bit for
+    bit, the float32 product of its steps' slice of x and w (the kernel unsplit over that slice),
+    the parts added in order (`sum_parts`) are within tolerance of the composition, and unsplit the
+    tiles give qmm_wgmma's bits. N = 100: a whole tile of 64 weight rows and a part one."""
+    rng = np.random.default_rng(0x9C3)
+    n, k = 100, 64 * steps
+    qw = quantized(random(rng, (n, k), dtype, "CPU")[0], mode, group, bits)
+    x_tensor = random(rng, (rows, k), dtype, "CPU")[0].realize()
+    planned = qmv.few_rows_tiles(rows, k, n, bits)
+    tiles = qmv.RegisterTiles(planned.rows, 1, planned.stages, split)
+    got = emulated_qmm_wgmma(raw(x_tensor), qw, dtype, tiles)
+    assert got.shape == (split, rows, n) and tiles.rows == (16 if rows <= 16 else 32 if rows <= 32 else 64)
+    for z in range(split):
+        first, end = 64 * (z * steps // split), 64 * ((z + 1) * steps // split)
+        part = emulated_qmm_wgmma(raw(x_tensor[:, first:end].contiguous().realize()), k_slice(qw, first, end), dtype,
+                                  qmv.RegisterTiles(planned.rows, 1, planned.stages), out_dtype=dtypes.float32)
+        np.testing.assert_array_equal(got[z], part, err_msg=f"part {z}: k {first}..{end}")
+    total = qmv.sum_parts(Tensor(got)).numpy()
+    np.testing.assert_array_equal(total, functools.reduce(lambda a, b: a + b, list(got)))  # in order, float32
+    want = quant.quantized_matmul(x_tensor, qw).cast(dtypes.float32).numpy().astype(np.float64)
+    assert_rows_close("few rows, K split", total.astype(np.float64), want, TOL[dtype])
+    whole = emulated_qmm_wgmma(raw(x_tensor), qw, dtype, qmv.RegisterTiles(planned.rows, 1, planned.stages))
+    np.testing.assert_array_equal(whole, emulated_qmm_wgmma(raw(x_tensor), qw, dtype, qmv.QMM_WGMMA_SMALL))
 
 
 # qmm_wgmma_ws's cases: words two steps ahead (4 bits) and one (8), odd words (3 bits), each mode
@@ -519,17 +565,24 @@ def test_qmm_wgmma_routes_and_plans():
     assert qmv.qmm_wgmma_rs_plan(512, 4096, 132).rows == 128
     # gathered: 64-row tiles where a batch has few rows (the register kernel's where routed), else qmm_wgmma's 128
     routed = qmv.QMM_WGMMA_RS_ROUTED
-    assert qmv.qmm_hopper_tiles(4096, 1536, 4, 132, batches=128) == (qmv.QMM_WGMMA_RS_SMALL if routed else qmv.QMM_WGMMA_SMALL)
-    assert qmv.qmm_hopper_tiles(2048, 5760, 4, 132, batches=32) == qmv.QMM_WGMMA_LARGE
-    assert qmv.qmm_hopper_tiles(4096, 1536, 3, 132, batches=128) == qmv.QMM_WGMMA_SMALL
+    assert qmv.qmm_hopper_tiles(4096, 1536, 4, 132, batches=128, k=4096) == (qmv.QMM_WGMMA_RS_SMALL if routed else qmv.QMM_WGMMA_SMALL)
+    assert qmv.qmm_hopper_tiles(2048, 5760, 4, 132, batches=32, k=4096) == qmv.QMM_WGMMA_LARGE
+    assert qmv.qmm_hopper_tiles(4096, 1536, 3, 132, batches=128, k=4096) == qmv.QMM_WGMMA_SMALL
     # not gathered: qmm_wgmma_ws past 64 rows of affine 4-bit weights while routed (its plan's
     # tiles); other formats (not yet timed) and up to 64 rows qmm_wgmma's
     ws = qmv.QMM_WGMMA_WS_ROUTED
-    assert qmv.qmm_hopper_tiles(65, 14336, 4, 132) == (qmv.qmm_wgmma_ws_plan(65, 14336, 132) if ws else qmv.qmm_wgmma_plan(65, 14336, 132))
-    assert qmv.qmm_hopper_family(256, 14336, 4, 132) == ("nuvec_qmm_wgmma_ws" if ws else "nuvec_qmm_wgmma")
-    assert qmv.qmm_hopper_family(256, 14336, 3, 132) == qmv.qmm_hopper_family(256, 14336, 4, 132, mode="mxfp4") == "nuvec_qmm_wgmma"
-    assert qmv.qmm_hopper_tiles(64, 14336, 4, 132) == (qmv.QMM_WGMMA_RS_SMALL if routed else qmv.QMM_WGMMA_SMALL)
-    assert qmv.qmm_hopper_family(4096, 1536, 4, 132, batches=128) in ("nuvec_qmm_wgmma", "nuvec_qmm_wgmma_rs")
+    assert qmv.qmm_hopper_tiles(65, 14336, 4, 132, k=4096) == (qmv.qmm_wgmma_ws_plan(65, 14336, 132) if ws else qmv.qmm_wgmma_plan(65, 14336, 132))
+    assert qmv.qmm_hopper_family(256, 14336, 4, 132, k=4096) == ("nuvec_qmm_wgmma_ws" if ws else "nuvec_qmm_wgmma")
+    assert qmv.qmm_hopper_family(256, 14336, 3, 132, k=4096) == qmv.qmm_hopper_family(256, 14336, 4, 132, mode="mxfp4", k=4096) == "nuvec_qmm_wgmma"
+    # up to 64 rows (not gathered, qmm_wgmma_rs's widths): the few rows' tiles, K split by K and N only
+    assert qmv.qmm_hopper_tiles(64, 14336, 4, 132, k=4096) == qmv.RegisterTiles(64, 1, 6, 2)
+    assert qmv.qmm_hopper_tiles(9, 4096, 4, 132, k=4096) == qmv.RegisterTiles(16, 1, 8, 4)
+    assert qmv.qmm_hopper_tiles(17, 4096, 8, 132, k=14336) == qmv.RegisterTiles(32, 1, 8, 4)
+    assert qmv.qmm_hopper_tiles(64, 4096, 8, 132, k=4096) == qmv.RegisterTiles(64, 1, 4, 4)
+    assert qmv.qmm_hopper_family(64, 4096, 3, 132, k=4096) == "nuvec_qmm_wgmma"   # 3 bits: not the register kernel's
+    assert [qmv.few_rows_split(k, n) for k, n in ((4096, 4096), (4096, 14336), (14336, 4096), (1024, 4096), (2048, 256), (128, 64))] == \
+        [4, 2, 4, 1, 2, 1]
+    assert qmv.qmm_hopper_family(4096, 1536, 4, 132, batches=128, k=4096) in ("nuvec_qmm_wgmma", "nuvec_qmm_wgmma_rs")
     assert all(qmv.qmm_wgmma_rs_bytes(t, bits) <= qmv.WGMMA_MAX_DYNAMIC for t in qmv.QMM_WGMMA_RS_SHAPES for bits in (2, 4, 8))
     with pytest.raises(ValueError, match="qmm_wgmma_rs: 3-bit"):
         qmv.qmm_wgmma_rs_program(dtypes.bfloat16, dtypes.bfloat16, dtypes.bfloat16, mode="affine", group_size=64, bits=3,

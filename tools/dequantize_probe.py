@@ -29,6 +29,7 @@ Usage: DEV=CUDA python3 tools/dequantize_probe.py [--rows 64,128,256,512,2048] [
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 import numpy as np
 from tinygrad import Tensor, dtypes
@@ -42,19 +43,30 @@ from nuvec_tg.kernels import quant as qk
 
 SHAPES = ((4096, 14336), (4096, 4096), (14336, 4096))   # K x N: up, attention, down (Qwen3-8B-like)
 COMMON = dict(mode="affine", group_size=64, bits=4, backend="cuda")
+FORMATS = {"affine4": COMMON, "mxfp4": dict(mode="mxfp4", group_size=32, bits=4, backend="cuda")}  # the main table's (--format)
 
 
-def dequantized_product(x: Tensor, w: Tensor, s: Tensor, b: Tensor) -> Tensor:
-    dense = qk.dequantize(w, s, b, out_dtype=x.dtype, **COMMON)
+def dequantized_product(x: Tensor, w: Tensor, s: Tensor, b: Tensor | None = None, fmt: dict = COMMON) -> Tensor:
+    dense = qk.dequantize(w, s, b, out_dtype=x.dtype, **fmt)
     return lk.gemm_wgmma(x, dense, None, out_dtype=x.dtype)
 
 
-def weight_sets(k: int, n: int) -> tuple[int, list[tuple[Tensor, Tensor, Tensor]]]:
-    """Rotated sets of a random `[n, k]` weight quantized (affine 4-bit, groups of 64), realized:
-    (the count of sets, their (weight, scales, biases))."""
+def weight_sets(k: int, n: int, fmt: dict = COMMON) -> tuple[int, list[tuple[Tensor, ...]]]:
+    """Rotated sets of a random `[n, k]` weight quantized in `fmt` (affine 4-bit, groups of 64 by
+    default), realized: (the count of sets, their (weight, scales[, biases]))."""
     sets = rotation(n * k // 2).sets
-    weights = [quant.quantize(Tensor.randn(n, k, dtype=dtypes.bfloat16) * 0.02, 64, 4) for _ in range(sets)]
-    return sets, [(w.weight.realize(), w.scales.realize(), w.biases.realize()) for w in weights]
+    weights = [quant.quantize(Tensor.randn(n, k, dtype=dtypes.bfloat16) * 0.02, fmt["group_size"], fmt["bits"], mode=fmt["mode"])
+               for _ in range(sets)]
+    return sets, [tuple(p.realize() for p in (w.weight, w.scales, w.biases) if p is not None) for w in weights]
+
+
+def few_rows_variants(rows: int, k: int, n: int, bits: int) -> tuple[qk.RegisterTiles, ...]:
+    """The few rows' plan (`few_rows_tiles`) first, then its tiles at each other K split and stage count."""
+    planned = qk.few_rows_tiles(rows, k, n, bits)
+    others = [dataclasses.replace(planned, k_split=s) for s in (1, 2, 4, 8) if s != planned.k_split]
+    others += [dataclasses.replace(planned, stages=s) for s in (4, 6, 8, 12) if s != planned.stages and
+               qk.qmm_wgmma_rs_bytes(dataclasses.replace(planned, stages=s), bits) <= qk.WGMMA_MAX_DYNAMIC]
+    return (planned, *others)
 
 
 def table_head(caption: str, columns: list[str]) -> None:
@@ -135,7 +147,7 @@ def moe_tiles(args) -> None:
         parts = tuple(p.contiguous().realize() for p in (qw.weight, qw.scales, qw.biases) if p is not None)
         x = Tensor(rng.standard_normal((len(ordered), k), dtype=np.float32)).cast(dtypes.bfloat16).contiguous().realize()
         picks = Tensor(ordered).realize()
-        planned = qk.qmm_hopper_tiles(len(ordered), n, bits, multiprocessors, experts)
+        planned = qk.qmm_hopper_tiles(len(ordered), n, bits, multiprocessors, experts, k=k)
         for tiles in GATHERED_TILES:
             if isinstance(tiles, qk.RegisterTiles) and bits not in qk.QMM_WGMMA_RS_BITS: continue
             seconds = time_jit(lambda x, p, *w, t=tiles: qk.qmm(x, w[0], w[1], w[2] if len(w) > 2 else None, mode=mode,
@@ -159,6 +171,9 @@ def main() -> None:
     parser.add_argument("--ws-sweep", action="store_true", help="time every ProducerTiles of QMM_WGMMA_WS_SHAPES too")
     parser.add_argument("--clocks", default="", help="RegisterTiles as rows x warpgroups x stages to probe, e.g. 256x2x4,128x1x4")
     parser.add_argument("--moe", action="store_true", help="only the MoE rows' gathered products by tiles")
+    parser.add_argument("--format", default="affine4", choices=list(FORMATS), help="the main table's weights")
+    parser.add_argument("--few-sweep", action="store_true", help="up to FEW_ROWS rows, also the few rows' tiles "
+                        "(`few_rows_tiles`, first) at each K split and stage count (a split other than the plan's gives other bits)")
     args = parser.parse_args()
     if args.moe:
         moe_tiles(args)
@@ -167,42 +182,44 @@ def main() -> None:
         clock_parts(args, [qk.RegisterTiles(*(int(v) for v in t.split("x"))) for t in args.clocks.split(",")])
         return
     if args.pieces: sweep_pieces(args, [int(p) for p in args.pieces.split(",")])
-    table_head("µs a call, device time of TinyJit replays over rotated 4-bit weights (affine, groups of 64), bf16 x",
+    fmt = FORMATS[args.format]
+    table_head(f"µs a call, device time of TinyJit replays over rotated {args.format} weights, bf16 x",
                ["M", "K x N", "qmm_wgmma µs", "qmm_wgmma_rs µs (tiles)", "qmm_wgmma_ws µs (tiles)", "TFLOP/s", "dequantize µs",
                 "gemm_wgmma µs", "dequantize + gemm_wgmma µs", "qmm_wgmma_ws / route", "same bits"])
     warm_up()
     multiprocessors = target(Tensor.empty(1).device).multiprocessors
+    product = lambda x, w, s, *b, t: qk.qmm(x, w, s, b[0] if b else None, out_dtype=x.dtype, tiles=t, **fmt)  # noqa: E731
+    routed = lambda x, w, s, *b: dequantized_product(x, w, s, b[0] if b else None, fmt)  # noqa: E731
     for k, n in SHAPES[:args.shapes]:
-        sets, tensors = weight_sets(k, n)
-        dequant = time_jit(lambda w, s, b: qk.dequantize(w, s, b, out_dtype=dtypes.bfloat16, **COMMON), tensors, args.repeats)
+        sets, tensors = weight_sets(k, n, fmt)
+        dequant = time_jit(lambda w, s, *b: qk.dequantize(w, s, b[0] if b else None, out_dtype=dtypes.bfloat16, **fmt), tensors,
+                           args.repeats)
         dense_sets = rotation(n * k * 2).sets
-        dense = [qk.dequantize(*tensors[i % sets], out_dtype=dtypes.bfloat16, **COMMON).realize() for i in range(dense_sets)]
+        dense = [qk.dequantize(*tensors[i % sets][:2], *tensors[i % sets][2:] or (None,), out_dtype=dtypes.bfloat16, **fmt).realize()
+                 for i in range(dense_sets)]
         for rows in (int(r) for r in args.rows.split(",")):
             x = Tensor.randn(rows, k, dtype=dtypes.bfloat16).realize()
             calls = [(x, *t) for t in tensors]
             planned = (qk.qmm_wgmma_plan(rows, n, multiprocessors), qk.qmm_wgmma_rs_plan(rows, n, multiprocessors),
                        qk.qmm_wgmma_ws_plan(rows, n, multiprocessors))
-            tiled, registers, producer = (time_jit(lambda x, w, s, b, t=t: qk.qmm(x, w, s, b, out_dtype=x.dtype, tiles=t, **COMMON),
-                                                   calls, args.repeats) for t in planned)
+            tiled, registers, producer = (time_jit(lambda *a, t=t: product(*a, t=t), calls, args.repeats) for t in planned)
             gemm = time_jit(lambda x, w: lk.gemm_wgmma(x, w, None, out_dtype=x.dtype), [(x, w) for w in dense], args.repeats)
-            routed = time_jit(dequantized_product, calls, args.repeats)
-            results = [qk.qmm(x, *tensors[0], out_dtype=x.dtype, tiles=t, **COMMON) for t in planned]
-            results.append(dequantized_product(x, *tensors[0]))
+            route = time_jit(routed, calls, args.repeats)
+            results = [product(x, *tensors[0], t=t) for t in planned]
+            results.append(routed(x, *tensors[0]))
             bits = [r.bitcast(dtypes.uint16).numpy() for r in results]
             same = all(np.array_equal(b, bits[0]) for b in bits[1:])
             print(f"| {rows} | {k} x {n} | {tiled * 1e6:.1f} | {registers * 1e6:.1f} ({planned[1]}) | "
                   f"{producer * 1e6:.1f} ({planned[2]}) | {2 * rows * k * n / producer / 1e12:.0f} | {dequant * 1e6:.1f} | "
-                  f"{gemm * 1e6:.1f} | {routed * 1e6:.1f} | {producer / routed:.2f} | {same} |", flush=True)
+                  f"{gemm * 1e6:.1f} | {route * 1e6:.1f} | {producer / route:.2f} | {same} |", flush=True)
             sweeps = (qk.QMM_WGMMA_RS_SHAPES if args.rs_sweep else ()) + (qk.QMM_WGMMA_WS_SHAPES if args.ws_sweep else ())
+            if args.few_sweep and rows <= qk.FEW_ROWS: sweeps += few_rows_variants(rows, k, n, fmt["bits"])
             for tiles in sweeps:
-                seconds = time_jit(lambda x, w, s, b, t=tiles: qk.qmm(x, w, s, b, out_dtype=x.dtype, tiles=t, **COMMON), calls,
-                                   args.repeats)
-                same = np.array_equal(qk.qmm(x, *tensors[0], out_dtype=x.dtype, tiles=tiles, **COMMON).bitcast(dtypes.uint16).numpy(),
-                                      bits[0])
+                seconds = time_jit(lambda *a, t=tiles: product(*a, t=t), calls, args.repeats)
+                same = np.array_equal(product(x, *tensors[0], t=tiles).bitcast(dtypes.uint16).numpy(), bits[0])
                 print(f"|   | {tiles} | | | {seconds * 1e6:.1f} | {2 * rows * k * n / seconds / 1e12:.0f} | | | | | {same} |",
                       flush=True)
         del dense, tensors
-
 
 if __name__ == "__main__":
     main()

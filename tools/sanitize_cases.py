@@ -118,7 +118,7 @@ def qmm_of(k: int, bits: int, rows: int = 0, n: int = 0, mode: str = "affine") -
     if not (WARPGROUPS and k % 64 == 0): return QMM
     target = nuvec_kernels.target(DEVICE)
     if nuvec_quant.takes_dequantized(rows, k, n, target, mode, bits): return ("nuvec_dequantize", "nuvec_gemm_wgmma")
-    return (nuvec_quant.qmm_hopper_family(rows, n, bits, target.multiprocessors, mode=mode),)
+    return (nuvec_quant.qmm_hopper_family(rows, n, bits, target.multiprocessors, mode=mode, k=k),)
 
 
 def prefill_of(d: int, dv: int | None = None) -> tuple[str, ...]:

@@ -101,21 +101,28 @@ class WgmmaTiles(_WarpgroupGrid):
 @dataclass(frozen=True)
 class RegisterTiles(_WarpgroupGrid):
     """qmm_wgmma_rs's tiles (`src/qmm_wgmma_rs.h`, the product as its transpose): `rows` rows of x
-    (64, 128 or 256, the warpgroup product's N) by 64 * `warpgroups` weight rows (outputs) a
-    threadgroup, `stages` stage buffers of WGMMA_STEP k (STAGES - 2 steps copied ahead)."""
+    (16, 32, 64, 128 or 256, the warpgroup product's N; 16 with one warpgroup only) by 64 *
+    `warpgroups` weight rows (outputs) a threadgroup, `stages` stage buffers of WGMMA_STEP k (STAGES
+    - 2 steps copied ahead); `k_split` threadgroups a tile, each a part of K (float32 partial sums
+    that `qmm` adds in order: the split is part of a row's bits)."""
     rows: int
     warpgroups: int
     stages: int
+    k_split: int = 1
 
     @property
     def columns(self) -> int: return 64 * self.warpgroups
+
+    def grid(self, m: int, n: int) -> tuple[int, int, int]:
+        """(row tiles, column tiles, parts of K)."""
+        return math.ceil(m / self.rows), math.ceil(n / self.columns), self.k_split
 
     @property
     def width(self) -> int:
         """The warpgroup product's N (a wave's cost in `wgmma_tiles`): the tile's rows of x."""
         return self.rows
 
-    def __str__(self) -> str: return f"wgmma-rs {self.rows}x{self.columns}/{self.stages}s"
+    def __str__(self) -> str: return f"wgmma-rs {self.rows}x{self.columns}/{self.stages}s" + (f"/k{self.k_split}" if self.k_split > 1 else "")
 
 
 @dataclass(frozen=True)
@@ -758,14 +765,58 @@ def qmm_wgmma_rs_plan(rows: int, n: int, multiprocessors: int | None = None) -> 
     return wgmma_tiles(rows, n, multiprocessors, QMM_WGMMA_RS_SMALL, QMM_WGMMA_RS_WIDE, QMM_WGMMA_RS_SMALL.rows)
 
 
-def qmm_hopper_tiles(rows: int, n: int, bits: int, multiprocessors: int | None = None, batches: int = 0, mode: str = "affine"):
-    """qmm's tiles on Hopper (`takes_qmm_wgmma`), whose kind picks the kernel: ProducerTiles
-    (qmm_wgmma_ws) for more than QMM_WGMMA_WS_SMALL's 64 rows of a format of
+# qmm_wgmma_rs for few rows (9 to FEW_ROWS, not gathered, its widths): one warpgroup's 64 weight
+# rows a threadgroup, x's rows in the narrowest warpgroup product that holds them (16, 32 or 64),
+# deep stages, and K split where the weight tiles alone would leave multiprocessors idle (N 4096:
+# 64 tiles). Few rows read w at memory's pace or not at all: each threadgroup must keep several
+# steps of its words in flight. The split aims at FEW_ROWS_THREADGROUPS threadgroups, a constant
+# (not the device's multiprocessors: the split is part of a row's bits), each part at least
+# FEW_ROWS_MIN_STEPS steps of 64 k.
+FEW_ROWS = 64
+FEW_ROWS_ROUTED = True
+FEW_ROWS_THREADGROUPS = 256
+FEW_ROWS_MIN_STEPS = 16
+FEW_ROWS_MAX_SPLIT = 8
+FEW_ROWS_STAGES = {16: 8, 32: 8, 64: 6}
+
+
+def few_rows_split(k: int, n: int) -> int:
+    """The parts of K (a power of two, at most FEW_ROWS_MAX_SPLIT) for a few-row product of K x N:
+    doubled while the threadgroups (64 weight rows each, times the parts) are fewer than
+    FEW_ROWS_THREADGROUPS and each part keeps FEW_ROWS_MIN_STEPS steps. K and N only, never M."""
+    tiles, steps, split = math.ceil(n / 64), k // WGMMA_STEP, 1
+    while split < FEW_ROWS_MAX_SPLIT and tiles * split < FEW_ROWS_THREADGROUPS and steps // (2 * split) >= FEW_ROWS_MIN_STEPS:
+        split *= 2
+    return split
+
+
+def few_rows_tiles(rows: int, k: int, n: int, bits: int) -> RegisterTiles:
+    """qmm_wgmma_rs's tiles for 1 to FEW_ROWS rows: x's rows in 16, 32 or 64, one warpgroup,
+    FEW_ROWS_STAGES, `few_rows_split(k, n)` parts of K (8-bit words take twice the stage room:
+    two stages fewer at 64 rows)."""
+    width = 16 if rows <= 16 else 32 if rows <= 32 else 64
+    stages = FEW_ROWS_STAGES[width] - (2 if bits == 8 and width == 64 else 0)
+    return RegisterTiles(width, 1, stages, few_rows_split(k, n))
+
+
+def takes_few_rows(rows: int, bits: int, batches: int) -> bool:
+    """Whether qmm's plan runs `few_rows_tiles` (qmm_wgmma_rs, K split): at most FEW_ROWS rows, not
+    gathered, `bits` of QMM_WGMMA_RS_BITS, while FEW_ROWS_ROUTED."""
+    return FEW_ROWS_ROUTED and not batches and rows <= FEW_ROWS and bits in QMM_WGMMA_RS_BITS
+
+
+def qmm_hopper_tiles(rows: int, n: int, bits: int, multiprocessors: int | None = None, batches: int = 0, mode: str = "affine",
+                     *, k: int):
+    """qmm's tiles on Hopper (`takes_qmm_wgmma`) for a product of K x N, whose kind picks the kernel:
+    `few_rows_tiles` (qmm_wgmma_rs with K split) up to FEW_ROWS rows where `takes_few_rows`;
+    ProducerTiles (qmm_wgmma_ws) for more than QMM_WGMMA_WS_SMALL's 64 rows of a format of
     QMM_WGMMA_WS_FORMATS, not gathered (`takes_qmm_wgmma_ws`); else RegisterTiles (qmm_wgmma_rs)
     where `takes_qmm_wgmma_rs`, else WgmmaTiles (qmm_wgmma), by their plans. Gathered over
     `batches` weight batches: tiles of `gathered_tile_rows` rows, 64 as QMM_WGMMA_RS_SMALL (or
     QMM_WGMMA_SMALL), 128 as QMM_WGMMA_LARGE (qmm_wgmma_ws's gathered tiles lose 3 of the 4 MoE rows
-    of `tools/dequantize_probe.py --moe`, `quant_h200.md`). All give the same bits."""
+    of `tools/dequantize_probe.py --moe`, `quant_h200.md`). All give the same bits, except the few
+    rows' K split (`few_rows_split`: the same bits over 1-64 rows where it is 1)."""
+    if takes_few_rows(rows, bits, batches): return few_rows_tiles(rows, k, n, bits)
     if not batches and rows > QMM_WGMMA_WS_SMALL.rows and takes_qmm_wgmma_ws(mode, bits):
         return qmm_wgmma_ws_plan(rows, n, multiprocessors)
     register = takes_qmm_wgmma_rs(bits)
@@ -776,9 +827,9 @@ def qmm_hopper_tiles(rows: int, n: int, bits: int, multiprocessors: int | None =
 
 
 def qmm_hopper_family(rows: int, n: int, bits: int, multiprocessors: int | None = None, batches: int = 0,
-                      mode: str = "affine") -> str:
+                      mode: str = "affine", *, k: int) -> str:
     """The kernel family (its name) of `qmm_hopper_tiles`' plan: what the tests expect to launch."""
-    return HOPPER_QMM[type(qmm_hopper_tiles(rows, n, bits, multiprocessors, batches, mode))][0].stem
+    return HOPPER_QMM[type(qmm_hopper_tiles(rows, n, bits, multiprocessors, batches, mode, k=k))][0].stem
 
 
 def qmm_wgmma_rs_bytes(tiles: RegisterTiles, bits: int) -> int:
@@ -797,11 +848,15 @@ def qmm_wgmma_rs_program(x_dtype: DType, scales_dtype: DType, out_dtype: DType, 
     clock_probe: threadgroup (0, 0) overwrites y's first words with its clocks a part of the steps
     (`tools/dequantize_probe.py --clocks`)."""
     if bits not in QMM_WGMMA_RS_BITS: raise ValueError(f"qmm_wgmma_rs: {bits}-bit weights (it takes {QMM_WGMMA_RS_BITS})")
+    if tiles.rows not in (16, 32, 64, 128, 256) or (tiles.rows == 16 and tiles.warpgroups != 1):
+        raise ValueError(f"qmm_wgmma_rs: {tiles} (rows of x 16, 32, 64, 128 or 256; 16 with one warpgroup)")
+    if tiles.k_split > 1 and (gather or out_dtype != dtypes.float32):
+        raise ValueError(f"qmm_wgmma_rs: {tiles} writes float32 partial sums of a product without gathers")
     if (needed := qmm_wgmma_rs_bytes(tiles, bits)) > WGMMA_MAX_DYNAMIC:
         raise ValueError(f"qmm_wgmma_rs: {tiles} at {bits} bits takes {needed} bytes of threadgroup memory (at most {WGMMA_MAX_DYNAMIC})")
     defines = dict(TX=ctype(x_dtype), TS=ctype(scales_dtype), TY=ctype(out_dtype), BITS=bits, GROUP=group_size,
                    MODE=_MODES[mode], GATHER=int(gather), WARPGROUPS=tiles.warpgroups, BM=tiles.rows, BN=tiles.columns,
-                   BK=WGMMA_STEP, STAGES=tiles.stages, LOAD_WORDS=load_words(bits, 2 * bits))
+                   BK=WGMMA_STEP, STAGES=tiles.stages, K_SPLIT=tiles.k_split, LOAD_WORDS=load_words(bits, 2 * bits))
     if clock_probe: defines["CLOCK_PROBE"] = 1
     params = _params(defines["TY"], defines["TX"], defines["TS"], mode, gather, tile_table=gather) + [Param("ints", "in", "int")]
     return QMM_WGMMA_RS.program("cuda", defines, params, dynamic_bytes=qmm_wgmma_rs_bytes(tiles, bits))
@@ -913,25 +968,40 @@ def qmm(x: Tensor, weight: Tensor, scales: Tensor, biases: Tensor | None, *, mod
     wgmma = backend == "cuda" and takes_qmm_wgmma(k, target)
     if wgmma:
         batches = weight.shape[0] if gather else 0
-        tiles = tiles or qmm_hopper_tiles(rows, n, bits, target.multiprocessors, batches, mode)
+        tiles = tiles or qmm_hopper_tiles(rows, n, bits, target.multiprocessors, batches, mode, k=k)
         make = HOPPER_QMM[type(tiles)][1]
         if make is qmm_wgmma_ws_program: make = functools.partial(make, k=k)  # its scale loads follow K
-        kernel = make(x.dtype, scales.dtype, out_dtype, mode=mode, group_size=group_size, bits=bits, tiles=tiles, gather=gather)
+        parts = tiles.k_split if isinstance(tiles, RegisterTiles) else 1
+        kernel = make(x.dtype, scales.dtype, out_dtype if parts == 1 else dtypes.float32, mode=mode, group_size=group_size,
+                      bits=bits, tiles=tiles, gather=gather)
         grid, threads = tiles.grid(rows, n), tiles.threads
         if gather: grid = (gather_tile_slots(rows, tiles.rows, batches), grid[1], 1)
     else:
+        parts = 1
         kernel = qmm_program(backend, x.dtype, scales.dtype, out_dtype, mode=mode, group_size=group_size, bits=bits, k=k,
                              gather=gather)
         grid, threads = (*qmm_plan(rows, n), 1), QMM_THREADS
         if gather: grid = (grid[0], gather_tile_slots(rows, QMM_ROWS, weight.shape[0]), 1)
     ins = _inputs(x, weight, scales, biases, picks)
+    if parts > 1 and composition is not None:  # each part's gradient is y's: the composition's, shared out
+        whole = composition
+        composition = lambda *a: whole(*a).cast(dtypes.float32).unsqueeze(0).expand(parts, rows, n) / parts  # noqa: E731
     backward = _backward("quantized_matmul" if picks is None else "gather_qmm", composition, ins, mode)
     if gather: ins.append(gather_tile_starts(ins[-1], tiles.rows if wgmma else QMM_ROWS, weight.shape[0]))
     ins.append(int_buffer(x.device, (rows, n, k) + ((weight.shape[0],) if gather else ())))
-    y = Tensor.empty(rows, n, dtype=out_dtype, device=x.device)
+    y = Tensor.empty(*((parts,) if parts > 1 else ()), rows, n, dtype=out_dtype if parts == 1 else dtypes.float32, device=x.device)
     name = f"qmm_{tiles}" if wgmma else "qmm"
-    return launch(kernel, x.device, [y], ins, grid, threads, backward=backward,
-                  label=f"{backend} {name} {mode} {bits}-bit g{group_size} M{rows} K{k} N{n}{' gather' if gather else ''}")[0]
+    y = launch(kernel, x.device, [y], ins, grid, threads, backward=backward,
+               label=f"{backend} {name} {mode} {bits}-bit g{group_size} M{rows} K{k} N{n}{' gather' if gather else ''}")[0]
+    return y if parts == 1 else sum_parts(y).cast(out_dtype)
+
+
+def sum_parts(parts: Tensor) -> Tensor:
+    """A K split's float32 partial sums `[parts, ...]` added in order, part 0 first (the order is
+    part of a row's bits)."""
+    total = parts[0]
+    for part in range(1, parts.shape[0]): total = total + parts[part]
+    return total
 
 
 # ---- dequantize: packed weights as dense rows (src/dequantize.h) --------------------------------

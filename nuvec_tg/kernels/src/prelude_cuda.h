@@ -342,6 +342,27 @@ INLINE unsigned long long wgmma_descriptor_rows(const void* tile, int step, int 
   const unsigned long long start = ((shared_address(tile) + 2048u * (unsigned)step) & 0x3FFFFu) >> 4;
   return start | ((unsigned long long)((block_bytes & 0x3FFFF) >> 4) << 16) | (64ull << 32) | (1ull << 62);
 }
+// Narrow B (qmm_wgmma_rs.h's tiles of 16 or 32 rows of x, for few rows).
+template <int TRANSPOSE_B> INLINE void wgmma_m64n16k16_rs(float* d, const uint* a, unsigned long long b, bfloat) {
+  asm volatile("wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, 1, 1, 1, %13;"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(TRANSPOSE_B));
+}
+template <int TRANSPOSE_B> INLINE void wgmma_m64n16k16_rs(float* d, const uint* a, unsigned long long b, half) {
+  asm volatile("wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, 1, 1, 1, %13;"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(TRANSPOSE_B));
+}
+template <int TRANSPOSE_B> INLINE void wgmma_m64n32k16_rs(float* d, const uint* a, unsigned long long b, bfloat) {
+  asm volatile("wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, 1, 1, 1, %21;"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(TRANSPOSE_B));
+}
+template <int TRANSPOSE_B> INLINE void wgmma_m64n32k16_rs(float* d, const uint* a, unsigned long long b, half) {
+  asm volatile("wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, 1, 1, 1, %21;"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(TRANSPOSE_B));
+}
 template <int TRANSPOSE_B> INLINE void wgmma_m64n64k16_rs(float* d, const uint* a, unsigned long long b, bfloat) {
   asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, 1, 1, 1, %37;"
                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
@@ -382,10 +403,12 @@ template <int N, typename T> INLINE void wgmma_tile_rs(float* d, const uint* a, 
 // tile): `wgmma_tile_rs_rows(d, a, b, step)` adds A · Bᵀ for B's k 16 * step .. 16 * step + 15.
 template <int N, typename T> INLINE void wgmma_tile_rs_rows(float* d, const uint* a, const T* b, int step) {
   const unsigned long long db = wgmma_descriptor(b, step);
-  if constexpr (N == 64) wgmma_m64n64k16_rs<0>(d, a, db, T());
+  if constexpr (N == 16) wgmma_m64n16k16_rs<0>(d, a, db, T());
+  else if constexpr (N == 32) wgmma_m64n32k16_rs<0>(d, a, db, T());
+  else if constexpr (N == 64) wgmma_m64n64k16_rs<0>(d, a, db, T());
   else if constexpr (N == 128) wgmma_m64n128k16_rs<0>(d, a, db, T());
   else {
-    static_assert(N == 256, "wgmma_tile_rs_rows: N is 64, 128 or 256");
+    static_assert(N == 256, "wgmma_tile_rs_rows: N is 16, 32, 64, 128 or 256");
     wgmma_m64n256k16_rs<0>(d, a, db, T());
   }
 }

@@ -26,6 +26,12 @@
 // float32 accumulator, the weights rounded to TX first (`scale_codes`, as qmm_wgmma.h and
 // dequantize.h round them), whatever BM, BN, STAGES, the grid or M.
 //
+// K_SPLIT > 1 (few rows, where the weight tiles alone would leave most multiprocessors idle):
+// threadgroup z of the grid's K_SPLIT takes the steps z * S / K_SPLIT .. (z + 1) * S / K_SPLIT - 1
+// of the S = K / BK, summed as above from zero, and writes its float32 partial sums (TY float) to
+// y's part z, `[K_SPLIT, M, N]`; the caller adds the parts in order 0, 1, .... So an element's
+// order comes from K and K_SPLIT alone, never from M.
+//
 // Bounds. Rows of x past M (or outside the run) are zeros in the tiles and nothing is read for
 // them; weight rows past N (or of a pick outside the batches) are dequantized as zeros from words
 // never read. K is a multiple of 64 (the route's), so every step is whole. Nothing is written past
@@ -37,16 +43,17 @@
 // at most BM): for sorted picks each run of one batch in tiles of its own, so a tile runs once.
 //
 // Runtime sizes (the `ints` buffer): M, N, K (, the batches). Defines: TX (x; 16-bit), TS, TY, BITS
-// (2, 4, 8), GROUP, MODE, GATHER, WARPGROUPS, BM (64, 128, 256), BN (64 * WARPGROUPS), BK (64),
+// (2, 4, 8), GROUP, MODE, GATHER, WARPGROUPS, BM (16, 32, 64, 128, 256), BN (64 * WARPGROUPS), BK (64), K_SPLIT,
 // STAGES (at least 3), LOAD_WORDS (quant_codes.h's; unused here), CLOCK_PROBE (optional, `tools/dequantize_probe.py
 // --clocks`: threadgroup (0, 0) writes its SIMD groups' clocks a part of the steps over y's first
 // words, as PROBE_MARK says), from `kernels/quant.py`, which launches 128 * WARPGROUPS threads with
 // STAGES * (BM * 128 + BN * 8 * BITS) + 1024 bytes of dynamic threadgroup memory over the grid
-// (row tiles of x, tiles of weight rows): the row tiles of one weight tile run together, so w is
-// read from memory about once.
+// (row tiles of x, tiles of weight rows, K_SPLIT parts of K): the row tiles of one weight tile run
+// together, so w is read from memory about once.
 
-#if BK != 64 || BN != 64 * WARPGROUPS || (BM != 64 && BM != 128 && BM != 256) || STAGES < 3 || (BITS != 2 && BITS != 4 && BITS != 8)
-#error "qmm_wgmma_rs.h: BK 64, BN 64 per warpgroup, BM 64, 128 or 256, at least 3 stages, 2, 4 or 8 bits"
+#if BK != 64 || BN != 64 * WARPGROUPS || (BM != 16 && BM != 32 && BM != 64 && BM != 128 && BM != 256) || STAGES < 3 || \
+    (BITS != 2 && BITS != 4 && BITS != 8) || K_SPLIT < 1 || (K_SPLIT > 1 && GATHER)
+#error "qmm_wgmma_rs.h: BK 64, BN 64 per warpgroup, BM 16-256, at least 3 stages, 2, 4 or 8 bits, K split without gathers"
 #endif
 #define THREADS (128 * WARPGROUPS)
 #define ROW_BYTES 128                              // an x tile row: BK 16-bit elements
@@ -144,7 +151,14 @@ INLINE void hold_fragment(uint (*a)[4]) {
   const int warpgroup = thread_id / 128, warp = (thread_id / 32) % 4;
   TILE_ROWS(m_first, tile_end, nv_group.x, m_size)  // gathered: the tile table's
   const int n_first = (int)nv_group.y * BN;
-  const int steps = k_size / BK;
+  // This threadgroup's steps of K: all of them, or its part (K_SPLIT), whose sums go to y's part.
+#if K_SPLIT > 1
+  const int split = (int)nv_group.z, step_first = split * (k_size / BK) / K_SPLIT;
+  const int steps = (split + 1) * (k_size / BK) / K_SPLIT - step_first;
+  y += (size_t)split * m_size * n_size;
+#else
+  const int step_first = 0, steps = k_size / BK;
+#endif
   const size_t words_per_row = (size_t)k_size / 32 * BITS;
   const int groups_per_row = k_size / GROUP;
   // This thread's two weight rows of the tile (the A fragment's rows lane / 4 and + 8).
@@ -179,7 +193,7 @@ INLINE void hold_fragment(uint (*a)[4]) {
       const int row = m_first + first_row + X_ROWS_A_PASS * c;
       if (row >= run_start && row < run_end) x_in |= 1u << c;
     }
-    const DEVICE TX* const x_first = x + (size_t)(m_first + first_row) * k_size + 8 * piece;
+    const DEVICE TX* const x_first = x + (size_t)(m_first + first_row) * k_size + step_first * BK + 8 * piece;
     const DEVICE uint* w_from[WORD_COPIES];
     bool w_in[WORD_COPIES];
     int w_to[WORD_COPIES];
@@ -188,7 +202,8 @@ INLINE void hold_fragment(uint (*a)[4]) {
       const int copy = thread_id + THREADS * c, row = copy / WORD_COPIES_A_ROW;
       w_in[c] = batch_real && copy < BN * WORD_COPIES_A_ROW && n_first + row < n_size;
       w_to[c] = X_BYTES + copy * 16;
-      w_from[c] = w + (first_w_row + (w_in[c] ? n_first + row : 0)) * words_per_row + (copy % WORD_COPIES_A_ROW) * 4;
+      w_from[c] = w + (first_w_row + (w_in[c] ? n_first + row : 0)) * words_per_row + (size_t)step_first * 2 * BITS +
+                  (copy % WORD_COPIES_A_ROW) * 4;
     }
     // This thread's weight rows (a_row, a_row + 8): in or not, and their first groups.
     bool row_in[2];
@@ -224,7 +239,7 @@ INLINE void hold_fragment(uint (*a)[4]) {
     _Pragma("unroll") for (int j = 0; j < 2; j++)                                                     \
       _Pragma("unroll") for (int g = 0; g < SCALES_PER_CHUNK; g++) {                                  \
         if (row_in[h]) {                                                                              \
-          const size_t index = row_groups[h] + ((STEP) * BK + 32 * j + CHUNK_GROUP * g) / GROUP;      \
+          const size_t index = row_groups[h] + ((step_first + (STEP)) * BK + 32 * j + CHUNK_GROUP * g) / GROUP; \
           scale_raw[2 * h + j][g] = scales[index];                                                    \
           LOAD_BIAS(h, j, g, index)                                                                   \
         }                                                                                             \
