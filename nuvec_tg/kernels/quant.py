@@ -17,14 +17,18 @@ with the device's `kernels.Target`, anything else is the composition):
   and on Metal a kernel's threadgroup (`*_metal_resources`) must fit an Apple GPU's limits.
 - qmm on a target with Hopper's warpgroup products (CUDA sm_90) and K a multiple of 64
   (`takes_qmm_wgmma`: K and the device decide) runs a warpgroup kernel in its place
-  (`qmm_hopper_tiles`): `qmm_wgmma_ws` (`src/qmm_wgmma_ws.h`, a producer warpgroup decodes while
+  (`qmm_hopper_tiles`): up to FEW_ROWS rows of 2-, 4- or 8-bit weights, not gathered,
+  `qmm_wgmma_rs` in `few_rows_tiles` (K split in parts from K and N: `few_rows_split`);
+  `qmm_wgmma_ws` (`src/qmm_wgmma_ws.h`, a producer warpgroup decodes while
   the others multiply) for more than 64 rows of affine 4-bit weights, not gathered
   (`takes_qmm_wgmma_ws`); else `qmm_wgmma` (`src/qmm_wgmma.h`), or for 2, 4 and 8 bits once
   routed (`takes_qmm_wgmma_rs`) `qmm_wgmma_rs` (`src/qmm_wgmma_rs.h`, w dequantized into the
   products' registers). From DEQUANTIZED_ROWS rows (DEQUANTIZED_WS_ROWS in qmm_wgmma_ws's formats,
   fewer where N is small) `quantized_matmul` dequantizes w once (`dequantize`, `src/dequantize.h`) and runs
   `linear.gemm_wgmma` (`takes_dequantized`). All sum the same rounded weights in the same order:
-  the same bits, so a row's bits never depend on the row count that picks the kernel.
+  the same bits, so a row's bits never depend on the row count that picks the kernel, except
+  that the few rows' parts of K (where there are several) give a row the same bits over 1 to
+  FEW_ROWS rows only.
 
 `plan` picks qmv's launch shape (`QmvPlan`); its defaults are the module constants below, read off
 `tools/tune_qmv.py` on the device. Only `k_split` changes a row's arithmetic order, so
@@ -814,8 +818,9 @@ def qmm_hopper_tiles(rows: int, n: int, bits: int, multiprocessors: int | None =
     where `takes_qmm_wgmma_rs`, else WgmmaTiles (qmm_wgmma), by their plans. Gathered over
     `batches` weight batches: tiles of `gathered_tile_rows` rows, 64 as QMM_WGMMA_RS_SMALL (or
     QMM_WGMMA_SMALL), 128 as QMM_WGMMA_LARGE (qmm_wgmma_ws's gathered tiles lose 3 of the 4 MoE rows
-    of `tools/dequantize_probe.py --moe`, `quant_h200.md`). All give the same bits, except the few
-    rows' K split (`few_rows_split`: the same bits over 1-64 rows where it is 1)."""
+    of `tools/dequantize_probe.py --moe`, `quant_h200.md`). All give the same bits, except where
+    the few rows' K split (`few_rows_split`) is more than 1: a row's bits are then the same over 1
+    to FEW_ROWS rows only."""
     if takes_few_rows(rows, bits, batches): return few_rows_tiles(rows, k, n, bits)
     if not batches and rows > QMM_WGMMA_WS_SMALL.rows and takes_qmm_wgmma_ws(mode, bits):
         return qmm_wgmma_ws_plan(rows, n, multiprocessors)
