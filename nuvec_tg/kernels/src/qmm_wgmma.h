@@ -130,14 +130,6 @@ INLINE void stage_chunk_words(const unsigned char* at, THREAD uint* words) {
     for (int u = 0; u < UNITS; u++) {
       unit_in[u] = batch_real && n_first + unit_row[u] < n_size;
       unit_groups[u] = (first_w_row + (unit_in[u] ? n_first + unit_row[u] : 0)) * groups_per_row;
-      // The row's scales (and biases) into L2 now (each row once: its first chunk's unit): they are
-      // loaded one step ahead, and with few rows of x a step is far shorter than a load from memory.
-      if (unit_in[u] && unit_chunk[u] == 0) {
-        prefetch_l2(scales + unit_groups[u], groups_per_row * (int)sizeof(TS));
-#if MODE == 0
-        prefetch_l2(biases + unit_groups[u], groups_per_row * (int)sizeof(TS));
-#endif
-      }
     }
 // The copies of step STEP into its stage buffer, as one group (zeros for rows that are out).
 #define COPY_STEP(STEP)                                                                               \

@@ -145,13 +145,6 @@ INLINE void hold_fragment(uint (*a)[4]) {
     for (int r = 0; r < 4; r++) wgmma_hold(a[kb][r]);
 }
 
-// The biases' buffer where the mode has one (affine), else the scales' (never read as biases).
-#if MODE == 0
-#define BIAS_ROWS biases
-#else
-#define BIAS_ROWS scales
-#endif
-
 /* kernel */
   const int m_size = ints[0], n_size = ints[1], k_size = ints[2];
   const int thread_id = (int)nv_thread.x, lane = thread_id % 32, quad_lane = lane % 4;
@@ -219,15 +212,6 @@ INLINE void hold_fragment(uint (*a)[4]) {
     for (int h = 0; h < 2; h++) {
       row_in[h] = batch_real && n_first + a_row + 8 * h < n_size;
       row_groups[h] = (first_w_row + (row_in[h] ? n_first + a_row + 8 * h : 0)) * groups_per_row;
-    }
-    // The rows' scales (and biases) of this threadgroup's steps into L2 now: they are loaded one step
-    // ahead, and with few rows of x a step is far shorter than a load from memory. The quad's four
-    // lanes share the two rows: lane c takes rows' part c % 2, scales (c < 2) or biases.
-    {
-      const int h = quad_lane % 2, group_first = step_first * BK / GROUP;
-      const int group_end = ((step_first + steps) * BK + GROUP - 1) / GROUP;
-      if (row_in[h] && (MODE == 0 || quad_lane < 2))
-        prefetch_l2((quad_lane < 2 ? scales : BIAS_ROWS) + row_groups[h] + group_first, (group_end - group_first) * (int)sizeof(TS));
     }
 // The copies of step STEP into its stage buffer, as one group (zeros for x rows that are out).
 #define COPY_STEP(STEP)                                                                               \
