@@ -361,7 +361,7 @@ def _qmm_wgmma_rs_candidates(backend: str) -> Iterator[_Candidate]:
     # (float32 parts), at every width
     for (mode, group, bits), x, rows in itertools.product(FORMATS, (dtypes.float16, dtypes.bfloat16), (16, 32, 64)):
         if bits not in quant.QMM_WGMMA_RS_BITS: continue
-        planned = quant.few_rows_tiles(rows, 4096, 4096, bits)
+        planned = quant.few_rows_tiles(rows, 4096, 4096)
         for scales, split in itertools.product((x, dtypes.float32) if mode == "affine" else (dtypes.uint8,), (1, planned.k_split)):
             tiles = dataclasses.replace(planned, k_split=split)
             out = x if split == 1 else dtypes.float32

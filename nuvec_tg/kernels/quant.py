@@ -771,17 +771,17 @@ def qmm_wgmma_rs_plan(rows: int, n: int, multiprocessors: int | None = None) -> 
 
 # qmm_wgmma_rs for few rows (9 to FEW_ROWS, not gathered, its widths): one warpgroup's 64 weight
 # rows a threadgroup, x's rows in the narrowest warpgroup product that holds them (16, 32 or 64),
-# deep stages, and K split where the weight tiles alone would leave multiprocessors idle (N 4096:
-# 64 tiles). Few rows read w at memory's pace or not at all: each threadgroup must keep several
-# steps of its words in flight. The split aims at FEW_ROWS_THREADGROUPS threadgroups, a constant
-# (not the device's multiprocessors: the split is part of a row's bits), each part at least
-# FEW_ROWS_MIN_STEPS steps of 64 k.
+# and K split where the weight tiles alone would leave multiprocessors idle (N 4096: 64 tiles).
+# The split aims at FEW_ROWS_THREADGROUPS threadgroups, a constant (not the device's
+# multiprocessors: the split is part of a row's bits), each part at least FEW_ROWS_MIN_STEPS
+# steps of 64 k. FEW_ROWS_STAGES: the sweep's best (H100, `quant_h200.md`: 4 stages level with or
+# faster than 6, 8 and 12 at every shape, 57.7 against 66.6 µs at M 64 K 4096 N 14336).
 FEW_ROWS = 64
 FEW_ROWS_ROUTED = True
 FEW_ROWS_THREADGROUPS = 256
 FEW_ROWS_MIN_STEPS = 16
 FEW_ROWS_MAX_SPLIT = 8
-FEW_ROWS_STAGES = {16: 8, 32: 8, 64: 6}
+FEW_ROWS_STAGES = 4
 
 
 def few_rows_split(k: int, n: int) -> int:
@@ -794,13 +794,10 @@ def few_rows_split(k: int, n: int) -> int:
     return split
 
 
-def few_rows_tiles(rows: int, k: int, n: int, bits: int) -> RegisterTiles:
+def few_rows_tiles(rows: int, k: int, n: int) -> RegisterTiles:
     """qmm_wgmma_rs's tiles for 1 to FEW_ROWS rows: x's rows in 16, 32 or 64, one warpgroup,
-    FEW_ROWS_STAGES, `few_rows_split(k, n)` parts of K (8-bit words take twice the stage room:
-    two stages fewer at 64 rows)."""
-    width = 16 if rows <= 16 else 32 if rows <= 32 else 64
-    stages = FEW_ROWS_STAGES[width] - (2 if bits == 8 and width == 64 else 0)
-    return RegisterTiles(width, 1, stages, few_rows_split(k, n))
+    FEW_ROWS_STAGES, `few_rows_split(k, n)` parts of K."""
+    return RegisterTiles(16 if rows <= 16 else 32 if rows <= 32 else 64, 1, FEW_ROWS_STAGES, few_rows_split(k, n))
 
 
 def takes_few_rows(rows: int, bits: int, batches: int) -> bool:
@@ -821,7 +818,7 @@ def qmm_hopper_tiles(rows: int, n: int, bits: int, multiprocessors: int | None =
     of `tools/dequantize_probe.py --moe`, `quant_h200.md`). All give the same bits, except where
     the few rows' K split (`few_rows_split`) is more than 1: a row's bits are then the same over 1
     to FEW_ROWS rows only."""
-    if takes_few_rows(rows, bits, batches): return few_rows_tiles(rows, k, n, bits)
+    if takes_few_rows(rows, bits, batches): return few_rows_tiles(rows, k, n)
     if not batches and rows > QMM_WGMMA_WS_SMALL.rows and takes_qmm_wgmma_ws(mode, bits):
         return qmm_wgmma_ws_plan(rows, n, multiprocessors)
     register = takes_qmm_wgmma_rs(bits)
