@@ -45,6 +45,7 @@ def main() -> None:
     parser.add_argument("--prompt", type=int, help="model: prompt tokens a sequence (default 512)")
     parser.add_argument("--generate", type=int, help="model: tokens generated a sequence (default 128)")
     parser.add_argument("--no-transformers", action="store_true", help="model: without transformers' rows")
+    parser.add_argument("--no-moe", action="store_true", help="quant: without the MoE prefill rows")
     parser.add_argument("--no-tinygrad", action="store_true", help="prefill: without tinygrad's attention column")
     parser.add_argument("--masks", help="prefill: causal,window: only these rows (default both)")
     parser.add_argument("--devices", type=int, help="model: split the models over this many of the default device's "

@@ -173,7 +173,7 @@ def run(args) -> list[str]:
     grid = part_of(grid, args.part, args.batches)
     max_calls = COPIES if args.small else MAX_CALLS  # tiny shapes check the benchmark, not the cache
     torch_seconds = {(m, k, n): time_torch(m, k, n, args.repeats, max_calls) for m, k, n, _ in grid}
-    moe_routes, moe_seconds = moe_torch(args)
+    moe_routes, moe_seconds = ({}, {}) if getattr(args, "no_moe", False) else moe_torch(args)
     release_torch()
     lines, peak = start_table(
         "Quantized products y = x · wᵀ (x bfloat16)",
@@ -211,4 +211,4 @@ def run(args) -> list[str]:
         lines.append(row)
         del weights, xs, calls
     print(flush=True)
-    return lines + [""] + moe_table(args, rng, moe_routes, moe_seconds)
+    return lines + ([""] + moe_table(args, rng, moe_routes, moe_seconds) if moe_routes else [])
