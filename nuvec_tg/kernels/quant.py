@@ -974,6 +974,7 @@ def qmm(x: Tensor, weight: Tensor, scales: Tensor, biases: Tensor | None, *, mod
         make = HOPPER_QMM[type(tiles)][1]
         if make is qmm_wgmma_ws_program: make = functools.partial(make, k=k)  # its scale loads follow K
         parts = tiles.k_split if isinstance(tiles, RegisterTiles) else 1
+        if parts > k // WGMMA_STEP: raise ValueError(f"qmm: {tiles} splits K {k} into more parts than its {k // WGMMA_STEP} steps")
         kernel = make(x.dtype, scales.dtype, out_dtype if parts == 1 else dtypes.float32, mode=mode, group_size=group_size,
                       bits=bits, tiles=tiles, gather=gather)
         grid, threads = tiles.grid(rows, n), tiles.threads
