@@ -12,8 +12,8 @@ consumers multiply); `--rs-sweep` and `--ws-sweep` also time every RegisterTiles
 QMM_WGMMA_RS_SHAPES and every ProducerTiles of QMM_WGMMA_WS_SHAPES (with whether each gives the
 plan's bits).
 
-`--clocks 256x2x4,128x1x4`: where qmm_wgmma_rs's steps spend their clocks at each RegisterTiles
-(rows x warpgroups x stages) and row count: its CLOCK_PROBE form, whose first threadgroup sums each
+`--clocks 256x2x4,16x1x4x4`: where qmm_wgmma_rs's steps spend their clocks at each RegisterTiles
+(rows x warpgroups x stages, x K split for few rows) and row count: its CLOCK_PROBE form, whose first threadgroup sums each
 SIMD group's clocks by part of the step (the barrier, the copies' issue, the decoding, the scales'
 loads, the products' issue, the wait for the step before's products), a step's mean per SIMD group.
 
@@ -111,14 +111,15 @@ def clock_parts(args, shapes: list[qk.RegisterTiles]) -> None:
     for rows in (int(r) for r in args.rows.split(",")):
         x = Tensor.randn(rows, k, dtype=dtypes.bfloat16).realize()
         for tiles in shapes:
-            program = qk.qmm_wgmma_rs_program(x.dtype, scales.dtype, x.dtype, mode="affine", group_size=64, bits=4, tiles=tiles,
+            y_dtype = dtypes.float32 if tiles.k_split > 1 else x.dtype  # a split writes float32 parts
+            program = qk.qmm_wgmma_rs_program(x.dtype, scales.dtype, y_dtype, mode="affine", group_size=64, bits=4, tiles=tiles,
                                               clock_probe=True)
             for _ in range(2):  # the second call's clocks: the first warms the caches and the clocks
-                y = Tensor.empty(rows, n, dtype=x.dtype)
+                y = Tensor.empty(tiles.k_split, rows, n, dtype=y_dtype)
                 ins = [x, w, scales, biases, int_buffer(x.device, (rows, n, k))]
                 y = launch(program, x.device, [y], ins, tiles.grid(rows, n), tiles.threads)[0]
-                words = y.reshape(-1)[:16 * tiles.warpgroups * 4].bitcast(dtypes.uint32).numpy().reshape(-1, 8).astype(np.float64)
-            steps = k // qk.WGMMA_STEP
+                words = y.reshape(-1)[:4 * 8 * tiles.warpgroups * 4 // y_dtype.itemsize].bitcast(dtypes.uint32).numpy().reshape(-1, 8).astype(np.float64)
+            steps = k // qk.WGMMA_STEP // tiles.k_split  # threadgroup (0, 0, 0)'s: the first part
             parts = words[:, :len(PROBE_PARTS)].mean(axis=0) / steps
             print(f"| {rows} | {tiles} | " + " | ".join(f"{p:.0f}" for p in parts) +
                   f" | {parts.sum():.0f} | {words[:, -1].mean() / 1e3:.0f} |", flush=True)
@@ -169,7 +170,7 @@ def main() -> None:
     parser.add_argument("--pieces", default="", help="pieces a thread to time the dequantization at, e.g. 1,2,4")
     parser.add_argument("--rs-sweep", action="store_true", help="time every RegisterTiles of QMM_WGMMA_RS_SHAPES too")
     parser.add_argument("--ws-sweep", action="store_true", help="time every ProducerTiles of QMM_WGMMA_WS_SHAPES too")
-    parser.add_argument("--clocks", default="", help="RegisterTiles as rows x warpgroups x stages to probe, e.g. 256x2x4,128x1x4")
+    parser.add_argument("--clocks", default="", help="RegisterTiles as rows x warpgroups x stages (x K split) to probe, e.g. 256x2x4,16x1x4x4")
     parser.add_argument("--moe", action="store_true", help="only the MoE rows' gathered products by tiles")
     parser.add_argument("--format", default="affine4", choices=list(FORMATS), help="the main table's weights")
     parser.add_argument("--few-sweep", action="store_true", help="up to FEW_ROWS rows, also the few rows' tiles "

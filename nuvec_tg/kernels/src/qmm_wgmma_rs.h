@@ -107,27 +107,52 @@ template <typename T> INLINE void store_transposed(const float* acc, DEVICE T* y
   }
 }
 
+// Where this lane's pair of codes of part p (codes 8 p .. 8 p + 7 of a chunk; the A fragment's k
+// 2 c, 2 c + 1, c = lane % 4) sits: bit BITS (8 p + 2 c) of the chunk, so word PART_WORD(p) (+ c / 2
+// at 8 bits: `high_word`) at shift PART_SHIFT(p) + (2 BITS c) % 32 (`lane_shift`).
+#define PART_WORD(P) (BITS * 8 * (P) / 32)
+#define PART_SHIFT(P) (BITS * 8 * (P) % 32)
+
+// A weight row's chunk of a stage (BITS words) in vector loads: 8 bytes at 2 bits, 16 or two at 4 and 8.
+INLINE void load_stage_chunk(const unsigned char* at, uint* words) {
+#if BITS == 2
+  const uint2 piece = *(const uint2*)at;
+  words[0] = piece.x; words[1] = piece.y;
+#else
+#pragma unroll
+  for (int i = 0; i < BITS; i += 4) {
+    const uint4 piece = *(const uint4*)(at + 4 * i);
+    words[i] = piece.x; words[i + 1] = piece.y; words[i + 2] = piece.z; words[i + 3] = piece.w;
+  }
+#endif
+}
+
 // This thread's A fragment of a step (a[kb] for k 16 kb .. 16 kb + 15: chunk kb / 2, parts 2 (kb %
 // 2) and + 1; registers 0, 1 rows a_row and + 8 at codes 2 c, 2 c + 1 of the first part, 2, 3 of
-// the second) dequantized from the stage's words `words` with the step's scales (and biases); rows
-// that are out give zeros.
-INLINE void dequantize_fragment(const unsigned char* words, int a_row, const bool* row_in, const int* pair_word,
-                                const int* pair_shift, const TS (*scale_raw)[SCALES_PER_CHUNK],
-                                const TS (*bias_raw)[SCALES_PER_CHUNK], uint (*a)[4]) {
+// the second) dequantized from the stage's words `words` with the step's scales (and biases). Rows
+// that are out have zero words and zero scales (and biases): their weights are zeros.
+INLINE void dequantize_fragment(const unsigned char* words, int a_row, int lane_shift, bool high_word,
+                                const TS (*scale_raw)[SCALES_PER_CHUNK], const TS (*bias_raw)[SCALES_PER_CHUNK], uint (*a)[4]) {
 #pragma unroll
   for (int h = 0; h < 2; h++) {
     const unsigned char* row_words = words + (a_row + 8 * h) * WORD_ROW_BYTES;
 #pragma unroll
     for (int j = 0; j < 2; j++) {
+      uint chunk[BITS];
+      load_stage_chunk(row_words + j * CHUNK_BYTES, chunk);
 #pragma unroll
       for (int p = 0; p < 4; p++) {
-        const uint word = ((const uint*)(row_words + j * CHUNK_BYTES))[pair_word[p]];
+#if BITS == 8
+        const uint word = high_word ? chunk[PART_WORD(p) + 1] : chunk[PART_WORD(p)];
+#else
+        const uint word = chunk[PART_WORD(p)];
+#endif
         float q[2];
-        decode_pair(word >> pair_shift[p], q);
+        decode_pair(word >> (PART_SHIFT(p) + lane_shift), q);
         const int g = p * SCALES_PER_CHUNK / 4;  // the part's group of the chunk
-        const float scale = row_in[h] ? group_scale(scale_raw[2 * h + j][g]) : 0.0f;
+        const float scale = group_scale(scale_raw[2 * h + j][g]);
 #if MODE == 0
-        scale_codes(q, 2, scale, row_in[h] ? to_float(bias_raw[2 * h + j][g]) : 0.0f);
+        scale_codes(q, 2, scale, to_float(bias_raw[2 * h + j][g]));
 #else
         scale_codes(q, 2, scale, 0.0f);
 #endif
@@ -173,15 +198,8 @@ INLINE void hold_fragment(uint (*a)[4]) {
   // thread_id + THREADS * c of the step's BN * WORD_COPIES_A_ROW.
   const int piece = thread_id % 8, first_row = thread_id / 8;
   const int swizzled_piece = 16 * (piece ^ (first_row % 8));
-  // Where this lane's pair of codes of part p (codes 8 p .. 8 p + 7 of a chunk) sits: the word of
-  // the chunk and the shift of codes 8 p + 2 c, 8 p + 2 c + 1.
-  int pair_word[4], pair_shift[4];
-#pragma unroll
-  for (int p = 0; p < 4; p++) {
-    const int bit = BITS * (8 * p + 2 * quad_lane);
-    pair_word[p] = bit / 32;
-    pair_shift[p] = bit % 32;
-  }
+  const int lane_shift = 2 * BITS * quad_lane % 32;  // `PART_WORD`
+  const bool high_word = BITS == 8 && quad_lane >= 2;
 
   for (int run_start = m_first; run_start < tile_end;) {
     QUANT_RUN(run_start, tile_end, n_size)  // the tile's rows in runs of one weight batch
@@ -205,13 +223,20 @@ INLINE void hold_fragment(uint (*a)[4]) {
       w_from[c] = w + (first_w_row + (w_in[c] ? n_first + row : 0)) * words_per_row + (size_t)step_first * 2 * BITS +
                   (copy % WORD_COPIES_A_ROW) * 4;
     }
-    // This thread's weight rows (a_row, a_row + 8): in or not, and their first groups.
+    // This thread's weight rows (a_row, a_row + 8): in or not, and their scales (and biases).
     bool row_in[2];
-    size_t row_groups[2];
+    const DEVICE TS* scale_rows[2];
+#if MODE == 0
+    const DEVICE TS* bias_rows[2];
+#endif
 #pragma unroll
     for (int h = 0; h < 2; h++) {
       row_in[h] = batch_real && n_first + a_row + 8 * h < n_size;
-      row_groups[h] = (first_w_row + (row_in[h] ? n_first + a_row + 8 * h : 0)) * groups_per_row;
+      const size_t row_groups = (first_w_row + (row_in[h] ? n_first + a_row + 8 * h : 0)) * groups_per_row;
+      scale_rows[h] = scales + row_groups;
+#if MODE == 0
+      bias_rows[h] = biases + row_groups;
+#endif
     }
 // The copies of step STEP into its stage buffer, as one group (zeros for x rows that are out).
 #define COPY_STEP(STEP)                                                                               \
@@ -230,7 +255,7 @@ INLINE void hold_fragment(uint (*a)[4]) {
   }
 // The scales (and biases) of this thread's rows at step STEP: each chunk's SCALES_PER_CHUNK groups.
 #if MODE == 0
-#define LOAD_BIAS(H, J, G, INDEX) bias_raw[2 * (H) + (J)][G] = biases[INDEX];
+#define LOAD_BIAS(H, J, G, INDEX) bias_raw[2 * (H) + (J)][G] = row_in[H] ? bias_rows[H][INDEX] : (TS)0;
 #else
 #define LOAD_BIAS(H, J, G, INDEX)
 #endif
@@ -238,11 +263,9 @@ INLINE void hold_fragment(uint (*a)[4]) {
   _Pragma("unroll") for (int h = 0; h < 2; h++)                                                       \
     _Pragma("unroll") for (int j = 0; j < 2; j++)                                                     \
       _Pragma("unroll") for (int g = 0; g < SCALES_PER_CHUNK; g++) {                                  \
-        if (row_in[h]) {                                                                              \
-          const size_t index = row_groups[h] + ((step_first + (STEP)) * BK + 32 * j + CHUNK_GROUP * g) / GROUP; \
-          scale_raw[2 * h + j][g] = scales[index];                                                    \
-          LOAD_BIAS(h, j, g, index)                                                                   \
-        }                                                                                             \
+        const int index = ((step_first + (STEP)) * BK + 32 * j + CHUNK_GROUP * g) / GROUP;           \
+        scale_raw[2 * h + j][g] = row_in[h] ? scale_rows[h][index] : (TS)0;                            \
+        LOAD_BIAS(h, j, g, index)                                                                     \
       }
 
     float acc[ACCUMULATORS];
@@ -269,7 +292,7 @@ INLINE void hold_fragment(uint (*a)[4]) {
     if ((STEP) + STAGES - 2 < steps) COPY_STEP((STEP) + STAGES - 2) else async_commit();              \
     PROBE_MARK(2)                                                                                     \
     const unsigned char* stage = stages + ((STEP) % STAGES) * STAGE_BYTES;                            \
-    dequantize_fragment(stage + X_BYTES, a_row, row_in, pair_word, pair_shift, scale_raw, BIASES, a[BUF]); \
+    dequantize_fragment(stage + X_BYTES, a_row, lane_shift, high_word, scale_raw, BIASES, a[BUF]);  \
     PROBE_MARK(3)                                                                                     \
     if ((STEP) + 1 < steps) LOAD_SCALES((STEP) + 1)                                                   \
     PROBE_MARK(4)                                                                                     \
