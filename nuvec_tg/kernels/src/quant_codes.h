@@ -64,8 +64,10 @@ INLINE void decode_part(const THREAD uint* words, int part, THREAD float* q) {
 // pairs of codes at their own shifts (qmm_wgmma_rs.h).
 INLINE void decode_pair(uint v, THREAD float* q) {
 #if MODE == 0
-  q[0] = small_uint_to_float(v & CODE_MASK);
-  q[1] = small_uint_to_float((v >> BITS) & CODE_MASK);
+  // Each code where it is: 2^23 + q[0], and 2^(23 - BITS) + q[1] (whose mantissa's bit BITS is
+  // worth 1), less their powers of two: exact, one LOP3 and one add a code.
+  q[0] = bits_to_float(mask_or(v, CODE_MASK, 0x4B000000u)) - 8388608.0f;
+  q[1] = bits_to_float(mask_or(v, CODE_MASK << BITS, (uint)(127 + 23 - BITS) << 23)) - power_of_two(23 - BITS);
 #else
   #if MODE == 2
   const uint both = (v & 0xFFu) | ((v << 8) & 0xFF0000u);  // the second code into the high half's byte
