@@ -44,7 +44,7 @@
 //
 // Runtime sizes (the `ints` buffer): M, N, K (, the batches). Defines: TX (x; 16-bit), TS, TY, BITS
 // (2, 4, 8), GROUP, MODE, GATHER, WARPGROUPS, BM (16, 32, 64, 128, 256), BN (64 * WARPGROUPS), BK (64), K_SPLIT,
-// STAGES (at least 3), LOAD_WORDS (quant_codes.h's; unused here), CLOCK_PROBE (optional, `tools/dequantize_probe.py
+// STAGES (at least 3), LOAD_WORDS (quant_codes.h's: a stage's chunk in vector loads), CLOCK_PROBE (optional, `tools/dequantize_probe.py
 // --clocks`: threadgroup (0, 0) writes its SIMD groups' clocks a part of the steps over y's first
 // words, as PROBE_MARK says), from `kernels/quant.py`, which launches 128 * WARPGROUPS threads with
 // STAGES * (BM * 128 + BN * 8 * BITS) + 1024 bytes of dynamic threadgroup memory over the grid
@@ -113,20 +113,6 @@ template <typename T> INLINE void store_transposed(const float* acc, DEVICE T* y
 #define PART_WORD(P) (BITS * 8 * (P) / 32)
 #define PART_SHIFT(P) (BITS * 8 * (P) % 32)
 
-// A weight row's chunk of a stage (BITS words) in vector loads: 8 bytes at 2 bits, 16 or two at 4 and 8.
-INLINE void load_stage_chunk(const unsigned char* at, uint* words) {
-#if BITS == 2
-  const uint2 piece = *(const uint2*)at;
-  words[0] = piece.x; words[1] = piece.y;
-#else
-#pragma unroll
-  for (int i = 0; i < BITS; i += 4) {
-    const uint4 piece = *(const uint4*)(at + 4 * i);
-    words[i] = piece.x; words[i + 1] = piece.y; words[i + 2] = piece.z; words[i + 3] = piece.w;
-  }
-#endif
-}
-
 // This thread's A fragment of a step (a[kb] for k 16 kb .. 16 kb + 15: chunk kb / 2, parts 2 (kb %
 // 2) and + 1; registers 0, 1 rows a_row and + 8 at codes 2 c, 2 c + 1 of the first part, 2, 3 of
 // the second) dequantized from the stage's words `words` with the step's scales (and biases). Rows
@@ -139,7 +125,7 @@ INLINE void dequantize_fragment(const unsigned char* words, int a_row, int lane_
 #pragma unroll
     for (int j = 0; j < 2; j++) {
       uint chunk[BITS];
-      load_stage_chunk(row_words + j * CHUNK_BYTES, chunk);
+      load_chunk_words((const uint*)(row_words + j * CHUNK_BYTES), false, chunk);  // LOAD_WORDS a load
 #pragma unroll
       for (int p = 0; p < 4; p++) {
 #if BITS == 8
