@@ -33,8 +33,8 @@
 // order comes from K and K_SPLIT alone, never from M.
 //
 // Bounds. Rows of x past M (or outside the run) are zeros in the tiles and nothing is read for
-// them; weight rows past N (or of a pick outside the batches) are dequantized as zeros from words
-// never read. K is a multiple of 64 (the route's), so every step is whole. Nothing is written past
+// them; weight rows past N are decoded from zero words (never read) with the first row's scales,
+// into columns of y never stored, and those of a pick outside the batches as zeros (zero scales). K is a multiple of 64 (the route's), so every step is whole. Nothing is written past
 // M or N.
 //
 // GATHER: row i of x uses weight batch picks[i] of ints[3] batches (w, scales and biases hold the
@@ -240,17 +240,33 @@ INLINE void hold_fragment(uint (*a)[4]) {
     async_commit();                                                                                   \
   }
 // The scales (and biases) of this thread's rows at step STEP: each chunk's SCALES_PER_CHUNK groups.
+// A group of BK codes or more covers both chunks: the second takes the first's (the compiler
+// does not merge the two loads itself).
+// Weight rows past N take the first row's scales (their columns of y are never stored); a pick
+// outside the batches takes zeros, so that its rows of y are zeros.
+#if GATHER
+#define SCALE_OR_ZERO(H, VALUE) (row_in[H] ? (VALUE) : (TS)0)
+#else
+#define SCALE_OR_ZERO(H, VALUE) (VALUE)
+#endif
 #if MODE == 0
-#define LOAD_BIAS(H, J, G, INDEX) bias_raw[2 * (H) + (J)][G] = row_in[H] ? bias_rows[H][INDEX] : (TS)0;
+#define LOAD_BIAS(H, J, G, INDEX) bias_raw[2 * (H) + (J)][G] = SCALE_OR_ZERO(H, bias_rows[H][INDEX]);
+#define COPY_BIAS(H, G) bias_raw[2 * (H) + 1][G] = bias_raw[2 * (H)][G];
 #else
 #define LOAD_BIAS(H, J, G, INDEX)
+#define COPY_BIAS(H, G)
 #endif
 #define LOAD_SCALES(STEP)                                                                             \
   _Pragma("unroll") for (int h = 0; h < 2; h++)                                                       \
     _Pragma("unroll") for (int j = 0; j < 2; j++)                                                     \
       _Pragma("unroll") for (int g = 0; g < SCALES_PER_CHUNK; g++) {                                  \
+        if (GROUP >= BK && j == 1) {                                                                  \
+          scale_raw[2 * h + 1][g] = scale_raw[2 * h][g];                                              \
+          COPY_BIAS(h, g)                                                                             \
+          continue;                                                                                   \
+        }                                                                                             \
         const int index = ((step_first + (STEP)) * BK + 32 * j + CHUNK_GROUP * g) / GROUP;           \
-        scale_raw[2 * h + j][g] = row_in[h] ? scale_rows[h][index] : (TS)0;                            \
+        scale_raw[2 * h + j][g] = SCALE_OR_ZERO(h, scale_rows[h][index]);                              \
         LOAD_BIAS(h, j, g, index)                                                                     \
       }
 
