@@ -261,10 +261,12 @@ INLINE void tile_store(const TileAcc& acc, float* out, int ld, int lane) {
 // copies wrote is visible to the tensor cores after `async_proxy_fence()` in each writing thread
 // and a barrier after it.
 INLINE unsigned long long wgmma_descriptor(const void* tile, int step) {
-  // start address / 16; leading byte offset 16 (unused for this layout); 1024 bytes between groups
-  // of 8 rows; the 128-byte swizzle (bit 62). Each step of 16 k is 32 bytes further into the rows.
-  const unsigned long long start = ((shared_address(tile) + 32u * (unsigned)step) & 0x3FFFFu) >> 4;
-  return start | (1ull << 16) | (64ull << 32) | (1ull << 62);
+  // start address / 16 (bits 0-13: threadgroup addresses are below 2^18, and a tile's steps stay
+  // inside it, so the step's add never carries out of them); leading byte offset 16 (unused for this
+  // layout); 1024 bytes between groups of 8 rows; the 128-byte swizzle (bit 62). Each step of 16 k
+  // is 32 bytes further into the rows: one 32-bit add a step onto the tile's descriptor.
+  const unsigned low = ((shared_address(tile) >> 4) | (1u << 16)) + 2u * (unsigned)step;
+  return (unsigned long long)low | (64ull << 32) | (1ull << 62);
 }
 INLINE void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 INLINE void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
@@ -339,8 +341,8 @@ template <int N, typename T> INLINE void wgmma_tile(float* d, const T* a, const 
 // between 64-column blocks). `wgmma_tile_rs(d, a, b, block_bytes, step)` adds A · B for B's rows
 // 16 * step .. 16 * step + 15 (2048 bytes a step).
 INLINE unsigned long long wgmma_descriptor_rows(const void* tile, int step, int block_bytes) {
-  const unsigned long long start = ((shared_address(tile) + 2048u * (unsigned)step) & 0x3FFFFu) >> 4;
-  return start | ((unsigned long long)((block_bytes & 0x3FFFF) >> 4) << 16) | (64ull << 32) | (1ull << 62);
+  const unsigned low = ((shared_address(tile) >> 4) | ((unsigned)(block_bytes & 0x3FFFF) >> 4 << 16)) + 128u * (unsigned)step;
+  return (unsigned long long)low | (64ull << 32) | (1ull << 62);
 }
 // Narrow B (qmm_wgmma_rs.h's tiles of 16 or 32 rows of x, for few rows).
 template <int TRANSPOSE_B> INLINE void wgmma_m64n16k16_rs(float* d, const uint* a, unsigned long long b, bfloat) {
