@@ -102,6 +102,10 @@ inline float2 half2_bits_to_float2(uint bits) {
   std::memcpy(h, &bits, 4);
   return float2{(float)h[0], (float)h[1]};
 }
+inline float2 half2_bits_times(uint bits, float factor) {  // the CUDA prelude's (exact products: float's are too)
+  const float2 f = half2_bits_to_float2(bits);
+  return float2{f.x * factor, f.y * factor};
+}
 inline float max(float a, float b) { return a > b ? a : b; }
 inline float min(float a, float b) { return a < b ? a : b; }
 inline float fast_exp2(float x) { return __builtin_exp2f(x); }

@@ -48,6 +48,12 @@ INLINE uint mask_or(uint a, uint mask, uint bits) {  // (a & mask) | bits in one
 INLINE float2 half2_bits_to_float2(uint bits) {  // the two halves of a word (low first), widened
   return make_float2(__half2float(__ushort_as_half((ushort)(bits & 0xFFFFu))), __half2float(__ushort_as_half((ushort)(bits >> 16))));
 }
+// The two halves of a word times `factor`, widened: one half-precision multiply of both here, a
+// float multiply elsewhere; the same values where the half products are exact (the callers'
+// powers of two over small codes).
+INLINE float2 half2_bits_times(uint bits, float factor) {
+  return __half22float2(__hmul2(*(const __half2*)&bits, __float2half2_rn(factor)));
+}
 INLINE void from_float(float x, float* out) { *out = x; }
 INLINE void from_float(float x, half* out) { *out = __float2half_rn(x); }
 INLINE void from_float(float x, bfloat* out) { *out = __float2bfloat16_rn(x); }

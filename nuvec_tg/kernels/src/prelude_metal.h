@@ -19,6 +19,10 @@ INLINE float to_float(uchar x) { return float(x); }
 INLINE float bits_to_float(uint bits) { return as_type<float>(bits); }
 INLINE uint mask_or(uint a, uint mask, uint bits) { return (a & mask) | bits; }
 INLINE float2 half2_bits_to_float2(uint bits) { return float2(as_type<half2>(bits)); }  // low half first
+INLINE float2 half2_bits_times(uint bits, float factor) {  // the CUDA prelude's
+  const float2 f = half2_bits_to_float2(bits);
+  return float2(f.x * factor, f.y * factor);
+}
 INLINE void from_float(float x, device float* out) { *out = x; }
 INLINE void from_float(float x, device half* out) { *out = half(x); }
 INLINE float round_half(float x) { return float(half(x)); }

@@ -69,6 +69,12 @@
 #error "qmm_wgmma_rs.h: every thread copies whole rows' pieces of x; stages at multiples of 1024 bytes"
 #endif
 #define ACCUMULATORS (BM / 2)
+// A weight row's scale groups of a step: BK / GROUP, or the one group spanning it. A row's groups
+// (K / GROUP, K a multiple of BK) and a step's first are multiples of their count, so the load is aligned.
+#define STEP_GROUPS (GROUP < BK ? BK / GROUP : 1)
+struct alignas(STEP_GROUPS * sizeof(TS)) StepGroups {
+  TS group[STEP_GROUPS];
+};
 
 // The probe's clocks: PROBE_MARK(I) adds the clocks since the last mark to part I (0 the step's
 // start, 1 the stage's barrier, 2 the copies' issue, 3 the decoding, 4 the scales' loads, 5 the
@@ -140,7 +146,7 @@ INLINE void dequantize_fragment(const unsigned char* words, int a_row, int lane_
 #if MODE == 0
         scale_codes(q, 2, scale, to_float(bias_raw[2 * h + j][g]));
 #else
-        scale_codes(q, 2, scale, 0.0f);
+        scale_code_values(q, 2, scale);
 #endif
         a[2 * j + p / 2][2 * (p % 2) + h] = pack_pair(q[0], q[1], TX());
       }
@@ -240,35 +246,31 @@ INLINE void hold_fragment(uint (*a)[4]) {
     async_commit();                                                                                   \
   }
 // The scales (and biases) of this thread's rows at step STEP: each chunk's SCALES_PER_CHUNK groups.
-// A group of BK codes or more covers both chunks: the second takes the first's (the compiler
-// does not merge the two loads itself).
-// Weight rows past N take the first row's scales (their columns of y are never stored); a pick
-// outside the batches takes zeros, so that its rows of y are zeros.
+// A row's groups of a step (STEP_GROUPS of them, `StepGroups`) come in one aligned load, the
+// chunks' groups taken from it at fixed places (the compiler merges no loads itself). Weight rows
+// past N take the first row's (their columns of y are never stored); a pick outside the batches
+// takes zeros, so that its rows of y are zeros.
 #if GATHER
-#define SCALE_OR_ZERO(H, VALUE) (row_in[H] ? (VALUE) : (TS)0)
+#define GROUPS_OR_ZERO(H, AT) (row_in[H] ? *(const DEVICE StepGroups*)(AT) : StepGroups{})
 #else
-#define SCALE_OR_ZERO(H, VALUE) (VALUE)
-#endif
-#if MODE == 0
-#define LOAD_BIAS(H, J, G, INDEX) bias_raw[2 * (H) + (J)][G] = SCALE_OR_ZERO(H, bias_rows[H][INDEX]);
-#define COPY_BIAS(H, G) bias_raw[2 * (H) + 1][G] = bias_raw[2 * (H)][G];
-#else
-#define LOAD_BIAS(H, J, G, INDEX)
-#define COPY_BIAS(H, G)
+#define GROUPS_OR_ZERO(H, AT) (*(const DEVICE StepGroups*)(AT))
 #endif
 #define LOAD_SCALES(STEP)                                                                             \
-  _Pragma("unroll") for (int h = 0; h < 2; h++)                                                       \
+  _Pragma("unroll") for (int h = 0; h < 2; h++) {                                                     \
+    const int first = (step_first + (STEP)) * BK / GROUP;                                             \
+    const StepGroups step_scales = GROUPS_OR_ZERO(h, scale_rows[h] + first);                          \
+    IF_AFFINE(const StepGroups step_biases = GROUPS_OR_ZERO(h, bias_rows[h] + first);)                \
     _Pragma("unroll") for (int j = 0; j < 2; j++)                                                     \
       _Pragma("unroll") for (int g = 0; g < SCALES_PER_CHUNK; g++) {                                  \
-        if (GROUP >= BK && j == 1) {                                                                  \
-          scale_raw[2 * h + 1][g] = scale_raw[2 * h][g];                                              \
-          COPY_BIAS(h, g)                                                                             \
-          continue;                                                                                   \
-        }                                                                                             \
-        const int index = ((step_first + (STEP)) * BK + 32 * j + CHUNK_GROUP * g) / GROUP;           \
-        scale_raw[2 * h + j][g] = SCALE_OR_ZERO(h, scale_rows[h][index]);                              \
-        LOAD_BIAS(h, j, g, index)                                                                     \
-      }
+        scale_raw[2 * h + j][g] = step_scales.group[(32 * j + CHUNK_GROUP * g) / GROUP];              \
+        IF_AFFINE(bias_raw[2 * h + j][g] = step_biases.group[(32 * j + CHUNK_GROUP * g) / GROUP];)    \
+      }                                                                                               \
+  }
+#if MODE == 0
+#define IF_AFFINE(CODE) CODE
+#else
+#define IF_AFFINE(CODE)
+#endif
 
     float acc[ACCUMULATORS];
 #pragma unroll

@@ -60,8 +60,10 @@ INLINE void decode_part(const THREAD uint* words, int part, THREAD float* q) {
 }
 
 // The two codes at bits 0 .. BITS - 1 and BITS .. 2 BITS - 1 of `v` (a pair of consecutive codes,
-// BITS 2, 4 or 8) into q[0], q[1], as `decode_part` gives them: for the kernels whose lanes take
-// pairs of codes at their own shifts (qmm_wgmma_rs.h).
+// BITS 2, 4 or 8) into q[0], q[1]: for the kernels whose lanes take pairs of codes at their own
+// shifts (qmm_wgmma_rs.h). Affine as `decode_part` gives them; the floating-point modes as their
+// values (`decode_part`'s times FP_FACTOR, exact: a power of two over the codes' few bits), which
+// `scale_code_values` scales.
 INLINE void decode_pair(uint v, THREAD float* q) {
 #if MODE == 0
   // Each code where it is: 2^23 + q[0], and 2^(23 - BITS) + q[1] (whose mantissa's bit BITS is
@@ -71,10 +73,10 @@ INLINE void decode_pair(uint v, THREAD float* q) {
 #else
   #if MODE == 2
   const uint both = (v & 0xFFu) | ((v << 8) & 0xFF0000u);  // the second code into the high half's byte
-  const float2 pair = half2_bits_to_float2(((both << 7) & 0x3F803F80u) | ((both << 8) & 0x80008000u));
+  const float2 pair = half2_bits_times(((both << 7) & 0x3F803F80u) | ((both << 8) & 0x80008000u), FP_FACTOR);
   #else
   const uint both = (v & 0xFu) | ((v << 12) & 0xF0000u);   // the second code into the high half's nibble
-  const float2 pair = half2_bits_to_float2(((both << 9) & 0x0E000E00u) | ((both << 12) & 0x80008000u));
+  const float2 pair = half2_bits_times(((both << 9) & 0x0E000E00u) | ((both << 12) & 0x80008000u), FP_FACTOR);
   #endif
   q[0] = pair.x;
   q[1] = pair.y;
@@ -115,6 +117,14 @@ INLINE void scale_codes(THREAD float* q, int count, float scale, float bias) {
     for (int j = 0; j < count; j++) q[j] = q[j] * factor;
   }
 #endif
+}
+
+// The floating-point modes' code values (`decode_pair`'s) as weights: value * scale, rounded once
+// to float32, so `scale_codes`' bits (each the exact product of a code's value and its scale,
+// rounded once) without its select for the scales whose product with FP_FACTOR overflows.
+INLINE void scale_code_values(THREAD float* q, int count, float scale) {
+#pragma unroll
+  for (int j = 0; j < count; j++) q[j] = q[j] * scale;
 }
 
 // Codes 8 * part .. 8 * part + 7 of a chunk (`words`: its BITS words) as weights of type T
