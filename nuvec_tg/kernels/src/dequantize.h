@@ -8,8 +8,8 @@
 // loads in flight are what a pass over memory waits on. The four threads of a chunk load its words
 // alike (one transaction) and decode their own part, with its group's scale (and bias):
 //   affine:                 y = TY(fma(scale, q, bias))
-//   floating-point modes:   y = TY(q * (scale * FP_FACTOR))   (q the code's value / FP_FACTOR;
-//                           scale * (q * FP_FACTOR) where scale * FP_FACTOR overflows: `scale_codes`)
+//   floating-point modes:   y = TY((q * FP_FACTOR) * scale)   (q the code's value / FP_FACTOR,
+//                           so the code's value times the scale, rounded once: `scale_codes`)
 // qmm_wgmma.h's dequantization into its w tiles, rounded the same way, so a product over these rows
 // on the same warpgroup steps has qmm_wgmma's bits.
 //

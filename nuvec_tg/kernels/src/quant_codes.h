@@ -98,30 +98,24 @@ INLINE float group_scale(TS raw) {
 }
 
 // `count` decoded codes `q` (`decode_part`'s) as weights, in place: fma(scale, q, bias) (affine)
-// or q * (scale * FP_FACTOR) (the floating-point modes; `bias` unused), each rounded once to
-// float32. The one dequantization of the kernels that write weights for the matrix units (qmm.h,
-// qmm_wgmma.h, dequantize.h), so that they round every weight alike. Where scale * FP_FACTOR
-// overflows (e8m0 scales from 2^114: weights past 2^113) each code is multiplied by FP_FACTOR
-// first (exactly) and by the scale after, the same single rounding.
+// or (q * FP_FACTOR) * scale (the floating-point modes; `bias` unused): the code's value (exact)
+// times the scale, each weight rounded once to float32. The one dequantization of the kernels that
+// write weights for the matrix units (qmm.h, qmm_wgmma.h, qmm_wgmma_ws.h, qmv_mma.h, dequantize.h),
+// so that they round every weight alike. (q * (scale * FP_FACTOR), one multiply a code, is the
+// same product where scale * FP_FACTOR is finite, but overflows from e8m0 scales of 2^114; the
+// select between the two forms cost three multiplies a code where the lanes' scales differ.)
 INLINE void scale_codes(THREAD float* q, int count, float scale, float bias) {
 #if MODE == 0
 #pragma unroll
   for (int j = 0; j < count; j++) q[j] = fma(scale, q[j], bias);
 #else
-  const float factor = scale * FP_FACTOR;
-  if (factor == INFINITY && scale != INFINITY) {
 #pragma unroll
-    for (int j = 0; j < count; j++) q[j] = scale * (q[j] * FP_FACTOR);
-  } else {
-#pragma unroll
-    for (int j = 0; j < count; j++) q[j] = q[j] * factor;
-  }
+  for (int j = 0; j < count; j++) q[j] = (q[j] * FP_FACTOR) * scale;
 #endif
 }
 
-// The floating-point modes' code values (`decode_pair`'s) as weights: value * scale, rounded once
-// to float32, so `scale_codes`' bits (each the exact product of a code's value and its scale,
-// rounded once) without its select for the scales whose product with FP_FACTOR overflows.
+// The floating-point modes' code values (`decode_pair`'s, already times FP_FACTOR) as weights:
+// value * scale, rounded once to float32: `scale_codes`' bits.
 INLINE void scale_code_values(THREAD float* q, int count, float scale) {
 #pragma unroll
   for (int j = 0; j < count; j++) q[j] = q[j] * scale;
