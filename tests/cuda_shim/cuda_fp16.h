@@ -1,6 +1,6 @@
 // CUDA's cuda_fp16.h as far as nuvec_tg's kernels reach (tests/cuda_shim/nvrtc_builtins.h says why):
 // __half with CUDA's constructors and conversions (from and to float, double and the integers;
-// arithmetic and comparisons between halves), __half2, and the conversion functions.
+// arithmetic and comparisons between halves), __half2 (and __hmul2), and the conversion functions.
 #pragma once
 struct __half_raw { unsigned short x; };
 struct __align__(2) __half {
@@ -60,5 +60,6 @@ __SHIM_FN unsigned short __half_as_ushort(const __half h) { return h.__x; }
 __SHIM_FN __half2 __floats2half2_rn(const float a, const float b) { return __half2(__half(a), __half(b)); }
 __SHIM_FN __half2 __float2half2_rn(const float a) { return __half2(__half(a), __half(a)); }
 __SHIM_FN float2 __half22float2(const __half2 h) { return make_float2((float)h.x, (float)h.y); }
+__SHIM_FN __half2 __hmul2(const __half2 a, const __half2 b) { return __half2(a.x * b.x, a.y * b.y); }
 __SHIM_FN float __low2float(const __half2 h) { return (float)h.x; }
 __SHIM_FN float __high2float(const __half2 h) { return (float)h.y; }
