@@ -118,7 +118,8 @@ def clock_parts(args, shapes: list[qk.RegisterTiles]) -> None:
                 y = Tensor.empty(tiles.k_split, rows, n, dtype=y_dtype)
                 ins = [x, w, scales, biases, int_buffer(x.device, (rows, n, k))]
                 y = launch(program, x.device, [y], ins, tiles.grid(rows, n), tiles.threads)[0]
-                words = y.reshape(-1)[:4 * 8 * tiles.warpgroups * 4 // y_dtype.itemsize].bitcast(dtypes.uint32).numpy().reshape(-1, 8).astype(np.float64)
+                first_words = y.reshape(-1)[:4 * 8 * tiles.warpgroups * 4 // y_dtype.itemsize]
+                words = first_words.bitcast(dtypes.uint32).numpy().reshape(-1, 8).astype(np.float64)
             steps = k // qk.WGMMA_STEP // tiles.k_split  # threadgroup (0, 0, 0)'s: the first part
             parts = words[:, :len(PROBE_PARTS)].mean(axis=0) / steps
             print(f"| {rows} | {tiles} | " + " | ".join(f"{p:.0f}" for p in parts) +

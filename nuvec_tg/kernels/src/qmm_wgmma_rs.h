@@ -34,8 +34,8 @@
 //
 // Bounds. Rows of x past M (or outside the run) are zeros in the tiles and nothing is read for
 // them; weight rows past N are decoded from zero words (never read) with the first row's scales,
-// into columns of y never stored, and those of a pick outside the batches as zeros (zero scales). K is a multiple of 64 (the route's), so every step is whole. Nothing is written past
-// M or N.
+// into columns of y never stored, and those of a pick outside the batches as zeros (zero scales).
+// K is a multiple of 64 (the route's), so every step is whole. Nothing is written past M or N.
 //
 // GATHER: row i of x uses weight batch picks[i] of ints[3] batches (w, scales and biases hold the
 // batches one after another); a tile's rows run in turn by runs of equal picks (qmm.h's way). The
@@ -122,7 +122,7 @@ template <typename T> INLINE void store_transposed(const float* acc, DEVICE T* y
 // This thread's A fragment of a step (a[kb] for k 16 kb .. 16 kb + 15: chunk kb / 2, parts 2 (kb %
 // 2) and + 1; registers 0, 1 rows a_row and + 8 at codes 2 c, 2 c + 1 of the first part, 2, 3 of
 // the second) dequantized from the stage's words `words` with the step's scales (and biases). Rows
-// that are out have zero words and zero scales (and biases): their weights are zeros.
+// that are out have zero words (`LOAD_SCALES` says what scales).
 INLINE void dequantize_fragment(const unsigned char* words, int a_row, int lane_shift, bool high_word,
                                 const TS (*scale_raw)[SCALES_PER_CHUNK], const TS (*bias_raw)[SCALES_PER_CHUNK], uint (*a)[4]) {
 #pragma unroll
@@ -255,6 +255,11 @@ INLINE void hold_fragment(uint (*a)[4]) {
 #else
 #define GROUPS_OR_ZERO(H, AT) (*(const DEVICE StepGroups*)(AT))
 #endif
+#if MODE == 0
+#define IF_AFFINE(CODE) CODE
+#else
+#define IF_AFFINE(CODE)
+#endif
 #define LOAD_SCALES(STEP)                                                                             \
   _Pragma("unroll") for (int h = 0; h < 2; h++) {                                                     \
     const int first = (step_first + (STEP)) * BK / GROUP;                                             \
@@ -266,11 +271,6 @@ INLINE void hold_fragment(uint (*a)[4]) {
         IF_AFFINE(bias_raw[2 * h + j][g] = step_biases.group[(32 * j + CHUNK_GROUP * g) / GROUP];)    \
       }                                                                                               \
   }
-#if MODE == 0
-#define IF_AFFINE(CODE) CODE
-#else
-#define IF_AFFINE(CODE)
-#endif
 
     float acc[ACCUMULATORS];
 #pragma unroll
