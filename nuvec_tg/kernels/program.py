@@ -85,15 +85,19 @@ def chunks(which: str, line_bytes: int, lane_bytes: int) -> dict[str, object]:
     return {f"CHUNK_{which}": CHUNK_TYPES[width], f"{which}_CHUNKS": lane_bytes // width}
 
 
-def _signature(backend: str, name: str, params: Sequence[Param], occupancy: tuple[int, int] | None = None) -> str:
+def _signature(backend: str, name: str, params: Sequence[Param], occupancy: tuple[int, int] | None = None,
+               cluster: tuple[int, int, int] | None = None) -> str:
     """The kernel's signature for `backend`, and the lines binding `nv_group` / `nv_thread`.
     `occupancy` (CUDA): (threads, threadgroups) that must fit a multiprocessor together, which caps
-    the compiler's registers (`__launch_bounds__`)."""
+    the compiler's registers (`__launch_bounds__`). `cluster` (CUDA sm_90): the threadgroups of a
+    cluster along x, y, z, fixed at compile time (`__cluster_dims__`), so a plain launch runs them
+    as clusters."""
     if backend == "cuda":
         def param(p: Param) -> str:
             if p.kind == "scalar": return f"const int {p.name}"
             return f"{'const ' if p.kind == 'in' else ''}{p.ctype}* __restrict__ {p.name}"
         bounds = f"__launch_bounds__({occupancy[0]}, {occupancy[1]}) " if occupancy else ""
+        if cluster: bounds += f"__cluster_dims__({cluster[0]}, {cluster[1]}, {cluster[2]}) "
         return (f'extern "C" __global__ void {bounds}{name}({", ".join(param(p) for p in params)}) {{\n'
                 "  const uint3 nv_group = blockIdx, nv_thread = threadIdx;\n")
     def metal_param(i: int, p: Param) -> str:
@@ -115,6 +119,7 @@ class Program:
     bfloat: bool = False  # whether the program names bfloat (its defines or parameters)
     arch: str | None = None  # CUDA: the architecture it compiles for where not the device's own (sm_90a: wgmma)
     dynamic_bytes: int = 0   # CUDA: dynamic threadgroup memory a launch gives it (past the 48 KB declared statically)
+    cluster: tuple[int, int, int] | None = None  # CUDA: threadgroups a cluster along x, y, z (the grid's a multiple)
 
     @property
     def header(self) -> str:
@@ -179,21 +184,24 @@ class Family:
         FAMILIES.append(self)
 
     def program(self, backend: str, defines: dict[str, object], params: Sequence[Param],
-                occupancy: tuple[int, int] | None = None, dynamic_bytes: int = 0) -> Program:
+                occupancy: tuple[int, int] | None = None, dynamic_bytes: int = 0,
+                cluster: tuple[int, int, int] | None = None) -> Program:
         """The family specialised by `defines` for `backend`, with the signature of `params` (in
         launch order: outputs, inputs, then scalars), named `<stem>_<hash of its text>`. It needs
         bfloat where a define's value or a parameter's type names it. `occupancy`: (threads,
         threadgroups) a CUDA multiprocessor must hold at once (`_signature`). `dynamic_bytes`: the
-        dynamic threadgroup memory (CUDA) each launch gives it."""
+        dynamic threadgroup memory (CUDA) each launch gives it. `cluster`: the threadgroups of a
+        cluster (CUDA, `_signature`), None for none."""
         if backend not in self.backends: raise ValueError(f"{self.stem}: no {backend} kernel (only {', '.join(self.backends)})")
+        if cluster and backend != "cuda": raise ValueError(f"{self.stem}: clusters of threadgroups are CUDA's (not {backend})")
         helpers, body = _source(self.sources[-1]).split(BODY_MARKER)
         helpers = "".join(_source(f) for f in self.sources[:-1]) + helpers
         define_lines = "".join(f"#define {key} {value}\n" for key, value in defines.items())
-        text = f"{define_lines}{helpers}\n{_signature(backend, self.stem, params, occupancy)}{body}}}\n"
+        text = f"{define_lines}{helpers}\n{_signature(backend, self.stem, params, occupancy, cluster)}{body}}}\n"
         name = f"{self.stem}_{hashlib.sha256(text.encode()).hexdigest()[:12]}"
         bfloat = any("bfloat" in str(value) for value in defines.values()) or any(p.ctype == "bfloat" for p in params)
         return Program(name, text.replace(f"{self.stem}(", f"{name}("), tuple(params), backend, bfloat,
-                       self.arch if backend == "cuda" else None, dynamic_bytes)
+                       self.arch if backend == "cuda" else None, dynamic_bytes, cluster)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -406,6 +414,8 @@ def launch(program: Program, device: str | tuple[str, ...], outs: Sequence[Tenso
     if len(devices) > 1 and any(_split_by_axis(t) for t in tensors):
         raise ValueError(f"{label or program.name}: a kernel takes a tensor on several devices as one buffer a device "
                          "(kernels.per_device()), not split by an axis (Tensor.shard): call it on each device's shard")
+    if program.cluster and any(g % c for g, c in zip(grid, program.cluster)):
+        raise ValueError(f"{label or program.name}: a grid of {grid} threadgroups in clusters of {program.cluster}")
     lib = _compiled(devices[0], program.source, program.arch)   # `kernels.target` checks that the devices compile alike
     count = len(tensors)
     params = [UOp.placeholder_like(t.uop, i).base for i, t in enumerate(tensors)]

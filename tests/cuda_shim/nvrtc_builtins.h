@@ -14,6 +14,8 @@
 #define __noinline__ __attribute__((noinline))
 #define __align__(n) __attribute__((aligned(n)))
 #define __launch_bounds__(...) __attribute__((launch_bounds(__VA_ARGS__)))
+// clang 19 has no cluster_dims attribute: the dimensions are not checked here (nvrtc's build, tools/compile_cuda.py, does).
+#define __cluster_dims__(x, y, z)
 #define __SHIM_FN static __device__ __forceinline__
 
 typedef unsigned long size_t;

@@ -1,7 +1,7 @@
 """Run a kernel's CUDA rendering on the CPU (`prelude_emulated.h`): compiled with a C++20 compiler
 into a shared library, which the runner library (`runner.cpp`, built once) launches over a grid,
-one threadgroup at a time, each of its threads a fiber of the calling thread (switched where a
-thread waits: a barrier or an exchange). For checking a kernel's indexing,
+one threadgroup (or cluster of them) at a time, each of its threads a fiber of the calling thread
+(switched where a thread waits: a barrier or an exchange). For checking a kernel's indexing,
 decoding and arithmetic order where no GPU is present; its arithmetic is the rendering's, written
 out (no contraction), so where a kernel writes every multiply-add as fma the results have the
 CUDA build's bits.
@@ -34,9 +34,12 @@ _CACHE = pathlib.Path(tempfile.gettempdir()) / "nuvec_kernel_emulator"
 _PADDING = 1 << 16  # bytes on either side of a buffer in a launch (a multiple of 16: its alignment stays)
 
 # A kernel library's entry: the runner's `run` calls it with the launch's buffers (not traced: its
-# name must not match the kernels', `_trace_flags`).
+# name must not match the kernels', `_trace_flags`); and where its threadgroup arrays lie (the
+# section THREADGROUP puts them in: the runner swaps a cluster's threadgroups' arrays there; none: nulls).
 _ENTRY = """
 extern "C" void emulated_kernel_entry(void** buffers) { KERNEL(ARGUMENTS); }
+extern "C" char __start_nuvec_threadgroup[] __attribute__((weak)), __stop_nuvec_threadgroup[] __attribute__((weak));
+extern "C" void emulated_threadgroup_memory(char** range) { range[0] = __start_nuvec_threadgroup; range[1] = __stop_nuvec_threadgroup; }
 """
 
 
@@ -100,7 +103,8 @@ def _runner():
     _write_once(library, compile_runner)
     run = ctypes.CDLL(str(library), mode=ctypes.RTLD_GLOBAL).run
     run.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_long), ctypes.POINTER(ctypes.c_int),
-                    ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_int)]
+                    ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_int), ctypes.c_void_p,
+                    ctypes.c_void_p, ctypes.POINTER(ctypes.c_int)]
     run.restype = None
     return run
 
@@ -108,7 +112,7 @@ def _runner():
 def build(program: Program, metal_tiles: bool = False):
     """A shared library running `program` (a CUDA specialisation); returns its
     `run(buffers, groups, threads, groups_y=1, groups_z=1)` (a grid of groups x groups_y x groups_z
-    threadgroups). `metal_tiles`: qmm's matrix tiles as Metal has them (`prelude_emulated.h`)."""
+    threadgroups, in clusters of `program.cluster` where it has them). `metal_tiles`: qmm's matrix tiles as Metal has them (`prelude_emulated.h`)."""
     name, kernel_text, params = program.name, program.text, program.params
     arguments = ", ".join(f"({'const ' if p.kind == 'in' else ''}{p.ctype}*)buffers[{i}]" for i, p in enumerate(params))
     source = (("#define METAL_TILES 1\n" if metal_tiles else "") + program.header + (HERE / "prelude_emulated.h").read_text() +
@@ -127,12 +131,17 @@ def build(program: Program, metal_tiles: bool = False):
         return True
     _write_once(library, compile_library)
     run = _runner()  # first: the kernel library's undefined symbols are the runner's
-    entry = ctypes.cast(ctypes.CDLL(str(library)).emulated_kernel_entry, ctypes.c_void_p)
+    kernel_library = ctypes.CDLL(str(library))
+    entry = ctypes.cast(kernel_library.emulated_kernel_entry, ctypes.c_void_p)
+    memory = (ctypes.c_void_p * 2)()
+    kernel_library.emulated_threadgroup_memory(memory)
     writable = [p.kind == "out" for p in params]
+    cluster = program.cluster or (1, 1, 1)
 
     def launch(buffers: Sequence[np.ndarray], groups: int, threads: int, groups_y: int = 1, groups_z: int = 1) -> None:
         for given in buffers: assert given is np.ascontiguousarray(given), "buffers must be contiguous numpy arrays"
         assert len(buffers) == len(writable) <= 32, f"{name}: {len(writable)} buffers, got {len(buffers)}"
+        assert not (groups % cluster[0] or groups_y % cluster[1] or groups_z % cluster[2]), f"{name}: clusters of {cluster}"
         # The kernel runs on padded copies (NaN bytes around each buffer), so that a stray access
         # the launch reports lands in memory of its own rather than in the interpreter's.
         padded = [np.full(_PADDING + b.nbytes + _PADDING, 0xFF, np.uint8) for b in buffers]
@@ -140,7 +149,8 @@ def build(program: Program, metal_tiles: bool = False):
         pointers = (ctypes.c_void_p * len(padded))(*[copy.ctypes.data + _PADDING for copy in padded])
         sizes = (ctypes.c_long * len(padded))(*[b.nbytes for b in buffers])
         outside = (ctypes.c_int * 2)()
-        run(entry, pointers, sizes, (ctypes.c_int * len(padded))(*writable), len(padded), groups, groups_y, groups_z, threads, outside)
+        run(entry, pointers, sizes, (ctypes.c_int * len(padded))(*writable), len(padded), groups, groups_y, groups_z, threads,
+            (ctypes.c_int * 3)(*cluster), memory[0], memory[1], outside)
         for copy, given, out in zip(padded, buffers, writable):
             if out: given.reshape(-1).view(np.uint8)[:] = copy[_PADDING:_PADDING + given.nbytes]
         assert outside[0] == 0 and outside[1] == 0, \

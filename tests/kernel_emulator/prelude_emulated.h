@@ -2,7 +2,8 @@
 // threadgroup's threads are fibers of one OS thread, switched where one waits (barriers, SIMD-group
 // operations, staging barriers), and
 // simd_sum adds in the CUDA prelude's butterfly order (so results have the CUDA build's bits).
-// Threadgroup arrays are statics: threadgroups run one at a time. What touches the emulator's own
+// Threadgroup arrays are statics: threadgroups run one at a time (a cluster's together, each
+// one's arrays swapped in while its threads run). What touches the emulator's own
 // state (the launch, barriers, lane slots, the access checks) lives in `runner.cpp`, one library
 // built once, which every kernel's library calls.
 #include <cstring>
@@ -27,10 +28,13 @@ struct float4 { float x, y, z, w; };
 #define DEVICE
 #define THREAD
 #define CONSTANT
-#define THREADGROUP static
+// Threadgroup arrays: statics in a section of their own, which the runner swaps for each
+// threadgroup of a cluster running together (`run`).
+#define THREADGROUP static __attribute__((section("nuvec_threadgroup")))
 #define INLINE inline __attribute__((always_inline))  // as CUDA's __forceinline__: a helper's accesses are the kernel's
 #define __global__ __attribute__((noinline))          // the kernel keeps its own frame, below the thread's stack top
 #define __launch_bounds__(threads, groups)           // a register cap: nothing to the emulator
+#define __cluster_dims__(x, y, z)                    // the launch's (`run`)
 #define __restrict__ __restrict
 #define INFINITY __builtin_inff()
 
@@ -54,6 +58,8 @@ bool simd_any(bool x);
 void mma_emulated(float* acc, const uint* a, uint b0, uint b1, bool bf16);
 void simd_barrier();
 void emulated_yield();  // the running thread waits: the next one that can runs
+void cluster_barrier();  // every thread of the cluster's threadgroups (`run`)
+float4 cluster_load4(const float* at, int rank);  // threadgroup `rank` of the cluster's 16 bytes at `at`
 
 inline float simd_sum(float x) {
   for (int offset = 16; offset > 0; offset /= 2) x += simd_shuffle_xor(x, offset);
@@ -319,7 +325,7 @@ inline void tile_store(const TileAcc& acc, float* out, int ld, int lane) {
 // piece p ^ (r % 8)); one that does not start at a multiple of 1024 bytes (where the hardware's
 // swizzle, made from the address's bits, would differ) stops the emulator.
 inline unsigned shared_address(const void* at) { return (unsigned)(unsigned long)at; }
-#define DYNAMIC_THREADGROUP(name, bytes) alignas(1024) static uint4 name[(bytes) / 16]
+#define DYNAMIC_THREADGROUP(name, bytes) alignas(1024) THREADGROUP uint4 name[(bytes) / 16]
 inline void wgmma_fence() {}
 inline void wgmma_commit() {}
 template <int N> inline void wgmma_wait() {}

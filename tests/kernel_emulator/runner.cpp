@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <vector>
 
 #include "prelude_emulated.h"
@@ -231,35 +232,85 @@ void mma_emulated_metal(float* acc, const float* a, const float* b) {
 }
 void simd_barrier() { block()->warps[threadIdx.x / 32]->arrive_and_wait(); }
 
-// The launch a fiber runs (`run` sets it): each thread takes the grid's threadgroups in turn.
+// A threadgroup's barriers and exchange slots (a cluster's threadgroups each have their own).
+struct Threadgroup {
+  FiberBarrier all;
+  std::vector<FiberBarrier> warps;
+  Block sync;
+};
+
+// The launch the fibers run (`run` sets it): fiber f is thread f % threads of threadgroup
+// f / threads of each cluster (x fastest in the cluster, as CUDA ranks them), the clusters taken in
+// turn (x fastest in the grid). Threadgroup arrays (the kernel library's section
+// nuvec_threadgroup) hold the running threadgroup's: where a fiber of another one runs next, the
+// arrays are saved to the one's copy and the other's copy put in place.
 static struct {
   void (*kernel)(void**);
   void** buffers;
-  int groups, groups_y, total;
-  Block* sync;
+  int threads, groups, groups_y;
+  int cluster[3], clusters[3], cluster_size;
+  Threadgroup* threadgroups;
+  FiberBarrier* cluster_all;
+  char* memory;           // the threadgroup arrays' section
+  long memory_bytes;
+  std::vector<char>* copies;  // each threadgroup of the cluster's arrays while not in place
+  int in_place;           // whose arrays are in the section
+  int cluster_index;      // the cluster running
+  int returned[8];        // each threadgroup of the cluster: its threads' returns from the kernel, over the launch
   bool finished[1024];
 } launch;
 
-static void fiber_main(int t) {
-  emulated.sync = launch.sync;
-  emulated.thread = uint3{(uint)t, 0, 0};
-  emulated.stack_top = (const char*)__builtin_frame_address(0);
-  for (int g = 0; g < launch.total; g++) {
-    emulated.block = uint3{(uint)(g % launch.groups), (uint)(g / launch.groups % launch.groups_y),
-                           (uint)(g / (launch.groups * launch.groups_y))};
-    launch.kernel(launch.buffers);
-    launch.sync->all->arrive_and_wait();
+static void put_in_place(int threadgroup) {
+  if (threadgroup == launch.in_place) return;
+  std::memcpy(launch.copies[launch.in_place].data(), launch.memory, launch.memory_bytes);
+  std::memcpy(launch.memory, launch.copies[threadgroup].data(), launch.memory_bytes);
+  launch.in_place = threadgroup;
+}
+
+void cluster_barrier() { launch.cluster_all->arrive_and_wait(); }
+// A read of threadgroup `rank`'s memory: outside its arrays, or after all its threads left the
+// kernel (on the GPU its memory is then gone), it counts as a read outside the buffers.
+float4 cluster_load4(const float* at, int rank) {
+  const char* from = (const char*)at;
+  float4 value{};
+  if (rank < 0 || rank >= launch.cluster_size || from < launch.memory || from + 16 > launch.memory + launch.memory_bytes ||
+      launch.returned[rank] == launch.threads * (launch.cluster_index + 1)) {
+    __atomic_fetch_add(&out_of_bounds_reads, 1, __ATOMIC_SEQ_CST);
+    return value;
   }
-  launch.finished[t] = true;
+  if (rank != launch.in_place) from = launch.copies[rank].data() + (from - launch.memory);
+  std::memcpy(&value, from, 16);
+  return value;
+}
+
+static void fiber_main(int f) {
+  const int rank = f / launch.threads;
+  emulated.sync = &launch.threadgroups[rank].sync;
+  emulated.thread = uint3{(uint)(f % launch.threads), 0, 0};
+  emulated.stack_top = (const char*)__builtin_frame_address(0);
+  const int* cluster = launch.cluster;
+  const uint3 in_cluster{(uint)(rank % cluster[0]), (uint)(rank / cluster[0] % cluster[1]), (uint)(rank / (cluster[0] * cluster[1]))};
+  const int total = launch.clusters[0] * launch.clusters[1] * launch.clusters[2];
+  for (int c = 0; c < total; c++) {
+    const int cx = c % launch.clusters[0], cy = c / launch.clusters[0] % launch.clusters[1], cz = c / (launch.clusters[0] * launch.clusters[1]);
+    emulated.block = uint3{cx * cluster[0] + in_cluster.x, cy * cluster[1] + in_cluster.y, cz * cluster[2] + in_cluster.z};
+    launch.cluster_index = c;
+    launch.kernel(launch.buffers);
+    launch.returned[rank]++;
+    launch.cluster_all->arrive_and_wait();  // the cluster's threadgroups all done before the next cluster's start
+  }
+  launch.finished[f] = true;
 }  // returns to the scheduler (uc_link)
 
 // Runs `kernel` (a kernel library's entry, which passes `buffers` to the kernel as its parameters)
-// over a grid of groups x groups_y x groups_z threadgroups of `threads` threads (at most 1024, whole
-// SIMD groups of 32): one fiber per thread of a threadgroup, taking the grid's threadgroups one at a
-// time (all of them finish one before any starts the next: threadgroup arrays are statics).
-// `outside` gets the counts of reads outside the buffers and writes outside the writable ones.
+// over a grid of groups x groups_y x groups_z threadgroups of `threads` threads in clusters of
+// cluster[0] x cluster[1] x cluster[2] (dividing the grid; at most 8 threadgroups and 1024 threads a cluster, whole
+// SIMD groups of 32): one fiber per thread of a cluster, taking the grid's clusters one at a time
+// (all of them finish one before any starts the next). `memory` .. `memory_end`: the kernel
+// library's threadgroup arrays. `outside` gets the counts of reads outside the buffers and writes
+// outside the writable ones.
 extern "C" void run(void (*kernel)(void**), void** buffers, long* sizes, const int* writable, int count, int groups,
-                    int groups_y, int groups_z, int threads, int* outside) {
+                    int groups_y, int groups_z, int threads, const int* cluster, char* memory, char* memory_end, int* outside) {
   launch_buffer_count = count;
   for (int i = 0; i < count; i++) {
     launch_buffers[i] = {(const char*)buffers[i], (const char*)buffers[i] + sizes[i]};
@@ -268,43 +319,61 @@ extern "C" void run(void (*kernel)(void**), void** buffers, long* sizes, const i
   library_segment_count = 0;
   dl_iterate_phdr(find_library_segments, (void*)kernel);
   out_of_bounds_reads = out_of_bounds_writes = 0;
-  FiberBarrier all{threads};
-  std::vector<FiberBarrier> warps((threads + 31) / 32);
-  Block sync{&all, {}, {}};
-  for (int w = 0; w < (int)warps.size(); w++) {
-    warps[w].expected = std::min(32, threads - 32 * w);
-    sync.warps[w] = &warps[w];
+  const int size = cluster[0] * cluster[1] * cluster[2], fibers = threads * size;
+  if (size < 1 || size > 8 || fibers > 1024 || groups % cluster[0] || groups_y % cluster[1] || groups_z % cluster[2]) abort();
+  for (int r = 0; r < size; r++) launch.returned[r] = 0;
+  std::vector<Threadgroup> threadgroups(size);
+  for (Threadgroup& group : threadgroups) {
+    group.all.expected = threads;
+    group.warps = std::vector<FiberBarrier>((threads + 31) / 32);
+    group.sync.all = &group.all;
+    for (int w = 0; w < (int)group.warps.size(); w++) {
+      group.warps[w].expected = std::min(32, threads - 32 * w);
+      group.sync.warps[w] = &group.warps[w];
+    }
   }
+  FiberBarrier cluster_all{fibers};
+  const long memory_bytes = memory ? memory_end - memory : 0;
+  std::vector<std::vector<char>> copies(size, std::vector<char>(memory, memory + memory_bytes));
   launch.kernel = kernel;
   launch.buffers = buffers;
-  launch.groups = groups;
-  launch.groups_y = groups_y;
-  launch.total = groups * groups_y * groups_z;
-  launch.sync = &sync;
+  launch.threads = threads;
+  for (int d = 0; d < 3; d++) launch.cluster[d] = cluster[d];
+  launch.clusters[0] = groups / cluster[0];
+  launch.clusters[1] = groups_y / cluster[1];
+  launch.clusters[2] = groups_z / cluster[2];
+  launch.cluster_size = size;
+  launch.threadgroups = threadgroups.data();
+  launch.cluster_all = &cluster_all;
+  launch.memory = memory;
+  launch.memory_bytes = memory_bytes;
+  launch.copies = copies.data();
+  launch.in_place = 0;
   // Each fiber's stack: 1 MB of address space, committed only where touched.
   const size_t stack_bytes = 1 << 20;
-  char* stacks = (char*)mmap(nullptr, stack_bytes * threads, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  char* stacks = (char*)mmap(nullptr, stack_bytes * fibers, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (stacks == MAP_FAILED) abort();
-  for (int t = 0; t < threads; t++) {
-    getcontext(&fiber_contexts[t]);
-    fiber_contexts[t].uc_stack.ss_sp = stacks + stack_bytes * t;
-    fiber_contexts[t].uc_stack.ss_size = stack_bytes;
-    fiber_contexts[t].uc_link = &scheduler_context;
-    makecontext(&fiber_contexts[t], (void (*)())fiber_main, 1, t);
-    launch.finished[t] = false;
+  for (int f = 0; f < fibers; f++) {
+    getcontext(&fiber_contexts[f]);
+    fiber_contexts[f].uc_stack.ss_sp = stacks + stack_bytes * f;
+    fiber_contexts[f].uc_stack.ss_size = stack_bytes;
+    fiber_contexts[f].uc_link = &scheduler_context;
+    makecontext(&fiber_contexts[f], (void (*)())fiber_main, 1, f);
+    launch.finished[f] = false;
   }
   // Sweeps over the fibers alternate in direction, so that a kernel missing a barrier meets
   // both orders: one thread's read before and after another's write.
-  for (int running = threads, sweep = 0; running > 0; sweep++)
-    for (int i = 0; i < threads; i++) {
-      const int t = sweep % 2 == 0 ? i : threads - 1 - i;
-      if (launch.finished[t]) continue;
-      current_fiber = t;
-      emulated = fiber_states[t];
-      swapcontext(&scheduler_context, &fiber_contexts[t]);
-      if (launch.finished[t]) running--;
+  for (int running = fibers, sweep = 0; running > 0; sweep++)
+    for (int i = 0; i < fibers; i++) {
+      const int f = sweep % 2 == 0 ? i : fibers - 1 - i;
+      if (launch.finished[f]) continue;
+      if (size > 1) put_in_place(f / threads);
+      current_fiber = f;
+      emulated = fiber_states[f];
+      swapcontext(&scheduler_context, &fiber_contexts[f]);
+      if (launch.finished[f]) running--;
     }
-  munmap(stacks, stack_bytes * threads);
+  munmap(stacks, stack_bytes * fibers);
   outside[0] = out_of_bounds_reads;
   outside[1] = out_of_bounds_writes;
 }

@@ -118,6 +118,21 @@ INLINE void stage_wait(unsigned long long* bar, int parity) {
   } while (!done);
   __syncwarp();  // the SIMD group converged again for the mma that follow
 }
+// Clusters (CUDA-only kernels launched with `__cluster_dims__`, sm_90): `cluster_barrier` waits for
+// every thread of the cluster's threadgroups, each one's earlier threadgroup-memory writes then
+// visible to all; `cluster_load4` reads the 16 bytes at `at` (16-byte aligned) of the threadgroup
+// of rank `rank` in the cluster, where its array has the place this threadgroup's has here.
+INLINE void cluster_barrier() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+INLINE float4 cluster_load4(const float* at, int rank) {
+  unsigned remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(shared_address(at)), "r"(rank));
+  float4 value;
+  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
+               : "=f"(value.x), "=f"(value.y), "=f"(value.z), "=f"(value.w) : "r"(remote) : "memory");
+  return value;
+}
 // A hint (CUDA-only kernels): start bringing `bytes` of device memory at `at` into L2, one 128-byte
 // line per prefetch, with no register or threadgroup memory to hold them, so that a later load
 // finds them there. The range lies inside one buffer. (The bulk prefetch, cp.async.bulk.prefetch,
