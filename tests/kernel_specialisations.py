@@ -358,18 +358,20 @@ def _qmm_wgmma_rs_candidates(backend: str) -> Iterator[_Candidate]:
             yield _Candidate(quant.QMM_WGMMA_RS.stem, make, ((mode, group, bits, x, gather), (mode, x, scales, gather, tiles)),
                              ((bits, mode), (x, tiles.rows, tiles.warpgroups)))
     # the few rows' tiles (`few_rows_tiles`, not gathered): each width of x rows, K whole and split
-    # (float32 parts), at every width
+    # (float32 parts, or added in clusters of the plan's split and the largest), at every width
     for (mode, group, bits), x, rows in itertools.product(FORMATS, (dtypes.float16, dtypes.bfloat16), (16, 32, 64)):
         if bits not in quant.QMM_WGMMA_RS_BITS: continue
         planned = quant.few_rows_tiles(rows, 4096, 4096)
-        for scales, split in itertools.product((x, dtypes.float32) if mode == "affine" else (dtypes.uint8,), (1, planned.k_split)):
-            tiles = dataclasses.replace(planned, k_split=split)
-            out = x if split == 1 else dtypes.float32
+        splits = ((1, False), (planned.k_split, False), (planned.k_split, True), (quant.FEW_ROWS_MAX_SPLIT, True))
+        for scales, (split, summed) in itertools.product((x, dtypes.float32) if mode == "affine" else (dtypes.uint8,), splits):
+            tiles = dataclasses.replace(planned, k_split=split, cluster_sum=summed)
+            out = dtypes.float32 if split > 1 and not summed else x
             label = f"{mode} {bits}-bit g{group} x {dtype_name(x)} scales {dtype_name(scales)} {tiles} (few rows)"
             make = functools.partial(_labelled, label, quant.qmm_wgmma_rs_program, x, scales, out, mode=mode, group_size=group,
                                      bits=bits, tiles=tiles)
-            yield _Candidate(quant.QMM_WGMMA_RS.stem, make, ((mode, group, bits, x, "few", split > 1), (mode, x, scales, tiles)),
-                             ((bits, mode, split > 1), (x, tiles.rows, tiles.warpgroups)))
+            form = (split > 1, summed)
+            yield _Candidate(quant.QMM_WGMMA_RS.stem, make, ((mode, group, bits, x, "few", form), (mode, x, scales, tiles)),
+                             ((bits, mode, form), (x, tiles.rows, tiles.warpgroups, split)))
 
 
 def _qmm_wgmma_ws_candidates(backend: str) -> Iterator[_Candidate]:

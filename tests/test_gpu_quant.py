@@ -7,6 +7,7 @@ product's rows equal to one-row products bit for bit, gradients. Products are co
 numpy (quant_reference.py) and with the composition; every call meant for a kernel asserts that it
 launched (`expect_launches`). On Hopper (CUDA sm_90) qmm with K a multiple of 64 is qmm_wgmma, every
 tile shape of which gives the same bits (and qmm_wgmma_rs's, at 2, 4 and 8 bits, and qmm_wgmma_ws's)."""
+import dataclasses
 import itertools
 
 import numpy as np
@@ -296,7 +297,8 @@ def test_qmm_rows_keep_their_bits_in_every_row_count(mode, group, width):
 def test_few_rows_split_k_and_keep_each_rows_bits_over_9_to_64_rows(mode, group, width):
     """9 to 64 rows on Hopper (`few_rows_tiles`: qmm_wgmma_rs with x's rows in 16, 32 or 64 and K
     in 4 parts at K 4096 N 1000, the split K and N's): the 64-row product within tolerance of
-    numpy and the composition; the last rows of 9, 16, 17 and 33 (each width of x's rows) equal
+    numpy and the composition, and with the parts added the other way (`cluster_sum`) bit for bit
+    the same; the last rows of 9, 16, 17 and 33 (each width of x's rows) equal
     those rows of it bit for bit; gradients (affine) are the composition's."""
     rng = np.random.default_rng(0x9C4)
     n, k, most = 1000, 4096, qmv.FEW_ROWS
@@ -305,6 +307,13 @@ def test_few_rows_split_k_and_keep_each_rows_bits_over_9_to_64_rows(mode, group,
     x, xv = random(rng, (most, k), dtypes.bfloat16, gpu)
     x = x.realize()
     full = assert_matches(f"{mode} {width}-bit", lambda: quant.quantized_matmul(x, qw), "nuvec_qmm_wgmma_rs", xv @ dequantized(qw).T)
+    # the parts added the other way (in the cluster, or by the second kernel): the same bits
+    planned = qmv.few_rows_tiles(most, k, n)
+    other = dataclasses.replace(planned, cluster_sum=not planned.cluster_sum)
+    with expect_launches(gpu, "nuvec_qmm_wgmma_rs"):
+        y = qmv.qmm(x, qw.weight, qw.scales, qw.biases, mode=mode, group_size=group, bits=width, out_dtype=x.dtype, backend="cuda",
+                    tiles=other).realize()
+    np.testing.assert_array_equal(bits_of(y), bits_of(full), err_msg=str(other))
     for rows in (9, 16, 17, 33):
         with expect_launches(gpu, "nuvec_qmm_wgmma_rs"):
             part = quant.quantized_matmul(x[most - rows:].contiguous(), qw).realize()

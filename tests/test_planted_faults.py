@@ -252,6 +252,36 @@ def test_qvm_faults_fail_its_comparison(fault_name):
                                                    dtypes.bfloat16))
 
 
+# The few rows' K split added in the cluster (qmm_wgmma_rs.h's SPLIT_SUM), through its emulated test's comparison.
+FEW_ROWS_CLUSTER_FAULTS = {
+    "reads_the_parts_before_the_cluster_wrote_them": Fault("cluster_barrier();      // every part's sums in place", "//"),
+    "adds_the_parts_out_of_order": Fault("cluster_load4(at, part)", "cluster_load4(at, K_SPLIT - part)"),
+    "drops_the_last_piece_of_each_share": Fault("end = (rank + 1) * pieces / K_SPLIT", "end = (rank + 1) * pieces / K_SPLIT - 1"),
+}
+
+
+@pytest.mark.parametrize("fault_name", sorted(FEW_ROWS_CLUSTER_FAULTS))
+def test_few_rows_cluster_sum_faults_fail_its_comparison(fault_name):
+    fault = FEW_ROWS_CLUSTER_FAULTS[fault_name]
+    expect_failure(fault, lambda: few_rows_cluster_sum(fault), "not equal|Mismatch")
+
+
+def test_few_rows_cluster_sum_leaving_while_others_read_fails_the_bounds_check():
+    fault = Fault("cluster_barrier();      // no threadgroup leaves", "//")
+    expect_failure(fault, lambda: few_rows_cluster_sum(fault), OUTSIDE)
+
+
+def few_rows_cluster_sum(edit: Fault) -> None:
+    """The emulated few rows' split of 4 added in the cluster against the parts added in order."""
+    rng = np.random.default_rng(0x9C5)
+    qw = quant.quantized(quant.random(rng, (100, 448), dtypes.bfloat16, "CPU")[0], "affine", 64, 4)
+    x = quant.raw(quant.random(rng, (13, 448), dtypes.bfloat16, "CPU")[0].realize())
+    parts = quant.emulated_qmm_wgmma(x, qw, dtypes.bfloat16, qmv.RegisterTiles(16, 1, 4, 4))
+    got = quant.emulated_qmm_wgmma(x, qw, dtypes.bfloat16, qmv.RegisterTiles(16, 1, 4, 4, cluster_sum=True), edit=edit,
+                                   out_dtype=dtypes.float32)
+    np.testing.assert_array_equal(got, functools.reduce(lambda a, b: a + b, list(parts)))
+
+
 @functools.cache
 def qmm_case():
     return quant.qmm_inputs("affine", 64, 4, dtypes.bfloat16)

@@ -326,7 +326,7 @@ def emulated_qmm_wgmma(x: np.ndarray, qw, dtype, tiles, picks: np.ndarray | None
                        tile_starts: np.ndarray | None = None, out_dtype=None) -> np.ndarray:
     """y's raw values from the emulated qmm_wgmma (Hopper's warpgroup products computed by each
     thread from the swizzled tiles) for raw x `[M, K]` in `dtype` with `tiles` (RegisterTiles:
-    qmm_wgmma_rs, whose K split gives float32 parts `[k_split, M, N]`; ProducerTiles:
+    qmm_wgmma_rs, whose K split gives float32 parts `[k_split, M, N]` unless its cluster adds them; ProducerTiles:
     qmm_wgmma_ws); `out_dtype` float32: y in float32 (else x's dtype); `picks`: gathered,
     each row with its own weight batch of `qw` `[E, N, ...]`, over `tile_starts` where given (else
     `gather_tile_starts`'s table)."""
@@ -334,7 +334,8 @@ def emulated_qmm_wgmma(x: np.ndarray, qw, dtype, tiles, picks: np.ndarray | None
     n = qw.weight.shape[-2]
     make = (qmv.qmm_wgmma_rs_program if isinstance(tiles, qmv.RegisterTiles) else
             functools.partial(qmv.qmm_wgmma_ws_program, k=k) if isinstance(tiles, qmv.ProducerTiles) else qmv.qmm_wgmma_program)
-    parts = getattr(tiles, "k_split", 1)  # a K split: float32 parts [k_split, M, N] (`out_dtype` float32 too: one part)
+    # a K split: float32 parts [k_split, M, N] (`out_dtype` float32 too: one part), unless added in the cluster
+    parts = 1 if getattr(tiles, "cluster_sum", False) else getattr(tiles, "k_split", 1)
     out = dtypes.float32 if parts > 1 or out_dtype == dtypes.float32 else dtype
     kernel = edited(make(dtype, qw.scales.dtype, out, mode=qw.mode, group_size=qw.group_size, bits=qw.bits, tiles=tiles,
                          gather=picks is not None), edit)
@@ -442,6 +443,28 @@ def test_emulated_few_rows_split_k_into_parts_each_its_slices_product(mode, grou
     assert_rows_close("few rows, K split", total.astype(np.float64), want, TOL[dtype])
     whole = emulated_qmm_wgmma(raw(x_tensor), qw, dtype, qmv.RegisterTiles(planned.rows, 1, planned.stages))
     np.testing.assert_array_equal(whole, emulated_qmm_wgmma(raw(x_tensor), qw, dtype, qmv.QMM_WGMMA_SMALL))
+
+
+@pytest.mark.parametrize("mode, group, bits, dtype, rows, steps, split", FEW_ROWS_CASES, ids=str)
+def test_emulated_few_rows_parts_added_in_the_cluster_equal_the_parts_summed(mode, group, bits, dtype, rows, steps, split):
+    """The few rows' K split with its parts added in the kernel (`cluster_sum`: the tile's
+    threadgroups a cluster, each adding a share of the tile from every one's threadgroup memory):
+    y in x's dtype and in float32 equal, bit for bit, the float32 parts added in order then rounded
+    (`sum_parts`, what qmm does without the cluster). N = 100: a whole tile of 64 weight rows and a
+    part one, whose pieces of four columns past N are not stored."""
+    rng = np.random.default_rng(0x9C4)
+    n, k = 100, 64 * steps
+    qw = quantized(random(rng, (n, k), dtype, "CPU")[0], mode, group, bits)
+    x = raw(random(rng, (rows, k), dtype, "CPU")[0].realize())
+    planned = qmv.few_rows_tiles(rows, k, n)
+    parts = emulated_qmm_wgmma(x, qw, dtype, qmv.RegisterTiles(planned.rows, 1, planned.stages, split))
+    total = functools.reduce(lambda a, b: a + b, list(parts))  # in order, float32
+    clustered = qmv.RegisterTiles(planned.rows, 1, planned.stages, split, cluster_sum=True)
+    assert qmv.qmm_wgmma_rs_program(dtype, qw.scales.dtype, dtype, mode=mode, group_size=group, bits=bits,
+                                    tiles=clustered).cluster == (1, 1, split)
+    np.testing.assert_array_equal(emulated_qmm_wgmma(x, qw, dtype, clustered, out_dtype=dtypes.float32), total)
+    rounded = Tensor(total).cast(dtype).realize()
+    np.testing.assert_array_equal(emulated_qmm_wgmma(x, qw, dtype, clustered), raw(rounded))
 
 
 # qmm_wgmma_ws's cases: words two steps ahead (4 bits) and one (8), odd words (3 bits), each mode

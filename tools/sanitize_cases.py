@@ -599,14 +599,16 @@ if WARPGROUPS:
                   ("nvfp4", 16, 4, dtypes.bfloat16, 70, nuvec_quant.QMM_WGMMA_RS_SMALL))]
 
 # qmm_wgmma_rs's few rows: x rows within a 16-, 32- and 64-row product, N past a 64-row tile, K in
-# uneven parts (7 steps in 4) and even ones
+# uneven parts (7 steps in 4) and even ones, the parts added by the second kernel and in the cluster
 if WARPGROUPS:
     QUANT += [Case(f"qmm_wgmma_rs few rows {fmt(mode, group, bits)} {SHORT[dtype]} M{rows} K{64 * steps} N100 {tiles}",
                    ("nuvec_qmm_wgmma_rs",), unrouted_product(mode, group, bits, rows, 64 * steps, 100, dtype, nuvec_quant.qmm, tiles=tiles))
               for mode, group, bits, dtype, rows, steps, tiles in (
                   ("affine", 64, 4, dtypes.bfloat16, 9, 7, nuvec_quant.RegisterTiles(16, 1, 8, 4)),
                   ("mxfp4", 32, 4, dtypes.float16, 30, 8, nuvec_quant.RegisterTiles(32, 1, 8, 2)),
-                  ("affine", 128, 8, dtypes.bfloat16, 64, 8, nuvec_quant.RegisterTiles(64, 1, 4, 4)))]
+                  ("affine", 128, 8, dtypes.bfloat16, 64, 8, nuvec_quant.RegisterTiles(64, 1, 4, 4)),
+                  ("affine", 64, 4, dtypes.bfloat16, 9, 7, nuvec_quant.RegisterTiles(16, 1, 4, 4, cluster_sum=True)),
+                  ("mxfp4", 32, 4, dtypes.float16, 64, 8, nuvec_quant.RegisterTiles(64, 1, 4, 8, cluster_sum=True)))]
 
 # qmm_wgmma_ws by its tiles on Hopper: x rows past a tile, N past a 256- and a 128-column tile, K
 # past the buffers (7 steps: every buffer refilled)

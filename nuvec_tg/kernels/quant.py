@@ -107,12 +107,14 @@ class RegisterTiles(_WarpgroupGrid):
     """qmm_wgmma_rs's tiles (`src/qmm_wgmma_rs.h`, the product as its transpose): `rows` rows of x
     (16, 32, 64, 128 or 256, the warpgroup product's N; 16 with one warpgroup only) by 64 *
     `warpgroups` weight rows (outputs) a threadgroup, `stages` stage buffers of WGMMA_STEP k (STAGES
-    - 2 steps copied ahead); `k_split` threadgroups a tile, each a part of K (float32 partial sums
-    that `qmm` adds in order: the split is part of a row's bits)."""
+    - 2 steps copied ahead); `k_split` threadgroups a tile, each a part of K, whose float32 partial
+    sums are added in order (the split is part of a row's bits): in the kernel where `cluster_sum`
+    (the tile's threadgroups a cluster, 2 to 8 of them, CUDA sm_90), else by `qmm` (`sum_parts`)."""
     rows: int
     warpgroups: int
     stages: int
     k_split: int = 1
+    cluster_sum: bool = False
 
     @property
     def columns(self) -> int: return 64 * self.warpgroups
@@ -126,7 +128,9 @@ class RegisterTiles(_WarpgroupGrid):
         """The warpgroup product's N (a wave's cost in `wgmma_tiles`): the tile's rows of x."""
         return self.rows
 
-    def __str__(self) -> str: return f"wgmma-rs {self.rows}x{self.columns}/{self.stages}s" + (f"/k{self.k_split}" if self.k_split > 1 else "")
+    def __str__(self) -> str:
+        split = f"/k{self.k_split}{'c' if self.cluster_sum else ''}" if self.k_split > 1 else ""
+        return f"wgmma-rs {self.rows}x{self.columns}/{self.stages}s{split}"
 
 
 @dataclass(frozen=True)
@@ -782,6 +786,9 @@ FEW_ROWS_THREADGROUPS = 256
 FEW_ROWS_MIN_STEPS = 16
 FEW_ROWS_MAX_SPLIT = 8
 FEW_ROWS_STAGES = 4
+# Where a split's parts are added: in the kernel, the tile's threadgroups a cluster (`RegisterTiles`'
+# cluster_sum: no float32 parts in memory, no second kernel), or by a second kernel (`sum_parts`).
+FEW_ROWS_CLUSTER_SUM = False
 
 
 def few_rows_split(k: int, n: int) -> int:
@@ -796,8 +803,10 @@ def few_rows_split(k: int, n: int) -> int:
 
 def few_rows_tiles(rows: int, k: int, n: int) -> RegisterTiles:
     """qmm_wgmma_rs's tiles for 1 to FEW_ROWS rows: x's rows in 16, 32 or 64, one warpgroup,
-    FEW_ROWS_STAGES, `few_rows_split(k, n)` parts of K."""
-    return RegisterTiles(16 if rows <= 16 else 32 if rows <= 32 else 64, 1, FEW_ROWS_STAGES, few_rows_split(k, n))
+    FEW_ROWS_STAGES, `few_rows_split(k, n)` parts of K, added in a cluster where FEW_ROWS_CLUSTER_SUM."""
+    split = few_rows_split(k, n)
+    return RegisterTiles(16 if rows <= 16 else 32 if rows <= 32 else 64, 1, FEW_ROWS_STAGES, split,
+                         cluster_sum=FEW_ROWS_CLUSTER_SUM and split > 1)
 
 
 def takes_few_rows(rows: int, bits: int, batches: int) -> bool:
@@ -852,16 +861,20 @@ def qmm_wgmma_rs_program(x_dtype: DType, scales_dtype: DType, out_dtype: DType, 
     if bits not in QMM_WGMMA_RS_BITS: raise ValueError(f"qmm_wgmma_rs: {bits}-bit weights (it takes {QMM_WGMMA_RS_BITS})")
     if tiles.rows not in (16, 32, 64, 128, 256) or (tiles.rows == 16 and tiles.warpgroups != 1):
         raise ValueError(f"qmm_wgmma_rs: {tiles} (rows of x 16, 32, 64, 128 or 256; 16 with one warpgroup)")
-    if tiles.k_split > 1 and (gather or out_dtype != dtypes.float32):
+    if tiles.k_split > 1 and (gather or (out_dtype != dtypes.float32 and not tiles.cluster_sum)):
         raise ValueError(f"qmm_wgmma_rs: {tiles} writes float32 partial sums of a product without gathers")
+    if tiles.cluster_sum and not 2 <= tiles.k_split <= 8:
+        raise ValueError(f"qmm_wgmma_rs: {tiles} adds its parts in a cluster of 2 to 8 threadgroups")
     if (needed := qmm_wgmma_rs_bytes(tiles, bits)) > WGMMA_MAX_DYNAMIC:
         raise ValueError(f"qmm_wgmma_rs: {tiles} at {bits} bits takes {needed} bytes of threadgroup memory (at most {WGMMA_MAX_DYNAMIC})")
     defines = dict(TX=ctype(x_dtype), TS=ctype(scales_dtype), TY=ctype(out_dtype), BITS=bits, GROUP=group_size,
                    MODE=_MODES[mode], GATHER=int(gather), WARPGROUPS=tiles.warpgroups, BM=tiles.rows, BN=tiles.columns,
-                   BK=WGMMA_STEP, STAGES=tiles.stages, K_SPLIT=tiles.k_split, LOAD_WORDS=load_words(bits, 2 * bits))
+                   BK=WGMMA_STEP, STAGES=tiles.stages, K_SPLIT=tiles.k_split, SPLIT_SUM=int(tiles.cluster_sum),
+                   LOAD_WORDS=load_words(bits, 2 * bits))
     if clock_probe: defines["CLOCK_PROBE"] = 1
     params = _params(defines["TY"], defines["TX"], defines["TS"], mode, gather, tile_table=gather) + [Param("ints", "in", "int")]
-    return QMM_WGMMA_RS.program("cuda", defines, params, dynamic_bytes=qmm_wgmma_rs_bytes(tiles, bits))
+    return QMM_WGMMA_RS.program("cuda", defines, params, dynamic_bytes=qmm_wgmma_rs_bytes(tiles, bits),
+                                cluster=(1, 1, tiles.k_split) if tiles.cluster_sum else None)
 
 
 # qmm on Hopper's warpgroup products, warp-specialised (`src/qmm_wgmma_ws.h`): a producer warpgroup
@@ -973,8 +986,9 @@ def qmm(x: Tensor, weight: Tensor, scales: Tensor, biases: Tensor | None, *, mod
         tiles = tiles or qmm_hopper_tiles(rows, n, bits, target.multiprocessors, batches, mode, k=k)
         make = HOPPER_QMM[type(tiles)][1]
         if make is qmm_wgmma_ws_program: make = functools.partial(make, k=k)  # its scale loads follow K
-        parts = tiles.k_split if isinstance(tiles, RegisterTiles) else 1
-        if parts > k // WGMMA_STEP: raise ValueError(f"qmm: {tiles} splits K {k} into more parts than its {k // WGMMA_STEP} steps")
+        parts = tiles.k_split if isinstance(tiles, RegisterTiles) and not tiles.cluster_sum else 1  # float32 parts qmm adds
+        if getattr(tiles, "k_split", 1) > k // WGMMA_STEP:
+            raise ValueError(f"qmm: {tiles} splits K {k} into more parts than its {k // WGMMA_STEP} steps")
         kernel = make(x.dtype, scales.dtype, out_dtype if parts == 1 else dtypes.float32, mode=mode, group_size=group_size,
                       bits=bits, tiles=tiles, gather=gather)
         grid, threads = tiles.grid(rows, n), tiles.threads

@@ -28,9 +28,14 @@
 //
 // K_SPLIT > 1 (few rows, where the weight tiles alone would leave most multiprocessors idle):
 // threadgroup z of the grid's K_SPLIT takes the steps z * S / K_SPLIT .. (z + 1) * S / K_SPLIT - 1
-// of the S = K / BK, summed as above from zero, and writes its float32 partial sums (TY float) to
-// y's part z, `[K_SPLIT, M, N]`; the caller adds the parts in order 0, 1, .... So an element's
-// order comes from K and K_SPLIT alone, never from M.
+// of the S = K / BK, summed as above from zero, into float32 partial sums. Without SPLIT_SUM it
+// writes them (TY float) to y's part z, `[K_SPLIT, M, N]`, and the caller adds the parts in order
+// 0, 1, .... With SPLIT_SUM the tile's K_SPLIT threadgroups are one cluster (the launch's
+// `__cluster_dims__(1, 1, K_SPLIT)`; threadgroup z its rank z) and the kernel adds them: each puts
+// its sums in its threadgroup memory (`store_partial`), and after the cluster's barrier adds, for
+// its share of the tile, every threadgroup's sums in the same order 0, 1, ... (reading the others'
+// memory) and stores y, rounded once (`sum_cluster_parts`). Either way an element's order comes
+// from K and K_SPLIT alone, never from M, and the two give the same bits.
 //
 // Bounds. Rows of x past M (or outside the run) are zeros in the tiles and nothing is read for
 // them; weight rows past N are decoded from zero words (never read) with the first row's scales,
@@ -44,7 +49,7 @@
 //
 // Runtime sizes (the `ints` buffer): M, N, K (, the batches). Defines: TX (x; 16-bit), TS, TY, BITS
 // (2, 4, 8), GROUP, MODE, GATHER, WARPGROUPS, BM (16, 32, 64, 128, 256), BN (64 * WARPGROUPS), BK (64), K_SPLIT,
-// STAGES (at least 3), LOAD_WORDS (quant_codes.h's: a stage's chunk in vector loads), CLOCK_PROBE (optional, `tools/dequantize_probe.py
+// SPLIT_SUM (0 or 1), STAGES (at least 3), LOAD_WORDS (quant_codes.h's: a stage's chunk in vector loads), CLOCK_PROBE (optional, `tools/dequantize_probe.py
 // --clocks`: threadgroup (0, 0) writes its SIMD groups' clocks a part of the steps over y's first
 // words, as PROBE_MARK says), from `kernels/quant.py`, which launches 128 * WARPGROUPS threads with
 // STAGES * (BM * 128 + BN * 8 * BITS) + 1024 bytes of dynamic threadgroup memory over the grid
@@ -52,8 +57,8 @@
 // together, so w is read from memory about once.
 
 #if BK != 64 || BN != 64 * WARPGROUPS || (BM != 16 && BM != 32 && BM != 64 && BM != 128 && BM != 256) || STAGES < 3 || \
-    (BITS != 2 && BITS != 4 && BITS != 8) || K_SPLIT < 1 || (K_SPLIT > 1 && GATHER)
-#error "qmm_wgmma_rs.h: BK 64, BN 64 per warpgroup, BM 16-256, at least 3 stages, 2, 4 or 8 bits, K split without gathers"
+    (BITS != 2 && BITS != 4 && BITS != 8) || K_SPLIT < 1 || (K_SPLIT > 1 && GATHER) || (SPLIT_SUM && (K_SPLIT < 2 || K_SPLIT > 8))
+#error "qmm_wgmma_rs.h: BK 64, BN 64 per warpgroup, BM 16-256, at least 3 stages, 2, 4 or 8 bits, K split without gathers, summed in clusters of 2-8"
 #endif
 #define THREADS (128 * WARPGROUPS)
 #define ROW_BYTES 128                              // an x tile row: BK 16-bit elements
@@ -112,6 +117,48 @@ template <typename T> INLINE void store_transposed(const float* acc, DEVICE T* y
     store_row_pair(even ? acc[i] : given, even ? given : acc[i + 1], y + (size_t)row * n_size + column, column, n_size);
   }
 }
+
+#if SPLIT_SUM
+// A threadgroup's partial sums of its tile in its threadgroup memory (over the stages): BM rows of
+// x by BN weight rows, PARTIAL_STRIDE floats a row, so that a SIMD group's stores of one
+// accumulator (rows 2 (lane % 4) + const, columns lane / 4 + const) fall in 32 distinct banks.
+#define PARTIAL_STRIDE (BN + 4)
+#if STAGES * STAGE_BYTES < BM * PARTIAL_STRIDE * 4
+#error "qmm_wgmma_rs.h: the partial sums fit the stages"
+#endif
+// This thread's accumulators (`store_transposed`'s layout: accumulator i at x row 2 (lane % 4) +
+// 8 (i / 4) + i % 2 of the tile, weight row a_row + 8 ((i % 4) / 2)) into `partial`.
+INLINE void store_partial(const float* acc, float* partial, int a_row, int quad_lane) {
+#pragma unroll
+  for (int i = 0; i < ACCUMULATORS; i++)
+    partial[(2 * quad_lane + 8 * (i / 4) + i % 2) * PARTIAL_STRIDE + a_row + 8 * ((i % 4) / 2)] = acc[i];
+}
+// The cluster's K_SPLIT parts of this threadgroup's share of the tile (rank `rank`: the rank-th of
+// K_SPLIT even runs of its BM x BN / 4 pieces of four columns), added in order part 0, 1, ... (the
+// threadgroups' `partial`, read across the cluster) and stored into y [M, n_size] for the x rows
+// row_begin <= row < row_end (m_first the tile's first) and the columns below n_size, rounded once.
+INLINE void sum_cluster_parts(const float* partial, int rank, DEVICE TY* y, int m_first, int n_first, int row_begin,
+                              int row_end, int n_size, int thread_id) {
+  const int pieces = BM * BN / 4, first = rank * pieces / K_SPLIT, end = (rank + 1) * pieces / K_SPLIT;
+  for (int piece = first + thread_id; piece < end; piece += THREADS) {
+    const int row = m_first + piece / (BN / 4), column = 4 * (piece % (BN / 4));
+    if (row < row_begin || row >= row_end) continue;
+    const float* at = partial + (row - m_first) * PARTIAL_STRIDE + column;
+    float4 total = cluster_load4(at, 0);
+#pragma unroll
+    for (int part = 1; part < K_SPLIT; part++) {
+      const float4 sums = cluster_load4(at, part);
+      total.x += sums.x;
+      total.y += sums.y;
+      total.z += sums.z;
+      total.w += sums.w;
+    }
+    DEVICE TY* out = y + (size_t)row * n_size + n_first + column;
+    store_row_pair(total.x, total.y, out, n_first + column, n_size);
+    store_row_pair(total.z, total.w, out + 2, n_first + column + 2, n_size);
+  }
+}
+#endif
 
 // Where this lane's pair of codes of part p (codes 8 p .. 8 p + 7 of a chunk; the A fragment's k
 // 2 c, 2 c + 1, c = lane % 4) sits: bit BITS (8 p + 2 c) of the chunk, so word PART_WORD(p) (+ c / 2
@@ -172,7 +219,9 @@ INLINE void hold_fragment(uint (*a)[4]) {
 #if K_SPLIT > 1
   const int split = (int)nv_group.z, step_first = split * (k_size / BK) / K_SPLIT;
   const int steps = (split + 1) * (k_size / BK) / K_SPLIT - step_first;
+#if !SPLIT_SUM
   y += (size_t)split * m_size * n_size;
+#endif
 #else
   const int step_first = 0, steps = k_size / BK;
 #endif
@@ -330,8 +379,16 @@ INLINE void hold_fragment(uint (*a)[4]) {
     hold_fragment(a[1]);
     async_wait(0);  // only empty groups are left: none outlives the run
 
+#if SPLIT_SUM
+    threadgroup_barrier();  // every warpgroup's products are done with the stages the sums go over
+    store_partial(acc, (float*)stages, a_row, quad_lane);
+    cluster_barrier();      // every part's sums in place, seen across the cluster
+    sum_cluster_parts((const float*)stages, split, y, m_first, n_first, run_start, run_end, n_size, thread_id);
+    cluster_barrier();      // no threadgroup leaves while another reads its memory
+#else
     store_transposed(acc, y, m_first + 2 * quad_lane, n_first + a_row, lane, run_start, run_end, n_size);
     threadgroup_barrier();  // every thread is done with the stages before the next run fills them
+#endif
 #if CLOCK_PROBE
     // Over the stores: each SIMD group's parts, then its clocks from the main loop's start to here.
     if (nv_group.x == 0 && nv_group.y == 0 && lane == 0 && run_start == m_first) {
