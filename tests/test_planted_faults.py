@@ -267,7 +267,7 @@ def test_few_rows_cluster_sum_faults_fail_its_comparison(fault_name):
 
 
 def test_few_rows_cluster_sum_leaving_while_others_read_fails_the_bounds_check():
-    fault = Fault("cluster_barrier();      // no threadgroup leaves", "//")
+    fault = Fault("cluster_barrier_relaxed();  // no threadgroup leaves", "//")
     expect_failure(fault, lambda: few_rows_cluster_sum(fault), OUTSIDE)
 
 

@@ -59,6 +59,7 @@ void mma_emulated(float* acc, const uint* a, uint b0, uint b1, bool bf16);
 void simd_barrier();
 void emulated_yield();  // the running thread waits: the next one that can runs
 void cluster_barrier();  // every thread of the cluster's threadgroups (`run`)
+inline void cluster_barrier_relaxed() { cluster_barrier(); }  // the emulator orders everything
 float4 cluster_load4(const float* at, int rank);  // threadgroup `rank` of the cluster's 16 bytes at `at`
 
 inline float simd_sum(float x) {

@@ -120,10 +120,16 @@ INLINE void stage_wait(unsigned long long* bar, int parity) {
 }
 // Clusters (CUDA-only kernels launched with `__cluster_dims__`, sm_90): `cluster_barrier` waits for
 // every thread of the cluster's threadgroups, each one's earlier threadgroup-memory writes then
-// visible to all; `cluster_load4` reads the 16 bytes at `at` (16-byte aligned) of the threadgroup
-// of rank `rank` in the cluster, where its array has the place this threadgroup's has here.
+// visible to all; `cluster_barrier_relaxed` waits for them without ordering any memory (so without
+// waiting for this thread's stores to device memory): for a threadgroup not to leave while another
+// reads its memory, where the reads' values were used before the barrier. `cluster_load4` reads
+// the 16 bytes at `at` (16-byte aligned) of the threadgroup of rank `rank` in the cluster, where
+// its array has the place this threadgroup's has here.
 INLINE void cluster_barrier() {
   asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+INLINE void cluster_barrier_relaxed() {
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n\tbarrier.cluster.wait.aligned;" ::: "memory");
 }
 INLINE float4 cluster_load4(const float* at, int rank) {
   unsigned remote;

@@ -384,7 +384,7 @@ INLINE void hold_fragment(uint (*a)[4]) {
     store_partial(acc, (float*)stages, a_row, quad_lane);
     cluster_barrier();      // every part's sums in place, seen across the cluster
     sum_cluster_parts((const float*)stages, split, y, m_first, n_first, run_start, run_end, n_size, thread_id);
-    cluster_barrier();      // no threadgroup leaves while another reads its memory
+    cluster_barrier_relaxed();  // no threadgroup leaves while another reads its memory
 #else
     store_transposed(acc, y, m_first + 2 * quad_lane, n_first + a_row, lane, run_start, run_end, n_size);
     threadgroup_barrier();  // every thread is done with the stages before the next run fills them
