@@ -131,6 +131,17 @@ def test_the_route_dequantizes_from_its_rows_on_hopper_only():
     assert route(kernel.DEQUANTIZED_NARROW_ROWS, 4096, hopper, n=kernel.DEQUANTIZED_NARROW_N) == ("qmm_dequantized", None)
     assert route(kernel.DEQUANTIZED_NARROW_ROWS - 1, 4096, hopper, n=kernel.DEQUANTIZED_NARROW_N) == ("qmm", None)
     assert route(kernel.DEQUANTIZED_NARROW_ROWS, 4096, hopper, n=kernel.DEQUANTIZED_NARROW_N + 1) == ("qmm", None)
+    # ... except from DEQUANTIZED_NARROW_WS_ROWS to DEQUANTIZED_WS_ROWS in qmm_wgmma_ws's formats: its two producers
+    narrow_ws = kernel.DEQUANTIZED_NARROW_WS_ROWS
+    for rows, k, want in ((narrow_ws - 1, 4096, "qmm_dequantized"), (narrow_ws, 4096, "qmm"), (narrow_ws, 14336, "qmm"),
+                          (kernel.DEQUANTIZED_WS_ROWS, 4096, "qmm_dequantized")):
+        expected = want if kernel.QMM_WGMMA_WS_ROUTED else "qmm_dequantized"
+        assert route(rows, k, hopper, n=kernel.DEQUANTIZED_NARROW_N) == (expected, None), (rows, k)
+    assert route(narrow_ws, 4096, hopper, n=kernel.DEQUANTIZED_NARROW_N, bits=3) == ("qmm_dequantized", None)  # not ws's
+    if kernel.QMM_WGMMA_WS_ROUTED:
+        for n in (1000, kernel.DEQUANTIZED_NARROW_N):
+            assert kernel.qmm_hopper_tiles(narrow_ws, n, 4, 132, k=4096) == kernel.QMM_WGMMA_WS_TWO_PRODUCERS
+        assert kernel.qmm_hopper_tiles(narrow_ws, kernel.DEQUANTIZED_NARROW_N + 1, 4, 132, k=4096) != kernel.QMM_WGMMA_WS_TWO_PRODUCERS
     assert route(4096, 4096 + 32, hopper) == ("qmm", None)  # K not whole steps of 64: qmm.h, as qmm_wgmma's rule
     assert route(4096, 4096, ampere) == ("qmm", None)
     # untransposed w [K, N]: past qvm's rows, dequantized on Hopper (no other kernel takes them)

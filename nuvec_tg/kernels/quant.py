@@ -890,9 +890,12 @@ QMM_WGMMA_WS_ROUTED = True
 QMM_WGMMA_WS_SMALL = ProducerTiles(1, 256, 4, producers=2)
 QMM_WGMMA_WS_LARGE = ProducerTiles(2, 256, 4)
 QMM_WGMMA_WS_NARROW = ProducerTiles(2, 128, 4)  # where 128 x 256 tiles' waves cost more (`wgmma_tiles`)
+# Two producer warpgroups for two consumers over 128 x 128 tiles: where N is at most
+# DEQUANTIZED_NARROW_N, from DEQUANTIZED_NARROW_WS_ROWS rows (`qmm_wgmma_ws_plan`).
+QMM_WGMMA_WS_TWO_PRODUCERS = ProducerTiles(2, 128, 4, producers=2)
 QMM_WGMMA_WS_SHAPES = (QMM_WGMMA_WS_LARGE, ProducerTiles(2, 256, 3), QMM_WGMMA_WS_NARROW,
                        ProducerTiles(2, 128, 6), ProducerTiles(1, 256, 4), QMM_WGMMA_WS_SMALL, ProducerTiles(1, 128, 6),
-                       ProducerTiles(2, 128, 4, producers=2))  # two producers for two consumers: not routed
+                       QMM_WGMMA_WS_TWO_PRODUCERS)
 
 
 def qmm_wgmma_ws_bytes(tiles: ProducerTiles, bits: int = 0) -> int:
@@ -902,9 +905,11 @@ def qmm_wgmma_ws_bytes(tiles: ProducerTiles, bits: int = 0) -> int:
 
 
 def qmm_wgmma_ws_plan(rows: int, n: int, multiprocessors: int | None = None) -> ProducerTiles:
-    """qmm_wgmma_ws's tiles for M rows and N columns: QMM_WGMMA_WS_SMALL up to 64 rows, else
-    QMM_WGMMA_WS_LARGE or QMM_WGMMA_WS_NARROW, whichever's waves cost less (`wgmma_tiles`, as
-    qmm_wgmma's plan). Any shape gives the same bits."""
+    """qmm_wgmma_ws's tiles for M rows and N columns: QMM_WGMMA_WS_SMALL up to 64 rows;
+    QMM_WGMMA_WS_TWO_PRODUCERS from DEQUANTIZED_NARROW_WS_ROWS rows where N is at most
+    DEQUANTIZED_NARROW_N; else QMM_WGMMA_WS_LARGE or QMM_WGMMA_WS_NARROW, whichever's waves cost
+    less (`wgmma_tiles`, as qmm_wgmma's plan). Any shape gives the same bits."""
+    if n <= DEQUANTIZED_NARROW_N and rows >= DEQUANTIZED_NARROW_WS_ROWS: return QMM_WGMMA_WS_TWO_PRODUCERS
     return wgmma_tiles(rows, n, multiprocessors, QMM_WGMMA_WS_SMALL, (QMM_WGMMA_WS_LARGE, QMM_WGMMA_WS_NARROW), 64)
 
 
@@ -1041,6 +1046,11 @@ DEQUANTIZED_NARROW_ROWS, DEQUANTIZED_NARROW_N = 128, 4096
 # DEQUANTIZED_NARROW_N: qmm_wgmma_ws is faster at 512 rows and slower at 1024 (H100, its scales in
 # vectors: 164.7 µs against the route's 180.1 at M 512 K 4096 N 14336; 353.9 against 278.8 at M 1024).
 DEQUANTIZED_WS_ROWS = 513
+# Where N is at most DEQUANTIZED_NARROW_N, from this many rows (a prefill chunk's) to
+# DEQUANTIZED_WS_ROWS, qmm_wgmma_ws's formats run its two-producer tiles rather than the route:
+# at 512 rows 11% faster at K 4096 and K 14336 (H100, `quant_h200.md`, session 54's sweep); at
+# 128-256 rows the route beat one producer by 10-14%, and 257-511 rows are not timed.
+DEQUANTIZED_NARROW_WS_ROWS = 512
 
 
 def dequantize_unsupported(scales_dtype: DType, out_dtype: DType, rows: int, k: int, target: Target) -> str | None:
@@ -1106,9 +1116,13 @@ def takes_dequantized(rows: int, k: int, n: int, target: Target, mode: str, bits
     """Whether a product that qmm would take runs as `dequantize`, then gemm_wgmma: where qmm_wgmma
     would run (`takes_qmm_wgmma`), from DEQUANTIZED_ROWS rows (DEQUANTIZED_WS_ROWS in the formats
     qmm_wgmma_ws takes, `takes_qmm_wgmma_ws`), or from DEQUANTIZED_NARROW_ROWS where N is at most
-    DEQUANTIZED_NARROW_N. All sum each output's products in steps of 16 k in increasing order into
-    one float32 accumulator over the same rounded weights, so the row count, N and the format may
-    choose between them: a row's bits are the same either way."""
-    wide = DEQUANTIZED_WS_ROWS if takes_qmm_wgmma_ws(mode, bits) else DEQUANTIZED_ROWS
-    enough = rows >= (DEQUANTIZED_NARROW_ROWS if n <= DEQUANTIZED_NARROW_N else wide)
+    DEQUANTIZED_NARROW_N, except from DEQUANTIZED_NARROW_WS_ROWS to DEQUANTIZED_WS_ROWS in
+    qmm_wgmma_ws's formats (its two-producer tiles). All sum each output's products in steps of 16
+    k in increasing order into one float32 accumulator over the same rounded weights, so the row
+    count, N and the format may choose between them: a row's bits are the same either way."""
+    ws = takes_qmm_wgmma_ws(mode, bits)
+    if n <= DEQUANTIZED_NARROW_N:
+        enough = rows >= DEQUANTIZED_NARROW_ROWS and not (ws and DEQUANTIZED_NARROW_WS_ROWS <= rows < DEQUANTIZED_WS_ROWS)
+    else:
+        enough = rows >= (DEQUANTIZED_WS_ROWS if ws else DEQUANTIZED_ROWS)
     return enough and takes_qmm_wgmma(k, target)
