@@ -119,6 +119,26 @@ def test_a_family_of_its_own_architecture_says_so_in_its_cuda_programs():
     assert set(wgmma) == {"nuvec_gemm_wgmma", "nuvec_qmm_wgmma", "nuvec_qmm_wgmma_rs", "nuvec_qmm_wgmma_ws", "nuvec_sdpa_prefill_wgmma"} and all(f.backends == ("cuda",) for f in wgmma.values())
 
 
+def test_a_program_in_clusters_names_them_in_its_signature_and_launches_only_over_whole_clusters():
+    """A CUDA program whose threadgroups work as clusters carries them (`Program.cluster`) and its
+    signature fixes them at compile time (`__cluster_dims__`), so a plain launch runs them; Metal
+    has none; `launch` refuses a grid the clusters do not divide before compiling anything."""
+    params = [Param("y", "out", "float"), Param("ints", "in", "int")]
+    family = Family("nuvec_test_only", ("sdpa_merge.h",), lambda *a: None, lambda *a: None, ("cuda", "metal"))
+    try:
+        clustered = family.program("cuda", {}, params, cluster=(1, 1, 4))
+        assert clustered.cluster == (1, 1, 4) and f"__cluster_dims__(1, 1, 4) {clustered.name}(" in clustered.text
+        plain = family.program("cuda", {}, params)
+        assert plain.cluster is None and "__cluster_dims__" not in plain.text and plain.name != clustered.name
+        with pytest.raises(ValueError, match="clusters of threadgroups are CUDA's"):
+            family.program("metal", {}, params, cluster=(2, 1, 1))
+    finally:
+        FAMILIES.pop()   # the test's own family
+    y, ints = Tensor.empty(4, dtype=dtypes.float32), Tensor([1], dtype=dtypes.int32)
+    with pytest.raises(ValueError, match=r"a grid of \(1, 1, 6\) threadgroups in clusters of \(1, 1, 4\)"):
+        launch(clustered, "CPU", [y], [ints], (1, 1, 6), 32)
+
+
 def test_every_family_is_registered_once():
     stems = [f.stem for f in FAMILIES]
     assert sorted(stems) == sorted(set(stems))

@@ -2,6 +2,7 @@
 every affine width and floating-point mode, x dtypes and scale dtypes, 1-8 rows, N and K at the
 kernel's boundaries (N not a multiple of a SIMD group's columns, K not a multiple of a SIMD step,
 nvfp4's K = 16 mod 32, K split across SIMD groups); each row's bits equal to a one-row launch's."""
+import dataclasses
 import functools
 
 import numpy as np
@@ -465,6 +466,9 @@ def test_emulated_few_rows_parts_added_in_the_cluster_equal_the_parts_summed(mod
     np.testing.assert_array_equal(emulated_qmm_wgmma(x, qw, dtype, clustered, out_dtype=dtypes.float32), total)
     rounded = Tensor(total).cast(dtype).realize()
     np.testing.assert_array_equal(emulated_qmm_wgmma(x, qw, dtype, clustered), raw(rounded))
+    for bad in (dataclasses.replace(clustered, k_split=1), dataclasses.replace(clustered, k_split=16)):  # a cluster holds 2 to 8
+        with pytest.raises(ValueError, match="cluster of 2 to 8"):
+            qmv.qmm_wgmma_rs_program(dtype, qw.scales.dtype, dtype, mode=mode, group_size=group, bits=bits, tiles=bad)
 
 
 # qmm_wgmma_ws's cases: words two steps ahead (4 bits) and one (8), odd words (3 bits), each mode
