@@ -63,7 +63,8 @@ def weight_sets(k: int, n: int, fmt: dict = COMMON) -> tuple[int, list[tuple[Ten
 def few_rows_variants(rows: int, k: int, n: int, bits: int) -> tuple[qk.RegisterTiles, ...]:
     """The few rows' plan (`few_rows_tiles`) first, then its tiles at each other K split and stage count."""
     planned = qk.few_rows_tiles(rows, k, n)
-    others = [dataclasses.replace(planned, k_split=s) for s in (1, 2, 4, 8) if s != planned.k_split]
+    others = [dataclasses.replace(planned, k_split=s, cluster_sum=planned.cluster_sum and s > 1)  # a cluster of 2 or more
+              for s in (1, 2, 4, 8) if s != planned.k_split]
     others += [dataclasses.replace(planned, stages=s) for s in (4, 6, 8, 12) if s != planned.stages and
                qk.qmm_wgmma_rs_bytes(dataclasses.replace(planned, stages=s), bits) <= qk.WGMMA_MAX_DYNAMIC]
     return (planned, *others)

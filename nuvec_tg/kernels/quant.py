@@ -991,9 +991,9 @@ def qmm(x: Tensor, weight: Tensor, scales: Tensor, biases: Tensor | None, *, mod
         tiles = tiles or qmm_hopper_tiles(rows, n, bits, target.multiprocessors, batches, mode, k=k)
         make = HOPPER_QMM[type(tiles)][1]
         if make is qmm_wgmma_ws_program: make = functools.partial(make, k=k)  # its scale loads follow K
-        parts = tiles.k_split if isinstance(tiles, RegisterTiles) and not tiles.cluster_sum else 1  # float32 parts qmm adds
-        if getattr(tiles, "k_split", 1) > k // WGMMA_STEP:
-            raise ValueError(f"qmm: {tiles} splits K {k} into more parts than its {k // WGMMA_STEP} steps")
+        split = tiles.k_split if isinstance(tiles, RegisterTiles) else 1
+        if split > k // WGMMA_STEP: raise ValueError(f"qmm: {tiles} splits K {k} into more parts than its {k // WGMMA_STEP} steps")
+        parts = 1 if split == 1 or tiles.cluster_sum else split  # float32 parts that qmm adds (`sum_parts`)
         kernel = make(x.dtype, scales.dtype, out_dtype if parts == 1 else dtypes.float32, mode=mode, group_size=group_size,
                       bits=bits, tiles=tiles, gather=gather)
         grid, threads = tiles.grid(rows, n), tiles.threads
