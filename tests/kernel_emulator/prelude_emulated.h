@@ -148,14 +148,26 @@ inline void stage_wait(unsigned long long* bar, int parity) {
   while ((__atomic_load_n(bar, __ATOMIC_SEQ_CST) >> 32 & 1) == (unsigned long long)parity) emulated_yield();
 }
 // fma.rn.bf16x2 / f16x2: each half's a · b + c exactly (in double: a product of two 16-bit values
-// and a 16-bit addend fit unless their exponents are far apart), then rounded once to T.
+// and a 16-bit addend fit unless their exponents are far apart), then rounded once to T. A bfloat
+// goes through float: where that rounding lands on a bfloat tie that the exact value is not, the
+// tie is moved a float ulp towards the exact value first, so the second rounding goes its way.
 template <typename T> inline uint fma_pairs_emulated(uint a, uint b, uint c) {
   T in[3][2], out[2];
   std::memcpy(in[0], &a, 4); std::memcpy(in[1], &b, 4); std::memcpy(in[2], &c, 4);
   for (int i = 0; i < 2; i++) {
     const double exact = (double)to_float(in[0][i]) * (double)to_float(in[1][i]) + (double)to_float(in[2][i]);
-    if constexpr (__is_same(T, half)) out[i] = (half)exact;
-    else from_float((float)exact, &out[i]);
+    if constexpr (__is_same(T, half)) {
+      out[i] = (half)exact;
+    } else {
+      float rounded = (float)exact;
+      uint bits;
+      std::memcpy(&bits, &rounded, 4);
+      if ((bits & 0xFFFFu) == 0x8000u && (double)rounded != exact) {
+        bits += __builtin_fabs(exact) > __builtin_fabs((double)rounded) ? 1 : -1;  // away from or towards zero
+        std::memcpy(&rounded, &bits, 4);
+      }
+      from_float(rounded, &out[i]);
+    }
   }
   uint word;
   std::memcpy(&word, out, 4);

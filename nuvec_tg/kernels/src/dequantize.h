@@ -10,15 +10,16 @@
 //   affine:                 y = TY(fma(scale, q, bias))
 //   floating-point modes:   y = TY((q * FP_FACTOR) * scale)   (q the code's value / FP_FACTOR,
 //                           so the code's value times the scale, rounded once: `scale_codes`)
-// qmm_wgmma.h's dequantization into its w tiles, rounded the same way, so a product over these rows
-// on the same warpgroup steps has qmm_wgmma's bits.
+// PAIRS (CUDA, 4-bit affine codes, TS = TY of 16 bits): the fma in TY, rounded once, two codes at a
+// time (`quant_codes.h`). qmm_wgmma.h's dequantization into its w tiles, rounded the same way, so a
+// product over these rows on the same warpgroup steps has qmm_wgmma's bits.
 //
 // Bounds: a piece past the last does nothing; a K that is not a multiple of 32 (nvfp4's groups of
 // 16) ends each row in a half chunk, whose second half is neither read nor written.
 //
 // Defines: TS (scales: the dtype, or uchar for the floating-point modes), TY, BITS, GROUP, MODE,
 // LOAD_WORDS (`quant_codes.h`), THREADS, PIECES, CHUNK_Y and Y_CHUNKS (how a piece of 8 values is
-// written). Runtime integers (`ints`): R, K, SPAN (the grid's threadgroups times THREADS).
+// written), PAIRS. Runtime integers (`ints`): R, K, SPAN (the grid's threadgroups times THREADS).
 
 /* kernel */
   const int rows = ints[0], k = ints[1];
@@ -51,8 +52,15 @@
 #pragma unroll
   for (int i = 0; i < PIECES; i++) {
     if (!live[i]) continue;
+#if PAIRS
+    TY scale_y, bias_y;  // exact: TS is TY
+    from_float(scale[i], &scale_y);
+    from_float(bias[i], &bias_y);
+    *(DEVICE uint4*)(y + row[i] * k + chunk[i] * 32 + part[i] * 8) = affine_part_pairs<TY>(words[i][part[i]], both_halves(scale_y), both_halves(bias_y));
+#else
     float q[8];
     decode_part(words[i], part[i], q);
     scale_codes(q, 8, scale[i], bias[i]);
     STORE_PIECE(CHUNK_Y, Y_CHUNKS, TY, q, y + row[i] * k + chunk[i] * 32 + part[i] * 8)
+#endif
   }

@@ -9,7 +9,7 @@
 // them: the prelude's layout) and the weight rows' packed words (BN x 2 BITS words) are copied
 // (cp.async) into one of STAGES stage buffers, STAGES - 2 steps ahead. At step s the threads
 // dequantize the step's words (scale · code + bias, or the floating-point modes' code · scale, the
-// scales read a step ahead) into w tile s % 2 in x's type (MLX's rounding), in the same swizzled
+// scales read a step ahead) into w tile s % 2 in x's type (rounded once: `store_tile_part`), in the same swizzled
 // layout, while the tensor cores still run step s - 1's products; then each warpgroup issues step
 // s's four wgmma of 16 k as one group and waits for step s - 1's. So the buffers refilled at step s
 // (stage s - 2, w tile s % 2) are those step s - 2 read, which every warpgroup has waited for before
@@ -31,7 +31,7 @@
 //
 // Runtime sizes (the `ints` buffer): M, N, K (, the batches). Defines: TX (x; 16-bit), TS, TY, BITS,
 // GROUP, MODE, GATHER, WARPGROUPS, BM, BN (128 or 256), BK (64), STAGES (at least 3), COPY_BYTES
-// (the words' copies: 16 for an even BITS, else 8), from `kernels/quant.py`, which launches 128 *
+// (the words' copies: 16 for an even BITS, else 8), PAIRS (quant_codes.h), from `kernels/quant.py`, which launches 128 *
 // WARPGROUPS threads with STAGES * (BM * 128 + BN * 8 * BITS) + 2 * BN * 128 + 1024 bytes of dynamic
 // threadgroup memory over the grid (row tiles, column tiles).
 

@@ -23,8 +23,8 @@
 // which every warpgroup has waited for before step s's barrier.
 //
 // Bits. Every element of y sums its K products in steps of 16 along K in increasing order into one
-// float32 accumulator, the weights rounded to TX first (`scale_codes`, as qmm_wgmma.h and
-// dequantize.h round them), whatever BM, BN, STAGES, the grid or M.
+// float32 accumulator, the weights rounded to TX first (`scale_codes`, or PAIRS' `affine_code_pair`,
+// as qmm_wgmma.h and dequantize.h round them), whatever BM, BN, STAGES, the grid or M.
 //
 // K_SPLIT > 1 (few rows, where the weight tiles alone would leave most multiprocessors idle):
 // threadgroup z of the grid's K_SPLIT takes the steps z * S / K_SPLIT .. (z + 1) * S / K_SPLIT - 1
@@ -49,7 +49,7 @@
 //
 // Runtime sizes (the `ints` buffer): M, N, K (, the batches). Defines: TX (x; 16-bit), TS, TY, BITS
 // (2, 4, 8), GROUP, MODE, GATHER, WARPGROUPS, BM (16, 32, 64, 128, 256), BN (64 * WARPGROUPS), BK (64), K_SPLIT,
-// SPLIT_SUM (0 or 1), STAGES (at least 3), LOAD_WORDS (quant_codes.h's: a stage's chunk in vector loads), CLOCK_PROBE (optional, `tools/dequantize_probe.py
+// SPLIT_SUM (0 or 1), STAGES (at least 3), LOAD_WORDS (quant_codes.h's: a stage's chunk in vector loads), PAIRS (quant_codes.h), CLOCK_PROBE (optional, `tools/dequantize_probe.py
 // --clocks`: threadgroup (0, 0) writes its SIMD groups' clocks a part of the steps over y's first
 // words, as PROBE_MARK says), from `kernels/quant.py`, which launches 128 * WARPGROUPS threads with
 // STAGES * (BM * 128 + BN * 8 * BITS) + 1024 bytes of dynamic threadgroup memory over the grid
@@ -186,9 +186,15 @@ INLINE void dequantize_fragment(const unsigned char* words, int a_row, int lane_
 #else
         const uint word = chunk[PART_WORD(p)];
 #endif
+        const int g = p * SCALES_PER_CHUNK / 4;  // the part's group of the chunk
+#if PAIRS
+        // the pair's second code to the high half's low bits (`affine_code_pair`)
+        const uint codes = word >> (PART_SHIFT(p) + lane_shift);
+        a[2 * j + p / 2][2 * (p % 2) + h] = affine_code_pair<TX>(low_halves(codes, codes >> 4), both_halves(scale_raw[2 * h + j][g]),
+                                                                 both_halves(bias_raw[2 * h + j][g]));
+#else
         float q[2];
         decode_pair(word >> (PART_SHIFT(p) + lane_shift), q);
-        const int g = p * SCALES_PER_CHUNK / 4;  // the part's group of the chunk
         const float scale = group_scale(scale_raw[2 * h + j][g]);
 #if MODE == 0
         scale_codes(q, 2, scale, to_float(bias_raw[2 * h + j][g]));
@@ -196,6 +202,7 @@ INLINE void dequantize_fragment(const unsigned char* words, int a_row, int lane_
         scale_code_values(q, 2, scale);
 #endif
         a[2 * j + p / 2][2 * (p % 2) + h] = pack_pair(q[0], q[1], TX());
+#endif
       }
     }
   }

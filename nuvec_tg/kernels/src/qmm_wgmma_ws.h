@@ -16,7 +16,7 @@
 //   each thread one chunk (32 codes) of ROWS weight rows, the two threads of a lane pair the two
 //   chunks of the same rows: a warp's loads of a step then touch 16 rows' lines, not 32 (the
 //   producer's loads queue behind the L1's tag lookups, one a line an instruction: quant_h200.md),
-//   decoded (scale · code + bias, or the floating-point modes' code · scale; MLX's rounding, as
+//   decoded (scale · code + bias, or the floating-point modes' code · scale; rounded once, as
 //   qmm_wgmma.h) into the buffer's w tile in x's type.
 // Two staging barriers a buffer (the prelude's mbarrier) order them: `full` completes when every
 // producer thread has written the step (its copies waited for, then the async-proxy fence, so that
@@ -44,7 +44,7 @@
 // Runtime sizes (the `ints` buffer): M, N, K (, the batches). Defines: TX (x; 16-bit), TS, TY, BITS,
 // GROUP, MODE, GATHER, WARPGROUPS, PRODUCERS (1 or 2), BM, BN (128 or 256), BK (64), STAGES (at least
 // 3), LOAD_WORDS, PRODUCER_REGISTERS and CONSUMER_REGISTERS (0: unchanged), SCALE_VECTORS (1: K / GROUP a
-// multiple of 4, scales a vector load), from `kernels/quant.py`,
+// multiple of 4, scales a vector load), PAIRS (quant_codes.h), from `kernels/quant.py`,
 // which launches 128 * (WARPGROUPS + PRODUCERS) threads with STAGES * ((BM + BN) * 128 + 16) + 1024
 // bytes of dynamic threadgroup memory over the grid (row tiles, column tiles).
 

@@ -16,7 +16,8 @@
 // Weights. Each code is decoded exactly (`decode_part`), scaled once in float32 (`scale_codes`:
 // fma(scale, q, bias), or q times the scale), and rounded to x's type: the weights qmm and the
 // dequantized route multiply (qmm.h, dequantize.h). PAIRS (4-bit affine codes with scales of x's
-// type) computes the same fma in x's type, rounded once, two codes at a time (below).
+// type) computes the same fma in x's type, rounded once, two codes at a time (`quant_codes.h`), as
+// the Hopper products and the dequantized route do.
 //
 // Sums. A SIMD group accumulates its units in increasing order in the mma's float32 C; the K_SPLIT
 // SIMD groups of a threadgroup take the units in turn (group s: units s, s + K_SPLIT, ...) and
@@ -43,19 +44,8 @@
 #define UNITS ((CHUNKS + 3) / 4)
 
 #if PAIRS
-// PAIRS (4-bit affine codes, scales and biases of x's type): a word's codes j and j + 4 (j = 0..3)
-// decoded two at a time in x's type: (word >> 4j) & 0x000F000F with the exponent bits of 2^7
-// (bfloat) or 2^10 (half) is 2^7 + q per half, less 2^7 (an exact fma) is q, and fma(q, scale,
-// bias) is the weight rounded once (where the float32 fma is exact, as it is unless the scale and
-// bias are 2^12 apart, the general path's value: that fma, then the rounding). A step takes the
-// pairs of codes (j, j + 4) as its k 2c, 2c + 1, and x's values at those codes come from its
-// words by one byte permute a pair.
-INLINE uint pair_magic(bfloat) { return 0x43004300u; }      // 2^7, both halves
-INLINE uint pair_magic(half) { return 0x64006400u; }        // 2^10
-INLINE uint pair_one(bfloat) { return 0x3F803F80u; }
-INLINE uint pair_one(half) { return 0x3C003C00u; }
-INLINE uint pair_minus_magic(bfloat) { return 0xC300C300u; }
-INLINE uint pair_minus_magic(half) { return 0xE400E400u; }
+// PAIRS (`quant_codes.h`): a step takes a word's codes j and j + 4 (j = 0..3, `affine_code_pair`) as
+// its k 2c, 2c + 1, and x's values at those codes come from its words by one byte permute a pair.
 #endif
 
 // The mma for x's 16-bit type.
@@ -121,10 +111,7 @@ INLINE void unit_round(int unit, int g, int c, const int* columns, const DEVICE 
           const uint scale2 = scale | scale << 16, bias2 = bias | bias << 16;
           uint w2[4];
           #pragma unroll
-          for (int j = 0; j < 4; j++) {
-            const uint q2 = fma_pairs(mask_or(word >> (4 * j), 0x000F000Fu, pair_magic(TX())), pair_one(TX()), pair_minus_magic(TX()), TX());
-            w2[j] = fma_pairs(q2, scale2, bias2, TX());
-          }
+          for (int j = 0; j < 4; j++) w2[j] = affine_code_pair<TX>(word >> (4 * j), scale2, bias2);
           a[0][r] = w2[0]; a[0][r + 2] = w2[1]; a[1][r] = w2[2]; a[1][r + 2] = w2[3];
         }
 #else

@@ -83,6 +83,47 @@ INLINE void decode_pair(uint v, THREAD float* q) {
 #endif
 }
 
+#if PAIRS
+// PAIRS (4-bit affine codes whose scales and biases are of the weights' 16-bit type T, on CUDA):
+// two codes decoded at a time in T. A half's code q with the exponent bits of 2^7 (bfloat) or 2^10
+// (half) is 2^7 + q, less 2^7 (an exact fma) is q, and fma(q, scale, bias) on the pair is each
+// weight rounded once from the exact q · scale + bias. The general path (a float32 fma, then the
+// rounding to T) gives the same bits except where the bias is below about 2^-19 of q · scale and
+// q · scale lies on a rounding tie of T; the kernels that decode into T for the warpgroup products
+// (qmm_wgmma, qmm_wgmma_rs, qmm_wgmma_ws, the dequantized route) and qmv_mma all take this path
+// where it applies, so a row's bits still never depend on which of them runs.
+INLINE uint pair_magic(bfloat) { return 0x43004300u; }      // 2^7, both halves
+INLINE uint pair_magic(half) { return 0x64006400u; }        // 2^10
+INLINE uint pair_one(bfloat) { return 0x3F803F80u; }
+INLINE uint pair_one(half) { return 0x3C003C00u; }
+INLINE uint pair_minus_magic(bfloat) { return 0xC300C300u; }
+INLINE uint pair_minus_magic(half) { return 0xE400E400u; }
+
+// The codes at bits 0-3 and 16-19 of `codes` (its other bits ignored) as weights of T, the low half
+// first; scale2 and bias2: the group's scale and bias in both halves.
+template <typename T> INLINE uint affine_code_pair(uint codes, uint scale2, uint bias2) {
+  const uint q2 = fma_pairs(mask_or(codes, 0x000F000Fu, pair_magic(T())), pair_one(T()), pair_minus_magic(T()), T());
+  return fma_pairs(q2, scale2, bias2, T());
+}
+
+// A 16-bit value in both halves of a word.
+template <typename T> INLINE uint both_halves(T value) { return to_bits(value) | to_bits(value) << 16; }
+
+// Codes 0..7 of a 4-bit word as weights of T in k order, two a word (a 16-byte piece): codes j and
+// j + 4 decoded together, then their halves paired by byte permutes.
+template <typename T> INLINE uint4 affine_part_pairs(uint word, uint scale2, uint bias2) {
+  uint pairs[4];
+#pragma unroll
+  for (int j = 0; j < 4; j++) pairs[j] = affine_code_pair<T>(word >> (4 * j), scale2, bias2);
+  uint4 piece;
+  piece.x = low_halves(pairs[0], pairs[1]);
+  piece.y = low_halves(pairs[2], pairs[3]);
+  piece.z = high_halves(pairs[0], pairs[1]);
+  piece.w = high_halves(pairs[2], pairs[3]);
+  return piece;
+}
+#endif
+
 INLINE float group_scale(TS raw) {
 #if MODE == 0
   return to_float(raw);
@@ -126,8 +167,16 @@ INLINE void scale_code_values(THREAD float* q, int count, float scale) {
 // tile of 128-byte rows swizzled as Hopper's tensor cores read them (piece at ^ row % 8): the
 // kernels that dequantize into a threadgroup tile for the warpgroup products (qmm_wgmma.h,
 // qmm_wgmma_ws.h). A scale of 0 (and bias 0) writes zeros, for a weight row that is out.
+// PAIRS: the codes two at a time in T (`affine_part_pairs`; scale and bias came from T, so
+// converting them back is exact).
 template <typename T>
 INLINE void store_tile_part(const THREAD uint* words, int part, float scale, float bias, THREADGROUP_PTR uchar* tile, int row, int at) {
+#if PAIRS
+  T scale_t, bias_t;
+  from_float(scale, &scale_t);
+  from_float(bias, &bias_t);
+  const uint4 packed = affine_part_pairs<T>(words[part], both_halves(scale_t), both_halves(bias_t));
+#else
   float q[8];
   decode_part(words, part, q);
   scale_codes(q, 8, scale, bias);
@@ -136,6 +185,7 @@ INLINE void store_tile_part(const THREAD uint* words, int part, float scale, flo
   packed.y = pack_pair(q[2], q[3], T());
   packed.z = pack_pair(q[4], q[5], T());
   packed.w = pack_pair(q[6], q[7], T());
+#endif
   *(THREADGROUP_PTR uint4*)(tile + row * 128 + 16 * (at ^ (row % 8))) = packed;
 }
 
