@@ -15,6 +15,7 @@ from tinygrad import Tensor, dtypes
 from kernel_emulator import COMPILER, build
 from nuvec_tg.kernels import Target
 from nuvec_tg.kernels import linear
+from nuvec_tg import quant
 from nuvec_tg.kernels import quant as kernel
 from quant_reference import dequantized
 from reference import random
@@ -122,26 +123,22 @@ def test_the_route_dequantizes_from_its_rows_on_hopper_only():
                                                                           transpose=True, batched=False, target=target)
     assert route(kernel.DEQUANTIZED_ROWS, 4096, hopper, bits=3) == ("qmm_dequantized", None)
     assert route(kernel.DEQUANTIZED_ROWS - 1, 4096, hopper, bits=3) == ("qmm", None)
-    # where qmm_wgmma_ws takes the format, from its own rows
-    assert kernel.takes_qmm_wgmma_ws("affine", 4) == kernel.QMM_WGMMA_WS_ROUTED
-    ws_rows = kernel.DEQUANTIZED_WS_ROWS if kernel.QMM_WGMMA_WS_ROUTED else kernel.DEQUANTIZED_ROWS
-    assert route(ws_rows, 4096, hopper) == ("qmm_dequantized", None)
-    assert route(ws_rows - 1, 4096, hopper) == ("qmm", None)
-    # at N up to DEQUANTIZED_NARROW_N from fewer rows
-    assert route(kernel.DEQUANTIZED_NARROW_ROWS, 4096, hopper, n=kernel.DEQUANTIZED_NARROW_N) == ("qmm_dequantized", None)
-    assert route(kernel.DEQUANTIZED_NARROW_ROWS - 1, 4096, hopper, n=kernel.DEQUANTIZED_NARROW_N) == ("qmm", None)
-    assert route(kernel.DEQUANTIZED_NARROW_ROWS, 4096, hopper, n=kernel.DEQUANTIZED_NARROW_N + 1) == ("qmm", None)
-    # ... except from DEQUANTIZED_NARROW_WS_ROWS to DEQUANTIZED_WS_ROWS in qmm_wgmma_ws's formats: its two producers
-    narrow_ws = kernel.DEQUANTIZED_NARROW_WS_ROWS
-    for rows, k, want in ((narrow_ws - 1, 4096, "qmm_dequantized"), (narrow_ws, 4096, "qmm"), (narrow_ws, 14336, "qmm"),
-                          (kernel.DEQUANTIZED_WS_ROWS, 4096, "qmm_dequantized")):
-        expected = want if kernel.QMM_WGMMA_WS_ROUTED else "qmm_dequantized"
-        assert route(rows, k, hopper, n=kernel.DEQUANTIZED_NARROW_N) == (expected, None), (rows, k)
-    assert route(narrow_ws, 4096, hopper, n=kernel.DEQUANTIZED_NARROW_N, bits=3) == ("qmm_dequantized", None)  # not ws's
-    if kernel.QMM_WGMMA_WS_ROUTED:
-        for n in (1000, kernel.DEQUANTIZED_NARROW_N):
-            assert kernel.qmm_hopper_tiles(narrow_ws, n, 4, 132, k=4096) == kernel.QMM_WGMMA_WS_TWO_PRODUCERS
-        assert kernel.qmm_hopper_tiles(narrow_ws, kernel.DEQUANTIZED_NARROW_N + 1, 4, 132, k=4096) != kernel.QMM_WGMMA_WS_TWO_PRODUCERS
+    # where qmm_wgmma_rs takes the format (affine 4-bit), from its own rows at every N
+    assert kernel.takes_qmm_wgmma_rs("affine", 4) and not kernel.takes_qmm_wgmma_rs("affine", 3)
+    for n in (14336, kernel.DEQUANTIZED_NARROW_N, 1000):
+        assert route(kernel.DEQUANTIZED_RS_ROWS, 4096, hopper, n=n) == ("qmm_dequantized", None), n
+        assert route(kernel.DEQUANTIZED_RS_ROWS - 1, 4096, hopper, n=n) == ("qmm", None), n
+    # other formats at N up to DEQUANTIZED_NARROW_N from fewer rows
+    narrow = lambda rows, n=kernel.DEQUANTIZED_NARROW_N: route(rows, 4096, hopper, n=n, bits=3)  # noqa: E731
+    assert narrow(kernel.DEQUANTIZED_NARROW_ROWS) == ("qmm_dequantized", None)
+    assert narrow(kernel.DEQUANTIZED_NARROW_ROWS - 1) == ("qmm", None)
+    assert narrow(kernel.DEQUANTIZED_NARROW_ROWS, kernel.DEQUANTIZED_NARROW_N + 1) == ("qmm", None)
+    # below the route, affine 4-bit runs qmm_wgmma_rs by its plan; qmm_wgmma_ws only where routed
+    for rows, n in ((65, 14336), (512, 14336), (512, 4096), (128, 1000)):
+        assert kernel.qmm_hopper_tiles(rows, n, 4, 132, k=4096) == kernel.qmm_wgmma_rs_plan(rows, n, 132), (rows, n)
+    assert kernel.qmm_hopper_family(512, 4096, 3, 132, k=4096) == "nuvec_qmm_wgmma"
+    assert kernel.qmm_hopper_family(512, 14336, 4, 132, mode="mxfp4", k=4096) == \
+        ("nuvec_qmm_wgmma_ws" if kernel.takes_qmm_wgmma_ws("mxfp4", 4) else "nuvec_qmm_wgmma")
     assert route(4096, 4096 + 32, hopper) == ("qmm", None)  # K not whole steps of 64: qmm.h, as qmm_wgmma's rule
     assert route(4096, 4096, ampere) == ("qmm", None)
     # untransposed w [K, N]: past qvm's rows, dequantized on Hopper (no other kernel takes them)
@@ -153,3 +150,50 @@ def test_the_route_dequantizes_from_its_rows_on_hopper_only():
     assert untransposed(kernel.MAX_ROWS + 1, hopper, dtypes.float32)[1] is not None   # 16-bit rows only, as qmm
     assert kernel.dequantize_unsupported(bf16, dtypes.float64, 4, 64, hopper) is not None
     assert kernel.dequantize_unsupported(bf16, bf16, 0, 64, hopper) == "an empty weight"
+
+
+def tie_case() -> tuple[int, float]:
+    """A 4-bit code q and a bfloat16 scale s whose product lies exactly halfway between two bfloat16
+    values, the even one below: with a tiny positive bias, the weight rounded once is the value
+    above, while the float32 fma (which drops the bias) then the rounding gives the one below."""
+    for mantissa in range(128):
+        s = 1 + mantissa / 128
+        for q in range(1, 16):
+            v = q * s
+            exponent = np.floor(np.log2(v))
+            units = v * 2.0 ** (7 - exponent)  # in bfloat16 ulps: a tie is a half, its floor even
+            if units % 1 == 0.5 and np.floor(units) % 2 == 0: return q, s
+    raise AssertionError("no tie")
+
+
+def test_every_kernel_rounds_a_4_bit_affine_weight_once_from_the_exact_value():
+    """PAIRS: dequantize, qmm_wgmma, qmm_wgmma_rs (the few rows' too), qmm_wgmma_ws and qmv_mma all
+    decode a weight at a rounding tie that a tiny bias breaks as the exact value does (one rounding,
+    up), not as a float32 fma then the rounding would (down). x's one-hot rows pick each product's
+    weights out, so y is w's columns."""
+    from test_qmv_mma_emulated import emulated_qmv_mma
+    q, s = tie_case()
+    bias = 2.0 ** -40
+    n, k = 130, 64
+    codes = np.zeros((n, k), np.uint32)
+    codes[:, 1::3] = q
+    words = (codes.reshape(n, k // 8, 8) << (4 * np.arange(8, dtype=np.uint32))).sum(-1, dtype=np.uint32)
+    scales = Tensor(np.full((n, 1), s, np.float32), device="CPU").cast(dtypes.bfloat16).contiguous().realize()
+    biases = Tensor(np.full((n, 1), bias, np.float32), device="CPU").cast(dtypes.bfloat16).contiguous().realize()
+    qw = quant.QuantizedWeight(Tensor(words, device="CPU").contiguous().realize(), scales, biases, "affine", 64, 4)
+    exact = q * s + bias
+    above = q * s + 2.0 ** (np.floor(np.log2(q * s)) - 8)  # the tie plus half an ulp: the value above
+    want = np.where(codes == q, above, bias)
+    assert np.float32(exact) == q * s  # the float32 fma drops the bias: its rounding would take the even value below
+    np.testing.assert_array_equal(as_float(emulate(qw, dtypes.bfloat16), dtypes.bfloat16), want, err_msg="dequantize")
+    for rows, tiles in ((70, kernel.QMM_WGMMA_SMALL), (70, kernel.QMM_WGMMA_RS_SMALL), (70, kernel.QMM_WGMMA_WS_LARGE),
+                        (13, kernel.few_rows_tiles(13, k, n))):
+        picks = np.arange(rows) % k
+        x = np.zeros((rows, k), np.uint16)
+        x[np.arange(rows), picks] = 0x3F80  # 1.0
+        got = as_float(emulated_qmm_wgmma(x, qw, dtypes.bfloat16, tiles), dtypes.bfloat16)
+        np.testing.assert_array_equal(got, want[:, picks].T, err_msg=str(tiles))
+    x = np.zeros((2, k), np.uint16)
+    x[0, 1], x[1, 2] = 0x3F80, 0x3F80
+    got = as_float(emulated_qmv_mma(x, qw, dtypes.bfloat16, dtypes.bfloat16, kernel.QmvMmaPlan(2, 1)), dtypes.bfloat16)
+    np.testing.assert_array_equal(got, want[:, [1, 2]].T, err_msg="qmv_mma")

@@ -502,31 +502,29 @@ def test_many_rows_dequantize_then_run_gemm_wgmma_with_qmm_wgmmas_bits(mode, gro
     np.testing.assert_array_equal(bits_of(routed), bits_of(tiled))
 
 
-@pytest.mark.skipif(not WARPGROUPS or not qmv.QMM_WGMMA_WS_ROUTED, reason="no warpgroup products (CUDA sm_90)")
-def test_a_prefill_chunk_of_few_outputs_runs_two_producers_with_the_routes_bits():
-    """N at most DEQUANTIZED_NARROW_N, affine 4-bit: DEQUANTIZED_NARROW_WS_ROWS rows (a prefill
-    chunk's) run qmm_wgmma_ws's two-producer tiles, a row more and a row fewer the dequantized
-    route; the chunk's rows equal those rows of the route's product bit for bit, within tolerance
-    of numpy (N = 1000, K = 1152)."""
+@pytest.mark.skipif(not WARPGROUPS, reason="no warpgroup products (CUDA sm_90)")
+@pytest.mark.parametrize("n", [1000, 2000])
+def test_a_prefill_chunk_runs_qmm_wgmma_rs_with_the_routes_bits(n):
+    """Affine 4-bit: DEQUANTIZED_RS_ROWS - 1 rows (a prefill chunk's 512) run qmm_wgmma_rs by its
+    plan, a row more the dequantized route; the chunk's rows equal those rows of the route's product
+    bit for bit, within tolerance of numpy (N = 1000 and 2000 about DEQUANTIZED_NARROW_N's side of
+    the old rule, K = 1152)."""
     rng = np.random.default_rng(0x9C6)
-    n, k, rows = 1000, 1152, qmv.DEQUANTIZED_NARROW_WS_ROWS
+    k, rows = 1152, qmv.DEQUANTIZED_RS_ROWS - 1
     qw = quant.quantize(random(rng, (n, k), dtypes.bfloat16, gpu)[0], 64, 4)
     x, xv = random(rng, (rows + 1, k), dtypes.bfloat16, gpu)
     x = x.realize()
     with expect_launches(gpu, "nuvec_dequantize"):
         more = assert_matches("a row more", lambda: quant.quantized_matmul(x, qw), "nuvec_gemm_wgmma", xv @ dequantized(qw).T)
-    with expect_launches(gpu, "nuvec_qmm_wgmma_ws"):
+    with expect_launches(gpu, "nuvec_qmm_wgmma_rs"):
         chunk = quant.quantized_matmul(x[1:].contiguous(), qw).realize()
     np.testing.assert_array_equal(bits_of(chunk), bits_of(more)[1:])
-    with expect_launches(gpu, "nuvec_dequantize"):
-        fewer = quant.quantized_matmul(x[2:].contiguous(), qw).realize()
-    np.testing.assert_array_equal(bits_of(fewer), bits_of(more)[2:])
 
 
 @pytest.mark.skipif(not WARPGROUPS, reason="no warpgroup products (CUDA sm_90)")
 def test_the_dequantized_routes_gradients_equal_the_compositions():
     rng = np.random.default_rng(0x9BF)
-    rows = qmv.DEQUANTIZED_ROWS
+    rows = qmv.DEQUANTIZED_RS_ROWS  # fewer rows of affine 4-bit run qmm_wgmma_rs
     qw = quant.quantize(random(rng, (96, 256), dtypes.bfloat16, gpu)[0], 64, 4)
     x = random(rng, (rows, 256), dtypes.bfloat16, gpu)[0].realize()
     upstream = random(rng, (rows, 96), dtypes.bfloat16, gpu)[0].realize()

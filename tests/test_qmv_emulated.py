@@ -590,19 +590,20 @@ def test_qmm_wgmma_routes_and_plans():
     # qmm_wgmma_rs: 64 rows of x up to 64 rows; beyond, the tiles of x rows whose waves cost least
     assert [qmv.qmm_wgmma_rs_plan(m, 14336).rows for m in (9, 64, 65, 512, 2048)] == [64, 64, 128, 256, 256]
     assert qmv.qmm_wgmma_rs_plan(512, 4096, 132).rows == 128
-    # gathered: 64-row tiles where a batch has few rows (the register kernel's where routed), else qmm_wgmma's 128
-    routed = qmv.QMM_WGMMA_RS_ROUTED
-    assert qmv.qmm_hopper_tiles(4096, 1536, 4, 132, batches=128, k=4096) == (qmv.QMM_WGMMA_RS_SMALL if routed else qmv.QMM_WGMMA_SMALL)
+    # gathered: qmm_wgmma's 64-row tiles where a batch has few rows, else its 128
+    assert qmv.qmm_hopper_tiles(4096, 1536, 4, 132, batches=128, k=4096) == qmv.QMM_WGMMA_SMALL
     assert qmv.qmm_hopper_tiles(2048, 5760, 4, 132, batches=32, k=4096) == qmv.QMM_WGMMA_LARGE
     assert qmv.qmm_hopper_tiles(4096, 1536, 3, 132, batches=128, k=4096) == qmv.QMM_WGMMA_SMALL
-    # not gathered: qmm_wgmma_ws past 64 rows of affine 4-bit weights while routed (its plan's
-    # tiles); other formats (not yet timed) and up to 64 rows qmm_wgmma's
-    ws = qmv.QMM_WGMMA_WS_ROUTED
-    assert qmv.qmm_hopper_tiles(65, 14336, 4, 132, k=4096) == (qmv.qmm_wgmma_ws_plan(65, 14336, 132) if ws else qmv.qmm_wgmma_plan(65, 14336, 132))
-    assert qmv.qmm_hopper_family(256, 14336, 4, 132, k=4096) == ("nuvec_qmm_wgmma_ws" if ws else "nuvec_qmm_wgmma")
-    assert qmv.qmm_hopper_family(256, 14336, 3, 132, k=4096) == qmv.qmm_hopper_family(256, 14336, 4, 132, mode="mxfp4", k=4096) == "nuvec_qmm_wgmma"
-    # up to 64 rows (not gathered, qmm_wgmma_rs's widths): the few rows' tiles, K split by K and N only
-    assert qmv.qmm_hopper_tiles(64, 14336, 4, 132, k=4096) == qmv.RegisterTiles(64, 1, 4, 2)
+    # not gathered, past 64 rows: qmm_wgmma_rs's plan for affine 4-bit, qmm_wgmma_ws's where routed,
+    # other formats (not yet timed) qmm_wgmma's
+    assert qmv.qmm_hopper_tiles(65, 14336, 4, 132, k=4096) == qmv.qmm_wgmma_rs_plan(65, 14336, 132)
+    assert qmv.qmm_hopper_family(256, 14336, 4, 132, k=4096) == "nuvec_qmm_wgmma_rs"
+    ws = qmv.QMM_WGMMA_WS_ROUTED and qmv.takes_qmm_wgmma_ws("mxfp4", 4)
+    assert qmv.qmm_hopper_family(256, 14336, 4, 132, mode="mxfp4", k=4096) == ("nuvec_qmm_wgmma_ws" if ws else "nuvec_qmm_wgmma")
+    assert qmv.qmm_hopper_family(256, 14336, 3, 132, k=4096) == "nuvec_qmm_wgmma"
+    # up to 64 rows (not gathered, qmm_wgmma_rs's widths): the few rows' tiles, K split by K and N only,
+    # a split of 2 added in a cluster, of 4 by the second kernel
+    assert qmv.qmm_hopper_tiles(64, 14336, 4, 132, k=4096) == qmv.RegisterTiles(64, 1, 4, 2, cluster_sum=True)
     assert qmv.qmm_hopper_tiles(9, 4096, 4, 132, k=4096) == qmv.RegisterTiles(16, 1, 4, 4)
     assert qmv.qmm_hopper_tiles(17, 4096, 8, 132, k=14336) == qmv.RegisterTiles(32, 1, 4, 4)
     assert qmv.qmm_hopper_tiles(64, 4096, 8, 132, k=4096) == qmv.RegisterTiles(64, 1, 4, 4)

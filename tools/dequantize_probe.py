@@ -6,9 +6,9 @@ routes give the same bits (the rule that lets the row count choose between them)
 benchmarks time a product (TinyJit replays of calls over rotated weight sets, device time).
 
 The tiled kernels are all timed, each in its own plan's tiles: qmm_wgmma (w dequantized into a
-threadgroup tile), qmm_wgmma_rs (w dequantized into the products' registers; qmm plans it for
-4 bits once `QMM_WGMMA_RS_ROUTED`) and qmm_wgmma_ws (a producer warpgroup decodes while the
-consumers multiply); `--rs-sweep` and `--ws-sweep` also time every RegisterTiles of
+threadgroup tile), qmm_wgmma_rs (w dequantized into the products' registers; qmm plans it in
+`QMM_WGMMA_RS_FORMATS`) and qmm_wgmma_ws (a producer warpgroup decodes while the consumers
+multiply; planned where `QMM_WGMMA_WS_ROUTED`); `--rs-sweep` and `--ws-sweep` also time every RegisterTiles of
 QMM_WGMMA_RS_SHAPES and every ProducerTiles of QMM_WGMMA_WS_SHAPES (with whether each gives the
 plan's bits).
 

@@ -469,7 +469,7 @@ def product(mode: str, group: int, bits: int, x_shape: tuple[int, ...], n: int, 
 def unrouted_product(mode: str, group: int, bits: int, rows: int, k: int, n: int, dtype: DType, kernel: Callable,
                      **launch) -> Setup:
     """A CUDA product kernel that `quantized_matmul` does not route to yet (`kernel`: `quant.qmm` with
-    its `tiles=` for qmm_wgmma_rs until `QMM_WGMMA_RS_ROUTED`, `quant.qmv_mma` until
+    its `tiles=` for the tiles the plan does not give, `quant.qmv_mma` until
     `QMV_MMA_ROUTED`), asked for directly with `launch`, for x `[rows, k]` and w `[n, k]`; the
     composition otherwise."""
     def setup(rng):

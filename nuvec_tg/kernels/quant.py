@@ -19,12 +19,12 @@ with the device's `kernels.Target`, anything else is the composition):
   (`takes_qmm_wgmma`: K and the device decide) runs a warpgroup kernel in its place
   (`qmm_hopper_tiles`): up to FEW_ROWS rows of 2-, 4- or 8-bit weights, not gathered,
   `qmm_wgmma_rs` in `few_rows_tiles` (K split in parts from K and N: `few_rows_split`);
-  `qmm_wgmma_ws` (`src/qmm_wgmma_ws.h`, a producer warpgroup decodes while
-  the others multiply) for more than 64 rows of affine 4-bit weights, not gathered
-  (`takes_qmm_wgmma_ws`); else `qmm_wgmma` (`src/qmm_wgmma.h`), or for 2, 4 and 8 bits once
-  routed (`takes_qmm_wgmma_rs`) `qmm_wgmma_rs` (`src/qmm_wgmma_rs.h`, w dequantized into the
-  products' registers). From DEQUANTIZED_ROWS rows (DEQUANTIZED_WS_ROWS in qmm_wgmma_ws's formats,
-  fewer where N is small) `quantized_matmul` dequantizes w once (`dequantize`, `src/dequantize.h`) and runs
+  `qmm_wgmma_rs` (`src/qmm_wgmma_rs.h`, w dequantized into the products' registers) by its plan for
+  more rows of affine 4-bit weights, not gathered (`takes_qmm_wgmma_rs`); else `qmm_wgmma`
+  (`src/qmm_wgmma.h`), or `qmm_wgmma_ws` (`src/qmm_wgmma_ws.h`, a producer warpgroup decodes while
+  the others multiply) where routed (`takes_qmm_wgmma_ws`: not at present). From DEQUANTIZED_ROWS
+  rows (DEQUANTIZED_RS_ROWS in qmm_wgmma_rs's formats, fewer where N is small) `quantized_matmul`
+  dequantizes w once (`dequantize`, `src/dequantize.h`) and runs
   `linear.gemm_wgmma` (`takes_dequantized`). All sum the same rounded weights in the same order:
   the same bits, so a row's bits never depend on the row count that picks the kernel, except
   that the few rows' parts of K (where there are several) give a row the same bits over 1 to
@@ -475,10 +475,27 @@ def takes_qmv_mma(x_dtype: DType, scales_dtype: DType, out_dtype: DType, rows: i
 QMV_MMA = Family("nuvec_qmv_mma", ("quant_codes.h", "qmv_mma.h"), qmv_mma_unsupported, qmv_mma_plan, backends=("cuda",))
 
 
+# Whether the Hopper products (qmm_wgmma, qmm_wgmma_rs, qmm_wgmma_ws) and the dequantized route
+# decode 4-bit affine weights two at a time in x's type (`PAIRS`, quant_codes.h: each weight rounded
+# once from the exact scale · code + bias). All of them or none, so that a row's bits never depend on
+# which runs; False only for the probe's A/B against the general decoding.
+PAIR_DECODING = True
+
+
+def decodes_pairs(weights_dtype: DType, scales_dtype: DType, mode: str, bits: int) -> bool:
+    """Whether weights of `weights_dtype` can be decoded two at a time in that type (`PAIRS`,
+    `quant_codes.h`): 4-bit affine codes with 16-bit scales and biases of the same type."""
+    return mode == "affine" and bits == 4 and scales_dtype == weights_dtype and weights_dtype in (dtypes.float16, dtypes.bfloat16)
+
+
 def qmv_mma_pairs(x_dtype: DType, scales_dtype: DType, mode: str, bits: int) -> bool:
-    """Whether qmv_mma decodes two codes at a time in x's type (`PAIRS` in qmv_mma.h): 4-bit affine
-    codes with scales and biases of x's type."""
-    return mode == "affine" and bits == 4 and scales_dtype == x_dtype
+    """Whether qmv_mma decodes two codes at a time in x's type (`PAIRS`): `decodes_pairs`."""
+    return decodes_pairs(x_dtype, scales_dtype, mode, bits)
+
+
+def _pairs(weights_dtype: DType, scales_dtype: DType, mode: str, bits: int) -> int:
+    """The PAIRS define of the Hopper products and the dequantized route."""
+    return int(PAIR_DECODING and decodes_pairs(weights_dtype, scales_dtype, mode, bits))
 
 
 def qmv_mma_program(x_dtype: DType, scales_dtype: DType, out_dtype: DType, *, mode: str, group_size: int, bits: int,
@@ -644,7 +661,7 @@ def product_route(x_dtype: DType, scales_dtype: DType, out_dtype: DType, rows: i
     """`quantized_matmul`'s kernel on `target` for `rows` rows of x against a `bits`-bit weight of
     K inputs and N outputs in `mode`: `("qmv" | "qvm" | "qmm" | "qmm_dequantized", reason it cannot run or
     None)`. Up to MAX_ROWS rows, qmv (transposed) or qvm (not); more, qmm (transposed only), or
-    from DEQUANTIZED_ROWS rows (DEQUANTIZED_WS_ROWS in qmm_wgmma_ws's formats; DEQUANTIZED_NARROW_ROWS at N up to DEQUANTIZED_NARROW_N) on Hopper
+    from DEQUANTIZED_ROWS rows (DEQUANTIZED_RS_ROWS in qmm_wgmma_rs's formats; DEQUANTIZED_NARROW_ROWS at N up to DEQUANTIZED_NARROW_N) on Hopper
     `dequantize` then gemm_wgmma (`takes_dequantized`, the same bits); QMV_MMA_MIN_ROWS to
     MAX_ROWS rows of 16-bit x on CUDA, qmv_mma (`takes_qmv_mma`: "qmv_mma"); more rows of
     untransposed weights on Hopper, `dequantize` then gemm_wgmma over the dense rows' transpose
@@ -736,7 +753,8 @@ def qmm_wgmma_program(x_dtype: DType, scales_dtype: DType, out_dtype: DType, *, 
     defines = dict(TX=ctype(x_dtype), TS=ctype(scales_dtype), TY=ctype(out_dtype), BITS=bits, GROUP=group_size,
                    MODE=_MODES[mode], GATHER=int(gather), WARPGROUPS=tiles.warpgroups, BM=tiles.rows, BN=tiles.columns,
                    BK=WGMMA_STEP, STAGES=tiles.stages, COPY_BYTES=16 if bits % 2 == 0 else 8,
-                   LOAD_WORDS=load_words(bits, 2 * bits))  # quant_codes.h's (a row: whole steps of 2 chunks)
+                   LOAD_WORDS=load_words(bits, 2 * bits),  # quant_codes.h's (a row: whole steps of 2 chunks)
+                   PAIRS=_pairs(x_dtype, scales_dtype, mode, bits))
     params = _params(defines["TY"], defines["TX"], defines["TS"], mode, gather, tile_table=gather) + [Param("ints", "in", "int")]
     return QMM_WGMMA.program("cuda", defines, params, dynamic_bytes=qmm_wgmma_bytes(tiles, bits))
 
@@ -745,12 +763,13 @@ def qmm_wgmma_program(x_dtype: DType, scales_dtype: DType, out_dtype: DType, *, 
 # (`src/qmm_wgmma_rs.h`) for the widths whose lanes find their codes at whole shifts of a word:
 # RegisterTiles of 64, 128 or 256 rows of x by 128 weight rows; the other widths run qmm_wgmma.
 QMM_WGMMA_RS_BITS = (2, 4, 8)
-# Whether qmm plans qmm_wgmma_rs for those widths. Not yet: its first GPU run (an H100) gave garbage
-# from a register hazard (the next step's dequantization took the registers a running wgmma still
-# read); the fix (two fragments, each held until its step retires) passes the GPU tests and
-# memcheck (session 50, an H100), but it has not been timed against qmm_wgmma since. Until it is
-# faster, the kernel runs only where `tiles` asks for it (the GPU tests, the probe).
-QMM_WGMMA_RS_ROUTED = False
+# The formats for which qmm plans qmm_wgmma_rs past FEW_ROWS rows, not gathered: affine 4-bit (timed
+# with scales of x's type, whose weights decode in pairs: PAIRS). On an H100 (session 59, `quant_h200.md`) it beat qmm_wgmma_ws,
+# qmm_wgmma and the dequantized route at 128, 256 and 512 rows of each of K x N 4096 x 14336,
+# 4096 x 4096 and 14336 x 4096 (512 rows of 4096 x 14336: 134.0 µs against 167.2, 233.0 and 181.0).
+# The other widths and modes have not been timed since the pairs and stay qmm_wgmma's; gathered
+# products keep qmm_wgmma's tiles (the MoE rows were timed with them).
+QMM_WGMMA_RS_FORMATS = (("affine", 4),)
 QMM_WGMMA_RS_SMALL = RegisterTiles(64, 2, 4)
 QMM_WGMMA_RS_WIDE = (RegisterTiles(256, 2, 4), RegisterTiles(128, 2, 4), RegisterTiles(64, 2, 4))
 # Every shape the GPU tests and the probe's sweep run: the plan's, more stages, and one warpgroup a
@@ -761,10 +780,10 @@ QMM_WGMMA_RS_SHAPES = (QMM_WGMMA_RS_SMALL, RegisterTiles(64, 1, 4), RegisterTile
                        RegisterTiles(128, 1, 4), RegisterTiles(128, 1, 6))
 
 
-def takes_qmm_wgmma_rs(bits: int) -> bool:
-    """Whether qmm's plan runs qmm_wgmma_rs (rather than qmm_wgmma) where qmm_wgmma would take the
-    call: `bits` of QMM_WGMMA_RS_BITS, once QMM_WGMMA_RS_ROUTED."""
-    return QMM_WGMMA_RS_ROUTED and bits in QMM_WGMMA_RS_BITS
+def takes_qmm_wgmma_rs(mode: str, bits: int) -> bool:
+    """Whether qmm's plan runs qmm_wgmma_rs (its plan's tiles) for more than FEW_ROWS rows, not
+    gathered: a format of QMM_WGMMA_RS_FORMATS."""
+    return (mode, bits) in QMM_WGMMA_RS_FORMATS
 
 
 def qmm_wgmma_rs_plan(rows: int, n: int, multiprocessors: int | None = None) -> RegisterTiles:
@@ -787,8 +806,11 @@ FEW_ROWS_MIN_STEPS = 16
 FEW_ROWS_MAX_SPLIT = 8
 FEW_ROWS_STAGES = 4
 # Where a split's parts are added: in the kernel, the tile's threadgroups a cluster (`RegisterTiles`'
-# cluster_sum: no float32 parts in memory, no second kernel), or by a second kernel (`sum_parts`).
-FEW_ROWS_CLUSTER_SUM = False
+# cluster_sum: no float32 parts in memory, no second kernel), for splits of at most
+# FEW_ROWS_CLUSTER_SPLIT parts; by a second kernel (`sum_parts`) for more. Both give the same bits.
+# On an H100 (`quant_h200.md`, session 59) clusters of 2 were 8-14% faster than the second kernel,
+# clusters of 4 7-20% slower.
+FEW_ROWS_CLUSTER_SPLIT = 2
 
 
 def few_rows_split(k: int, n: int) -> int:
@@ -803,10 +825,10 @@ def few_rows_split(k: int, n: int) -> int:
 
 def few_rows_tiles(rows: int, k: int, n: int) -> RegisterTiles:
     """qmm_wgmma_rs's tiles for 1 to FEW_ROWS rows: x's rows in 16, 32 or 64, one warpgroup,
-    FEW_ROWS_STAGES, `few_rows_split(k, n)` parts of K, added in a cluster where FEW_ROWS_CLUSTER_SUM."""
+    FEW_ROWS_STAGES, `few_rows_split(k, n)` parts of K, added in a cluster up to FEW_ROWS_CLUSTER_SPLIT parts."""
     split = few_rows_split(k, n)
     return RegisterTiles(16 if rows <= 16 else 32 if rows <= 32 else 64, 1, FEW_ROWS_STAGES, split,
-                         cluster_sum=FEW_ROWS_CLUSTER_SUM and split > 1)
+                         cluster_sum=1 < split <= FEW_ROWS_CLUSTER_SPLIT)
 
 
 def takes_few_rows(rows: int, bits: int, batches: int) -> bool:
@@ -819,22 +841,19 @@ def qmm_hopper_tiles(rows: int, n: int, bits: int, multiprocessors: int | None =
                      *, k: int):
     """qmm's tiles on Hopper (`takes_qmm_wgmma`) for a product of K x N, whose kind picks the kernel:
     `few_rows_tiles` (qmm_wgmma_rs with K split) up to FEW_ROWS rows where `takes_few_rows`;
-    ProducerTiles (qmm_wgmma_ws) for more than QMM_WGMMA_WS_SMALL's 64 rows of a format of
-    QMM_WGMMA_WS_FORMATS, not gathered (`takes_qmm_wgmma_ws`); else RegisterTiles (qmm_wgmma_rs)
-    where `takes_qmm_wgmma_rs`, else WgmmaTiles (qmm_wgmma), by their plans. Gathered over
-    `batches` weight batches: tiles of `gathered_tile_rows` rows, 64 as QMM_WGMMA_RS_SMALL (or
-    QMM_WGMMA_SMALL), 128 as QMM_WGMMA_LARGE (qmm_wgmma_ws's gathered tiles lose 3 of the 4 MoE rows
-    of `tools/dequantize_probe.py --moe`, `quant_h200.md`). All give the same bits, except where
-    the few rows' K split (`few_rows_split`) is more than 1: a row's bits are then the same over 1
-    to FEW_ROWS rows only."""
+    RegisterTiles (qmm_wgmma_rs) by its plan for more rows of a format of QMM_WGMMA_RS_FORMATS, not
+    gathered (`takes_qmm_wgmma_rs`); ProducerTiles (qmm_wgmma_ws) for more than QMM_WGMMA_WS_SMALL's
+    64 rows where `takes_qmm_wgmma_ws`, not gathered; else WgmmaTiles (qmm_wgmma) by its plan.
+    Gathered over `batches` weight batches: qmm_wgmma's tiles of `gathered_tile_rows` rows, 64 as
+    QMM_WGMMA_SMALL, 128 as QMM_WGMMA_LARGE (qmm_wgmma_ws's gathered tiles lose 3 of the 4 MoE rows of
+    `tools/dequantize_probe.py --moe`, `quant_h200.md`). All give the same bits, except where the
+    few rows' K split (`few_rows_split`) is more than 1: a row's bits are then the same over 1 to
+    FEW_ROWS rows only."""
     if takes_few_rows(rows, bits, batches): return few_rows_tiles(rows, k, n)
-    if not batches and rows > QMM_WGMMA_WS_SMALL.rows and takes_qmm_wgmma_ws(mode, bits):
-        return qmm_wgmma_ws_plan(rows, n, multiprocessors)
-    register = takes_qmm_wgmma_rs(bits)
-    if batches:
-        if gathered_tile_rows(rows, batches) == 128: return QMM_WGMMA_LARGE
-        return QMM_WGMMA_RS_SMALL if register else QMM_WGMMA_SMALL
-    return qmm_wgmma_rs_plan(rows, n, multiprocessors) if register else qmm_wgmma_plan(rows, n, multiprocessors)
+    if batches: return QMM_WGMMA_LARGE if gathered_tile_rows(rows, batches) == 128 else QMM_WGMMA_SMALL
+    if takes_qmm_wgmma_rs(mode, bits): return qmm_wgmma_rs_plan(rows, n, multiprocessors)
+    if rows > QMM_WGMMA_WS_SMALL.rows and takes_qmm_wgmma_ws(mode, bits): return qmm_wgmma_ws_plan(rows, n, multiprocessors)
+    return qmm_wgmma_plan(rows, n, multiprocessors)
 
 
 def qmm_hopper_family(rows: int, n: int, bits: int, multiprocessors: int | None = None, batches: int = 0,
@@ -870,7 +889,7 @@ def qmm_wgmma_rs_program(x_dtype: DType, scales_dtype: DType, out_dtype: DType, 
     defines = dict(TX=ctype(x_dtype), TS=ctype(scales_dtype), TY=ctype(out_dtype), BITS=bits, GROUP=group_size,
                    MODE=_MODES[mode], GATHER=int(gather), WARPGROUPS=tiles.warpgroups, BM=tiles.rows, BN=tiles.columns,
                    BK=WGMMA_STEP, STAGES=tiles.stages, K_SPLIT=tiles.k_split, SPLIT_SUM=int(tiles.cluster_sum),
-                   LOAD_WORDS=load_words(bits, 2 * bits))
+                   LOAD_WORDS=load_words(bits, 2 * bits), PAIRS=_pairs(x_dtype, scales_dtype, mode, bits))
     if clock_probe: defines["CLOCK_PROBE"] = 1
     params = _params(defines["TY"], defines["TX"], defines["TS"], mode, gather, tile_table=gather) + [Param("ints", "in", "int")]
     return QMM_WGMMA_RS.program("cuda", defines, params, dynamic_bytes=qmm_wgmma_rs_bytes(tiles, bits),
@@ -880,18 +899,18 @@ def qmm_wgmma_rs_program(x_dtype: DType, scales_dtype: DType, out_dtype: DType, 
 # qmm on Hopper's warpgroup products, warp-specialised (`src/qmm_wgmma_ws.h`): a producer warpgroup
 # copies x and decodes w into the stage buffers while the consumer warpgroups only issue the
 # products, so the decoding runs under the tensor cores' work. Every width and mode; the same bits
-# as qmm_wgmma. Routed for more than 64 rows, not gathered, in the formats timed
-# (`qmm_hopper_tiles`): affine 4-bit beats qmm_wgmma at every such shape timed, by 6-29% (M
-# 128-2048, the three shapes of `tools/dequantize_probe.py`, an H100: `quant_h200.md`). The other
-# formats stay qmm_wgmma's until timed; from DEQUANTIZED_WS_ROWS the dequantized route runs, and
-# the gathered tiles and up to 64 rows stay qmm_wgmma's.
+# as qmm_wgmma. Where routed (QMM_WGMMA_WS_ROUTED), for more than 64 rows of QMM_WGMMA_WS_FORMATS,
+# not gathered (`qmm_hopper_tiles`), after qmm_wgmma_rs's formats. It was routed for affine 4-bit
+# (6-29% faster than qmm_wgmma at M 128-2048, H100), until the weights decoded in pairs made
+# qmm_wgmma_rs faster still at every shape timed (session 59, `quant_h200.md`); other formats have
+# not been timed. It stays for the probe's sweeps (`tools/dequantize_probe.py --ws-sweep`).
 QMM_WGMMA_WS_FORMATS = (("affine", 4),)
-QMM_WGMMA_WS_ROUTED = True
+QMM_WGMMA_WS_ROUTED = False
 QMM_WGMMA_WS_SMALL = ProducerTiles(1, 256, 4, producers=2)
 QMM_WGMMA_WS_LARGE = ProducerTiles(2, 256, 4)
 QMM_WGMMA_WS_NARROW = ProducerTiles(2, 128, 4)  # where 128 x 256 tiles' waves cost more (`wgmma_tiles`)
 # Two producer warpgroups for two consumers over 128 x 128 tiles: where N is at most
-# DEQUANTIZED_NARROW_N, from DEQUANTIZED_NARROW_WS_ROWS rows (`qmm_wgmma_ws_plan`).
+# DEQUANTIZED_NARROW_N, from QMM_WGMMA_WS_TWO_PRODUCER_ROWS rows (`qmm_wgmma_ws_plan`).
 QMM_WGMMA_WS_TWO_PRODUCERS = ProducerTiles(2, 128, 4, producers=2)
 QMM_WGMMA_WS_SHAPES = (QMM_WGMMA_WS_LARGE, ProducerTiles(2, 256, 3), QMM_WGMMA_WS_NARROW,
                        ProducerTiles(2, 128, 6), ProducerTiles(1, 256, 4), QMM_WGMMA_WS_SMALL, ProducerTiles(1, 128, 6),
@@ -906,10 +925,10 @@ def qmm_wgmma_ws_bytes(tiles: ProducerTiles, bits: int = 0) -> int:
 
 def qmm_wgmma_ws_plan(rows: int, n: int, multiprocessors: int | None = None) -> ProducerTiles:
     """qmm_wgmma_ws's tiles for M rows and N columns: QMM_WGMMA_WS_SMALL up to 64 rows;
-    QMM_WGMMA_WS_TWO_PRODUCERS from DEQUANTIZED_NARROW_WS_ROWS rows where N is at most
+    QMM_WGMMA_WS_TWO_PRODUCERS from QMM_WGMMA_WS_TWO_PRODUCER_ROWS rows where N is at most
     DEQUANTIZED_NARROW_N; else QMM_WGMMA_WS_LARGE or QMM_WGMMA_WS_NARROW, whichever's waves cost
     less (`wgmma_tiles`, as qmm_wgmma's plan). Any shape gives the same bits."""
-    if n <= DEQUANTIZED_NARROW_N and rows >= DEQUANTIZED_NARROW_WS_ROWS: return QMM_WGMMA_WS_TWO_PRODUCERS
+    if n <= DEQUANTIZED_NARROW_N and rows >= QMM_WGMMA_WS_TWO_PRODUCER_ROWS: return QMM_WGMMA_WS_TWO_PRODUCERS
     return wgmma_tiles(rows, n, multiprocessors, QMM_WGMMA_WS_SMALL, (QMM_WGMMA_WS_LARGE, QMM_WGMMA_WS_NARROW), 64)
 
 
@@ -944,7 +963,8 @@ def qmm_wgmma_ws_program(x_dtype: DType, scales_dtype: DType, out_dtype: DType, 
                    MODE=_MODES[mode], GATHER=int(gather), WARPGROUPS=tiles.warpgroups, PRODUCERS=tiles.producers, BM=tiles.rows,
                    BN=tiles.columns, BK=WGMMA_STEP, STAGES=tiles.stages, LOAD_WORDS=load_words(bits, bits),  # a chunk's words from a row's step
                    PRODUCER_REGISTERS=tiles.registers[0], CONSUMER_REGISTERS=tiles.registers[1],
-                   SCALE_VECTORS=int(k is not None and whole_scale_vectors(k, group_size)))
+                   SCALE_VECTORS=int(k is not None and whole_scale_vectors(k, group_size)),
+                   PAIRS=_pairs(x_dtype, scales_dtype, mode, bits))
     params = _params(defines["TY"], defines["TX"], defines["TS"], mode, gather, tile_table=gather) + [Param("ints", "in", "int")]
     return QMM_WGMMA_WS.program("cuda", defines, params, dynamic_bytes=qmm_wgmma_ws_bytes(tiles),
                                 occupancy=(tiles.threads, 1))
@@ -972,14 +992,14 @@ def qmm(x: Tensor, weight: Tensor, scales: Tensor, biases: Tensor | None, *, mod
         tiles: WgmmaTiles | RegisterTiles | ProducerTiles | None = None) -> Tensor:
     """`x [M, K] · wᵀ` (x float16 or bfloat16) for packed `weight [N, K * bits / 32]`, `scales`
     (and affine `biases`) `[N, K / group_size]`; returns `[M, N]` in `out_dtype`. The weights are
-    dequantized into x's type (MLX's rounding), the products accumulate in float32.
+    dequantized into x's type (rounded once: `quant_codes.h`), the products accumulate in float32.
 
     picks (int32 `[M]`): row i of x times weight batch `picks[i]` of `weight [E, N, ...]`, `scales`
     (and `biases`) `[E, N, ...]`, zeros for a pick outside 0..E-1; rows grouped by batch (sorted
     picks) run as one product per batch and row tile (a mixture of experts' prefill).
     composition: `(x, weight, scales, biases[, picks]) -> y`, whose gradient is the backward.
-    On Hopper with K a multiple of 64 the kernel is `qmm_hopper_tiles`' (qmm_wgmma_ws for more than
-    64 rows where `takes_qmm_wgmma_ws`, qmm_wgmma, or qmm_wgmma_rs where `takes_qmm_wgmma_rs`; `tiles`
+    On Hopper with K a multiple of 64 the kernel is `qmm_hopper_tiles`' (qmm_wgmma_rs for few rows
+    and where `takes_qmm_wgmma_rs`, qmm_wgmma_ws where `takes_qmm_wgmma_ws`, else qmm_wgmma; `tiles`
     overrides the plan and, by its kind, the kernel: tuning)."""
     rows, k = x.shape
     n = weight.shape[-2]
@@ -1042,15 +1062,15 @@ DEQUANTIZE_PIECES = 1
 # slower, 137.6 against 122.5).
 DEQUANTIZED_ROWS = 512
 DEQUANTIZED_NARROW_ROWS, DEQUANTIZED_NARROW_N = 128, 4096
-# The same where qmm_wgmma_ws runs instead of qmm_wgmma (`takes_qmm_wgmma_ws`), N past
-# DEQUANTIZED_NARROW_N: qmm_wgmma_ws is faster at 512 rows and slower at 1024 (H100, its scales in
-# vectors: 164.7 µs against the route's 180.1 at M 512 K 4096 N 14336; 353.9 against 278.8 at M 1024).
-DEQUANTIZED_WS_ROWS = 513
-# Where N is at most DEQUANTIZED_NARROW_N, from this many rows (a prefill chunk's) to
-# DEQUANTIZED_WS_ROWS, qmm_wgmma_ws's formats run its two-producer tiles rather than the route:
-# at 512 rows 11% faster at K 4096 and K 14336 (H100, `quant_h200.md`, session 54's sweep); at
-# 128-256 rows the route beat one producer by 10-14%, and 257-511 rows are not timed.
-DEQUANTIZED_NARROW_WS_ROWS = 512
+# The same, at every N, in the formats of qmm_wgmma_rs and qmm_wgmma_ws where they run instead of
+# qmm_wgmma (`takes_qmm_wgmma_rs`, `takes_qmm_wgmma_ws`): qmm_wgmma_rs is faster at 128-512 rows
+# (session 59, H100: 134.0 µs against the route's 181.0 at M 512 K 4096 N 14336, 34.7 against 46.2
+# at M 128 K 4096 N 4096) and slower at 1024 rows of N 14336 (318.7 against 285.7); at 1024 rows of
+# K 4096 N 4096 it was faster (67.2 against 82.8), and other shapes past 512 rows are not timed.
+DEQUANTIZED_RS_ROWS = 513
+# qmm_wgmma_ws's plan: two producers where N is at most DEQUANTIZED_NARROW_N from this many rows
+# (512 rows: 11% faster than one at K 4096 and K 14336, session 54's sweep, H100).
+QMM_WGMMA_WS_TWO_PRODUCER_ROWS = 512
 
 
 def dequantize_unsupported(scales_dtype: DType, out_dtype: DType, rows: int, k: int, target: Target) -> str | None:
@@ -1082,7 +1102,7 @@ def dequantize_program(backend: str, scales_dtype: DType, out_dtype: DType, *, m
     piece = 8 * out_dtype.itemsize
     defines = dict(TS=ctype(scales_dtype), TY=ctype(out_dtype), BITS=bits, GROUP=group_size, MODE=_MODES[mode],
                    LOAD_WORDS=load_words(bits, k * bits // 32), THREADS=DEQUANTIZE_THREADS, PIECES=pieces,
-                   **chunks("Y", piece, piece))
+                   PAIRS=_pairs(out_dtype, scales_dtype, mode, bits) if backend == "cuda" else 0, **chunks("Y", piece, piece))
     params = [Param("y", "out", ctype(out_dtype)), Param("w", "in", "uint"), Param("scales", "in", ctype(scales_dtype))]
     if mode == "affine": params.append(Param("biases", "in", ctype(scales_dtype)))
     return DEQUANTIZE.program(backend, defines, params + [Param("ints", "in", "int")])
@@ -1114,15 +1134,14 @@ def dequantize(weight: Tensor, scales: Tensor, biases: Tensor | None, *, mode: s
 
 def takes_dequantized(rows: int, k: int, n: int, target: Target, mode: str, bits: int) -> bool:
     """Whether a product that qmm would take runs as `dequantize`, then gemm_wgmma: where qmm_wgmma
-    would run (`takes_qmm_wgmma`), from DEQUANTIZED_ROWS rows (DEQUANTIZED_WS_ROWS in the formats
-    qmm_wgmma_ws takes, `takes_qmm_wgmma_ws`), or from DEQUANTIZED_NARROW_ROWS where N is at most
-    DEQUANTIZED_NARROW_N, except from DEQUANTIZED_NARROW_WS_ROWS to DEQUANTIZED_WS_ROWS in
-    qmm_wgmma_ws's formats (its two-producer tiles). All sum each output's products in steps of 16
-    k in increasing order into one float32 accumulator over the same rounded weights, so the row
-    count, N and the format may choose between them: a row's bits are the same either way."""
-    ws = takes_qmm_wgmma_ws(mode, bits)
-    if n <= DEQUANTIZED_NARROW_N:
-        enough = rows >= DEQUANTIZED_NARROW_ROWS and not (ws and DEQUANTIZED_NARROW_WS_ROWS <= rows < DEQUANTIZED_WS_ROWS)
+    would run (`takes_qmm_wgmma`): from DEQUANTIZED_RS_ROWS rows in the formats qmm_wgmma_rs or
+    qmm_wgmma_ws takes (`takes_qmm_wgmma_rs`, `takes_qmm_wgmma_ws`), else from DEQUANTIZED_ROWS rows,
+    or DEQUANTIZED_NARROW_ROWS where N is at most DEQUANTIZED_NARROW_N. All sum each output's
+    products in steps of 16 k in increasing order into one float32 accumulator over the same rounded
+    weights, so the row count, N and the format may choose between them: a row's bits are the same
+    either way."""
+    if takes_qmm_wgmma_rs(mode, bits) or takes_qmm_wgmma_ws(mode, bits):
+        enough = rows >= DEQUANTIZED_RS_ROWS
     else:
-        enough = rows >= (DEQUANTIZED_WS_ROWS if ws else DEQUANTIZED_ROWS)
+        enough = rows >= (DEQUANTIZED_NARROW_ROWS if n <= DEQUANTIZED_NARROW_N else DEQUANTIZED_ROWS)
     return enough and takes_qmm_wgmma(k, target)
