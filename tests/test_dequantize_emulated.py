@@ -152,48 +152,54 @@ def test_the_route_dequantizes_from_its_rows_on_hopper_only():
     assert kernel.dequantize_unsupported(bf16, bf16, 0, 64, hopper) == "an empty weight"
 
 
-def tie_case() -> tuple[int, float]:
-    """A 4-bit code q and a bfloat16 scale s whose product lies exactly halfway between two bfloat16
-    values, the even one below: with a tiny positive bias, the weight rounded once is the value
-    above, while the float32 fma (which drops the bias) then the rounding gives the one below."""
-    for mantissa in range(128):
-        s = 1 + mantissa / 128
+# The 16-bit types' stored mantissa bits, the bits of 1.0, and a bias far below a weight's ulp
+# (bfloat16: 2^-40; half: its smallest subnormal, 2^-24)
+PAIR_TYPES = {dtypes.bfloat16: (7, 0x3F80, 2.0 ** -40), dtypes.float16: (10, 0x3C00, 2.0 ** -24)}
+
+
+def tie_case(mantissa_bits: int) -> tuple[int, float]:
+    """A 4-bit code q and a scale s of a type with `mantissa_bits` stored bits whose product lies
+    exactly halfway between two values of that type, the even one below: with a tiny positive bias,
+    the weight rounded once is the value above, while the float32 fma (which drops the bias) then
+    the rounding gives the one below."""
+    for mantissa in range(2 ** mantissa_bits):
+        s = 1 + mantissa / 2 ** mantissa_bits
         for q in range(1, 16):
             v = q * s
-            exponent = np.floor(np.log2(v))
-            units = v * 2.0 ** (7 - exponent)  # in bfloat16 ulps: a tie is a half, its floor even
+            units = v * 2.0 ** (mantissa_bits - np.floor(np.log2(v)))  # in ulps: a tie is a half, its floor even
             if units % 1 == 0.5 and np.floor(units) % 2 == 0: return q, s
     raise AssertionError("no tie")
 
 
-def test_every_kernel_rounds_a_4_bit_affine_weight_once_from_the_exact_value():
+@pytest.mark.parametrize("dtype", list(PAIR_TYPES), ids=str)
+def test_every_kernel_rounds_a_4_bit_affine_weight_once_from_the_exact_value(dtype):
     """PAIRS: dequantize, qmm_wgmma, qmm_wgmma_rs (the few rows' too), qmm_wgmma_ws and qmv_mma all
     decode a weight at a rounding tie that a tiny bias breaks as the exact value does (one rounding,
     up), not as a float32 fma then the rounding would (down). x's one-hot rows pick each product's
     weights out, so y is w's columns."""
     from test_qmv_mma_emulated import emulated_qmv_mma
-    q, s = tie_case()
-    bias = 2.0 ** -40
+    mantissa_bits, one, bias = PAIR_TYPES[dtype]
+    q, s = tie_case(mantissa_bits)
     n, k = 130, 64
     codes = np.zeros((n, k), np.uint32)
     codes[:, 1::3] = q
     words = (codes.reshape(n, k // 8, 8) << (4 * np.arange(8, dtype=np.uint32))).sum(-1, dtype=np.uint32)
-    scales = Tensor(np.full((n, 1), s, np.float32), device="CPU").cast(dtypes.bfloat16).contiguous().realize()
-    biases = Tensor(np.full((n, 1), bias, np.float32), device="CPU").cast(dtypes.bfloat16).contiguous().realize()
+    scales = Tensor(np.full((n, 1), s, np.float32), device="CPU").cast(dtype).contiguous().realize()
+    biases = Tensor(np.full((n, 1), bias, np.float32), device="CPU").cast(dtype).contiguous().realize()
+    assert as_float(raw(biases), dtype)[0, 0] == bias
     qw = quant.QuantizedWeight(Tensor(words, device="CPU").contiguous().realize(), scales, biases, "affine", 64, 4)
-    exact = q * s + bias
-    above = q * s + 2.0 ** (np.floor(np.log2(q * s)) - 8)  # the tie plus half an ulp: the value above
+    above = q * s + 2.0 ** (np.floor(np.log2(q * s)) - mantissa_bits - 1)  # the tie plus half an ulp: the value above
     want = np.where(codes == q, above, bias)
-    assert np.float32(exact) == q * s  # the float32 fma drops the bias: its rounding would take the even value below
-    np.testing.assert_array_equal(as_float(emulate(qw, dtypes.bfloat16), dtypes.bfloat16), want, err_msg="dequantize")
+    assert np.float32(q * s + bias) == q * s  # the float32 fma drops the bias: its rounding would take the even value below
+    np.testing.assert_array_equal(as_float(emulate(qw, dtype), dtype), want, err_msg="dequantize")
     for rows, tiles in ((70, kernel.QMM_WGMMA_SMALL), (70, kernel.QMM_WGMMA_RS_SMALL), (70, kernel.QMM_WGMMA_WS_LARGE),
                         (13, kernel.few_rows_tiles(13, k, n))):
         picks = np.arange(rows) % k
         x = np.zeros((rows, k), np.uint16)
-        x[np.arange(rows), picks] = 0x3F80  # 1.0
-        got = as_float(emulated_qmm_wgmma(x, qw, dtypes.bfloat16, tiles), dtypes.bfloat16)
+        x[np.arange(rows), picks] = one
+        got = as_float(emulated_qmm_wgmma(x, qw, dtype, tiles), dtype)
         np.testing.assert_array_equal(got, want[:, picks].T, err_msg=str(tiles))
     x = np.zeros((2, k), np.uint16)
-    x[0, 1], x[1, 2] = 0x3F80, 0x3F80
-    got = as_float(emulated_qmv_mma(x, qw, dtypes.bfloat16, dtypes.bfloat16, kernel.QmvMmaPlan(2, 1)), dtypes.bfloat16)
+    x[0, 1], x[1, 2] = one, one
+    got = as_float(emulated_qmv_mma(x, qw, dtype, dtype, kernel.QmvMmaPlan(2, 1)), dtype)
     np.testing.assert_array_equal(got, want[:, [1, 2]].T, err_msg="qmv_mma")
