@@ -275,8 +275,9 @@ def test_qmm_matches_the_composition(mode, group, width, dtype):
 def test_qmm_rows_keep_their_bits_in_every_row_count(mode, group, width):
     """A row's bits never depend on the row count that picks the kernel: the last rows of M = 9
     (qmm's boundary), 13, 100 and 257 equal those rows of the DEQUANTIZED_ROWS + 8 row product bit
-    for bit (on Hopper, N past DEQUANTIZED_NARROW_N: qmm_wgmma up to 64 rows, qmm_wgmma_ws from 65
-    in affine 4-bit, the dequantized route at the most), each within tolerance of numpy."""
+    for bit (on Hopper, N past DEQUANTIZED_NARROW_N: the few rows' qmm_wgmma_rs up to 64 rows (their
+    split 1 here), then qmm_wgmma_rs in affine 4-bit or qmm_wgmma, the dequantized route at the most),
+    each within tolerance of numpy."""
     rng = np.random.default_rng(0x9C3)
     n, k, most = qmv.DEQUANTIZED_NARROW_N + 300, 1152, qmv.DEQUANTIZED_ROWS + 8
     qw = quant.quantize(random(rng, (n, k), dtypes.bfloat16, gpu)[0], group, width, mode=mode)
@@ -486,7 +487,7 @@ def test_dequantize_runs_its_kernel(mode, group, width, dtype):
 def test_many_rows_dequantize_then_run_gemm_wgmma_with_qmm_wgmmas_bits(mode, group, width):
     """From DEQUANTIZED_ROWS rows on Hopper the product dequantizes w, then runs gemm_wgmma: within
     tolerance of numpy and the composition, and bit for bit the product of the same rows by qmm's
-    own plan (qmm_wgmma_ws there for affine 4-bit; the route may follow the row count), here at M = DEQUANTIZED_ROWS + 8 (past the threshold
+    own plan (qmm_wgmma_rs there for affine 4-bit; the route may follow the row count), here at M = DEQUANTIZED_ROWS + 8 (past the threshold
     and a 128-row tile), N = 300, K = 1152."""
     rng = np.random.default_rng(0x9BE)
     n, k, rows = 300, 1152, qmv.DEQUANTIZED_ROWS + 8
