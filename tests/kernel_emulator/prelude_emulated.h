@@ -175,6 +175,12 @@ template <typename T> inline uint fma_pairs_emulated(uint a, uint b, uint c) {
 }
 inline uint fma_pairs(uint a, uint b, uint c, bfloat) { return fma_pairs_emulated<bfloat>(a, b, c); }
 inline uint fma_pairs(uint a, uint b, uint c, half) { return fma_pairs_emulated<half>(a, b, c); }
+inline uint byte_perm(uint a, uint b, uint selector) {
+  const unsigned long long bytes = (unsigned long long)a | (unsigned long long)b << 32;
+  uint out = 0u;
+  for (int n = 0; n < 4; n++) out |= (uint)(bytes >> (8 * ((selector >> (4 * n)) & 7u)) & 0xFFu) << (8 * n);
+  return out;
+}
 inline uint low_halves(uint a, uint b) { return (a & 0xFFFFu) | (b << 16); }
 inline uint high_halves(uint a, uint b) { return (a >> 16) | (b & 0xFFFF0000u); }
 

@@ -158,6 +158,8 @@ INLINE uint fma_pairs(uint a, uint b, uint c, half) {
   asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(out) : "r"(a), "r"(b), "r"(c));
   return out;
 }
+// Byte n of the result: byte (selector >> 4 n) & 7 of a (0-3) and b (4-7), n = 0..3 (PRMT).
+INLINE uint byte_perm(uint a, uint b, uint selector) { return __byte_perm(a, b, selector); }
 // The low (high) 16-bit halves of two words, a's in the low half.
 INLINE uint low_halves(uint a, uint b) { return __byte_perm(a, b, 0x5410); }
 INLINE uint high_halves(uint a, uint b) { return __byte_perm(a, b, 0x7632); }

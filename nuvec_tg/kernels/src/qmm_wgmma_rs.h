@@ -172,6 +172,9 @@ INLINE void sum_cluster_parts(const float* partial, int rank, DEVICE TY* y, int 
 // that are out have zero words (`LOAD_SCALES` says what scales).
 INLINE void dequantize_fragment(const unsigned char* words, int a_row, int lane_shift, bool high_word,
                                 const TS (*scale_raw)[SCALES_PER_CHUNK], const TS (*bias_raw)[SCALES_PER_CHUNK], uint (*a)[4]) {
+#if PAIRS
+  const uint pair_bytes = (uint)(lane_shift / 8) * 0x101u + 0x400u;  // bytes c of the word and of the word >> 4
+#endif
 #pragma unroll
   for (int h = 0; h < 2; h++) {
     const unsigned char* row_words = words + (a_row + 8 * h) * WORD_ROW_BYTES;
@@ -188,9 +191,10 @@ INLINE void dequantize_fragment(const unsigned char* words, int a_row, int lane_
 #endif
         const int g = p * SCALES_PER_CHUNK / 4;  // the part's group of the chunk
 #if PAIRS
-        // the pair's second code to the high half's low bits (`affine_code_pair`)
-        const uint codes = word >> (PART_SHIFT(p) + lane_shift);
-        a[2 * j + p / 2][2 * (p % 2) + h] = affine_code_pair<TX>(low_halves(codes, codes >> 4), both_halves(scale_raw[2 * h + j][g]),
+        // 4 bits: the lane's pair is byte lane_shift / 8 of the word, its codes to bits 0-3 and
+        // 16-19 (`affine_code_pair`) by one byte permute of the word and the word shifted by a code
+        const uint codes = byte_perm(word, word >> 4, pair_bytes);
+        a[2 * j + p / 2][2 * (p % 2) + h] = affine_code_pair<TX>(codes, both_halves(scale_raw[2 * h + j][g]),
                                                                  both_halves(bias_raw[2 * h + j][g]));
 #else
         float q[2];
