@@ -66,7 +66,7 @@ def test_emulated_qmv_mma_matches_float64_and_keeps_each_rows_bits(mode, group, 
     assert_rows_close("split 1", unsplit.astype(np.float64), want, TOL[dtypes.float32])
     y = emulated_qmv_mma(x[:5], qw, dtype, dtype, qmv.QmvMmaPlan(2, 2))
     assert_rows_close(f"{dtype} y", as_float(y, dtype), want[:5], TOL[dtype])
-    if qmv.qmv_mma_pairs(dtype, qw.scales.dtype, mode, bits):  # the general decoding of the same codes
+    if qmv.decodes_pairs(dtype, qw.scales.dtype, mode, bits):  # the general decoding of the same codes
         general = emulated_qmv_mma(x[:3], qw, dtype, dtypes.float32, qmv.QmvMmaPlan(2, 2), pairs=False)
         assert_rows_close("without pairs", general.astype(np.float64), want[:3], TOL[dtypes.float32])
 

@@ -488,11 +488,6 @@ def decodes_pairs(weights_dtype: DType, scales_dtype: DType, mode: str, bits: in
     return mode == "affine" and bits == 4 and scales_dtype == weights_dtype and weights_dtype in (dtypes.float16, dtypes.bfloat16)
 
 
-def qmv_mma_pairs(x_dtype: DType, scales_dtype: DType, mode: str, bits: int) -> bool:
-    """Whether qmv_mma decodes two codes at a time in x's type (`PAIRS`): `decodes_pairs`."""
-    return decodes_pairs(x_dtype, scales_dtype, mode, bits)
-
-
 def _pairs(weights_dtype: DType, scales_dtype: DType, mode: str, bits: int) -> int:
     """The PAIRS define of the Hopper products and the dequantized route."""
     return int(PAIR_DECODING and decodes_pairs(weights_dtype, scales_dtype, mode, bits))
@@ -501,9 +496,9 @@ def _pairs(weights_dtype: DType, scales_dtype: DType, mode: str, bits: int) -> i
 def qmv_mma_program(x_dtype: DType, scales_dtype: DType, out_dtype: DType, *, mode: str, group_size: int, bits: int,
                     rows: int, k: int, n: int, mma_plan: QmvMmaPlan, pairs: bool | None = None) -> Program:
     """The qmv_mma specialisation (CUDA) for these arguments: parameters as qmv's. `pairs`: the
-    two-codes-at-a-time decoding where `qmv_mma_pairs` (None) or not (False: the probe's A/B)."""
+    two-codes-at-a-time decoding where `decodes_pairs` (None) or not (False: the probe's A/B)."""
     if n < QMV_MMA_COLUMNS: raise ValueError(f"qmv_mma: N = {n} < {QMV_MMA_COLUMNS} outputs a tile")
-    able = qmv_mma_pairs(x_dtype, scales_dtype, mode, bits)
+    able = decodes_pairs(x_dtype, scales_dtype, mode, bits)
     if pairs and not able: raise ValueError(f"qmv_mma: no two-code decoding for {mode} {bits}-bit codes with {scales_dtype} scales")
     defines = dict(TX=ctype(x_dtype), TS=ctype(scales_dtype), TY=ctype(out_dtype), BITS=bits, GROUP=group_size,
                    MODE=_MODES[mode], N_TOTAL=n, K_TOTAL=k, XM=rows, K_SPLIT=mma_plan.k_split, UNROLL=mma_plan.unroll,

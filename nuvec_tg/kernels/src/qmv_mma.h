@@ -107,8 +107,7 @@ INLINE void unit_round(int unit, int g, int c, const int* columns, const DEVICE 
         #pragma unroll
         for (int r = 0; r < 2; r++) {
           const uint word = words[u][r][part];
-          const uint scale = (uint)*(const THREAD ushort*)&scales_raw[u][r][0], bias = (uint)*(const THREAD ushort*)&biases_raw[u][r];
-          const uint scale2 = scale | scale << 16, bias2 = bias | bias << 16;
+          const uint scale2 = both_halves(scales_raw[u][r][0]), bias2 = both_halves(biases_raw[u][r]);
           uint w2[4];
           #pragma unroll
           for (int j = 0; j < 4; j++) w2[j] = affine_code_pair<TX>(word >> (4 * j), scale2, bias2);
