@@ -177,7 +177,6 @@ def test_every_kernel_rounds_a_4_bit_affine_weight_once_from_the_exact_value(dty
     decode a weight at a rounding tie that a tiny bias breaks as the exact value does (one rounding,
     up), not as a float32 fma then the rounding would (down). x's one-hot rows pick each product's
     weights out, so y is w's columns."""
-    from test_qmv_mma_emulated import emulated_qmv_mma
     mantissa_bits, one, bias = PAIR_TYPES[dtype]
     q, s = tie_case(mantissa_bits)
     n, k = 130, 64
@@ -191,6 +190,16 @@ def test_every_kernel_rounds_a_4_bit_affine_weight_once_from_the_exact_value(dty
     above = q * s + 2.0 ** (np.floor(np.log2(q * s)) - mantissa_bits - 1)  # the tie plus half an ulp: the value above
     want = np.where(codes == q, above, bias)
     assert np.float32(q * s + bias) == q * s  # the float32 fma drops the bias: its rounding would take the even value below
+    assert_every_kernel_writes(qw, dtype, want)
+
+
+def assert_every_kernel_writes(qw, dtype, want: np.ndarray) -> None:
+    """dequantize, qmm_wgmma, qmm_wgmma_rs (the few rows' too), qmm_wgmma_ws and qmv_mma each give
+    exactly the weights `want` `[N, K]` of `qw` (x's one-hot rows pick each product's weights out,
+    so y is w's columns)."""
+    from test_qmv_mma_emulated import emulated_qmv_mma
+    n, k = want.shape
+    one = PAIR_TYPES[dtype][1]
     np.testing.assert_array_equal(as_float(emulate(qw, dtype), dtype), want, err_msg="dequantize")
     for rows, tiles in ((70, kernel.QMM_WGMMA_SMALL), (70, kernel.QMM_WGMMA_RS_SMALL), (70, kernel.QMM_WGMMA_WS_LARGE),
                         (13, kernel.few_rows_tiles(13, k, n))):
@@ -203,3 +212,40 @@ def test_every_kernel_rounds_a_4_bit_affine_weight_once_from_the_exact_value(dty
     x[0, 1], x[1, 2] = one, one
     got = as_float(emulated_qmv_mma(x, qw, dtype, dtype, kernel.QmvMmaPlan(2, 1)), dtype)
     np.testing.assert_array_equal(got, want[:, [1, 2]].T, err_msg="qmv_mma")
+
+
+# e2m1's codes 0-15 as values (bit 3 the sign)
+E2M1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6])
+
+
+@pytest.mark.parametrize("pairs", [True, False], ids=["pairs", "general"])
+def test_every_kernel_writes_each_mxfp4_weight_exactly_into_bfloat16(pairs, monkeypatch):
+    """Every e2m1 code under e8m0 scales from 2^-127 (code 0, a bfloat16 subnormal, as is the
+    weight 0.5 · 2^-127) up to those whose largest weights are bfloat16's largest powers of two:
+    each weight is the exact product (it always fits a bfloat16), negative zeros included, in
+    every kernel, with PAIRS (bfloat16 fmas) and without (float32 products); then the products
+    that overflow to infinity, in the dequantization."""
+    monkeypatch.setattr(kernel, "PAIR_DECODING", pairs)
+    assert kernel._pairs(dtypes.bfloat16, dtypes.uint8, "mxfp4", 4) == int(pairs)
+    n, k = 130, 64
+    codes = np.arange(n * k, dtype=np.uint32).reshape(n, k) % 16
+    scale_codes = np.concatenate([np.arange(0, 12), np.arange(113, 141), np.arange(240, 253)]).astype(np.uint8)
+    scale_codes = np.resize(scale_codes, (n, k // 32))   # every code of the list, then again
+    scale_codes[-1] = 252  # 6 · 2^125: bfloat16's range holds every weight
+
+    def weights(scale_codes):
+        words = (codes.reshape(n, k // 8, 8) << (4 * np.arange(8, dtype=np.uint32))).sum(-1, dtype=np.uint32)
+        scales = Tensor(scale_codes, device="CPU").contiguous().realize()
+        qw = quant.QuantizedWeight(Tensor(words, device="CPU").contiguous().realize(), scales, None, "mxfp4", 32, 4)
+        exponents = np.repeat(scale_codes.astype(np.float64) - 127, 32, axis=1)
+        return qw, E2M1[codes] * np.exp2(exponents)
+    qw, want = weights(scale_codes)
+    assert np.isfinite(want).all() and np.signbit(want).sum() == n * k // 2
+    assert_every_kernel_writes(qw, dtypes.bfloat16, want)
+    np.testing.assert_array_equal(np.signbit(as_float(emulate(qw, dtypes.bfloat16), dtypes.bfloat16)), np.signbit(want))
+    scale_codes[:] = 254  # 2^127: weights from 2 up overflow
+    qw, want = weights(scale_codes)
+    with np.errstate(over="ignore"):
+        want = want.astype(np.float32).astype(np.float64)  # the overflow: float32's and bfloat16's largest exponent is the same
+    assert np.isinf(want).any()
+    np.testing.assert_array_equal(as_float(emulate(qw, dtypes.bfloat16), dtypes.bfloat16), want, err_msg="overflow")

@@ -23,8 +23,12 @@ each gathered tile shape (64 or 128 rows of qmm_wgmma, qmm_wgmma_rs and qmm_wgmm
 `--pieces 1,2,4`: first the dequantization alone at each count of pieces of 8 codes a thread
 (`DEQUANTIZE_PIECES` is the kernel's), its TB/s, and whether its bits equal one piece a thread's.
 
+`--no-pairs`: every kernel decodes with the general path (float32, then rounded), not two codes at
+a time in x's type (`quant.PAIR_DECODING`; affine 4-bit and mxfp4 into bfloat16): the pairs' A/B.
+
 Usage: DEV=CUDA python3 tools/dequantize_probe.py [--rows 64,128,256,512,2048] [--shapes 3] [--repeats 3] [--pieces 1,2,4]
-                                                  [--rs-sweep] [--ws-sweep] [--clocks 256x2x4] [--moe]
+                                                  [--rs-sweep] [--ws-sweep] [--clocks 256x2x4] [--moe] [--format mxfp4]
+                                                  [--no-pairs]
 """
 from __future__ import annotations
 
@@ -177,7 +181,10 @@ def main() -> None:
     parser.add_argument("--format", default="affine4", choices=list(FORMATS), help="the main table's weights")
     parser.add_argument("--few-sweep", action="store_true", help="up to FEW_ROWS rows, also the few rows' tiles "
                         "(`few_rows_tiles`, first) at each K split and stage count (a split other than the plan's gives other bits)")
+    parser.add_argument("--no-pairs", action="store_true", help="every kernel with the general decoding (`PAIR_DECODING` "
+                        "off): run once with, once without, for the pairs' A/B")
     args = parser.parse_args()
+    if args.no_pairs: qk.PAIR_DECODING = False
     if args.moe:
         moe_tiles(args)
         return

@@ -476,15 +476,18 @@ QMV_MMA = Family("nuvec_qmv_mma", ("quant_codes.h", "qmv_mma.h"), qmv_mma_unsupp
 
 
 # Whether the Hopper products (qmm_wgmma, qmm_wgmma_rs, qmm_wgmma_ws) and the dequantized route
-# decode 4-bit affine weights two at a time in x's type (`PAIRS`, quant_codes.h: each weight rounded
-# once from the exact scale · code + bias). All of them or none, so that a row's bits never depend on
-# which runs; False only for the probe's A/B against the general decoding.
+# decode 4-bit weights two at a time in x's type (`PAIRS`, quant_codes.h: each weight rounded once
+# from the exact scale · code + bias). All of them or none, so that a row's bits never depend on
+# which runs (affine's pairs round differently at rare ties; mxfp4's never); False only for the
+# probe's A/B against the general decoding.
 PAIR_DECODING = True
 
 
 def decodes_pairs(weights_dtype: DType, scales_dtype: DType, mode: str, bits: int) -> bool:
     """Whether weights of `weights_dtype` can be decoded two at a time in that type (`PAIRS`,
-    `quant_codes.h`): 4-bit affine codes with 16-bit scales and biases of the same type."""
+    `quant_codes.h`): 4-bit affine codes with 16-bit scales and biases of the same type, or mxfp4
+    codes into bfloat16 (its e8m0 scales are bfloat16 values exactly)."""
+    if mode == "mxfp4": return weights_dtype == dtypes.bfloat16
     return mode == "affine" and bits == 4 and scales_dtype == weights_dtype and weights_dtype in (dtypes.float16, dtypes.bfloat16)
 
 
@@ -496,13 +499,15 @@ def _pairs(weights_dtype: DType, scales_dtype: DType, mode: str, bits: int) -> i
 def qmv_mma_program(x_dtype: DType, scales_dtype: DType, out_dtype: DType, *, mode: str, group_size: int, bits: int,
                     rows: int, k: int, n: int, mma_plan: QmvMmaPlan, pairs: bool | None = None) -> Program:
     """The qmv_mma specialisation (CUDA) for these arguments: parameters as qmv's. `pairs`: the
-    two-codes-at-a-time decoding where `decodes_pairs` (None) or not (False: the probe's A/B)."""
+    two-codes-at-a-time decoding as the other kernels have it (None: `PAIR_DECODING` where
+    `decodes_pairs`), or not (False: the probe's A/B)."""
     if n < QMV_MMA_COLUMNS: raise ValueError(f"qmv_mma: N = {n} < {QMV_MMA_COLUMNS} outputs a tile")
     able = decodes_pairs(x_dtype, scales_dtype, mode, bits)
     if pairs and not able: raise ValueError(f"qmv_mma: no two-code decoding for {mode} {bits}-bit codes with {scales_dtype} scales")
     defines = dict(TX=ctype(x_dtype), TS=ctype(scales_dtype), TY=ctype(out_dtype), BITS=bits, GROUP=group_size,
                    MODE=_MODES[mode], N_TOTAL=n, K_TOTAL=k, XM=rows, K_SPLIT=mma_plan.k_split, UNROLL=mma_plan.unroll,
-                   LOAD_WORDS=load_words(bits, k * bits // 32), PAIRS=int(able if pairs is None else pairs))
+                   LOAD_WORDS=load_words(bits, k * bits // 32),
+                   PAIRS=_pairs(x_dtype, scales_dtype, mode, bits) if pairs is None else int(pairs))
     # the launch's threads must find their registers on one multiprocessor: 16 SIMD groups at
     # unroll 4 asked for more than 65536 (CUDA error 701) until the bound capped them
     return QMV_MMA.program("cuda", defines, _params(defines["TY"], defines["TX"], defines["TS"], mode, False),

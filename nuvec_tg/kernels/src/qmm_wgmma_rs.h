@@ -23,7 +23,7 @@
 // which every warpgroup has waited for before step s's barrier.
 //
 // Bits. Every element of y sums its K products in steps of 16 along K in increasing order into one
-// float32 accumulator, the weights rounded to TX first (`scale_codes`, or PAIRS' `affine_code_pair`,
+// float32 accumulator, the weights rounded to TX first (`scale_codes`, or PAIRS' `code_pair`,
 // as qmm_wgmma.h and dequantize.h round them), whatever BM, BN, STAGES, the grid or M.
 //
 // K_SPLIT > 1 (few rows, where the weight tiles alone would leave most multiprocessors idle):
@@ -192,10 +192,14 @@ INLINE void dequantize_fragment(const unsigned char* words, int a_row, int lane_
         const int g = p * SCALES_PER_CHUNK / 4;  // the part's group of the chunk
 #if PAIRS
         // 4 bits: the lane's pair is byte lane_shift / 8 of the word, its codes to bits 0-3 and
-        // 16-19 (`affine_code_pair`) by one byte permute of the word and the word shifted by a code
+        // 16-19 (`code_pair`) by one byte permute of the word and the word shifted by a code
         const uint codes = byte_perm(word, word >> 4, pair_bytes);
-        a[2 * j + p / 2][2 * (p % 2) + h] = affine_code_pair<TX>(codes, both_halves(scale_raw[2 * h + j][g]),
-                                                                 both_halves(bias_raw[2 * h + j][g]));
+#if MODE == 0
+        const uint bias2 = both_halves(bias_raw[2 * h + j][g]);
+#else
+        const uint bias2 = PAIR_NEGATIVE_ZERO;  // unused
+#endif
+        a[2 * j + p / 2][2 * (p % 2) + h] = code_pair<TX>(codes, pair_scale(scale_raw[2 * h + j][g]), bias2);
 #else
         float q[2];
         decode_pair(word >> (PART_SHIFT(p) + lane_shift), q);

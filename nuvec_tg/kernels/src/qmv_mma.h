@@ -16,8 +16,8 @@
 // Weights. Each code is decoded exactly (`decode_part`), scaled once in float32 (`scale_codes`:
 // fma(scale, q, bias), or q times the scale), and rounded to x's type: the weights qmm and the
 // dequantized route multiply (qmm.h, dequantize.h). PAIRS (4-bit affine codes with scales of x's
-// type) computes the same fma in x's type, rounded once, two codes at a time (`quant_codes.h`), as
-// the Hopper products and the dequantized route do.
+// type, or mxfp4 with x bfloat) decodes two codes at a time in x's type, each weight rounded once
+// (`quant_codes.h`), as the Hopper products and the dequantized route do.
 //
 // Sums. A SIMD group accumulates its units in increasing order in the mma's float32 C; the K_SPLIT
 // SIMD groups of a threadgroup take the units in turn (group s: units s, s + K_SPLIT, ...) and
@@ -44,7 +44,7 @@
 #define UNITS ((CHUNKS + 3) / 4)
 
 #if PAIRS
-// PAIRS (`quant_codes.h`): a step takes a word's codes j and j + 4 (j = 0..3, `affine_code_pair`) as
+// PAIRS (`quant_codes.h`): a step takes a word's codes j and j + 4 (j = 0..3, `code_pair`) as
 // its k 2c, 2c + 1, and x's values at those codes come from its words by one byte permute a pair.
 #endif
 
@@ -107,10 +107,15 @@ INLINE void unit_round(int unit, int g, int c, const int* columns, const DEVICE 
         #pragma unroll
         for (int r = 0; r < 2; r++) {
           const uint word = words[u][r][part];
-          const uint scale2 = both_halves(scales_raw[u][r][0]), bias2 = both_halves(biases_raw[u][r]);
+          const uint scale2 = pair_scale(scales_raw[u][r][0]);  // PAIRS' groups hold whole chunks
+#if MODE == 0
+          const uint bias2 = both_halves(biases_raw[u][r]);
+#else
+          const uint bias2 = PAIR_NEGATIVE_ZERO;  // unused
+#endif
           uint w2[4];
           #pragma unroll
-          for (int j = 0; j < 4; j++) w2[j] = affine_code_pair<TX>(word >> (4 * j), scale2, bias2);
+          for (int j = 0; j < 4; j++) w2[j] = code_pair<TX>(word >> (4 * j), scale2, bias2);
           a[0][r] = w2[0]; a[0][r + 2] = w2[1]; a[1][r] = w2[2]; a[1][r + 2] = w2[3];
         }
 #else

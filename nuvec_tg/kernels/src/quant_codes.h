@@ -84,37 +84,61 @@ INLINE void decode_pair(uint v, THREAD float* q) {
 }
 
 #if PAIRS
-// PAIRS (4-bit affine codes whose scales and biases are of the weights' 16-bit type T, on CUDA):
-// two codes decoded at a time in T. A half's code q with the exponent bits of 2^7 (bfloat) or 2^10
-// (half) is 2^7 + q, less 2^7 (an exact fma) is q, and fma(q, scale, bias) on the pair is each
-// weight rounded once from the exact q · scale + bias. The general path (a float32 fma, then the
-// rounding to T) gives the same bits except where the bias is below about 2^-19 of q · scale and
-// q · scale lies on a rounding tie of T; the kernels that decode into T for the warpgroup products
-// (qmm_wgmma, qmm_wgmma_rs, qmm_wgmma_ws, the dequantized route) and qmv_mma all take this path
-// where it applies, so a row's bits still never depend on which of them runs.
+// PAIRS (on CUDA, 4-bit codes decoded two at a time in the weights' 16-bit type T):
+// - affine, scales and biases of T: a half's code q with the exponent bits of 2^7 (bfloat) or 2^10
+//   (half) is 2^7 + q, less 2^7 (an exact fma) is q, and fma(q, scale, bias) on the pair is each
+//   weight rounded once from the exact q · scale + bias. The general path (a float32 fma, then the
+//   rounding to T) gives the same bits except where the bias is below about 2^-19 of q · scale and
+//   q · scale lies on a rounding tie of T; the kernels that decode into T for the warpgroup
+//   products (qmm_wgmma, qmm_wgmma_rs, qmm_wgmma_ws, the dequantized route) and qmv_mma all take
+//   this path where it applies, so a row's bits still never depend on which of them runs.
+// - mxfp4, T bfloat: an e2m1 code's bits placed in a bfloat are its value · 2^-126 (the subnormal
+//   0.5 too), times 2^126 is its value (exact), times the e8m0 scale (a bfloat exactly, 2^-127 as a
+//   subnormal) is the weight rounded once from the exact product: the general path's bits always
+//   (its float32 product is exact too), so this needs no rule.
 INLINE uint pair_magic(bfloat) { return 0x43004300u; }      // 2^7, both halves
 INLINE uint pair_magic(half) { return 0x64006400u; }        // 2^10
 INLINE uint pair_one(bfloat) { return 0x3F803F80u; }
 INLINE uint pair_one(half) { return 0x3C003C00u; }
 INLINE uint pair_minus_magic(bfloat) { return 0xC300C300u; }
 INLINE uint pair_minus_magic(half) { return 0xE400E400u; }
+#define PAIR_NEGATIVE_ZERO 0x80008000u   // an fma's addend that leaves a product (and its sign) as it is
+#define PAIR_FP4_LIFT 0x7E807E80u        // 2^126 in both bfloat halves
 
 // The codes at bits 0-3 and 16-19 of `codes` (its other bits ignored) as weights of T, the low half
-// first; scale2 and bias2: the group's scale and bias in both halves.
-template <typename T> INLINE uint affine_code_pair(uint codes, uint scale2, uint bias2) {
+// first; scale2 and bias2: the group's `pair_scale` and `pair_bias`.
+template <typename T> INLINE uint code_pair(uint codes, uint scale2, uint bias2) {
+#if MODE == 0
   const uint q2 = fma_pairs(mask_or(codes, 0x000F000Fu, pair_magic(T())), pair_one(T()), pair_minus_magic(T()), T());
   return fma_pairs(q2, scale2, bias2, T());
+#else
+  // magnitude bits to bfloat bits 6-8 (mantissa bit 6, exponent bits 7-8), the sign to bit 15
+  const uint scaled_down = ((codes << 6) & 0x01C001C0u) | ((codes << 12) & 0x80008000u);
+  const uint values = fma_pairs(scaled_down, PAIR_FP4_LIFT, PAIR_NEGATIVE_ZERO, T());
+  return fma_pairs(values, scale2, PAIR_NEGATIVE_ZERO, T());
+#endif
 }
 
 // A 16-bit value in both halves of a word.
 template <typename T> INLINE uint both_halves(T value) { return to_bits(value) | to_bits(value) << 16; }
 
+// A group's scale as `code_pair` takes it, from its stored form TS: the value of T in both halves
+// (affine: TS is T; mxfp4: the e8m0 code as a bfloat, 2^(code - 127), code 0 the subnormal 2^-127).
+INLINE uint pair_scale(TS raw) {
+#if MODE == 0
+  return both_halves(raw);
+#else
+  const uint code = (uint)raw;
+  return code == 0u ? 0x00400040u : (code << 7) | (code << 23);
+#endif
+}
+
 // Codes 0..7 of a 4-bit word as weights of T in k order, two a word (a 16-byte piece): codes j and
 // j + 4 decoded together, then their halves paired by byte permutes.
-template <typename T> INLINE uint4 affine_part_pairs(uint word, uint scale2, uint bias2) {
+template <typename T> INLINE uint4 part_pairs(uint word, uint scale2, uint bias2) {
   uint pairs[4];
 #pragma unroll
-  for (int j = 0; j < 4; j++) pairs[j] = affine_code_pair<T>(word >> (4 * j), scale2, bias2);
+  for (int j = 0; j < 4; j++) pairs[j] = code_pair<T>(word >> (4 * j), scale2, bias2);
   uint4 piece;
   piece.x = low_halves(pairs[0], pairs[1]);
   piece.y = low_halves(pairs[2], pairs[3]);
@@ -167,15 +191,15 @@ INLINE void scale_code_values(THREAD float* q, int count, float scale) {
 // tile of 128-byte rows swizzled as Hopper's tensor cores read them (piece at ^ row % 8): the
 // kernels that dequantize into a threadgroup tile for the warpgroup products (qmm_wgmma.h,
 // qmm_wgmma_ws.h). A scale of 0 (and bias 0) writes zeros, for a weight row that is out.
-// PAIRS: the codes two at a time in T (`affine_part_pairs`; scale and bias came from T, so
-// converting them back is exact).
+// PAIRS: the codes two at a time in T (`part_pairs`; scale and bias are values of T, so converting
+// them back is exact).
 template <typename T>
 INLINE void store_tile_part(const THREAD uint* words, int part, float scale, float bias, THREADGROUP_PTR uchar* tile, int row, int at) {
 #if PAIRS
   T scale_t, bias_t;
   from_float(scale, &scale_t);
   from_float(bias, &bias_t);
-  const uint4 packed = affine_part_pairs<T>(words[part], both_halves(scale_t), both_halves(bias_t));
+  const uint4 packed = part_pairs<T>(words[part], both_halves(scale_t), both_halves(bias_t));
 #else
   float q[8];
   decode_part(words, part, q);
