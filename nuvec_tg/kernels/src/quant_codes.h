@@ -112,8 +112,9 @@ template <typename T> INLINE uint code_pair(uint codes, uint scale2, uint bias2)
   const uint q2 = fma_pairs(mask_or(codes, 0x000F000Fu, pair_magic(T())), pair_one(T()), pair_minus_magic(T()), T());
   return fma_pairs(q2, scale2, bias2, T());
 #else
-  // magnitude bits to bfloat bits 6-8 (mantissa bit 6, exponent bits 7-8), the sign to bit 15
-  const uint scaled_down = ((codes << 6) & 0x01C001C0u) | ((codes << 12) & 0x80008000u);
+  // magnitude bits to bfloat bits 6-8 (mantissa bit 6, exponent bits 7-8), the sign to bit 15: the
+  // two codes times 2^6 + 2^12 (copies at shifts 6 and 12 that cannot overlap), the wanted bits kept
+  const uint scaled_down = ((codes & 0x000F000Fu) * 0x1040u) & 0x81C081C0u;
   const uint values = fma_pairs(scaled_down, PAIR_FP4_LIFT, PAIR_NEGATIVE_ZERO, T());
   return fma_pairs(values, scale2, PAIR_NEGATIVE_ZERO, T());
 #endif
