@@ -249,3 +249,28 @@ def test_every_kernel_writes_each_mxfp4_weight_exactly_into_bfloat16(pairs, monk
         want = want.astype(np.float32).astype(np.float64)  # the overflow: float32's and bfloat16's largest exponent is the same
     assert np.isinf(want).any()
     np.testing.assert_array_equal(as_float(emulate(qw, dtypes.bfloat16), dtypes.bfloat16), want, err_msg="overflow")
+
+
+def e4m3_values(codes: np.ndarray) -> np.ndarray:
+    """e4m3 codes (bias 7, no infinities) as float64."""
+    sign = np.where(codes & 0x80, -1.0, 1.0)
+    exponent, mantissa = (codes >> 3) & 0xF, (codes & 7).astype(np.float64)
+    return sign * np.where(exponent == 0, mantissa * 2.0 ** -9, (1 + mantissa / 8) * np.exp2(exponent.astype(np.float64) - 7))
+
+
+@pytest.mark.parametrize("pairs", [True, False], ids=["pairs", "general"])
+@pytest.mark.parametrize("dtype", list(PAIR_TYPES), ids=str)
+def test_every_kernel_writes_each_nvfp4_weight_exactly(dtype, pairs, monkeypatch):
+    """Every e2m1 code under every e4m3 scale but NaN (subnormal, negative and zero scales among
+    them): each weight is the exact product, which both 16-bit types hold, in every kernel, with
+    PAIRS (fmas in x's type) and without (float32 products)."""
+    monkeypatch.setattr(kernel, "PAIR_DECODING", pairs)
+    assert kernel._pairs(dtype, dtypes.uint8, "nvfp4", 4) == int(pairs)
+    n, k = 130, 64
+    codes = np.arange(n * k, dtype=np.uint32).reshape(n, k) % 16
+    scale_codes = np.resize(np.array([c for c in range(256) if c & 0x7F != 0x7F], np.uint8), (n, k // 16))
+    words = (codes.reshape(n, k // 8, 8) << (4 * np.arange(8, dtype=np.uint32))).sum(-1, dtype=np.uint32)
+    qw = quant.QuantizedWeight(Tensor(words, device="CPU").contiguous().realize(),
+                               Tensor(scale_codes, device="CPU").contiguous().realize(), None, "nvfp4", 16, 4)
+    want = E2M1[codes] * np.repeat(e4m3_values(scale_codes), 16, axis=1)
+    assert_every_kernel_writes(qw, dtype, want)

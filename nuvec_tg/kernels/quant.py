@@ -478,16 +478,18 @@ QMV_MMA = Family("nuvec_qmv_mma", ("quant_codes.h", "qmv_mma.h"), qmv_mma_unsupp
 # Whether the Hopper products (qmm_wgmma, qmm_wgmma_rs, qmm_wgmma_ws) and the dequantized route
 # decode 4-bit weights two at a time in x's type (`PAIRS`, quant_codes.h: each weight rounded once
 # from the exact scale · code + bias). All of them or none, so that a row's bits never depend on
-# which runs (affine's pairs round differently at rare ties; mxfp4's never); False only for the
+# which runs (affine's pairs round differently at rare ties; mxfp4's and nvfp4's never); False only for the
 # probe's A/B against the general decoding.
 PAIR_DECODING = True
 
 
 def decodes_pairs(weights_dtype: DType, scales_dtype: DType, mode: str, bits: int) -> bool:
     """Whether weights of `weights_dtype` can be decoded two at a time in that type (`PAIRS`,
-    `quant_codes.h`): 4-bit affine codes with 16-bit scales and biases of the same type, or mxfp4
-    codes into bfloat16 (its e8m0 scales are bfloat16 values exactly)."""
+    `quant_codes.h`): 4-bit affine codes with 16-bit scales and biases of the same type, mxfp4
+    codes into bfloat16 (its e8m0 scales are bfloat16 values exactly) and nvfp4 codes into either
+    16-bit type (its e4m3 scales are values of both)."""
     if mode == "mxfp4": return weights_dtype == dtypes.bfloat16
+    if mode == "nvfp4": return weights_dtype in (dtypes.float16, dtypes.bfloat16)
     return mode == "affine" and bits == 4 and scales_dtype == weights_dtype and weights_dtype in (dtypes.float16, dtypes.bfloat16)
 
 

@@ -10,7 +10,7 @@
 //   affine:                 y = TY(fma(scale, q, bias))
 //   floating-point modes:   y = TY((q * FP_FACTOR) * scale)   (q the code's value / FP_FACTOR,
 //                           so the code's value times the scale, rounded once: `scale_codes`)
-// PAIRS (CUDA; 4-bit affine codes with TS = TY of 16 bits, or mxfp4 into bfloat): two codes at a
+// PAIRS (CUDA; 4-bit affine codes with TS = TY of 16 bits, mxfp4 into bfloat, nvfp4): two codes at a
 // time in TY, each weight rounded once (`quant_codes.h`). qmm_wgmma.h's dequantization into its w tiles, rounded the same way, so a
 // product over these rows on the same warpgroup steps has qmm_wgmma's bits.
 //
@@ -53,7 +53,7 @@
   for (int i = 0; i < PIECES; i++) {
     if (!live[i]) continue;
 #if PAIRS
-    TY scale_y, bias_y;  // exact: TS is TY, or an e8m0 power of two (bias 0)
+    TY scale_y, bias_y;  // exact: TS is TY, or an e8m0 or e4m3 value (bias 0)
     from_float(scale[i], &scale_y);
     from_float(bias[i], &bias_y);
     *(DEVICE uint4*)(y + row[i] * k + chunk[i] * 32 + part[i] * 8) = part_pairs<TY>(words[i][part[i]], both_halves(scale_y), both_halves(bias_y));

@@ -199,7 +199,7 @@ INLINE void dequantize_fragment(const unsigned char* words, int a_row, int lane_
 #else
         const uint bias2 = PAIR_NEGATIVE_ZERO;  // unused
 #endif
-        a[2 * j + p / 2][2 * (p % 2) + h] = code_pair<TX>(codes, pair_scale(scale_raw[2 * h + j][g]), bias2);
+        a[2 * j + p / 2][2 * (p % 2) + h] = code_pair<TX>(codes, pair_scale<TX>(scale_raw[2 * h + j][g]), bias2);
 #else
         float q[2];
         decode_pair(word >> (PART_SHIFT(p) + lane_shift), q);

@@ -16,7 +16,7 @@
 // Weights. Each code is decoded exactly (`decode_part`), scaled once in float32 (`scale_codes`:
 // fma(scale, q, bias), or q times the scale), and rounded to x's type: the weights qmm and the
 // dequantized route multiply (qmm.h, dequantize.h). PAIRS (4-bit affine codes with scales of x's
-// type, or mxfp4 with x bfloat) decodes two codes at a time in x's type, each weight rounded once
+// type, mxfp4 with x bfloat, nvfp4) decodes two codes at a time in x's type, each weight rounded once
 // (`quant_codes.h`), as the Hopper products and the dequantized route do.
 //
 // Sums. A SIMD group accumulates its units in increasing order in the mma's float32 C; the K_SPLIT
@@ -107,7 +107,7 @@ INLINE void unit_round(int unit, int g, int c, const int* columns, const DEVICE 
         #pragma unroll
         for (int r = 0; r < 2; r++) {
           const uint word = words[u][r][part];
-          const uint scale2 = pair_scale(scales_raw[u][r][0]);  // PAIRS' groups hold whole chunks
+          const uint scale2 = pair_scale<TX>(scales_raw[u][r][(8 * part) / CHUNK_GROUP]);
 #if MODE == 0
           const uint bias2 = both_halves(biases_raw[u][r]);
 #else

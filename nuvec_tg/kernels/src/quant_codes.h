@@ -92,10 +92,11 @@ INLINE void decode_pair(uint v, THREAD float* q) {
 //   q · scale lies on a rounding tie of T; the kernels that decode into T for the warpgroup
 //   products (qmm_wgmma, qmm_wgmma_rs, qmm_wgmma_ws, the dequantized route) and qmv_mma all take
 //   this path where it applies, so a row's bits still never depend on which of them runs.
-// - mxfp4, T bfloat: an e2m1 code's bits placed in a bfloat are its value · 2^-126 (the subnormal
-//   0.5 too), times 2^126 is its value (exact), times the e8m0 scale (a bfloat exactly, 2^-127 as a
-//   subnormal) is the weight rounded once from the exact product: the general path's bits always
-//   (its float32 product is exact too), so this needs no rule.
+// - mxfp4 (T bfloat) and nvfp4 (T bfloat or half): an e2m1 code's bits placed in T are its value
+//   · 2^-126 (bfloat) or · 2^-14 (half), the subnormal 0.5 too; times 2^126 or 2^14 is its value
+//   (exact), times the scale (the e8m0 or e4m3 value, one of T exactly; e8m0's 2^-127 a bfloat
+//   subnormal) is the weight rounded once from the exact product (nvfp4's is exact): the general
+//   path's bits always (its float32 product is exact too), so this needs no rule.
 INLINE uint pair_magic(bfloat) { return 0x43004300u; }      // 2^7, both halves
 INLINE uint pair_magic(half) { return 0x64006400u; }        // 2^10
 INLINE uint pair_one(bfloat) { return 0x3F803F80u; }
@@ -103,36 +104,33 @@ INLINE uint pair_one(half) { return 0x3C003C00u; }
 INLINE uint pair_minus_magic(bfloat) { return 0xC300C300u; }
 INLINE uint pair_minus_magic(half) { return 0xE400E400u; }
 #define PAIR_NEGATIVE_ZERO 0x80008000u   // an fma's addend that leaves a product (and its sign) as it is
-#define PAIR_FP4_LIFT 0x7E807E80u        // 2^126 in both bfloat halves
+INLINE uint fp4_lift(bfloat) { return 0x7E807E80u; }  // 2^126, both halves
+INLINE uint fp4_lift(half) { return 0x74007400u; }    // 2^14
+
+// The e2m1 codes at bits 0-3 and 16-19 of `codes` as values of T times 2^-126 (bfloat: magnitude
+// to bits 6-8, mantissa bit 6 and exponent bits 7-8) or 2^-14 (half: bits 9-11), the sign to bit 15.
+INLINE uint fp4_scaled_down(uint codes, bfloat) {
+  // the two codes times 2^6 + 2^12: copies at shifts 6 and 12 that cannot overlap, the wanted bits kept
+  return ((codes & 0x000F000Fu) * 0x1040u) & 0x81C081C0u;
+}
+INLINE uint fp4_scaled_down(uint codes, half) {
+  return mask_or(codes << 9, 0x0E000E00u, (codes << 12) & 0x80008000u);
+}
 
 // The codes at bits 0-3 and 16-19 of `codes` (its other bits ignored) as weights of T, the low half
-// first; scale2 and bias2: the group's `pair_scale` and `pair_bias`.
+// first; scale2: the group's `pair_scale`, bias2 its bias in both halves (affine; unused otherwise).
 template <typename T> INLINE uint code_pair(uint codes, uint scale2, uint bias2) {
 #if MODE == 0
   const uint q2 = fma_pairs(mask_or(codes, 0x000F000Fu, pair_magic(T())), pair_one(T()), pair_minus_magic(T()), T());
   return fma_pairs(q2, scale2, bias2, T());
 #else
-  // magnitude bits to bfloat bits 6-8 (mantissa bit 6, exponent bits 7-8), the sign to bit 15: the
-  // two codes times 2^6 + 2^12 (copies at shifts 6 and 12 that cannot overlap), the wanted bits kept
-  const uint scaled_down = ((codes & 0x000F000Fu) * 0x1040u) & 0x81C081C0u;
-  const uint values = fma_pairs(scaled_down, PAIR_FP4_LIFT, PAIR_NEGATIVE_ZERO, T());
+  const uint values = fma_pairs(fp4_scaled_down(codes, T()), fp4_lift(T()), PAIR_NEGATIVE_ZERO, T());
   return fma_pairs(values, scale2, PAIR_NEGATIVE_ZERO, T());
 #endif
 }
 
 // A 16-bit value in both halves of a word.
 template <typename T> INLINE uint both_halves(T value) { return to_bits(value) | to_bits(value) << 16; }
-
-// A group's scale as `code_pair` takes it, from its stored form TS: the value of T in both halves
-// (affine: TS is T; mxfp4: the e8m0 code as a bfloat, 2^(code - 127), code 0 the subnormal 2^-127).
-INLINE uint pair_scale(TS raw) {
-#if MODE == 0
-  return both_halves(raw);
-#else
-  const uint code = (uint)raw;
-  return code == 0u ? 0x00400040u : (code << 7) | (code << 23);
-#endif
-}
 
 // Codes 0..7 of a 4-bit word as weights of T in k order, two a word (a 16-byte piece): codes j and
 // j + 4 decoded together, then their halves paired by byte permutes.
@@ -162,6 +160,24 @@ INLINE float group_scale(TS raw) {
   return code == 0u ? bits_to_float(0x00400000u) : bits_to_float(code << 23);
 #endif
 }
+
+#if PAIRS
+// A group's scale as `code_pair` takes it, from its stored form TS: the value of T in both halves
+// (affine: TS is T; mxfp4: the e8m0 code as a bfloat, 2^(code - 127), code 0 the subnormal 2^-127;
+// nvfp4: the e4m3 value, exact in T).
+template <typename T> INLINE uint pair_scale(TS raw) {
+#if MODE == 0
+  return both_halves(raw);
+#elif MODE == 1
+  const uint code = (uint)raw;
+  return code == 0u ? 0x00400040u : (code << 7) | (code << 23);
+#else
+  T scale;
+  from_float(group_scale(raw), &scale);
+  return both_halves(scale);
+#endif
+}
+#endif
 
 // `count` decoded codes `q` (`decode_part`'s) as weights, in place: fma(scale, q, bias) (affine)
 // or (q * FP_FACTOR) * scale (the floating-point modes; `bias` unused): the code's value (exact)
