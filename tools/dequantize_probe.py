@@ -27,7 +27,7 @@ each gathered tile shape (64 or 128 rows of qmm_wgmma, qmm_wgmma_rs and qmm_wgmm
 a time in x's type (`quant.PAIR_DECODING`; affine 4-bit and mxfp4 into bfloat16): the pairs' A/B.
 
 Usage: DEV=CUDA python3 tools/dequantize_probe.py [--rows 64,128,256,512,2048] [--shapes 3] [--repeats 3] [--pieces 1,2,4]
-                                                  [--rs-sweep] [--ws-sweep] [--clocks 256x2x4] [--moe] [--format mxfp4]
+                                                  [--rs-sweep] [--ws-sweep] [--clocks 256x2x4] [--moe] [--format mxfp4|nvfp4]
                                                   [--no-pairs]
 """
 from __future__ import annotations
@@ -47,7 +47,8 @@ from nuvec_tg.kernels import quant as qk
 
 SHAPES = ((4096, 14336), (4096, 4096), (14336, 4096))   # K x N: up, attention, down (Qwen3-8B-like)
 COMMON = dict(mode="affine", group_size=64, bits=4, backend="cuda")
-FORMATS = {"affine4": COMMON, "mxfp4": dict(mode="mxfp4", group_size=32, bits=4, backend="cuda")}  # the main table's (--format)
+FORMATS = {"affine4": COMMON, "mxfp4": dict(mode="mxfp4", group_size=32, bits=4, backend="cuda"),
+           "nvfp4": dict(mode="nvfp4", group_size=16, bits=4, backend="cuda")}  # the main table's (--format)
 
 
 def dequantized_product(x: Tensor, w: Tensor, s: Tensor, b: Tensor | None = None, fmt: dict = COMMON) -> Tensor:
