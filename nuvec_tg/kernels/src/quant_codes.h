@@ -162,9 +162,16 @@ INLINE float group_scale(TS raw) {
 }
 
 #if PAIRS
+// An e4m3 code's bits placed in T: its value times 2^-120 (bfloat: exponent to bits 7-10, mantissa
+// to 4-6) or 2^-8 (half: bits 10-13 and 7-9), its subnormals too, the sign to bit 15.
+INLINE uint e4m3_scaled_down(uint code, bfloat) { return ((code & 0x7Fu) << 4) | ((code & 0x80u) << 8); }
+INLINE uint e4m3_scaled_down(uint code, half) { return ((code & 0x7Fu) << 7) | ((code & 0x80u) << 8); }
+INLINE uint e4m3_lift(bfloat) { return 0x7B807B80u; }  // 2^120, both halves
+INLINE uint e4m3_lift(half) { return 0x5C005C00u; }    // 2^8
+
 // A group's scale as `code_pair` takes it, from its stored form TS: the value of T in both halves
 // (affine: TS is T; mxfp4: the e8m0 code as a bfloat, 2^(code - 127), code 0 the subnormal 2^-127;
-// nvfp4: the e4m3 value, exact in T).
+// nvfp4: the e4m3 value, which T holds exactly, by an exact fma of its bits placed in T).
 template <typename T> INLINE uint pair_scale(TS raw) {
 #if MODE == 0
   return both_halves(raw);
@@ -172,9 +179,8 @@ template <typename T> INLINE uint pair_scale(TS raw) {
   const uint code = (uint)raw;
   return code == 0u ? 0x00400040u : (code << 7) | (code << 23);
 #else
-  T scale;
-  from_float(group_scale(raw), &scale);
-  return both_halves(scale);
+  const uint scaled_down = e4m3_scaled_down((uint)raw, T());
+  return fma_pairs(scaled_down | scaled_down << 16, e4m3_lift(T()), PAIR_NEGATIVE_ZERO, T());
 #endif
 }
 #endif
