@@ -24,7 +24,7 @@ each gathered tile shape (64 or 128 rows of qmm_wgmma, qmm_wgmma_rs and qmm_wgmm
 (`DEQUANTIZE_PIECES` is the kernel's), its TB/s, and whether its bits equal one piece a thread's.
 
 `--no-pairs`: every kernel decodes with the general path (float32, then rounded), not two codes at
-a time in x's type (`quant.PAIR_DECODING`; affine 4-bit and mxfp4 into bfloat16): the pairs' A/B.
+a time in x's type (`quant.PAIR_DECODING`; affine 4-bit, mxfp4 into bfloat16, nvfp4): the pairs' A/B.
 
 Usage: DEV=CUDA python3 tools/dequantize_probe.py [--rows 64,128,256,512,2048] [--shapes 3] [--repeats 3] [--pieces 1,2,4]
                                                   [--rs-sweep] [--ws-sweep] [--clocks 256x2x4] [--moe] [--format mxfp4|nvfp4]

@@ -475,11 +475,11 @@ def takes_qmv_mma(x_dtype: DType, scales_dtype: DType, out_dtype: DType, rows: i
 QMV_MMA = Family("nuvec_qmv_mma", ("quant_codes.h", "qmv_mma.h"), qmv_mma_unsupported, qmv_mma_plan, backends=("cuda",))
 
 
-# Whether the Hopper products (qmm_wgmma, qmm_wgmma_rs, qmm_wgmma_ws) and the dequantized route
-# decode 4-bit weights two at a time in x's type (`PAIRS`, quant_codes.h: each weight rounded once
-# from the exact scale · code + bias). All of them or none, so that a row's bits never depend on
-# which runs (affine's pairs round differently at rare ties; mxfp4's and nvfp4's never); False only for the
-# probe's A/B against the general decoding.
+# Whether the Hopper products (qmm_wgmma, qmm_wgmma_rs, qmm_wgmma_ws), the dequantized route and
+# qmv_mma decode 4-bit weights two at a time in x's type (`PAIRS`, quant_codes.h: each weight
+# rounded once from the exact scale · code + bias). All of them or none, so that a row's bits never
+# depend on which runs (affine's pairs round differently at rare ties; mxfp4's and nvfp4's never);
+# False only for the probe's A/B against the general decoding.
 PAIR_DECODING = True
 
 
@@ -494,7 +494,7 @@ def decodes_pairs(weights_dtype: DType, scales_dtype: DType, mode: str, bits: in
 
 
 def _pairs(weights_dtype: DType, scales_dtype: DType, mode: str, bits: int) -> int:
-    """The PAIRS define of the Hopper products and the dequantized route."""
+    """The PAIRS define of the Hopper products, the dequantized route and qmv_mma."""
     return int(PAIR_DECODING and decodes_pairs(weights_dtype, scales_dtype, mode, bits))
 
 

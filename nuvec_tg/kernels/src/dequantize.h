@@ -53,10 +53,7 @@
   for (int i = 0; i < PIECES; i++) {
     if (!live[i]) continue;
 #if PAIRS
-    TY scale_y, bias_y;  // exact: TS is TY, or an e8m0 or e4m3 value (bias 0)
-    from_float(scale[i], &scale_y);
-    from_float(bias[i], &bias_y);
-    *(DEVICE uint4*)(y + row[i] * k + chunk[i] * 32 + part[i] * 8) = part_pairs<TY>(words[i][part[i]], both_halves(scale_y), both_halves(bias_y));
+    *(DEVICE uint4*)(y + row[i] * k + chunk[i] * 32 + part[i] * 8) = part_pairs<TY>(words[i][part[i]], scale[i], bias[i]);
 #else
     float q[8];
     decode_part(words[i], part[i], q);

@@ -133,8 +133,13 @@ template <typename T> INLINE uint code_pair(uint codes, uint scale2, uint bias2)
 template <typename T> INLINE uint both_halves(T value) { return to_bits(value) | to_bits(value) << 16; }
 
 // Codes 0..7 of a 4-bit word as weights of T in k order, two a word (a 16-byte piece): codes j and
-// j + 4 decoded together, then their halves paired by byte permutes.
-template <typename T> INLINE uint4 part_pairs(uint word, uint scale2, uint bias2) {
+// j + 4 decoded together, then their halves paired by byte permutes. scale and bias (0 in the
+// floating-point modes): values of T as floats (TS is T, or an e8m0 or e4m3 value), so exact in T.
+template <typename T> INLINE uint4 part_pairs(uint word, float scale, float bias) {
+  T scale_t, bias_t;
+  from_float(scale, &scale_t);
+  from_float(bias, &bias_t);
+  const uint scale2 = both_halves(scale_t), bias2 = both_halves(bias_t);
   uint pairs[4];
 #pragma unroll
   for (int j = 0; j < 4; j++) pairs[j] = code_pair<T>(word >> (4 * j), scale2, bias2);
@@ -214,15 +219,11 @@ INLINE void scale_code_values(THREAD float* q, int count, float scale) {
 // tile of 128-byte rows swizzled as Hopper's tensor cores read them (piece at ^ row % 8): the
 // kernels that dequantize into a threadgroup tile for the warpgroup products (qmm_wgmma.h,
 // qmm_wgmma_ws.h). A scale of 0 (and bias 0) writes zeros, for a weight row that is out.
-// PAIRS: the codes two at a time in T (`part_pairs`; scale and bias are values of T, so converting
-// them back is exact).
+// PAIRS: the codes two at a time in T (`part_pairs`).
 template <typename T>
 INLINE void store_tile_part(const THREAD uint* words, int part, float scale, float bias, THREADGROUP_PTR uchar* tile, int row, int at) {
 #if PAIRS
-  T scale_t, bias_t;
-  from_float(scale, &scale_t);
-  from_float(bias, &bias_t);
-  const uint4 packed = part_pairs<T>(words[part], both_halves(scale_t), both_halves(bias_t));
+  const uint4 packed = part_pairs<T>(words[part], scale, bias);
 #else
   float q[8];
   decode_part(words, part, q);
